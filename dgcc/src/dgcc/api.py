@@ -1,0 +1,372 @@
+"""Stored procedures as pieces, transaction requests and outcomes, and the protocol interface.
+
+A transaction is a registered procedure plus parameters. Before a batch runs, each procedure's
+``plan`` turns its parameters into an ordered list of pieces (the DGCC model of
+``shared/design/dgcc.md``): every piece declares the conflict keys it reads and writes, computed
+from the parameters alone, so a protocol can order pieces without running them. Keys are opaque
+hashables; a table maps each of its records to one (see ``storage.Table.conflict_key``), and a key
+may stand for a coarse "virtual record" such as a district's whole order sequence.
+
+The piece contract, checked when ``debug.check_invariants`` is on:
+  * a piece touches only records whose conflict keys it declared (writes only ``writes`` keys);
+  * a piece that may logic-abort does so before any write of its transaction, so an abort never
+    exposes dirty data (protocols make every later writing piece wait for the decision);
+  * a piece reads other pieces' outputs only through ``ctx.input(name)`` and names them in
+    ``after`` (the logical edges of the dependency graph).
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dgcc import debug
+from dgcc.errors import BadParams, BadRequest, ProcedureError, UnknownProcedure
+from dgcc.storage import Database, Index, ReadView
+
+__all__ = [
+    "Outcome",
+    "Piece",
+    "PieceContext",
+    "PlannedTxn",
+    "Procedure",
+    "ProcedureRegistry",
+    "Protocol",
+    "Status",
+    "TxnRequest",
+    "plan_batch",
+    "run_piece",
+]
+
+Key = Hashable
+
+
+class LogicAbort(Exception):  # control flow inside the engine; never escapes it
+    """Raised by ``PieceContext.abort``; the executor turns it into an ABORTED outcome."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Status(enum.Enum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"  # a logic abort decided by the procedure; nothing was written
+    ERROR = "error"  # a bad request (never executed) or a procedure that raised
+
+
+@dataclass(frozen=True, slots=True)
+class TxnRequest:
+    """One call: a procedure name and its parameters."""
+
+    procedure: str
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: Status
+    result: Any = None
+    reason: str = ""
+
+    @property
+    def committed(self) -> bool:
+        return self.status is Status.COMMITTED
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One action of a transaction: a function and the conflict keys it declares."""
+
+    name: str
+    run: Callable[[PieceContext], Any]
+    reads: tuple[Key, ...] = ()
+    writes: tuple[Key, ...] = ()
+    after: tuple[str, ...] = ()
+    may_abort: bool = False
+
+
+@dataclass(frozen=True)
+class Procedure:
+    """A stored procedure.
+
+    Args:
+        name: the registry name clients call.
+        params: parameter name -> expected type (``int`` accepts ints, ``float`` accepts ints
+            and floats, ``list``/``tuple`` accept either sequence kind).
+        plan: ``plan(params, view) -> pieces``; ``view`` is read-only state at the start of the
+            batch, for reconnaissance of data-dependent keys. Raising ``BadParams`` rejects the
+            call.
+        result: builds the client's result from the piece outputs (name -> value); by default
+            the outputs dict itself.
+    """
+
+    name: str
+    params: Mapping[str, type]
+    plan: Callable[[Mapping[str, Any], ReadView], Sequence[Piece]]
+    result: Callable[[dict[str, Any]], Any] | None = None
+
+
+class ProcedureRegistry:
+    """Procedures by name; a workload registers its own, and users add theirs."""
+
+    def __init__(self, procedures: Sequence[Procedure] = ()) -> None:
+        self._procedures: dict[str, Procedure] = {}
+        for procedure in procedures:
+            self.register(procedure)
+
+    def register(self, procedure: Procedure) -> None:
+        if procedure.name in self._procedures:
+            raise ProcedureError(f"procedure {procedure.name!r} is already registered")
+        self._procedures[procedure.name] = procedure
+
+    def get(self, name: object) -> Procedure:
+        procedure = self._procedures.get(name) if isinstance(name, str) else None
+        if procedure is None:
+            raise UnknownProcedure(name, list(self._procedures))
+        return procedure
+
+    def names(self) -> list[str]:
+        return sorted(self._procedures)
+
+
+def _check_params(procedure: Procedure, params: object) -> None:
+    if not isinstance(params, Mapping):
+        raise BadParams(f"{procedure.name}: params must be a mapping, got {type(params).__name__}")
+    missing = [name for name in procedure.params if name not in params]
+    extra = [name for name in params if name not in procedure.params]
+    if missing or extra:
+        raise BadParams(f"{procedure.name}: missing params {missing}, unexpected params {extra}")
+    for name, expected in procedure.params.items():
+        value = params[name]
+        if not _type_ok(value, expected):
+            raise BadParams(
+                f"{procedure.name}: param {name!r} must be {expected.__name__}, "
+                f"got {type(value).__name__} {value!r}"
+            )
+
+
+def _type_ok(value: object, expected: type) -> bool:
+    if isinstance(value, bool) and expected is not bool:
+        return False
+    if expected is float:
+        return isinstance(value, int | float)
+    if expected in (list, tuple):
+        return isinstance(value, list | tuple)
+    return isinstance(value, expected)
+
+
+@dataclass(slots=True)
+class PlannedTxn:
+    """A request turned into pieces, ready for a protocol to order and run."""
+
+    index: int  # position in the batch = position in the serial order
+    procedure: Procedure
+    params: Mapping[str, Any]
+    pieces: Sequence[Piece]
+    outputs: dict[str, Any] = field(default_factory=dict)
+    abort_reason: str | None = None
+    error: str | None = None
+
+    def outcome(self) -> Outcome:
+        if self.error is not None:
+            return Outcome(Status.ERROR, reason=self.error)
+        if self.abort_reason is not None:
+            return Outcome(Status.ABORTED, reason=self.abort_reason)
+        build = self.procedure.result
+        return Outcome(Status.COMMITTED, build(self.outputs) if build else dict(self.outputs))
+
+
+def plan_batch(
+    registry: ProcedureRegistry, db: Database, batch: Sequence[TxnRequest]
+) -> list[PlannedTxn | Outcome]:
+    """Plan every request against the state at the start of the batch.
+
+    A request that cannot be planned (unknown procedure, bad params, malformed) becomes an ERROR
+    outcome in its slot; the rest of the batch is unaffected. Every protocol plans this way, so
+    reconnaissance sees the same state under each of them.
+    """
+    view = db.read_view()
+    planned: list[PlannedTxn | Outcome] = []
+    for index, request in enumerate(batch):
+        try:
+            planned.append(_plan_one(registry, view, index, request))
+        except BadRequest as error:
+            planned.append(Outcome(Status.ERROR, reason=str(error)))
+    return planned
+
+
+def _plan_one(
+    registry: ProcedureRegistry, view: ReadView, index: int, request: object
+) -> PlannedTxn:
+    if not isinstance(request, TxnRequest):
+        raise BadRequest(f"malformed request {request!r}: expected TxnRequest(procedure, params)")
+    procedure = registry.get(request.procedure)
+    _check_params(procedure, request.params)
+    pieces = tuple(procedure.plan(request.params, view))
+    if debug.check_invariants:
+        _check_plan(procedure, pieces)
+    return PlannedTxn(index, procedure, request.params, pieces)
+
+
+def _check_plan(procedure: Procedure, pieces: Sequence[Piece]) -> None:
+    seen: set[str] = set()
+    wrote = False
+    for piece in pieces:
+        if piece.name in seen:
+            raise ProcedureError(f"{procedure.name}: duplicate piece name {piece.name!r}")
+        unknown = [name for name in piece.after if name not in seen]
+        if unknown:
+            raise ProcedureError(
+                f"{procedure.name}: piece {piece.name!r} comes after unknown or later pieces "
+                f"{unknown}"
+            )
+        if piece.may_abort and wrote:
+            raise ProcedureError(
+                f"{procedure.name}: piece {piece.name!r} may abort after an earlier piece wrote"
+            )
+        wrote = wrote or bool(piece.writes)
+        seen.add(piece.name)
+
+
+class PieceContext:
+    """What a running piece sees: its transaction's params and inputs, and the tables.
+
+    Every access names a table and a primary key; with ``debug.check_invariants`` on, the
+    record's conflict key must be one the piece declared, and rows come back read-only.
+    """
+
+    __slots__ = ("_db", "_piece", "_txn", "_wrote")
+
+    def __init__(self, db: Database, txn: PlannedTxn) -> None:
+        self._db = db
+        self._txn = txn
+        self._piece: Piece | None = None
+        self._wrote = False
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        return self._txn.params
+
+    def input(self, piece_name: str) -> Any:
+        """The output of an earlier piece of this transaction named in ``after``."""
+        if debug.check_invariants:
+            assert self._piece is not None
+            if piece_name not in self._piece.after:
+                raise ProcedureError(
+                    f"piece {self._piece.name!r} reads {piece_name!r} without declaring it in after"
+                )
+        return self._txn.outputs[piece_name]
+
+    def abort(self, reason: str) -> None:
+        """Logic-abort the transaction; no write of it may have happened yet."""
+        if self._wrote:
+            raise ProcedureError(f"logic abort {reason!r} after the transaction wrote")
+        raise LogicAbort(reason)
+
+    # -- record access -------------------------------------------------------------------
+
+    def get(self, table: str, pk: Hashable) -> Mapping[str, Any] | None:
+        t = self._db.tables[table]
+        if debug.check_invariants:
+            self._check_declared(t.conflict_key(pk), write=False)
+            row = t.rows.get(pk)
+            return None if row is None else debug.frozen(row)
+        return t.rows.get(pk)
+
+    def update(self, table: str, pk: Hashable, changes: Mapping[str, Any]) -> None:
+        t = self._db.tables[table]
+        if debug.check_invariants:
+            self._check_declared(t.conflict_key(pk), write=True)
+        self._wrote = True
+        t.update(pk, changes)
+
+    def insert(self, table: str, pk: Hashable, row: dict[str, Any]) -> None:
+        t = self._db.tables[table]
+        if debug.check_invariants:
+            self._check_declared(t.conflict_key(pk), write=True)
+        self._wrote = True
+        t.insert(pk, row)
+
+    def delete(self, table: str, pk: Hashable) -> None:
+        t = self._db.tables[table]
+        if debug.check_invariants:
+            self._check_declared(t.conflict_key(pk), write=True)
+        self._wrote = True
+        t.delete(pk)
+
+    def lookup(self, table: str, index: str, index_key: Hashable) -> list[Hashable]:
+        """Primary keys under ``index_key`` in a secondary index, in key order.
+
+        The caller must have declared the conflict keys of the records it then reads; the
+        index itself is guarded by the conflict key ``(table, index, index_key)`` unless the
+        table maps index entries to a coarser key (see ``Table.index_conflict_key``).
+        """
+        return self._index(table, index, index_key).lookup(index_key)
+
+    def first(self, table: str, index: str, index_key: Hashable) -> Hashable | None:
+        """The smallest primary key under ``index_key``, or None."""
+        return self._index(table, index, index_key).first(index_key)
+
+    def last(self, table: str, index: str, index_key: Hashable) -> Hashable | None:
+        """The largest primary key under ``index_key``, or None."""
+        return self._index(table, index, index_key).last(index_key)
+
+    def _index(self, table: str, index: str, index_key: Hashable) -> Index:
+        t = self._db.tables[table]
+        if debug.check_invariants:
+            self._check_declared(t.index_conflict_key(index, index_key), write=False)
+        return t.indexes[index]
+
+    def _check_declared(self, key: Key, *, write: bool) -> None:
+        piece = self._piece
+        assert piece is not None
+        allowed = piece.writes if write else (piece.reads + piece.writes)
+        if key not in allowed:
+            kind = "write" if write else "read"
+            raise ProcedureError(
+                f"piece {piece.name!r} of {self._txn.procedure.name} did a {kind} under "
+                f"undeclared conflict key {key!r}"
+            )
+
+
+def run_piece(ctx: PieceContext, txn: PlannedTxn, piece: Piece) -> None:
+    """Run one piece of ``txn`` (never raises for abort or procedure failure).
+
+    Once the transaction has aborted or failed, its remaining pieces are skipped; protocols
+    still release their successors in the graph.
+    """
+    if txn.abort_reason is not None or txn.error is not None:
+        return
+    ctx._piece = piece
+    try:
+        txn.outputs[piece.name] = piece.run(ctx)
+    except LogicAbort as abort:
+        txn.abort_reason = abort.reason
+    except Exception as error:  # a procedure bug; the same happens under every protocol
+        if debug.check_invariants and isinstance(error, ProcedureError):
+            raise
+        txn.error = f"{txn.procedure.name}.{piece.name} raised {type(error).__name__}: {error}"
+    finally:
+        ctx._piece = None
+
+
+class Protocol(ABC):
+    """A concurrency-control protocol: runs batches of requests against a database.
+
+    Subclasses live one per module in ``dgcc.protocols`` and register under ``name``.
+    """
+
+    name: ClassVar[str]
+    deterministic: ClassVar[bool]  # equal to the serial executor in batch order
+
+    def __init__(self, db: Database, registry: ProcedureRegistry) -> None:
+        self.db = db
+        self.registry = registry
+
+    @abstractmethod
+    def run_batch(self, batch: Sequence[TxnRequest]) -> list[Outcome]:
+        """Execute a batch; one outcome per request, in request order."""

@@ -1,0 +1,174 @@
+"""In-memory tables with primary keys, ordered secondary indexes, and conflict keys.
+
+Rows are plain dicts keyed by a hashable primary key. Each table maps a primary key to the
+conflict key that protocols order on (``conflict_key``): by default ``(table, pk)``, or a coarser
+virtual record such as a TPC-C district for all of that district's orders. Secondary indexes map
+an index key to the sorted primary keys under it and are kept up to date by every write.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any
+
+__all__ = ["Database", "Index", "ReadView", "Table"]
+
+Row = dict[str, Any]
+
+
+class Index:
+    """A secondary index: ``index_key(pk, row)`` -> sorted list of primary keys.
+
+    ``fields`` names the row fields the index key depends on (beyond the primary key), so an
+    update that changes none of them leaves the index alone; ``None`` means any field may.
+    """
+
+    __slots__ = ("_entries", "fields", "index_key", "name")
+
+    def __init__(
+        self,
+        name: str,
+        index_key: Callable[[Hashable, Row], Hashable],
+        fields: frozenset[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.index_key = index_key
+        self.fields = fields
+        self._entries: dict[Hashable, list[Any]] = {}
+
+    def add(self, pk: Any, row: Row) -> None:
+        bisect.insort(self._entries.setdefault(self.index_key(pk, row), []), pk)
+
+    def remove(self, pk: Any, row: Row) -> None:
+        ik = self.index_key(pk, row)
+        pks = self._entries[ik]
+        position = bisect.bisect_left(pks, pk)
+        assert position < len(pks) and pks[position] == pk, f"index {self.name}: {pk!r} missing"
+        del pks[position]
+        if not pks:
+            del self._entries[ik]
+
+    def lookup(self, index_key: Hashable) -> list[Any]:
+        """Primary keys under ``index_key`` in ascending order (a copy)."""
+        return list(self._entries.get(index_key, ()))
+
+    def first(self, index_key: Hashable) -> Any | None:
+        pks = self._entries.get(index_key)
+        return pks[0] if pks else None
+
+    def last(self, index_key: Hashable) -> Any | None:
+        pks = self._entries.get(index_key)
+        return pks[-1] if pks else None
+
+
+class Table:
+    """Rows by primary key, with optional secondary indexes.
+
+    Args:
+        name: the table's name.
+        conflict_key: maps a primary key to the conflict key protocols order on.
+        indexes: secondary indexes maintained on every insert, update and delete.
+        index_conflict_key: maps ``(index name, index key)`` to the conflict key that guards
+            that index entry; by default the entry itself.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        conflict_key: Callable[[Any], Hashable] | None = None,
+        indexes: tuple[Index, ...] = (),
+        index_conflict_key: Callable[[str, Hashable], Hashable] | None = None,
+    ) -> None:
+        self.name = name
+        self.rows: dict[Any, Row] = {}
+        self.conflict_key: Callable[[Any], Hashable] = conflict_key or (lambda pk: (name, pk))
+        self.index_conflict_key: Callable[[str, Hashable], Hashable] = index_conflict_key or (
+            lambda index, ik: (name, index, ik)
+        )
+        self.indexes = {index.name: index for index in indexes}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, pk: Any) -> Row | None:
+        return self.rows.get(pk)
+
+    def insert(self, pk: Any, row: Row) -> None:
+        if pk in self.rows:
+            raise KeyError(f"{self.name}: duplicate primary key {pk!r}")
+        self.rows[pk] = row
+        for index in self.indexes.values():
+            index.add(pk, row)
+
+    def update(self, pk: Any, changes: Mapping[str, Any]) -> None:
+        row = self.rows[pk]
+        touched = [
+            index
+            for index in self.indexes.values()
+            if index.fields is None or not index.fields.isdisjoint(changes)
+        ]
+        for index in touched:
+            index.remove(pk, row)
+        row.update(changes)
+        for index in touched:
+            index.add(pk, row)
+
+    def delete(self, pk: Any) -> None:
+        row = self.rows.pop(pk)
+        for index in self.indexes.values():
+            index.remove(pk, row)
+
+    def items(self) -> Iterator[tuple[Any, Row]]:
+        return iter(self.rows.items())
+
+
+class Database:
+    """A set of tables. ``dump()`` gives a plain comparable copy of the whole state."""
+
+    def __init__(self, tables: tuple[Table, ...] = ()) -> None:
+        self.tables: dict[str, Table] = {}
+        for table in tables:
+            self.add_table(table)
+
+    def add_table(self, table: Table) -> Table:
+        if table.name in self.tables:
+            raise KeyError(f"table {table.name!r} already exists")
+        self.tables[table.name] = table
+        return table
+
+    def __getitem__(self, name: str) -> Table:
+        return self.tables[name]
+
+    def read_view(self) -> ReadView:
+        return ReadView(self)
+
+    def dump(self) -> dict[str, dict[Any, Row]]:
+        """A deep, plain copy of every table: equal dumps mean equal states."""
+        return {
+            name: {pk: dict(row) for pk, row in table.rows.items()}
+            for name, table in self.tables.items()
+        }
+
+
+class ReadView:
+    """Read-only access for reconnaissance while a batch is being planned."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def get(self, table: str, pk: Any) -> Mapping[str, Any] | None:
+        row = self._db.tables[table].rows.get(pk)
+        return None if row is None else dict(row)
+
+    def lookup(self, table: str, index: str, index_key: Hashable) -> list[Any]:
+        return self._db.tables[table].indexes[index].lookup(index_key)
+
+    def first(self, table: str, index: str, index_key: Hashable) -> Any | None:
+        return self._db.tables[table].indexes[index].first(index_key)
+
+    def last(self, table: str, index: str, index_key: Hashable) -> Any | None:
+        return self._db.tables[table].indexes[index].last(index_key)

@@ -1,0 +1,84 @@
+"""Standard OLTP workloads, one module each, behind the ``Workload`` interface.
+
+A workload builds its tables and loads its initial data, registers its stored procedures,
+generates a deterministic request stream from a seed, and checks its consistency invariants.
+``WORKLOADS`` maps the CLI name (``tpcc``, ``ycsb``, ``smallbank``) to the class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterator
+from typing import Any, ClassVar
+
+from dgcc.api import ProcedureRegistry, TxnRequest
+from dgcc.errors import ConfigError
+from dgcc.storage import Database
+
+
+class Workload(ABC):
+    """One benchmark: schema + data, procedures, request stream, invariant checks.
+
+    Args are workload-specific keyword options (``warehouses=4``, ``theta=0.99`` ...), validated
+    in ``__init__`` with a ``ConfigError`` that names the bad value.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def build(self, seed: int) -> Database:
+        """Create the tables and load the initial data deterministically from ``seed``."""
+
+    @abstractmethod
+    def registry(self) -> ProcedureRegistry:
+        """The workload's stored procedures."""
+
+    @abstractmethod
+    def requests(self, seed: int) -> Iterator[TxnRequest]:
+        """An endless, deterministic stream of requests in the standard mix."""
+
+    @abstractmethod
+    def check(self, db: Database) -> list[str]:
+        """Invariant violations found in ``db`` (empty when consistent)."""
+
+    def partition_of(self, key: Hashable, partitions: int) -> int:
+        """The partition owning a conflict key (used when the data is spread over nodes)."""
+        raise NotImplementedError(f"{self.name} does not define partitioning yet")
+
+    def describe(self) -> dict[str, Any]:
+        """The options this instance was built with, for reports."""
+        return {}
+
+
+WORKLOADS: dict[str, type[Workload]] = {}
+
+
+def register_workload(cls: type[Workload]) -> type[Workload]:
+    WORKLOADS[cls.name] = cls
+    return cls
+
+
+def get_workload(name: str, **options: Any) -> Workload:
+    _load_builtin()
+    try:
+        cls = WORKLOADS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown workload {name!r}; choose one of: {', '.join(sorted(WORKLOADS))}"
+        ) from None
+    return cls(**options)
+
+
+def _load_builtin() -> None:
+    # Imported lazily so that importing dgcc.workloads stays cheap.
+    import importlib
+
+    for module in ("tpcc", "ycsb", "smallbank"):
+        try:
+            importlib.import_module(f"dgcc.workloads.{module}")
+        except ModuleNotFoundError as error:
+            if error.name != f"dgcc.workloads.{module}":
+                raise
+
+
+__all__ = ["WORKLOADS", "Workload", "get_workload", "register_workload"]
