@@ -27,6 +27,7 @@ install: $(STAMP)
 
 # Each system's main job, on an embedded default; a system joins this list once its demo is real.
 demo: install
+	$(VENV)/bin/dgcc demo
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -35,7 +36,11 @@ lint: install
 test: install lint
 	$(VENV)/bin/pytest
 
+# Benchmarks are not tests: each script measures competitors side by side and writes its section
+# under docs/bench/; the last step joins the sections into docs/benchmarks.md.
 bench: install
+	$(PY) -O dgcc/bench/engine.py
+	$(PY) tools/stitch_benchmarks.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -77,9 +77,12 @@ class Outcome:
         return self.status is Status.COMMITTED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 us per piece on the hot path
 class Piece:
-    """One action of a transaction: a function and the conflict keys it declares."""
+    """One action of a transaction: a function and the conflict keys it declares.
+
+    Treated as immutable once planned; protocols only read it.
+    """
 
     name: str
     run: Callable[[PieceContext], Any]
@@ -176,8 +179,11 @@ class PlannedTxn:
             return Outcome(Status.ERROR, reason=self.error)
         if self.abort_reason is not None:
             return Outcome(Status.ABORTED, reason=self.abort_reason)
+        # Outputs in piece order, whatever order a protocol ran the pieces in.
+        outputs = self.outputs
+        ordered = {p.name: outputs[p.name] for p in self.pieces if p.name in outputs}
         build = self.procedure.result
-        return Outcome(Status.COMMITTED, build(self.outputs) if build else dict(self.outputs))
+        return Outcome(Status.COMMITTED, build(ordered) if build else ordered)
 
 
 def plan_batch(
@@ -346,7 +352,8 @@ def run_piece(ctx: PieceContext, txn: PlannedTxn, piece: Piece) -> None:
         txn.outputs[piece.name] = piece.run(ctx)
     except LogicAbort as abort:
         txn.abort_reason = abort.reason
-    except Exception as error:  # a procedure bug; the same happens under every protocol
+    except Exception as error:  # a procedure bug: the transaction reports ERROR; which of its
+        # other pieces already ran may differ between protocols (see protocols/dgcc.py)
         if debug.check_invariants and isinstance(error, ProcedureError):
             raise
         txn.error = f"{txn.procedure.name}.{piece.name} raised {type(error).__name__}: {error}"

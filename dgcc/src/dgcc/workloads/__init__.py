@@ -8,10 +8,10 @@ generates a deterministic request stream from a seed, and checks its consistency
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from dgcc.api import ProcedureRegistry, TxnRequest
+from dgcc.api import Outcome, ProcedureRegistry, TxnRequest
 from dgcc.errors import ConfigError
 from dgcc.storage import Database
 
@@ -40,6 +40,14 @@ class Workload(ABC):
     @abstractmethod
     def check(self, db: Database) -> list[str]:
         """Invariant violations found in ``db`` (empty when consistent)."""
+
+    def observe(self, batch: Sequence[object], outcomes: Sequence[Outcome]) -> None:
+        """See a batch's outcomes after it ran; ``check`` may use the committed results.
+
+        Drivers call this after every batch (YCSB counts committed increments, Smallbank the
+        money that entered or left the bank); by default it does nothing.
+        """
+        del batch, outcomes
 
     def partition_of(self, key: Hashable, partitions: int) -> int:
         """The partition owning a conflict key (used when the data is spread over nodes)."""

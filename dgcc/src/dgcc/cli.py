@@ -1,0 +1,221 @@
+"""The ``dgcc`` command line: ``dgcc bench`` (one closed-loop benchmark) and ``dgcc demo``.
+
+Progress bars and tables are drawn with rich here, never in the library. Bad flags or options
+print one ``dgcc: error: ...`` line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from dgcc import debug
+from dgcc.bench import BenchConfig, make_console, run_benchmark, run_side_by_side, summary_line
+from dgcc.errors import ConfigError
+from dgcc.protocols import PROTOCOLS
+from dgcc.workloads import get_workload
+
+__all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+
+# CLI flag -> workload option; only flags the user sets are passed on.
+WORKLOAD_FLAGS = {
+    "warehouses": int,
+    "items": int,
+    "customers_per_district": int,
+    "orders_per_district": int,
+    "records": int,
+    "fields": int,
+    "ops_per_txn": int,
+    "read_ratio": float,
+    "theta": float,
+    "accounts": int,
+    "hot_accounts": int,
+    "hot_fraction": float,
+}
+
+
+DEMO_ROUNDS = 3  # alternating measured windows, so machine noise hits both protocols alike
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: scripts and people both read it at a glance.
+        self.exit(2, f"dgcc: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dgcc", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    bench = commands.add_parser("bench", help="run one closed-loop benchmark")
+    bench.add_argument("--workload", default="ycsb", help="tpcc, ycsb or smallbank")
+    bench.add_argument("--protocol", default="dgcc", choices=sorted(PROTOCOLS))
+    _add_run_flags(bench, seconds_default=10.0)
+    bench.add_argument("--json", type=Path, help="write the result record to this path")
+    for name, kind in WORKLOAD_FLAGS.items():
+        bench.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None)
+    bench.add_argument(
+        "-o",
+        "--workload-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other workload option (Python literal values)",
+    )
+    demo = commands.add_parser("demo", help="TPC-C with dgcc and serial, alternating windows")
+    _add_run_flags(demo, seconds_default=10.0)
+    return parser
+
+
+def _add_run_flags(parser: argparse.ArgumentParser, *, seconds_default: float) -> None:
+    parser.add_argument("--seconds", type=float, default=seconds_default, help="measured window")
+    parser.add_argument("--warmup-s", type=float, default=1.0, help="warm-up before it")
+    parser.add_argument("--batch-size", type=int, default=1000, help="requests in flight")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--executors", type=int, default=None, help="dgcc logical executors")
+    parser.add_argument("--check-invariants", action="store_true", help="debug checks (slow)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=debug.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    console = make_console()
+    try:
+        with debug.invariants(args.check_invariants or debug.check_invariants):
+            if args.command == "bench":
+                return _bench(args, console)
+            return _demo(args, console)
+    except ConfigError as error:
+        print(f"dgcc: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    options = {name: getattr(args, name) for name in WORKLOAD_FLAGS}
+    options = {name: value for name, value in options.items() if value is not None}
+    options |= _parse_key_values(args.workload_option)
+    config = _config(args, args.workload, args.protocol, options)
+    records = _run_all([config], console)
+    record = records[0]
+    console.print(results_table(records))
+    print(summary_line(record))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        console.print(f"wrote {args.json}")
+    return 1 if record["violations"] else 0
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
+    try:
+        get_workload("tpcc", warehouses=1)
+        name, options = "tpcc", {"warehouses": 1}
+    except ConfigError:  # only until the TPC-C workload is installed
+        console.print("[yellow]tpcc is not available; the demo runs ycsb (theta 0.8) instead[/]")
+        name, options = "ycsb", {"theta": 0.8}
+    configs = [_config(args, name, protocol, options) for protocol in ("dgcc", "serial")]
+    with console.status("loading") as status:
+        records = run_side_by_side(configs, rounds=DEMO_ROUNDS, progress=status.update)
+    console.print(results_table(records))
+    for record in records:
+        print(summary_line(record))
+    return 1 if any(record["violations"] for record in records) else 0
+
+
+def _config(args: argparse.Namespace, workload: str, protocol: str, options: dict) -> BenchConfig:
+    protocol_options = {}
+    if args.executors is not None and protocol == "dgcc":
+        protocol_options["executors"] = args.executors
+    return BenchConfig(
+        workload=workload,
+        protocol=protocol,
+        seconds=args.seconds,
+        warmup_s=args.warmup_s,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        workload_options=options,
+        protocol_options=protocol_options,
+    )
+
+
+def _parse_key_values(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"workload option {pair!r} must look like key=value")
+        try:
+            options[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key] = text
+    return options
+
+
+def _run_all(configs: list[BenchConfig], console: Console) -> list[dict[str, Any]]:
+    """Run each config (load, warm up, measure) with a progress bar; the result records."""
+    records = []
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        for config in configs:
+            label = f"{config.protocol} on {config.workload}"
+            task = progress.add_task(f"{label}: loading", total=config.warmup_s + config.seconds)
+            warmup_s = config.warmup_s
+
+            def report(
+                phase: str, done_s: float, total_s: float, task=task, label=label, skip=warmup_s
+            ) -> None:
+                completed = done_s + (skip if phase == "measure" else 0.0)
+                progress.update(task, completed=completed, description=f"{label}: {phase}")
+
+            records.append(run_benchmark(config, progress=report))
+            progress.remove_task(task)
+    return records
+
+
+def results_table(records: list[dict[str, Any]]) -> Group:
+    """Rich tables of result records: throughput, latency, phase split; aborts by cause."""
+    table = Table(title="dgcc benchmark")
+    for column in ("workload", "protocol", "commits/s", "p50 ms", "p99 ms", "abort"):
+        table.add_column(column, justify="left" if column in ("workload", "protocol") else "right")
+    for column in ("graph s", "exec s", "viol"):
+        table.add_column(column, justify="right")
+    causes = Table(title="aborts and errors by cause")
+    for column in ("workload", "protocol", "cause", "count"):
+        causes.add_column(column, justify="right" if column == "count" else "left")
+    for record in records:
+        metrics = record["metrics"]
+        workload, protocol = record["config"]["workload"], record["config"]["protocol"]
+        graph_s, execute_s = (
+            f"{metrics[key]:.2f}" if key in metrics else "-"
+            for key in ("timing_s/build_graph", "timing_s/execute")
+        )
+        table.add_row(
+            workload,
+            protocol,
+            f"{metrics['txn/commits_per_s']:,.0f}",
+            f"{metrics['txn/latency_ms_p50']:.1f}",
+            f"{metrics['txn/latency_ms_p99']:.1f}",
+            f"{metrics['txn/abort_rate']:.1%}",
+            graph_s,
+            execute_s,
+            str(len(record["violations"])),
+        )
+        for key, value in metrics.items():
+            for prefix, kind in (("txn/aborts/", "abort"), ("txn/error_kinds/", "error")):
+                if key.startswith(prefix):
+                    cause = f"{kind}: {key.removeprefix(prefix)}"
+                    causes.add_row(workload, protocol, cause, f"{int(value):,}")
+    return Group(table, causes) if causes.row_count else Group(table)

@@ -1,0 +1,500 @@
+"""The five TPC-C transactions (clause 2.4-2.8) as stored procedures split into pieces.
+
+Every piece touches one conflict key (see ``schema.create_tables``), except NewOrder's item check
+and StockLevel's stock read, which only *read* several keys. Columns that no transaction ever
+changes (W_TAX, W_NAME, D_NAME, C_LAST, C_FIRST, ORDER_LINE.OL_I_ID of an existing order) may be
+read at plan time from the batch-start view: they are equal at every point of the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry
+from dgcc.errors import BadParams
+from dgcc.storage import ReadView
+from dgcc.workloads.tpcc.schema import DISTRICTS_PER_WAREHOUSE, TpccConfig
+
+__all__ = ["make_registry"]
+
+LINES_MAX = 15
+QUANTITY_MAX = 10
+STOCK_LEVEL_ORDERS = 20
+C_DATA_CHARS = 500
+_DIST_COLUMNS = tuple(f"s_dist_{d:02d}" for d in range(1, DISTRICTS_PER_WAREHOUSE + 1))
+
+
+def make_registry(config: TpccConfig) -> ProcedureRegistry:
+    """The five procedures, validating parameters against ``config``'s scale."""
+    scale = _Scale(config)
+    return ProcedureRegistry(
+        [
+            Procedure(
+                "new_order",
+                {"w_id": int, "d_id": int, "c_id": int, "lines": list, "entry_d": int},
+                scale.plan_new_order,
+                lambda outputs: outputs["order"],
+            ),
+            Procedure(
+                "payment",
+                {
+                    "w_id": int,
+                    "d_id": int,
+                    "c_w_id": int,
+                    "c_d_id": int,
+                    "c_id": int,
+                    "c_last": str,
+                    "h_amount": int,
+                    "h_date": int,
+                },
+                scale.plan_payment,
+                lambda outputs: outputs["customer"],
+            ),
+            Procedure(
+                "order_status",
+                {"w_id": int, "d_id": int, "c_id": int, "c_last": str},
+                scale.plan_order_status,
+                lambda outputs: outputs["status"],
+            ),
+            Procedure(
+                "delivery",
+                {"w_id": int, "o_carrier_id": int, "ol_delivery_d": int},
+                scale.plan_delivery,
+                _delivery_result,
+            ),
+            Procedure(
+                "stock_level",
+                {"w_id": int, "d_id": int, "threshold": int},
+                scale.plan_stock_level,
+                lambda outputs: outputs["stock"],
+            ),
+        ]
+    )
+
+
+class _Scale:
+    """Parameter validation against the loaded scale, and the plan functions."""
+
+    def __init__(self, config: TpccConfig) -> None:
+        self.warehouses = config.warehouses
+        self.customers = config.customers_per_district
+
+    def warehouse(self, name: str, w: int) -> None:
+        if not 1 <= w <= self.warehouses:
+            raise BadParams(f"{name}={w!r} outside 1..{self.warehouses}")
+
+    def district(self, name: str, d: int) -> None:
+        if not 1 <= d <= DISTRICTS_PER_WAREHOUSE:
+            raise BadParams(f"{name}={d!r} outside 1..{DISTRICTS_PER_WAREHOUSE}")
+
+    def customer(self, params: Mapping[str, Any], view: ReadView, w: int, d: int) -> None:
+        """Exactly one of c_id (> 0) and c_last (non-empty) names an existing customer."""
+        c_id, c_last = params["c_id"], params["c_last"]
+        if (c_id == 0) == (c_last == ""):
+            raise BadParams(f"give exactly one of c_id={c_id!r} and c_last={c_last!r}")
+        if c_last:
+            # C_LAST never changes and customers are never added: a plan-time check is exact.
+            if view.first("customer", "by_last", (w, d, c_last)) is None:
+                raise BadParams(f"no customer named c_last={c_last!r} in district {(w, d)}")
+        elif not 1 <= c_id <= self.customers:
+            raise BadParams(f"c_id={c_id!r} outside 1..{self.customers}")
+
+    def plan_new_order(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
+        w, d, c = params["w_id"], params["d_id"], params["c_id"]
+        self.warehouse("w_id", w)
+        self.district("d_id", d)
+        if not 1 <= c <= self.customers:
+            raise BadParams(f"c_id={c!r} outside 1..{self.customers}")
+        lines = [self._order_line(line) for line in params["lines"]]
+        if not 1 <= len(lines) <= LINES_MAX:
+            raise BadParams(f"new_order has {len(lines)} lines; allowed 1..{LINES_MAX}")
+        w_tax = view.get("warehouse", w)["w_tax"]  # type: ignore[index]
+        return _new_order_pieces(w, d, c, lines, w_tax, params["entry_d"])
+
+    def _order_line(self, line: object) -> tuple[int, int, int]:
+        if not isinstance(line, list | tuple) or len(line) != 3:
+            raise BadParams(f"order line {line!r} must be (i_id, supply_w_id, quantity)")
+        i_id, supply_w, quantity = line
+        if not type(i_id) is type(supply_w) is type(quantity) is int:  # bool is no int here
+            raise BadParams(f"order line {line!r} must hold three ints")
+        if not 1 <= supply_w <= self.warehouses:
+            raise BadParams(f"supply_w_id={supply_w!r} outside 1..{self.warehouses}")
+        if not 1 <= quantity <= QUANTITY_MAX:
+            raise BadParams(f"quantity={quantity!r} outside 1..{QUANTITY_MAX}")
+        return i_id, supply_w, quantity
+
+    def plan_payment(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
+        w, d, c_w, c_d = params["w_id"], params["d_id"], params["c_w_id"], params["c_d_id"]
+        self.warehouse("w_id", w)
+        self.district("d_id", d)
+        self.warehouse("c_w_id", c_w)
+        self.district("c_d_id", c_d)
+        self.customer(params, view, c_w, c_d)
+        if params["h_amount"] <= 0:
+            raise BadParams(f"h_amount={params['h_amount']!r} must be > 0 cents")
+        w_name = view.get("warehouse", w)["w_name"]  # type: ignore[index]
+        d_name = view.get("district", (w, d))["d_name"]  # type: ignore[index]
+        return _payment_pieces(params, w_name + "    " + d_name)
+
+    def plan_order_status(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
+        w, d = params["w_id"], params["d_id"]
+        self.warehouse("w_id", w)
+        self.district("d_id", d)
+        self.customer(params, view, w, d)
+        c_id, c_last = params["c_id"], params["c_last"]
+
+        def status(ctx: PieceContext) -> dict[str, Any]:
+            customer = _find_customer(ctx, w, d, c_id, c_last)
+            return _order_status(ctx, w, d, customer)
+
+        return [Piece("status", status, reads=(("district", w, d),))]
+
+    def plan_delivery(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
+        w, carrier, date = params["w_id"], params["o_carrier_id"], params["ol_delivery_d"]
+        self.warehouse("w_id", w)
+        if not 1 <= carrier <= 10:
+            raise BadParams(f"o_carrier_id={carrier!r} outside 1..10")
+        return [
+            Piece(f"d{d}", _deliver(w, d, carrier, date), writes=(("district", w, d),))
+            for d in range(1, DISTRICTS_PER_WAREHOUSE + 1)
+        ]
+
+    def plan_stock_level(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
+        w, d, threshold = params["w_id"], params["d_id"], params["threshold"]
+        self.warehouse("w_id", w)
+        self.district("d_id", d)
+        if not 1 <= threshold <= 100:
+            raise BadParams(f"threshold={threshold!r} outside 1..100")
+        next_o_id = view.get("district", (w, d))["d_next_o_id"]  # type: ignore[index]
+        first_o_id = max(1, next_o_id - STOCK_LEVEL_ORDERS)
+        item_ids = _recent_items(view, w, d, first_o_id, next_o_id)
+
+        def stock(ctx: PieceContext) -> dict[str, Any]:
+            get = ctx.get
+            low = sum(1 for i in item_ids if get("stock", (w, i))["s_quantity"] < threshold)
+            return {"low_stock": low, "o_id_range": (first_o_id, next_o_id)}
+
+        return [Piece("stock", stock, reads=tuple(("stock", w, i) for i in item_ids))]
+
+
+def _recent_items(view: ReadView, w: int, d: int, first: int, end: int) -> list[int]:
+    """Distinct OL_I_IDs of orders [first, end) of district (w, d), from the batch-start view.
+
+    StockLevel needs only level-1 (read-committed) isolation (clause 3.4.1), so the order range is
+    fixed at plan time (reconnaissance of D_NEXT_O_ID); the stock quantities are then read in
+    the transaction's serial position under declared keys.
+    """
+    items: set[int] = set()
+    for o in range(first, end):
+        count = view.get("orders", (w, d, o))["o_ol_cnt"]  # type: ignore[index]
+        for number in range(1, count + 1):
+            items.add(view.get("order_line", (w, d, o, number))["ol_i_id"])  # type: ignore[index]
+    return sorted(items)
+
+
+# -- NewOrder ---------------------------------------------------------------------------------
+
+
+def _new_order_pieces(
+    w: int, d: int, c: int, lines: list[tuple[int, int, int]], w_tax: int, entry_d: int
+) -> list[Piece]:
+    """Item check (may abort, before any write), one piece per stock record, then the order."""
+    item_ids = [line[0] for line in lines]
+    stock_lines: dict[tuple[int, int], list[int]] = {}
+    for position, (i_id, supply_w, _quantity) in enumerate(lines):
+        stock_lines.setdefault((supply_w, i_id), []).append(position)
+
+    def items(ctx: PieceContext) -> list[tuple[int, str, str]]:
+        found = []
+        for i_id in item_ids:
+            row = ctx.get("item", i_id)
+            if row is None:
+                ctx.abort(f"invalid item id {i_id}")  # the spec's 1% rollback
+            found.append((row["i_price"], row["i_name"], row["i_data"]))
+        return found
+
+    pieces = [Piece("items", items, reads=tuple(("item", i) for i in item_ids), may_abort=True)]
+    stock_names: dict[tuple[int, int], str] = {}
+    for (supply_w, i_id), positions in stock_lines.items():
+        name = f"stock_{supply_w}_{i_id}"
+        stock_names[(supply_w, i_id)] = name
+        quantities = [lines[p][2] for p in positions]
+        run = _stock_update(w, d, supply_w, i_id, quantities)
+        pieces.append(Piece(name, run, writes=(("stock", supply_w, i_id),)))
+
+    def order(ctx: PieceContext) -> dict[str, Any]:
+        item_rows = ctx.input("items")
+        stock_rows = {key: ctx.input(name) for key, name in stock_names.items()}
+        return _place_order(ctx, w, d, c, lines, item_rows, stock_rows, w_tax, entry_d)
+
+    after = ("items", *stock_names.values())
+    pieces.append(Piece("order", order, writes=(("district", w, d),), after=after))
+    return pieces
+
+
+def _stock_update(w: int, d: int, supply_w: int, i_id: int, quantities: list[int]) -> Any:
+    def stock(ctx: PieceContext) -> tuple[str, str, list[int]]:
+        row = ctx.get("stock", (supply_w, i_id))
+        level, after_levels = row["s_quantity"], []
+        for quantity in quantities:
+            level = level - quantity if level - quantity >= 10 else level - quantity + 91
+            after_levels.append(level)
+        dist_info, s_data = row[_DIST_COLUMNS[d - 1]], row["s_data"]
+        ctx.update(
+            "stock",
+            (supply_w, i_id),
+            {
+                "s_quantity": level,
+                "s_ytd": row["s_ytd"] + sum(quantities),
+                "s_order_cnt": row["s_order_cnt"] + len(quantities),
+                "s_remote_cnt": row["s_remote_cnt"] + (len(quantities) if supply_w != w else 0),
+            },
+        )
+        return dist_info, s_data, after_levels
+
+    return stock
+
+
+def _place_order(
+    ctx: PieceContext,
+    w: int,
+    d: int,
+    c: int,
+    lines: list[tuple[int, int, int]],
+    item_rows: list[tuple[int, str, str]],
+    stock_rows: dict[tuple[int, int], tuple[str, str, list[int]]],
+    w_tax: int,
+    entry_d: int,
+) -> dict[str, Any]:
+    district = ctx.get("district", (w, d))
+    o_id, d_tax = district["d_next_o_id"], district["d_tax"]
+    ctx.update("district", (w, d), {"d_next_o_id": o_id + 1})
+    customer = ctx.get("customer", (w, d, c))
+    all_local = int(all(supply_w == w for _, supply_w, _ in lines))
+    ctx.insert(
+        "orders",
+        (w, d, o_id),
+        {
+            "o_id": o_id,
+            "o_d_id": d,
+            "o_w_id": w,
+            "o_c_id": c,
+            "o_entry_d": entry_d,
+            "o_carrier_id": None,
+            "o_ol_cnt": len(lines),
+            "o_all_local": all_local,
+        },
+    )
+    ctx.insert("new_order", (w, d, o_id), {"no_o_id": o_id, "no_d_id": d, "no_w_id": w})
+    out_lines, amount_sum = _insert_order_lines(ctx, (w, d, o_id), lines, item_rows, stock_rows)
+    discount = customer["c_discount"]
+    # Rates are in 1/10000: total = sum * (1 - discount) * (1 + w_tax + d_tax), rounded.
+    total = (amount_sum * (10_000 - discount) * (10_000 + w_tax + d_tax) + 50_000_000) // (
+        100_000_000
+    )
+    return {
+        "o_id": o_id,
+        "total_cents": total,
+        "c_last": customer["c_last"],
+        "c_credit": customer["c_credit"],
+        "c_discount": discount,
+        "w_tax": w_tax,
+        "d_tax": d_tax,
+        "lines": out_lines,
+    }
+
+
+def _insert_order_lines(
+    ctx: PieceContext,
+    order_pk: tuple[int, int, int],
+    lines: list[tuple[int, int, int]],
+    item_rows: list[tuple[int, str, str]],
+    stock_rows: dict[tuple[int, int], tuple[str, str, list[int]]],
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Insert the order's lines; returns the client's per-line results and the amount sum."""
+    w, d, o_id = order_pk
+    used: dict[tuple[int, int], int] = {}  # lines seen per stock record (duplicate items)
+    out_lines, amount_sum = [], 0
+    for number, ((i_id, supply_w, quantity), (price, i_name, i_data)) in enumerate(
+        zip(lines, item_rows), start=1
+    ):
+        dist_info, s_data, levels = stock_rows[(supply_w, i_id)]
+        seen = used.get((supply_w, i_id), 0)
+        used[(supply_w, i_id)] = seen + 1
+        amount = quantity * price
+        amount_sum += amount
+        ctx.insert(
+            "order_line",
+            (w, d, o_id, number),
+            {
+                "ol_o_id": o_id,
+                "ol_d_id": d,
+                "ol_w_id": w,
+                "ol_number": number,
+                "ol_i_id": i_id,
+                "ol_supply_w_id": supply_w,
+                "ol_delivery_d": None,
+                "ol_quantity": quantity,
+                "ol_amount": amount,
+                "ol_dist_info": dist_info,
+            },
+        )
+        brand = "B" if "ORIGINAL" in i_data and "ORIGINAL" in s_data else "G"
+        out_lines.append((supply_w, i_id, i_name, quantity, levels[seen], brand, price, amount))
+    return out_lines, amount_sum
+
+
+# -- Payment and OrderStatus ------------------------------------------------------------------
+
+
+def _find_customer(
+    ctx: PieceContext, w: int, d: int, c_id: int, c_last: str
+) -> tuple[tuple[int, int, int], Mapping[str, Any]]:
+    """By id, or by last name: the middle one (rounded up) in C_FIRST order (clause 2.5.2.2)."""
+    if not c_last:
+        pk = (w, d, c_id)
+        return pk, ctx.get("customer", pk)  # type: ignore[return-value]
+    pks = ctx.lookup("customer", "by_last", (w, d, c_last))
+    named = [(ctx.get("customer", pk), pk) for pk in pks]
+    assert named, f"customer {c_last!r} vanished from district {(w, d)}"
+    named.sort(key=lambda entry: (entry[0]["c_first"], entry[1]))  # type: ignore[index]
+    row, pk = named[(len(named) - 1) // 2]
+    return pk, row  # type: ignore[return-value]
+
+
+def _payment_pieces(params: Mapping[str, Any], h_data: str) -> list[Piece]:
+    """Warehouse and district YTD, then the customer; one piece per distinct conflict key."""
+    w, d, c_w, c_d = params["w_id"], params["d_id"], params["c_w_id"], params["c_d_id"]
+    amount = params["h_amount"]
+
+    def warehouse(ctx: PieceContext) -> None:
+        ctx.update("warehouse", w, {"w_ytd": ctx.get("warehouse", w)["w_ytd"] + amount})
+
+    def district(ctx: PieceContext) -> None:
+        ctx.update("district", (w, d), {"d_ytd": ctx.get("district", (w, d))["d_ytd"] + amount})
+
+    def customer(ctx: PieceContext) -> dict[str, Any]:
+        return _pay_customer(ctx, params, h_data)
+
+    def district_and_customer(ctx: PieceContext) -> dict[str, Any]:
+        district(ctx)
+        return _pay_customer(ctx, params, h_data)
+
+    pieces = [Piece("warehouse", warehouse, writes=(("warehouse", w),))]
+    if (c_w, c_d) == (w, d):  # a home customer shares the district's key: one piece does both
+        pieces.append(Piece("customer", district_and_customer, writes=(("district", w, d),)))
+    else:
+        pieces.append(Piece("district", district, writes=(("district", w, d),)))
+        pieces.append(Piece("customer", customer, writes=(("district", c_w, c_d),)))
+    return pieces
+
+
+def _pay_customer(ctx: PieceContext, params: Mapping[str, Any], h_data: str) -> dict[str, Any]:
+    """Charge the customer, prepend to a bad-credit C_DATA, and record the HISTORY row."""
+    w, d, c_w, c_d = params["w_id"], params["d_id"], params["c_w_id"], params["c_d_id"]
+    amount = params["h_amount"]
+    pk, row = _find_customer(ctx, c_w, c_d, params["c_id"], params["c_last"])
+    count = row["c_payment_cnt"] + 1
+    changes: dict[str, Any] = {
+        "c_balance": row["c_balance"] - amount,
+        "c_ytd_payment": row["c_ytd_payment"] + amount,
+        "c_payment_cnt": count,
+    }
+    if row["c_credit"] == "BC":
+        entry = f"{pk[2]} {c_d} {c_w} {d} {w} {amount}|"
+        changes["c_data"] = (entry + row["c_data"])[:C_DATA_CHARS]
+    result = {
+        "c_id": pk[2],
+        "c_first": row["c_first"],
+        "c_last": row["c_last"],
+        "c_credit": row["c_credit"],
+        "c_balance": changes["c_balance"],
+        "c_data": changes["c_data"][:200] if "c_data" in changes else "",
+    }
+    ctx.update("customer", pk, changes)
+    history = {
+        "h_c_id": pk[2],
+        "h_c_d_id": c_d,
+        "h_c_w_id": c_w,
+        "h_d_id": d,
+        "h_w_id": w,
+        "h_date": params["h_date"],
+        "h_amount": amount,
+        "h_data": h_data,
+    }
+    ctx.insert("history", (c_w, c_d, pk[2], count), history)
+    return result
+
+
+def _order_status(
+    ctx: PieceContext, w: int, d: int, customer: tuple[tuple[int, int, int], Mapping[str, Any]]
+) -> dict[str, Any]:
+    pk, row = customer
+    result: dict[str, Any] = {
+        "c_id": pk[2],
+        "c_first": row["c_first"],
+        "c_last": row["c_last"],
+        "c_balance": row["c_balance"],
+        "o_id": None,
+        "o_carrier_id": None,
+        "lines": [],
+    }
+    o_pk = ctx.last("orders", "by_customer", (w, d, pk[2]))
+    if o_pk is None:  # possible only when a scaled-down district has fewer orders than customers
+        return result
+    order = ctx.get("orders", o_pk)
+    result.update(o_id=o_pk[2], o_entry_d=order["o_entry_d"], o_carrier_id=order["o_carrier_id"])
+    for number in range(1, order["o_ol_cnt"] + 1):
+        line = ctx.get("order_line", (*o_pk, number))
+        result["lines"].append(
+            (
+                line["ol_supply_w_id"],
+                line["ol_i_id"],
+                line["ol_quantity"],
+                line["ol_amount"],
+                line["ol_delivery_d"],
+            )
+        )
+    return result
+
+
+# -- Delivery ---------------------------------------------------------------------------------
+
+
+def _deliver(w: int, d: int, carrier: int, date: int) -> Any:
+    def deliver(ctx: PieceContext) -> int | None:
+        """Deliver the district's oldest new order; None when it has none (skipped)."""
+        no_pk = ctx.first("new_order", "by_district", (w, d))
+        if no_pk is None:
+            return None
+        ctx.delete("new_order", no_pk)
+        order = ctx.get("orders", no_pk)
+        ctx.update("orders", no_pk, {"o_carrier_id": carrier})
+        total = 0
+        for number in range(1, order["o_ol_cnt"] + 1):
+            line_pk = (*no_pk, number)
+            total += ctx.get("order_line", line_pk)["ol_amount"]
+            ctx.update("order_line", line_pk, {"ol_delivery_d": date})
+        c_pk = (w, d, order["o_c_id"])
+        customer = ctx.get("customer", c_pk)
+        ctx.update(
+            "customer",
+            c_pk,
+            {
+                "c_balance": customer["c_balance"] + total,
+                "c_delivery_cnt": customer["c_delivery_cnt"] + 1,
+            },
+        )
+        return no_pk[2]
+
+    return deliver
+
+
+def _delivery_result(outputs: dict[str, Any]) -> dict[str, Any]:
+    delivered = []
+    for d in range(1, DISTRICTS_PER_WAREHOUSE + 1):
+        o_id = outputs.get(f"d{d}")
+        if o_id is not None:
+            delivered.append((d, o_id))
+    return {"delivered": delivered, "skipped": DISTRICTS_PER_WAREHOUSE - len(delivered)}

@@ -1,0 +1,266 @@
+"""YCSB as multi-key transactions (Cooper et al. 2010; the Deneva variant of Harding et al. 2017).
+
+One table ``usertable`` of ``records`` rows with ``fields`` string fields and a ``counter``.
+A transaction touches ``ops_per_txn`` distinct keys drawn from a zipfian distribution (Gray et
+al., "Quickly generating billion-record synthetic databases", SIGMOD 1994); each access is a
+read (returns the counter) or, with probability ``1 - read_ratio``, a read-modify-write that
+increments the counter and rewrites one field. One piece per access, so pieces of one
+transaction run independently under DGCC. Invariant: every record's counter equals the number
+of committed increments of it, taken from the committed results passed to ``observe``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any
+
+from dgcc.api import Outcome, Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
+from dgcc.errors import BadParams, ConfigError
+from dgcc.storage import Database, ReadView, Table
+from dgcc.workloads import Workload, register_workload
+
+__all__ = ["YcsbWorkload", "ZipfianGenerator"]
+
+TABLE = "usertable"
+THETA_MAX = 0.99
+DISTINCT_DRAWS_MAX = 64  # zipf draws per key before falling back to the next unused key
+
+
+class ZipfianGenerator:
+    """Integers in ``[0, items)`` with P(i) proportional to 1 / (i + 1) ** theta.
+
+    Gray et al.'s constant-time method: ``zeta(items, theta)`` is summed once, then each draw
+    costs one uniform variate. ``theta == 0`` is uniform. Deterministic from ``seed``.
+
+    Raises:
+        ConfigError: items < 1, or theta outside [0, 0.99].
+    """
+
+    def __init__(self, items: int, theta: float, seed: int) -> None:
+        if isinstance(items, bool) or not isinstance(items, int) or items < 1:
+            raise ConfigError(f"zipfian items must be an int >= 1, got {items!r}")
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            raise ConfigError(f"zipfian theta must be a number, got {theta!r}")
+        if not 0.0 <= theta <= THETA_MAX:
+            raise ConfigError(f"zipfian theta must be in [0, {THETA_MAX}], got {theta}")
+        self.items = items
+        self.theta = float(theta)
+        self._random = random.Random(seed).random
+        self.zeta_n = _zeta(items, self.theta)
+        zeta_2 = _zeta(min(items, 2), self.theta)
+        self._alpha = 1.0 / (1.0 - self.theta)
+        self._half_pow_theta = 0.5**self.theta
+        self._eta = (
+            (1.0 - (2.0 / items) ** (1.0 - self.theta)) / (1.0 - zeta_2 / self.zeta_n)
+            if items > 2
+            else 1.0
+        )
+
+    def next(self) -> int:
+        u = self._random()
+        uz = u * self.zeta_n
+        if uz < 1.0:
+            return 0
+        if uz < 1.0 + self._half_pow_theta:
+            return min(1, self.items - 1)
+        value = int(self.items * (self._eta * u - self._eta + 1.0) ** self._alpha)
+        return min(value, self.items - 1)
+
+    def probability(self, item: int) -> float:
+        """The exact probability of ``item`` under the target distribution."""
+        return 1.0 / ((item + 1) ** self.theta * self.zeta_n)
+
+
+def _zeta(items: int, theta: float) -> float:
+    return math.fsum(1.0 / (i**theta) for i in range(1, items + 1))
+
+
+@register_workload
+class YcsbWorkload(Workload):
+    """Multi-key YCSB transactions over one table.
+
+    Args:
+        records: rows in the table.
+        fields: string fields per row (besides ``counter``).
+        field_chars: length of each field's value.
+        ops_per_txn: distinct keys per transaction.
+        read_ratio: probability that an access is a plain read.
+        theta: zipfian skew in [0, 0.99]; 0 is uniform.
+
+    Raises:
+        ConfigError: an option of the wrong type or out of range.
+    """
+
+    name = "ycsb"
+
+    def __init__(
+        self,
+        *,
+        records: int = 100_000,
+        fields: int = 10,
+        field_chars: int = 10,
+        ops_per_txn: int = 10,
+        read_ratio: float = 0.5,
+        theta: float = 0.0,
+    ) -> None:
+        for option, value, low in (
+            ("records", records, 1),
+            ("fields", fields, 1),
+            ("field_chars", field_chars, 1),
+            ("ops_per_txn", ops_per_txn, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"ycsb {option} must be an int >= {low}, got {value!r}")
+        if ops_per_txn > records:
+            raise ConfigError(f"ycsb ops_per_txn={ops_per_txn} exceeds records={records}")
+        if isinstance(read_ratio, bool) or not isinstance(read_ratio, int | float):
+            raise ConfigError(f"ycsb read_ratio must be a number, got {read_ratio!r}")
+        if not 0.0 <= read_ratio <= 1.0:
+            raise ConfigError(f"ycsb read_ratio must be in [0, 1], got {read_ratio}")
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            raise ConfigError(f"ycsb theta must be a number, got {theta!r}")
+        if not 0.0 <= theta <= THETA_MAX:
+            raise ConfigError(f"ycsb theta must be in [0, {THETA_MAX}], got {theta}")
+        self.records = records
+        self.fields = fields
+        self.field_chars = field_chars
+        self.ops_per_txn = ops_per_txn
+        self.read_ratio = float(read_ratio)
+        self.theta = float(theta)
+        self._field_names = tuple(f"field{i}" for i in range(fields))
+        self._increments: Counter[int] = Counter()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "records": self.records,
+            "fields": self.fields,
+            "field_chars": self.field_chars,
+            "ops_per_txn": self.ops_per_txn,
+            "read_ratio": self.read_ratio,
+            "theta": self.theta,
+        }
+
+    def build(self, seed: int) -> Database:
+        rng = random.Random(seed)
+        alphabet = "abcdefghijklmnopqrstuvwxyz"
+        # Fields share a pool of values: rows are independent dicts, the strings need not be.
+        pool = ["".join(rng.choices(alphabet, k=self.field_chars)) for _ in range(256)]
+        table = Table(TABLE)
+        rows = table.rows
+        names = self._field_names
+        for pk in range(self.records):
+            row: dict[str, Any] = {name: pool[rng.randrange(256)] for name in names}
+            row["counter"] = 0
+            rows[pk] = row
+        self._increments = Counter()
+        return Database((table,))
+
+    def registry(self) -> ProcedureRegistry:
+        return ProcedureRegistry(
+            [Procedure("ycsb_txn", {"keys": list, "rmw": list}, self._plan, _ycsb_result)]
+        )
+
+    def _plan(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
+        keys, rmw = params["keys"], params["rmw"]
+        if len(keys) != len(rmw) or not keys:
+            raise BadParams(f"ycsb_txn: keys and rmw must be equally long and non-empty: {params}")
+        records, fields = self.records, self._field_names
+        pieces = []
+        for position, key in enumerate(keys):
+            if type(key) is not int or not 0 <= key < records:  # bool is not int here
+                raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {key!r}")
+            write = rmw[position]
+            if write is True:
+                field = fields[position % len(fields)]
+                pieces.append(Piece(f"w{position}", _rmw_piece(key, field), writes=((TABLE, key),)))
+            elif write is False:
+                pieces.append(Piece(f"r{position}", _read_piece(key), reads=((TABLE, key),)))
+            else:
+                raise BadParams(f"ycsb_txn: rmw flags must be bools, got {write!r}")
+        return pieces
+
+    def requests(self, seed: int) -> Iterator[TxnRequest]:
+        rng = random.Random(seed)
+        zipf = ZipfianGenerator(self.records, self.theta, rng.randrange(2**63))
+        read_ratio, ops = self.read_ratio, self.ops_per_txn
+        while True:
+            keys = _distinct_keys(zipf, ops, self.records)
+            rmw = [rng.random() >= read_ratio for _ in range(ops)]
+            yield TxnRequest("ycsb_txn", {"keys": keys, "rmw": rmw})
+
+    def observe(self, batch: Sequence[object], outcomes: Sequence[Outcome]) -> None:
+        """Record the increments of committed transactions, for ``check``."""
+        increments = self._increments
+        for outcome in outcomes:
+            if outcome.committed:
+                increments.update(outcome.result["incremented"])
+
+    def check(self, db: Database) -> list[str]:
+        problems = []
+        rows = db[TABLE].rows
+        if len(rows) != self.records:
+            problems.append(f"usertable has {len(rows)} rows, expected {self.records}")
+        total = 0
+        for pk, row in rows.items():
+            counter = row["counter"]
+            total += counter
+            if counter != self._increments.get(pk, 0) and len(problems) < 10:
+                problems.append(
+                    f"record {pk}: counter {counter} != {self._increments.get(pk, 0)} committed "
+                    "increments"
+                )
+        expected = sum(self._increments.values())
+        if total != expected:
+            problems.append(f"sum of counters {total} != {expected} committed increments")
+        return problems
+
+    def partition_of(self, key: Hashable, partitions: int) -> int:
+        """Range partitioning: record ``pk`` lives on partition ``pk * partitions // records``."""
+        if not isinstance(key, tuple) or len(key) != 2 or key[0] != TABLE:
+            raise ConfigError(f"ycsb: not a usertable conflict key: {key!r}")
+        return key[1] * partitions // self.records
+
+
+def _distinct_keys(zipf: ZipfianGenerator, count: int, records: int) -> list[int]:
+    keys: list[int] = []
+    seen: set[int] = set()
+    for _ in range(count):
+        for _ in range(DISTINCT_DRAWS_MAX):
+            key = zipf.next()
+            if key not in seen:
+                break
+        else:  # extremely skewed and tiny tables only; stays deterministic
+            key = next(k for k in range(records) if k not in seen)
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
+def _read_piece(key: int):
+    def read(ctx: PieceContext) -> int:
+        return ctx.get(TABLE, key)["counter"]
+
+    return read
+
+
+def _rmw_piece(key: int, field: str):
+    def read_modify_write(ctx: PieceContext) -> tuple[int, int]:
+        counter = ctx.get(TABLE, key)["counter"] + 1
+        ctx.update(TABLE, key, {"counter": counter, field: f"v{counter}"})
+        return key, counter
+
+    return read_modify_write
+
+
+def _ycsb_result(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Counters read and keys incremented (with new counters), in access order.
+
+    Sorted by position: a protocol may fill ``outputs`` in any topological order.
+    """
+    ordered = sorted(outputs.items(), key=lambda item: int(item[0][1:]))
+    read = [value for name, value in ordered if name[0] == "r"]
+    written = [value for name, value in ordered if name[0] == "w"]
+    return {"read": read, "incremented": [key for key, _ in written], "counters": written}
