@@ -40,6 +40,7 @@ test: install lint
 # under docs/bench/; the last step joins the sections into docs/benchmarks.md.
 bench: install
 	$(PY) -O dgcc/bench/engine.py
+	$(PY) -O dgcc/bench/cluster.py
 	$(PY) tools/stitch_benchmarks.py
 
 clean:

@@ -19,7 +19,7 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dgcc import debug
+from dgcc import cli_cluster, debug
 from dgcc.bench import BenchConfig, make_console, run_benchmark, run_side_by_side, summary_line
 from dgcc.errors import ConfigError
 from dgcc.protocols import PROTOCOLS
@@ -73,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="any other workload option (Python literal values)",
     )
+    cli_cluster.add_bench_flags(bench)
     demo = commands.add_parser("demo", help="TPC-C with dgcc and serial, alternating windows")
     _add_run_flags(demo, seconds_default=10.0)
+    cli_cluster.register(commands)
     return parser
 
 
@@ -94,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     console = make_console()
     try:
+        if args.command in cli_cluster.COMMANDS:
+            return cli_cluster.dispatch(args)
         with debug.invariants(args.check_invariants or debug.check_invariants):
             if args.command == "bench":
                 return _bench(args, console)
@@ -104,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
+    if args.nodes is not None:
+        return cli_cluster.bench_nodes(args)
     options = {name: getattr(args, name) for name in WORKLOAD_FLAGS}
     options = {name: value for name, value in options.items() if value is not None}
     options |= _parse_key_values(args.workload_option)

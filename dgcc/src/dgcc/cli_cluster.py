@@ -1,0 +1,276 @@
+"""The cluster commands: ``dgcc node``, ``dgcc cluster start|stop|status``, ``dgcc bench --nodes``.
+
+``register(commands)`` adds the ``node`` and ``cluster`` sub-commands to the ``dgcc`` parser,
+``add_bench_flags(parser)`` adds ``--nodes``/``--distributed-fraction``/``--inflight`` to
+``dgcc bench``, and ``dispatch(args)`` runs them. ``python -m dgcc.cli_cluster ...`` works on
+its own too (the launcher uses it to spawn nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dgcc import debug
+from dgcc.cluster import CONFIG_FILE, STATE_FILE, load_config, local_config, start_local
+from dgcc.cluster import status as cluster_status
+from dgcc.cluster import stop as cluster_stop
+from dgcc.errors import ConfigError
+
+__all__ = ["COMMANDS", "add_bench_flags", "bench_nodes", "dispatch", "main", "register"]
+
+logger = logging.getLogger(__name__)
+
+COMMANDS = ("node", "cluster")  # what ``register`` adds; ``bench --nodes`` goes to bench_nodes
+DIRECTORY_DEFAULT = Path(".dgcc_cluster")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``node`` and ``cluster`` to a ``dgcc`` sub-command set."""
+    node = commands.add_parser("node", help="run one cluster node (one OS process)")
+    node.add_argument("--config", type=Path, required=True, help="cluster config (.toml/.json)")
+    node.add_argument("--id", type=int, required=True, help="this node's id in the config")
+    node.set_defaults(check_invariants=False)  # the dgcc entry point reads this flag
+    cluster = commands.add_parser("cluster", help="start, stop or query a local cluster")
+    cluster.set_defaults(check_invariants=False)
+    actions = cluster.add_subparsers(dest="action", required=True)
+    start = actions.add_parser("start", help="start N node processes on loopback")
+    start.add_argument("--nodes", type=int, default=2)
+    start.add_argument("--config", type=Path, help="a config file instead of --nodes")
+    start.add_argument("--workload", default="ycsb")
+    start.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
+    start.add_argument("--epoch-ms", type=float, default=5.0)
+    start.add_argument("--seed", type=int, default=1)
+    for action in ("start", "stop", "status"):
+        parser = start if action == "start" else actions.add_parser(action, help=f"{action}")
+        parser.add_argument(
+            "--dir", type=Path, default=DIRECTORY_DEFAULT, help="cluster state directory"
+        )
+
+
+def add_bench_flags(bench: argparse.ArgumentParser) -> None:
+    """The flags that make ``dgcc bench`` drive a cluster of node processes."""
+    bench.add_argument("--nodes", type=int, default=None, help="run on a cluster of N nodes")
+    bench.add_argument(
+        "--distributed-fraction",
+        type=float,
+        default=None,
+        help="fraction of multi-node transactions (default: the workload's own mix)",
+    )
+    bench.add_argument("--inflight", type=int, default=400, help="calls in flight per node")
+    bench.add_argument("--epoch-ms", type=float, default=10.0, help="epoch length (cluster)")
+
+
+def bench_nodes(args: argparse.Namespace) -> int:
+    """``dgcc bench --nodes N``: drive a cluster of node processes closed-loop; print a table."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from dgcc.cli import WORKLOAD_FLAGS, _parse_key_values
+    from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
+
+    options = {name: getattr(args, name, None) for name in WORKLOAD_FLAGS}
+    options = {name: value for name, value in options.items() if value is not None}
+    options |= _parse_key_values(getattr(args, "workload_option", []) or [])
+    bench = ClusterBenchConfig(
+        workload=args.workload,
+        nodes=args.nodes,
+        distributed_fraction=args.distributed_fraction,
+        workload_options=options,
+        seconds=args.seconds,
+        warmup_s=args.warmup_s,
+        inflight=args.inflight,
+        epoch_ms=args.epoch_ms,
+        seed=args.seed,
+    )
+    console = Console()
+    columns = (TextColumn("{task.description}"), BarColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("loading", total=bench.warmup_s + bench.seconds)
+
+        def report(phase: str, done_s: float) -> None:
+            offset = bench.warmup_s if phase == "measure" else 0.0
+            progress.update(task, completed=done_s + offset, description=phase)
+
+        record = run_bench(bench, progress=report)
+    console.print(results_table([record]))
+    print(summary_line(record))
+    if getattr(args, "json", None):
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def results_table(records: list[dict[str, Any]]) -> Any:
+    """A rich table of cluster benchmark records."""
+    from rich.table import Table
+
+    table = Table(title="dgcc cluster benchmark")
+    columns = ("workload", "nodes", "dist. asked", "multi-node", "commits/s", "p50 ms", "p99 ms")
+    for column in (*columns, "msgs/commit", "bytes/commit", "node cpu"):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+    for record in records:
+        config, metrics = record["config"], record["metrics"]
+        asked = config["distributed_fraction"]
+        table.add_row(
+            config["workload"],
+            str(config["nodes"]),
+            "std" if asked is None else f"{asked:.0%}",
+            f"{metrics['txn/multi_node_fraction']:.1%}",
+            f"{metrics['txn/commits_per_s']:,.0f}",
+            f"{metrics['txn/latency_ms_p50']:.1f}",
+            f"{metrics['txn/latency_ms_p99']:.1f}",
+            f"{metrics['net/messages_per_commit']:.3f}",
+            f"{metrics['net/bytes_per_commit']:,.0f}",
+            f"{metrics['node/cpu_s_per_s']:.2f}",
+        )
+    return table
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run a ``node`` or ``cluster`` command parsed by ``register``'s parsers."""
+    if args.command == "node":
+        return _node(args)
+    if args.command == "bench":
+        return bench_nodes(args)
+    if args.action == "start":
+        return _start(args)
+    config, pids = _state(args.dir)
+    if args.action == "status":
+        return _status(config)
+    stopped = cluster_stop(config, pids=pids)
+    print(f"stopped {stopped} of {len(config.nodes)} nodes")
+    (args.dir / STATE_FILE).unlink(missing_ok=True)
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    from dgcc.net.node import run_node
+
+    config = load_config(args.config)
+    if not 0 <= args.id < len(config.nodes):
+        raise ConfigError(
+            f"--id {args.id} is not a node of {args.config} (0..{len(config.nodes) - 1})"
+        )
+
+    def ready(node: Any) -> None:
+        address = config.nodes[args.id]
+        sys.stdout.write(f"READY {args.id} {address.host}:{address.port} pid={os.getpid()}\n")
+        sys.stdout.flush()
+
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(run_node(config, args.id, ready))
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    from dgcc.cli import _parse_key_values
+
+    if args.config is not None:
+        config = load_config(args.config)
+    else:
+        options = _parse_key_values(args.workload_option)
+        config = local_config(
+            args.nodes,
+            workload=args.workload,
+            workload_options=options,
+            epoch_ms=args.epoch_ms,
+            seed=args.seed,
+        )
+    cluster = start_local(config, args.dir)
+    for node, process in zip(config.nodes, cluster.processes, strict=True):
+        print(f"node {node.id} listening on {node.host}:{node.port} (pid {process.pid})")
+    print(f"config and logs in {args.dir}; stop with: dgcc cluster stop --dir {args.dir}")
+    return 0
+
+
+def _state(directory: Path) -> tuple[Any, list[int]]:
+    config_path = directory / CONFIG_FILE
+    if not config_path.exists():
+        raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
+    state_path = directory / STATE_FILE
+    pids = json.loads(state_path.read_text())["pids"] if state_path.exists() else []
+    return load_config(config_path), pids
+
+
+def _status(config: Any) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="dgcc cluster")
+    for column in ("node", "address", "pid", "ready", "epochs", "committed", "aborted", "error"):
+        table.add_column(column)
+    down = 0
+    for entry in cluster_status(config):
+        if "error" in entry and "ready" not in entry:
+            down += 1
+            address = config.nodes[entry["id"]]
+            table.add_row(
+                str(entry["id"]),
+                f"{address.host}:{address.port}",
+                "-",
+                "down",
+                "-",
+                "-",
+                "-",
+                entry["error"][:40],
+            )
+            continue
+        table.add_row(
+            str(entry["id"]),
+            f"{entry['host']}:{entry['port']}",
+            str(entry["pid"]),
+            "yes" if entry["ready"] else "no",
+            str(entry["epochs_executed"]),
+            f"{entry['txn/committed']:,.0f}",
+            f"{entry['txn/aborted']:,.0f}",
+            f"{entry['txn/error']:,.0f}",
+        )
+    Console().print(table)
+    return 1 if down else 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"dgcc: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _Parser(prog="dgcc", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    register(commands)
+    bench = commands.add_parser("bench", help="closed-loop benchmark on a local cluster")
+    bench.add_argument("--workload", default="ycsb", help="tpcc, ycsb or smallbank")
+    bench.add_argument("--seconds", type=float, default=5.0, help="measured window")
+    bench.add_argument("--warmup-s", type=float, default=1.0)
+    bench.add_argument("--seed", type=int, default=1)
+    bench.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
+    bench.add_argument("--json", type=Path, help="write the result record to this path")
+    add_bench_flags(bench)
+    args = parser.parse_args(argv)
+    if args.command == "bench" and args.nodes is None:
+        parser.error("bench here needs --nodes N")
+    logging.basicConfig(
+        level=debug.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return dispatch(args)
+    except ConfigError as error:
+        print(f"dgcc: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

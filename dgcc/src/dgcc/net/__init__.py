@@ -1,0 +1,14 @@
+"""The network layer of DistDGCC: wire format, node server, and client library."""
+
+from dgcc.net.client import AsyncClient, Client
+from dgcc.net.wire import CallTimeout, ConnectionLost, FrameError, HandshakeError, NetError
+
+__all__ = [
+    "AsyncClient",
+    "CallTimeout",
+    "Client",
+    "ConnectionLost",
+    "FrameError",
+    "HandshakeError",
+    "NetError",
+]

@@ -1,0 +1,379 @@
+"""Closed-loop load for a cluster: request streams with a distributed fraction, client processes.
+
+``request_pool`` builds a node's requests: every transaction starts on data the node owns and,
+with probability ``distributed_fraction``, also touches data of another node (YCSB: half of its
+keys; Smallbank: a payment to a remote customer; TPC-C: a remote supply warehouse or a remote
+paying customer, which only NewOrder and Payment can have). ``None`` keeps the workload's own
+mix (TPC-C's standard 1% / 15% remote fractions). ``run_bench`` starts the node processes and
+one client process per node, each with ``inflight`` calls always outstanding on one pipelined
+connection, and measures a window after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import math
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgcc.api import TxnRequest
+from dgcc.cluster import ClusterConfig, load_config, local_config, start_local, wait_ready_lines
+from dgcc.errors import ConfigError
+from dgcc.workloads import get_workload
+from dgcc.workloads.ycsb import ZipfianGenerator
+
+__all__ = ["ClusterBenchConfig", "request_pool", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+POOL_SIZE = 20_000
+CLIENT_EXIT_TIMEOUT_S = 60.0
+
+
+def _ranges(size: int, partitions: int) -> list[range]:
+    """Partition q of a range-partitioned id space [0, size): ids with id * p // size == q."""
+    bounds = [math.ceil(q * size / partitions) for q in range(partitions + 1)]
+    return [range(bounds[q], bounds[q + 1]) for q in range(partitions)]
+
+
+def _split(config: ClusterConfig, node: int) -> tuple[list[int], list[int]]:
+    """This node's partitions and the partitions of every other node."""
+    owners = config.placement().partition_nodes
+    mine = [p for p, owner in enumerate(owners) if owner == node]
+    return mine, [p for p, owner in enumerate(owners) if owner != node]
+
+
+def request_pool(
+    config: ClusterConfig, node: int, fraction: float | None, seed: int, count: int = POOL_SIZE
+) -> list[TxnRequest]:
+    """``count`` requests for clients of ``node``; see the module docstring."""
+    if fraction is not None and not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"distributed fraction must be in [0, 1], got {fraction}")
+    makers = {"ycsb": _ycsb_pool, "smallbank": _smallbank_pool, "tpcc": _tpcc_pool}
+    maker = makers.get(config.workload)
+    if maker is None:
+        raise ConfigError(f"no cluster load for workload {config.workload!r}; use {sorted(makers)}")
+    rng = random.Random(seed * 7919 + node)
+    return maker(config, node, fraction, rng, count)
+
+
+def _ycsb_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
+    workload = get_workload("ycsb", **dict(config.workload_options))
+    ranges = _ranges(workload.records, config.placement().partitions)
+    mine, others = _split(config, node)
+    span = min(len(ranges[p]) for p in range(len(ranges)))
+    zipf = ZipfianGenerator(span, workload.theta, rng.randrange(2**31))
+    ops = workload.ops_per_txn
+    pool = []
+    for _ in range(count):
+        home = ranges[rng.choice(mine)]
+        remote = others and fraction and rng.random() < fraction
+        far = ranges[rng.choice(others)] if remote else home
+        keys: list[int] = []
+        while len(keys) < ops:
+            place = far if remote and len(keys) < max(1, ops // 2) else home
+            key = place[zipf.next() % len(place)]
+            if key not in keys:
+                keys.append(key)
+        rmw = [rng.random() >= workload.read_ratio for _ in keys]
+        pool.append(TxnRequest("ycsb_txn", {"keys": keys, "rmw": rmw}))
+    return pool
+
+
+def _smallbank_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
+    workload = get_workload("smallbank", **dict(config.workload_options))
+    ranges = _ranges(workload.accounts, config.placement().partitions)
+    mine, others = _split(config, node)
+    stream = workload.requests(rng.randrange(2**31))
+    pool = []
+    for request in itertools.islice(stream, count):
+        params = dict(request.params)
+        home = ranges[rng.choice(mine)]
+        for name in ("customer", "source", "target"):
+            if name in params:
+                params[name] = home[params[name] % len(home)]
+        if "target" in params and params["target"] == params["source"]:
+            params["target"] = home[(home.index(params["source"]) + 1) % len(home)]
+        procedure = request.procedure
+        if others and fraction and rng.random() < fraction:
+            far = ranges[rng.choice(others)]
+            source = params.get("source", params.get("customer"))
+            procedure = procedure if "target" in params else "send_payment"
+            params = {"source": source, "target": far[rng.randrange(len(far))]}
+            if procedure == "send_payment":
+                params["amount"] = rng.randint(1, 5000)
+        pool.append(TxnRequest(procedure, params))
+    return pool
+
+
+def _tpcc_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
+    options = dict(config.workload_options)
+    partitions = config.placement().partitions
+    probe = get_workload("tpcc", **options)
+    warehouses = probe.config.warehouses
+    owners = config.placement().partition_nodes
+    mine = [w for w in range(1, warehouses + 1) if owners[(w - 1) % partitions] == node]
+    others = [w for w in range(1, warehouses + 1) if w not in mine]
+    if not mine:
+        raise ConfigError(f"node {node} owns no tpcc warehouse of {warehouses}")
+    options["home_warehouses"] = mine
+    if fraction is not None:
+        options |= {"remote_item_fraction": 0.0, "remote_payment_fraction": 0.0}
+    stream = get_workload("tpcc", **options).requests(rng.randrange(2**31))
+    pool = []
+    for request in itertools.islice(stream, count):
+        params = dict(request.params)
+        if fraction and others and rng.random() < fraction:
+            far = rng.choice(others)
+            if request.procedure == "new_order":
+                lines = [tuple(line) for line in params["lines"]]
+                lines[0] = (lines[0][0], far, lines[0][2])
+                params["lines"] = lines
+            elif request.procedure == "payment":
+                # A by-name customer stays valid: every district has every loaded name.
+                params["c_w_id"], params["c_d_id"] = far, rng.randint(1, 10)
+        pool.append(TxnRequest(request.procedure, params))
+    return pool
+
+
+# -- one client process ---------------------------------------------------------------------
+
+
+async def _client_loop(args: argparse.Namespace) -> dict[str, Any]:
+    from dgcc.net.client import AsyncClient
+
+    config = load_config(args.config)
+    pool = request_pool(config, args.node, args.fraction, args.seed)
+    address = config.nodes[args.node]
+    client = await AsyncClient.connect(address.host, address.port, secret=config.shared_secret())
+    # Readiness handshake with the driver: say READY, then read the window (unix times).
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
+    window = sys.stdin.readline().split()
+    if len(window) != 2:
+        raise ConfigError(f"expected 'measure_from until' on stdin, got {window!r}")
+    args.measure_from, args.until = float(window[0]), float(window[1])
+    latencies_ms: list[float] = []
+    counts = {"committed": 0, "aborted": 0, "error": 0}
+    cursor = itertools.cycle(pool)
+    clock = time.time
+
+    async def worker() -> None:
+        while True:
+            request = next(cursor)
+            started_s = clock()
+            if started_s >= args.until:
+                return
+            outcome = await client.call(request.procedure, request.params, timeout_s=60)
+            done_s = clock()
+            if args.measure_from <= started_s and done_s < args.until:
+                counts[outcome.status.value] += 1
+                latencies_ms.append((done_s - started_s) * 1000)
+
+    cpu_s = [0.0, 0.0]
+
+    async def cpu_clock() -> None:
+        # CPU time of this process over the measured window (a measurement, not a sync)
+        await asyncio.sleep(max(0.0, args.measure_from - clock()))
+        cpu_s[0] = time.process_time()
+        await asyncio.sleep(max(0.0, args.until - clock()))
+        cpu_s[1] = time.process_time()
+
+    await asyncio.gather(cpu_clock(), *(worker() for _ in range(args.inflight)))
+    await client.close()
+    return {
+        "node": args.node,
+        "counts": counts,
+        "latencies_ms": latencies_ms,
+        "cpu_s": cpu_s[1] - cpu_s[0],
+    }
+
+
+def _client_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dgcc-loadgen")
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--node", type=int, required=True)
+    parser.add_argument("--inflight", type=int, required=True)
+    parser.add_argument("--fraction", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    result = asyncio.run(_client_loop(args))
+    args.out.write_text(json.dumps(result))
+    return 0
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterBenchConfig:
+    """One cluster benchmark run.
+
+    Args:
+        workload: ``tpcc``, ``ycsb`` or ``smallbank``.
+        nodes: node processes (one client process each).
+        distributed_fraction: see ``request_pool``; None keeps the workload's own mix.
+        workload_options: the workload's options (TPC-C ``warehouses`` is per node here).
+        seconds: the measured window; ``warmup_s`` runs before it.
+        inflight: calls outstanding per node.
+        epoch_ms: epoch length.
+        seed: data and request seed.
+    """
+
+    workload: str
+    nodes: int
+    distributed_fraction: float | None = None
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 5.0
+    warmup_s: float = 1.0
+    inflight: int = 400
+    epoch_ms: float = 2.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ConfigError(f"nodes must be an int >= 1, got {self.nodes!r}")
+        if not 0 < self.seconds <= 3600:
+            raise ConfigError(f"seconds must be in (0, 3600], got {self.seconds!r}")
+        if not 1 <= self.inflight <= 100_000:
+            raise ConfigError(f"inflight must be in 1..100000, got {self.inflight!r}")
+
+
+def _cluster_options(bench: ClusterBenchConfig) -> dict[str, Any]:
+    options = dict(bench.workload_options)
+    if bench.workload == "tpcc":  # weak scaling: warehouses per node
+        options["warehouses"] = options.get("warehouses", 2) * bench.nodes
+    return options
+
+
+def _snapshot(config: ClusterConfig) -> dict[str, float]:
+    from dgcc.cluster import status
+
+    total: dict[str, float] = {}
+    for entry in status(config, timeout_s=30):
+        if "error" in entry and "ready" not in entry:
+            raise ConfigError(f"node {entry['id']} is down: {entry['error']}")
+        for key, value in entry.items():
+            if "/" in key:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def run_bench(
+    bench: ClusterBenchConfig, progress: Callable[[str, float], None] | None = None
+) -> dict[str, Any]:
+    """Start the cluster and clients, measure one window; the result record."""
+    with tempfile.TemporaryDirectory(prefix="dgcc_bench_") as directory:
+        config = local_config(
+            bench.nodes,
+            workload=bench.workload,
+            workload_options=_cluster_options(bench),
+            epoch_ms=bench.epoch_ms,
+            epoch_calls_max=max(1, bench.inflight // 4),
+            seed=bench.seed,
+        )
+        if progress:
+            progress("loading", 0.0)
+        with start_local(config, Path(directory)) as cluster:
+            record = _measure(bench, cluster.config, Path(directory), progress)
+    return record
+
+
+def _measure(bench, config, directory: Path, progress) -> dict[str, Any]:
+    processes, outs = [], []
+    for node in range(bench.nodes):
+        out = directory / f"client{node}.json"
+        outs.append(out)
+        command = [sys.executable, "-m", "dgcc.net.loadgen", "--config"]
+        command += [str(directory / "cluster.json"), "--node", str(node)]
+        command += ["--inflight", str(bench.inflight), "--seed", str(bench.seed), "--out", str(out)]
+        if bench.distributed_fraction is not None:
+            command += ["--fraction", str(bench.distributed_fraction)]
+        processes.append(
+            subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        )
+    wait_ready_lines(processes, CLIENT_EXIT_TIMEOUT_S)  # pools built, connections open
+    start_s = time.time()
+    measure_from = start_s + bench.warmup_s
+    until = measure_from + bench.seconds
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write(f"{measure_from} {until}\n")
+        process.stdin.close()
+    _wait_until(measure_from, progress, "warm-up", start_s)
+    before = _snapshot(config)
+    _wait_until(until, progress, "measure", measure_from)
+    after = _snapshot(config)
+    for process in processes:
+        code = process.wait(timeout=CLIENT_EXIT_TIMEOUT_S)
+        if code != 0:
+            raise ConfigError(f"client process {process.pid} failed with exit code {code}")
+    results = [json.loads(out.read_text()) for out in outs]
+    return _record(bench, config, results, before, after)
+
+
+def _wait_until(when_s: float, progress, phase: str, since_s: float) -> None:
+    """Sleep to a point of the measurement clock (a window boundary, not a synchronisation)."""
+    while (left_s := when_s - time.time()) > 0:
+        if progress:
+            progress(phase, max(0.0, time.time() - since_s))
+        time.sleep(min(left_s, 0.25))
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+
+
+def _record(bench, config, results, before, after) -> dict[str, Any]:
+    delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+    counts = {k: sum(r["counts"][k] for r in results) for k in ("committed", "aborted", "error")}
+    latencies = sorted(itertools.chain.from_iterable(r["latencies_ms"] for r in results))
+    committed = max(1, delta["txn/committed"])
+    metrics = {
+        "txn/commits_per_s": counts["committed"] / bench.seconds,
+        "txn/txns_per_s": sum(counts.values()) / bench.seconds,
+        "txn/abort_rate": counts["aborted"] / max(1, sum(counts.values())),
+        "txn/errors": counts["error"],
+        "txn/latency_ms_p50": _percentile(latencies, 0.50),
+        "txn/latency_ms_p99": _percentile(latencies, 0.99),
+        "txn/multi_node_fraction": delta["txn/multi_node"] / max(1, delta["txn/executed"]),
+        "net/messages_per_commit": delta["net/peer_messages"] / committed,
+        "net/bytes_per_commit": delta["net/peer_bytes"] / committed,
+        "node/cpu_s_per_s": delta["timing_s/cpu"] / bench.seconds / bench.nodes,
+        "node/wait_inputs_s_per_s": delta["timing_s/wait_inputs"] / bench.seconds / bench.nodes,
+        "node/wait_values_s_per_s": delta["timing_s/wait_values"] / bench.seconds / bench.nodes,
+        "client/cpu_s_per_s": sum(r["cpu_s"] for r in results) / bench.seconds / bench.nodes,
+        "txn/commits_per_node_cpu_s": counts["committed"] / max(1e-9, delta["timing_s/cpu"]),
+    }
+    return {
+        "config": asdict(bench) | {"workload_options": config.workload_options},
+        "metrics": metrics,
+        "host": {"cpus": __import__("os").cpu_count(), "python": sys.version.split()[0]},
+    }
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """One parsable ``[summary] key=value ...`` line."""
+    config, metrics = record["config"], record["metrics"]
+    parts = [f"workload={config['workload']}", f"nodes={config['nodes']}"]
+    parts.append(f"distributed_fraction={config['distributed_fraction']}")
+    parts += [f"{key}={value:.4g}" for key, value in metrics.items()]
+    return "[summary] " + " ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(_client_main(sys.argv[1:]))

@@ -1,0 +1,489 @@
+"""One DistDGCC node: an asyncio TCP server owning its partitions, talking to peers and clients.
+
+Three activities share one event loop (uvloop when installed):
+
+  * collection: client calls join the open epoch; the epoch closes after ``epoch_ms`` or at
+    ``epoch_calls_max`` calls, and its input batch goes to every peer at once. Up to
+    ``pipeline_epochs`` closed epochs may wait for execution, so collecting epoch e + 1
+    overlaps executing epoch e;
+  * execution: once all nodes' batches of epoch e are in, ``EpochRun`` plans and runs this
+    node's pieces in slices of ``step_pieces``, flushing value messages (one per destination)
+    whenever it runs out of ready pieces; it then sends each origin its report;
+  * completion: an origin answers its clients once every node has reported the epoch; this is
+    where durability (group commit of the epoch) will hook in.
+
+A connection that sends a garbled, oversized or ill-shaped frame, or fails the handshake, is
+closed with a logged reason; nothing else is disturbed. ``delay_ms_max`` (tests only) delays
+each peer message by a seeded random time, which also reorders them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dgcc.api import TxnRequest
+from dgcc.cluster import ClusterConfig
+from dgcc.net.wire import (
+    VERSION,
+    ConnectionLost,
+    FrameError,
+    HandshakeError,
+    check_mac,
+    frame,
+    mac_of,
+    read_frame,
+)
+from dgcc.protocols.dist_dgcc import REPLICATED, EpochRun, ResultAssembler, Router
+from dgcc.workloads import get_workload
+
+__all__ = ["Node", "run_node"]
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 60.0
+HANDSHAKE_TIMEOUT_S = 10.0
+CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
+
+
+class _Client:
+    """A connected client; answers are gathered and written once per loop iteration."""
+
+    __slots__ = ("_pending", "name", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
+        self.writer = writer
+        self.name = name
+        self._pending: list[bytes] = []
+
+    def send(self, message: Any) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(frame(message))
+
+    def _flush(self) -> None:
+        data, self._pending = b"".join(self._pending), []
+        if not self.writer.is_closing():  # a client that died mid-call just loses its answers
+            self.writer.write(data)
+
+
+class Node:
+    """One node of ``config``; ``start`` listens and connects, ``stopped`` ends it."""
+
+    def __init__(self, config: ClusterConfig, node_id: int) -> None:
+        self.config = config
+        self.id = node_id
+        self.address = config.nodes[node_id]
+        self.peers = [n.id for n in config.nodes if n.id != node_id]
+        self.secret = config.shared_secret()
+        self.workload = get_workload(config.workload, **dict(config.workload_options))
+        self.registry = self.workload.registry()
+        self.router = Router(self.workload.partition_of, config.placement())
+        self.db = self.workload.build(config.seed)
+        self.ready = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._wake = asyncio.Event()  # any peer message or closed epoch
+        self._collector_wake = asyncio.Event()  # calls, peer inputs or execution progress
+        self._out: dict[int, asyncio.StreamWriter] = {}
+        self._in: set[int] = set()
+        self._collect: list[TxnRequest] = []
+        self._callers: list[tuple[_Client, int, float]] = []
+        self._inputs: dict[int, dict[int, tuple]] = {}
+        self._values: dict[int, list] = {}
+        self._assemblers: dict[int, tuple[ResultAssembler, list]] = {}
+        self._early_reports: dict[int, list[tuple[int, Any]]] = {}
+        self._closed_epochs = 0
+        self._executed_epochs = 0
+        self._run: EpochRun | None = None
+        self._running_epoch = -1
+        self._order: list[Any] = []
+        self._delay = random.Random(config.delay_seed * 1000 + node_id)
+        self._tasks: list[asyncio.Task] = []
+        self._server: asyncio.base_events.Server | None = None
+        self.stats: dict[str, float] = {
+            "net/peer_messages": 0,
+            "net/peer_bytes": 0,
+            "net/client_connections": 0,
+            "net/rejected_connections": 0,
+            "txn/calls": 0,
+            "txn/committed": 0,
+            "txn/aborted": 0,
+            "txn/error": 0,
+            "txn/multi_node": 0,
+            "txn/executed": 0,  # this node's calls in executed epochs (multi_node's base)
+            "timing_s/execute": 0.0,
+            "timing_s/wait_inputs": 0.0,
+            "timing_s/wait_values": 0.0,
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, connect to every peer, and start the epoch tasks."""
+        self._server = await asyncio.start_server(
+            self._accept, self.address.host, self.address.port, limit=2**20
+        )
+        await asyncio.gather(*(self._connect(peer) for peer in self.peers))
+        self._check_ready()
+        self._tasks = [
+            asyncio.create_task(self._collector(), name="collector"),
+            asyncio.create_task(self._executor(), name="executor"),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "node %d: task %s failed", self.id, task.get_name(), exc_info=task.exception()
+            )
+            self.stop()
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for writer in self._out.values():
+            writer.close()
+        self.stopped.set()
+
+    def _check_ready(self) -> None:
+        if len(self._out) == len(self.peers) and self._in >= set(self.peers):
+            self.ready.set()
+
+    async def _connect(self, peer: int) -> None:
+        """Open the sending connection to ``peer``, retrying while it starts (bounded)."""
+        address = self.config.nodes[peer]
+        deadline_s = time.monotonic() + CONNECT_TIMEOUT_S
+        pause_s = 0.02
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(address.host, address.port)
+                break
+            except OSError as error:
+                if time.monotonic() > deadline_s:
+                    raise ConnectionLost(
+                        f"node {self.id}: peer {peer} unreachable: {error}"
+                    ) from None
+                await asyncio.sleep(pause_s)  # backoff between connection attempts
+                pause_s = min(pause_s * 2, 0.5)
+        hello = await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
+        if hello[0] != "hello" or len(hello) != 4 or hello[1] != VERSION or hello[2] != peer:
+            raise HandshakeError(f"node {self.id}: bad hello from peer {peer}: {hello!r:.80}")
+        writer.write(frame(("hello", VERSION, "node", self.id, mac_of(self.secret, hello[3]))))
+        answer = await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
+        if answer[0] != "ready":
+            raise HandshakeError(f"node {self.id}: peer {peer} refused us: {answer!r:.80}")
+        self._out[peer] = writer
+
+    # -- connections ------------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer_name = str(writer.get_extra_info("peername"))
+        role = "unknown"
+        try:
+            role, peer = await asyncio.wait_for(
+                self._handshake(reader, writer), HANDSHAKE_TIMEOUT_S
+            )
+            if role == "node":
+                self._in.add(peer)
+                self._check_ready()
+                await self._serve_peer(reader, peer)
+            else:
+                self.stats["net/client_connections"] += 1
+                await self._serve_client(reader, _Client(writer, peer_name))
+        except (FrameError, HandshakeError, TimeoutError) as error:
+            self.stats["net/rejected_connections"] += 1
+            logger.warning("node %d: closing connection from %s: %s", self.id, peer_name, error)
+            if not writer.is_closing():
+                writer.write(frame(("error", str(error)[:200])))
+        except (ConnectionLost, ConnectionError) as error:
+            # A client leaving is routine; a peer leaving stalls the epochs (until stop).
+            peer_lost = role == "node" and not self.stopped.is_set()
+            level = logging.WARNING if peer_lost else logging.DEBUG
+            logger.log(
+                level, "node %d: %s connection %s ended: %s", self.id, role, peer_name, error
+            )
+        finally:
+            writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[str, Any]:
+        nonce = os.urandom(16)
+        writer.write(frame(("hello", VERSION, self.id, nonce)))
+        answer = await read_frame(reader, 4096)
+        if len(answer) != 5 or answer[0] != "hello":
+            raise HandshakeError(f"expected a hello, got {answer!r:.80}")
+        _, version, role, peer, mac = answer
+        if version != VERSION:
+            raise HandshakeError(f"protocol version {version!r}, this node speaks {VERSION}")
+        if role not in ("client", "node"):
+            raise HandshakeError(f"unknown role {role!r}; expected client or node")
+        if role == "node" and peer not in self.peers:
+            raise HandshakeError(f"unknown peer node {peer!r}; peers are {self.peers}")
+        if not check_mac(self.secret, nonce, mac):
+            raise HandshakeError("wrong shared secret")
+        writer.write(frame(("ready", self.id)))
+        return role, peer
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
+        limit = self.config.frame_bytes_max
+        while True:
+            message = await read_frame(reader, limit)
+            kind = message[0]
+            if len(message) != 4 or not isinstance(message[1], int) or message[2] != peer:
+                raise FrameError(f"ill-shaped peer message {message!r:.80}")
+            epoch, body = message[1], message[3]
+            if kind == "inputs":
+                self._inputs.setdefault(epoch, {})[peer] = body
+                self._collector_wake.set()
+            elif kind == "values":
+                if epoch == self._running_epoch and self._run is not None:
+                    self._run.deliver(body)
+                else:
+                    self._values.setdefault(epoch, []).append(body)
+            elif kind == "report":
+                self._on_report(epoch, peer, body)
+            else:
+                raise FrameError(f"unknown peer message kind {kind!r}")
+            self._wake.set()
+
+    async def _serve_client(self, reader: asyncio.StreamReader, client: _Client) -> None:
+        limit = self.config.frame_bytes_max
+        handlers: dict[str, Callable[[_Client, int], None]] = {
+            "status": self._answer_status,
+            "dump": self._answer_dump,
+            "order": self._answer_order,
+            "stop": self._answer_stop,
+        }
+        while True:
+            message = await read_frame(reader, limit)
+            kind = message[0]
+            if kind == "call":
+                if len(message) != 4 or not isinstance(message[1], int):
+                    raise FrameError(f"ill-shaped call {message!r:.80}")
+                if not isinstance(message[2], str) or not isinstance(message[3], dict):
+                    raise FrameError(
+                        f"call needs a procedure name and a params map: {message!r:.80}"
+                    )
+                self._add_call(client, message[1], message[2], message[3])
+            elif kind in handlers and len(message) == 2 and isinstance(message[1], int):
+                handlers[kind](client, message[1])
+            else:
+                raise FrameError(f"unknown or ill-shaped client message {message!r:.80}")
+
+    def _add_call(self, client: _Client, call_id: int, procedure: str, params: dict) -> None:
+        if len(self._collect) >= CALLS_WAITING_MAX:  # bounded: refuse rather than grow
+            reason = f"node {self.id} overloaded: {len(self._collect)} calls waiting"
+            client.send(("result", call_id, "error", None, reason))
+            return
+        self.stats["txn/calls"] += 1
+        self._collect.append(TxnRequest(procedure, params))
+        self._callers.append((client, call_id, time.perf_counter()))
+        count_max = self.config.epoch_calls_max
+        if len(self._collect) == 1 or (count_max and len(self._collect) >= count_max):
+            self._collector_wake.set()
+
+    # -- admin answers ----------------------------------------------------------------------
+
+    def _answer_status(self, client: _Client, call_id: int) -> None:
+        client.send(("status", call_id, self.status()))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host": self.address.host,
+            "port": self.address.port,
+            "pid": os.getpid(),
+            "ready": self.ready.is_set(),
+            "workload": self.config.workload,
+            "epochs_closed": self._closed_epochs,
+            "epochs_executed": self._executed_epochs,
+            "waiting_calls": len(self._collect),
+            "timing_s/cpu": time.process_time(),
+            **self.stats,
+        }
+
+    def _answer_dump(self, client: _Client, call_id: int) -> None:
+        client.send(("dump", call_id, self.owned_dump()))
+
+    def owned_dump(self) -> dict[str, dict]:
+        """This node's rows: those whose conflict key it owns, plus replicated rows."""
+        dump: dict[str, dict] = {}
+        node_of_key = self.router.node_of_key
+        for name, table in self.db.tables.items():
+            key_of = table.conflict_key
+            dump[name] = {
+                pk: dict(row)
+                for pk, row in table.rows.items()
+                if node_of_key(key_of(pk)) in (self.id, REPLICATED)
+            }
+        return dump
+
+    def _answer_order(self, client: _Client, call_id: int) -> None:
+        if not self.config.order_log:
+            client.send(("order", call_id, None))
+        else:
+            client.send(("order", call_id, tuple(self._order)))
+
+    def _answer_stop(self, client: _Client, call_id: int) -> None:
+        client.send(("stop", call_id, True))
+        logger.info("node %d: stop requested", self.id)
+        asyncio.get_running_loop().call_soon(self.stop)
+
+    # -- peers ------------------------------------------------------------------------------
+
+    def _send(self, peer: int, message: Any, data: bytes | None = None) -> None:
+        """Send a message to a peer (``data``: the message already framed, to share it)."""
+        data = frame(message) if data is None else data
+        self.stats["net/peer_messages"] += 1
+        self.stats["net/peer_bytes"] += len(data)
+        writer = self._out[peer]
+        if self.config.delay_ms_max:
+            delay_s = self._delay.uniform(0, self.config.delay_ms_max) / 1000
+            asyncio.get_running_loop().call_later(delay_s, writer.write, data)
+        else:
+            writer.write(data)
+
+    async def _drain(self) -> None:
+        for writer in self._out.values():
+            await writer.drain()
+
+    # -- epochs -----------------------------------------------------------------------------
+
+    async def _collector(self) -> None:
+        """Close epochs; see ``_may_close`` for when."""
+        epoch_s = self.config.epoch_ms / 1000
+        while True:
+            deadline_s = time.monotonic() + epoch_s
+            while not self._may_close(deadline_s):
+                self._collector_wake.clear()
+                timed = epoch_s and self._collect and self._closed_epochs == self._executed_epochs
+                timeout_s = max(0.0, deadline_s - time.monotonic()) if timed else None
+                with contextlib.suppress(TimeoutError):  # the epoch's time is up
+                    await asyncio.wait_for(self._collector_wake.wait(), timeout_s)
+            self._close_epoch()
+            await self._drain()
+
+    def _may_close(self, deadline_s: float) -> bool:
+        """Whether to close the open epoch now.
+
+        Asked to (it holds ``epoch_calls_max`` calls, or with time-based epochs a peer already
+        closed it, so waiting would only stall that peer): close while fewer than
+        ``pipeline_epochs`` closed epochs wait for execution. Otherwise close on the timer, but
+        only once the executor is idle (an epoch closed while the executor is busy would hold
+        few calls in a closed loop and leave the next one lumpy) and only with calls in it.
+        """
+        pending = self._closed_epochs - self._executed_epochs
+        count_max = self.config.epoch_calls_max
+        asked = bool(count_max) and len(self._collect) >= count_max
+        if self.config.epoch_ms and len(self._inputs.get(self._closed_epochs, ())) > 0:
+            asked = True
+        if asked and pending < self.config.pipeline_epochs:
+            return True
+        if not self._collect:  # an idle cluster exchanges nothing until a call arrives
+            return False
+        return bool(self.config.epoch_ms) and pending == 0 and time.monotonic() >= deadline_s
+
+    def _close_epoch(self) -> None:
+        limit = self.config.epoch_calls_max or len(self._collect)
+        batch, self._collect = self._collect[:limit], self._collect[limit:]
+        callers, self._callers = self._callers[:limit], self._callers[limit:]
+        epoch = self._closed_epochs
+        self._closed_epochs += 1
+        wire_batch = tuple((r.procedure, r.params) for r in batch)
+        self._inputs.setdefault(epoch, {})[self.id] = wire_batch
+        self._assemblers[epoch] = (
+            ResultAssembler(self.registry, batch, len(self.config.nodes)),
+            callers,
+        )
+        data = frame(("inputs", epoch, self.id, wire_batch))  # encoded once for every peer
+        for peer in self.peers:
+            self._send(peer, None, data)
+        for peer, report in self._early_reports.pop(epoch, ()):
+            self._on_report(epoch, peer, report)
+        self._wake.set()
+
+    async def _executor(self) -> None:
+        nodes = len(self.config.nodes)
+        epoch = 0
+        while True:
+            waited_s = time.perf_counter()
+            while len(self._inputs.get(epoch, ())) < nodes:
+                self._wake.clear()
+                await self._wake.wait()
+            self.stats["timing_s/wait_inputs"] += time.perf_counter() - waited_s
+            inputs = self._inputs.pop(epoch)
+            batches = [[TxnRequest(p, a) for p, a in inputs[n]] for n in range(nodes)]
+            if self.config.order_log:
+                self._order.append(tuple(inputs[n] for n in range(nodes)))
+            started_s = time.perf_counter()
+            run = EpochRun(self.id, self.db, self.registry, self.router, batches)
+            self.stats["txn/multi_node"] += run.multi_node_by_origin[self.id]
+            self.stats["txn/executed"] += len(batches[self.id])
+            self._run, self._running_epoch = run, epoch
+            for body in self._values.pop(epoch, ()):
+                run.deliver(body)
+            await self._execute(run, epoch)
+            self.stats["timing_s/execute"] += time.perf_counter() - started_s
+            self._run, self._running_epoch = None, -1
+            reports = run.reports()
+            for peer in self.peers:
+                self._send(peer, ("report", epoch, self.id, tuple(reports.get(peer, ()))))
+            self._on_report(epoch, self.id, reports.get(self.id, ()))
+            epoch += 1
+            self._executed_epochs = epoch
+            self._collector_wake.set()
+            await self._drain()
+
+    async def _execute(self, run: EpochRun, epoch: int) -> None:
+        """Run ready pieces in slices; flush values and wait for peers when nothing is ready."""
+        budget = self.config.step_pieces
+        while not run.finished:
+            ran = run.step(budget)
+            for peer, entries in run.take_outbox().items():
+                self._send(peer, ("values", epoch, self.id, tuple(entries)))
+            if ran:
+                await asyncio.sleep(0)  # let the network and clients in between slices
+            else:
+                await self._drain()
+                self._wake.clear()
+                if not run.finished and not run.has_ready:
+                    waited_s = time.perf_counter()
+                    await self._wake.wait()
+                    self.stats["timing_s/wait_values"] += time.perf_counter() - waited_s
+
+    def _on_report(self, epoch: int, peer: int, report: Any) -> None:
+        entry = self._assemblers.get(epoch)
+        if entry is None:  # a report that overtook our own closing of the epoch
+            self._early_reports.setdefault(epoch, []).append((peer, report))
+            return
+        assembler, callers = entry
+        assembler.add(peer, report)
+        if assembler.complete:
+            del self._assemblers[epoch]
+            self._complete_epoch(assembler, callers)
+
+    def _complete_epoch(self, assembler: ResultAssembler, callers: list) -> None:
+        """Every node finished the epoch: answer its callers (the durability hook point)."""
+        for (client, call_id, _), outcome in zip(callers, assembler.outcomes(), strict=True):
+            self.stats[f"txn/{outcome.status.value}"] += 1
+            client.send(("result", call_id, outcome.status.value, outcome.result, outcome.reason))
+
+
+async def run_node(config: ClusterConfig, node_id: int, on_ready: Callable[[Node], None]) -> None:
+    """Run node ``node_id`` until a stop request; ``on_ready`` fires once all peers are up."""
+    node = Node(config, node_id)
+    await node.start()
+    await node.ready.wait()
+    on_ready(node)
+    await node.stopped.wait()
+    await asyncio.sleep(0)  # let the stop answer leave the socket

@@ -1,0 +1,125 @@
+"""The wire format: length-prefixed msgpack frames, the handshake, and the net exception tree.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack. Arrays decode as
+tuples (so tuple keys stay hashable and dumps compare equal across nodes) and map keys may be
+any hashable msgpack value. Every message is a tuple whose first item is its kind (a short
+string). A frame longer than the limit, undecodable bytes, or a message of the wrong shape
+raise ``FrameError``; the server closes only that connection.
+
+Handshake (server speaks first): ``("hello", VERSION, node_id, nonce)``; the peer answers
+``("hello", VERSION, role, peer_node, mac)`` where ``mac`` is HMAC-SHA256(secret, nonce) when the
+cluster has a secret (required when any node listens beyond loopback), and the server answers
+``("ready", node_id)`` or an ``("error", reason)`` frame and closes.
+
+    NetError
+     ├── FrameError        bytes off the wire are not a valid frame or message
+     ├── HandshakeError    version, role or secret mismatch
+     ├── ConnectionLost    the other side closed or reset the connection
+     └── CallTimeout       no answer within the caller's timeout
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import struct
+from typing import Any
+
+import msgpack
+
+from dgcc.errors import DgccError
+
+__all__ = [
+    "FRAME_BYTES_MAX",
+    "VERSION",
+    "CallTimeout",
+    "ConnectionLost",
+    "FrameError",
+    "HandshakeError",
+    "NetError",
+    "decode",
+    "encode",
+    "frame",
+    "mac_of",
+    "read_frame",
+]
+
+VERSION = 1
+FRAME_BYTES_MAX = 64 * 1024 * 1024
+ROLES = ("client", "node")
+_HEADER = struct.Struct(">I")
+
+
+class NetError(DgccError):
+    """A transport failure or a peer breaking the wire protocol."""
+
+
+class FrameError(NetError):
+    """Bytes off the wire are not a valid frame or message."""
+
+
+class HandshakeError(NetError):
+    """The handshake failed: version, role or shared secret mismatch."""
+
+
+class ConnectionLost(NetError):
+    """The other side closed or reset the connection."""
+
+
+class CallTimeout(NetError):
+    """No answer arrived within the caller's timeout."""
+
+
+def encode(message: Any) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def frame(message: Any) -> bytes:
+    """A message as one length-prefixed frame."""
+    body = encode(message)
+    return _HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes) -> tuple:
+    """Decode one frame body into a message tuple whose first item is a string kind."""
+    try:
+        message = msgpack.unpackb(body, use_list=False, strict_map_key=False, raw=False)
+    except Exception as error:  # msgpack raises several unrelated types on garbage
+        raise FrameError(
+            f"undecodable frame of {len(body)} bytes: {type(error).__name__}"
+        ) from None
+    if not isinstance(message, tuple) or not message or not isinstance(message[0], str):
+        raise FrameError(f"message must be a tuple starting with its kind, got {message!r:.80}")
+    return message
+
+
+async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> tuple:
+    """Read and decode one frame.
+
+    Raises:
+        FrameError: the announced length exceeds ``frame_bytes_max`` or the body is garbage.
+        ConnectionLost: the stream ended, cleanly or mid-frame.
+    """
+    try:
+        header = await reader.readexactly(_HEADER.size)
+        (length,) = _HEADER.unpack(header)
+        if length > frame_bytes_max:
+            raise FrameError(f"frame of {length} bytes exceeds the limit of {frame_bytes_max}")
+        body = await reader.readexactly(length)
+    except (asyncio.IncompleteReadError, ConnectionError) as error:
+        raise ConnectionLost(f"connection closed: {type(error).__name__}") from None
+    return decode(body)
+
+
+def mac_of(secret: str | None, nonce: bytes) -> bytes:
+    """HMAC-SHA256 of the server's nonce under the shared secret (empty without one)."""
+    if not secret:
+        return b""
+    return hmac.new(secret.encode(), nonce, hashlib.sha256).digest()
+
+
+def check_mac(secret: str | None, nonce: bytes, mac: object) -> bool:
+    if not secret:
+        return True
+    return isinstance(mac, bytes) and hmac.compare_digest(mac_of(secret, nonce), mac)

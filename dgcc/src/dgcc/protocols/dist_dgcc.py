@@ -1,0 +1,540 @@
+"""DistDGCC: one epoch of dependency-graph execution split across nodes (Yao et al. 2018).
+
+This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Per epoch:
+
+  * Global order. Every node contributes its collected calls as one input batch; the global
+    order is (epoch, origin node, sequence), so no sequencer or lock manager is needed.
+  * Routing. A node plans only the transactions it takes part in. ``route`` maps a request's
+    parameters to the nodes owning its data (per workload: TPC-C by warehouse, YCSB by key,
+    Smallbank by customer); a request it cannot route is planned by every node, which then
+    agree on the plan or on the planning error. Planning against rows another node owns is
+    only sound for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): every node
+    keeps the whole load-time data, and rows it does not own are a frozen snapshot used for
+    exactly those plan-time reads, never written and never dumped (the price: every node
+    holds a full copy of the initial data; dropping the rows no plan reads is left for later).
+    TPC-C's by-last-name customer needs no remote resolution: the plan only checks that the
+    name exists (C_LAST never changes), and the piece that picks the customer runs on the
+    customer's node under the district key that guards the name index.
+  * Splitting. Each piece runs on the node owning its conflict keys (all of a piece's keys
+    must lie in one partition); a piece touching only replicated keys (TPC-C's ITEM) must not
+    write and runs on every participant, so its output and abort decision cost no message.
+  * Local graph. ``build_graph`` of the single-node protocol orders the node's own pieces
+    (temporal edges are complete, since a key's pieces all live on its owner). Cross-node
+    edges (``after`` values and abort decisions) become extra in-degree that a value message
+    removes; an executor never waits on one, it runs whatever else is ready.
+  * Results. Each node reports, per origin, the outputs it produced and the abort decisions
+    it took; the origin assembles outcomes once every node reported the epoch (the hook
+    where durability will wait). Execution is deterministic, so there is no two-phase commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dgcc import debug
+from dgcc.api import (
+    Outcome,
+    Piece,
+    PieceContext,
+    PlannedTxn,
+    ProcedureRegistry,
+    Status,
+    TxnRequest,
+    plan_batch,
+    run_piece,
+)
+from dgcc.errors import BadRequest, ConfigError, ProcedureError
+from dgcc.protocols.dgcc import build_graph
+from dgcc.storage import Database
+
+__all__ = [
+    "REPLICATED",
+    "EpochRun",
+    "Placement",
+    "ResultAssembler",
+    "Router",
+    "global_batch",
+]
+
+logger = logging.getLogger(__name__)
+
+REPLICATED = -1  # partition of a key every node holds (same value as the TPC-C workload's)
+NODES_MAX = 64
+
+# A value message entry: (global txn index, piece index, output, abort reason, error).
+ValueEntry = tuple[int, int, Any, str | None, str | None]
+# A report entry for an origin: (slot in origin batch, outputs, (piece index, reason), error).
+ReportEntry = tuple[int, dict[str, Any], tuple[int, str] | None, str | None]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which node owns which partition.
+
+    Args:
+        nodes: number of nodes (ids ``0 .. nodes - 1``).
+        partition_nodes: partition -> owning node; its length is the partition count.
+
+    Raises:
+        ConfigError: a partition on a node that does not exist, or a node owning nothing.
+    """
+
+    nodes: int
+    partition_nodes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
+            raise ConfigError(f"nodes must be an int, got {self.nodes!r}")
+        if not 1 <= self.nodes <= NODES_MAX:
+            raise ConfigError(f"nodes must be in 1..{NODES_MAX}, got {self.nodes}")
+        bad = [n for n in self.partition_nodes if not isinstance(n, int) or not 0 <= n < self.nodes]
+        if bad or not self.partition_nodes:
+            raise ConfigError(
+                f"partition map {list(self.partition_nodes)} must name nodes in 0..{self.nodes - 1}"
+            )
+        idle = sorted(set(range(self.nodes)) - set(self.partition_nodes))
+        if idle:
+            raise ConfigError(f"nodes {idle} own no partition in {list(self.partition_nodes)}")
+
+    @classmethod
+    def round_robin(cls, nodes: int, partitions: int | None = None) -> Placement:
+        """Partition p on node p % nodes; one partition per node by default."""
+        count = nodes if partitions is None else partitions
+        return cls(nodes, tuple(p % nodes for p in range(count)))
+
+    @property
+    def partitions(self) -> int:
+        return len(self.partition_nodes)
+
+
+class Router:
+    """Maps conflict keys and requests to nodes, for one workload and placement.
+
+    Args:
+        partition_of: the workload's ``partition_of(key, partitions)``.
+        placement: the partition -> node map.
+    """
+
+    def __init__(self, partition_of: Callable[[Hashable, int], int], placement: Placement) -> None:
+        self.placement = placement
+        self._partition_of = partition_of
+        self._nodes_of_key: dict[Hashable, int] = {}
+
+    def node_of_key(self, key: Hashable) -> int:
+        """The node owning ``key``, or ``REPLICATED``."""
+        node = self._nodes_of_key.get(key)
+        if node is None:
+            partition = self._partition_of(key, self.placement.partitions)
+            node = (
+                REPLICATED if partition == REPLICATED else self.placement.partition_nodes[partition]
+            )
+            self._nodes_of_key[key] = node
+        return node
+
+    def route(self, request: object) -> frozenset[int] | None:
+        """The nodes that own a request's data, or None when every node must plan it."""
+        if not isinstance(request, TxnRequest):
+            return None
+        keys_of = _ROUTE_KEYS.get(request.procedure)
+        if keys_of is None:
+            return None
+        try:
+            nodes = frozenset(self.node_of_key(key) for key in keys_of(request.params))
+        except (KeyError, TypeError, IndexError, ValueError, ConfigError):
+            return None  # a bad request: every node plans it and reports the same error
+        return nodes - {REPLICATED} or None
+
+
+def _tpcc_new_order(params: Mapping[str, Any]) -> list[tuple]:
+    return [("warehouse", params["w_id"])] + [("warehouse", line[1]) for line in params["lines"]]
+
+
+def _tpcc_payment(params: Mapping[str, Any]) -> list[tuple]:
+    return [("warehouse", params["w_id"]), ("warehouse", params["c_w_id"])]
+
+
+def _tpcc_home(params: Mapping[str, Any]) -> list[tuple]:
+    return [("warehouse", params["w_id"])]
+
+
+def _ycsb(params: Mapping[str, Any]) -> list[tuple]:
+    return [("usertable", key) for key in params["keys"]]
+
+
+def _smallbank(params: Mapping[str, Any]) -> list[tuple]:
+    return [("checking", params[n]) for n in ("customer", "source", "target") if n in params]
+
+
+# Route keys per procedure name, from the parameters alone: one representative conflict key
+# per partition the transaction touches. A wrong entry is caught under check_invariants (a
+# piece lands on a node the route left out).
+_ROUTE_KEYS: dict[str, Callable[[Mapping[str, Any]], list[tuple]]] = {
+    "new_order": _tpcc_new_order,
+    "payment": _tpcc_payment,
+    "order_status": _tpcc_home,
+    "delivery": _tpcc_home,
+    "stock_level": _tpcc_home,
+    "ycsb_txn": _ycsb,
+    **{
+        name: _smallbank
+        for name in (
+            "amalgamate",
+            "balance",
+            "deposit_checking",
+            "send_payment",
+            "transact_savings",
+            "write_check",
+        )
+    },
+}
+
+
+def global_batch(batches: Sequence[Sequence[TxnRequest]]) -> list[TxnRequest]:
+    """The epoch's global order: origin node 0's calls, then node 1's, and so on."""
+    return [request for batch in batches for request in batch]
+
+
+@dataclass(slots=True)
+class _SubTxn:
+    """This node's share of one transaction of the epoch."""
+
+    index: int  # position in the global batch
+    origin: int
+    slot: int  # position in the origin's batch
+    txn: PlannedTxn
+    runs_on: list[tuple[int, ...]] | None  # piece index -> nodes running it; None: only here
+    local: list[int]  # piece indices run here
+    local_abort: tuple[int, str] | None = None
+
+
+class EpochRun:
+    """One node's execution of one epoch; driven by ``step`` and ``deliver``.
+
+    Args:
+        node: this node's id.
+        db: this node's database (owned rows are current; see the module docstring).
+        registry: the procedures.
+        router: key and request routing.
+        batches: the epoch's input batches, one per origin node, in node order.
+    """
+
+    abort_edges = True  # only the canary test turns cross-node abort edges off
+
+    def __init__(
+        self,
+        node: int,
+        db: Database,
+        registry: ProcedureRegistry,
+        router: Router,
+        batches: Sequence[Sequence[TxnRequest]],
+    ) -> None:
+        nodes = router.placement.nodes
+        assert len(batches) == nodes, f"{len(batches)} input batches for {nodes} nodes"
+        self.node = node
+        self.router = router
+        self._db = db
+        self.outbox: dict[int, list[ValueEntry]] = {}
+        self.multi_node_by_origin = [0] * nodes
+        self._subs: list[_SubTxn] = []
+        self._errors: list[tuple[int, int, str]] = []  # (origin, slot, error) of planning
+        self._plan(db, registry, batches)
+        self._build()
+
+    # -- planning and the local graph ------------------------------------------------------
+
+    def _plan(
+        self, db: Database, registry: ProcedureRegistry, batches: Sequence[Sequence[TxnRequest]]
+    ) -> None:
+        mine: list[tuple[int, int, int, frozenset[int] | None]] = []
+        solo_route = frozenset({self.node})
+        requests: list[TxnRequest] = []
+        index = 0
+        for origin, batch in enumerate(batches):
+            for slot, request in enumerate(batch):
+                routed = self.router.route(request)
+                if routed is not None and len(routed) > 1:
+                    self.multi_node_by_origin[origin] += 1
+                if routed is None or self.node in routed:
+                    mine.append((index, origin, slot, routed))
+                    requests.append(request)
+                index += 1
+        for (index, origin, slot, routed), planned in zip(
+            mine, plan_batch(registry, db, requests), strict=True
+        ):
+            if isinstance(planned, Outcome):
+                self._errors.append((origin, slot, planned.reason))
+                continue
+            if routed == solo_route and not debug.check_invariants:
+                # The common case: the whole transaction is here; no placement, no messages.
+                local = list(range(len(planned.pieces)))
+                self._subs.append(_SubTxn(index, origin, slot, planned, None, local))
+                continue
+            runs_on = self._placement_of(planned, routed)
+            local = [k for k, nodes in enumerate(runs_on) if self.node in nodes]
+            if local:
+                self._subs.append(_SubTxn(index, origin, slot, planned, runs_on, local))
+
+    def _placement_of(
+        self, planned: PlannedTxn, routed: frozenset[int] | None
+    ) -> list[tuple[int, ...]]:
+        """Piece index -> the nodes that run it (one owner, or every participant)."""
+        owners: list[int] = []
+        for piece in planned.pieces:
+            nodes = {self.router.node_of_key(key) for key in piece.reads + piece.writes}
+            nodes.discard(REPLICATED)
+            if len(nodes) > 1:
+                raise ProcedureError(
+                    f"{planned.procedure.name}: piece {piece.name!r} spans nodes {sorted(nodes)}"
+                )
+            if not nodes and piece.writes:
+                raise ProcedureError(
+                    f"{planned.procedure.name}: piece {piece.name!r} writes replicated keys"
+                )
+            owners.append(nodes.pop() if nodes else REPLICATED)
+        participants = tuple(sorted({n for n in owners if n != REPLICATED}))
+        if not participants:
+            participants = (min(routed) if routed else 0,)
+        if routed is not None and not set(participants) <= routed:
+            raise ProcedureError(
+                f"{planned.procedure.name}: pieces on nodes {list(participants)} but the route "
+                f"gave {sorted(routed)} (params {dict(planned.params)})"
+            )
+        return [participants if n == REPLICATED else (n,) for n in owners]
+
+    def _build(self) -> None:
+        """Local graph with D1's builder, plus in-degree for each cross-node predecessor."""
+        local_txns: list[PlannedTxn] = []
+        originals: list[Piece] = []
+        piece_index: list[int] = []
+        for sub in self._subs:
+            pieces = sub.txn.pieces
+            if sub.runs_on is None:
+                originals.extend(pieces)
+                piece_index.extend(sub.local)
+                local_txns.append(sub.txn)
+                continue
+            names = {pieces[k].name for k in sub.local}
+            view = []
+            for k in sub.local:
+                piece = pieces[k]
+                originals.append(piece)
+                piece_index.append(k)
+                if any(name not in names for name in piece.after):  # drop cross-node edges
+                    piece = dataclasses.replace(
+                        piece, after=tuple(n for n in piece.after if n in names)
+                    )
+                view.append(piece)
+            local_txns.append(dataclasses.replace(sub.txn, pieces=view))
+        self._graph = build_graph(local_txns)
+        self._pieces = originals
+        self._piece_index = piece_index
+        self._contexts = [PieceContext(self._db, sub.txn) for sub in self._subs]
+        self._waiters: dict[tuple[int, int], list[int]] = {}
+        self._sends: dict[int, tuple[int, ...]] = {}
+        self._urgent_pids: set[int] = set()  # local pieces of txns other nodes wait on
+        self._sub_of_index = {sub.index: sub for sub in self._subs}
+        base = 0
+        for sub in self._subs:
+            if sub.runs_on is not None:
+                self._cross_edges(sub, base)
+            base += len(sub.local)
+        assert base == len(self._graph.pieces), f"{base} != {len(self._graph.pieces)} pieces"
+        # Transactions whose values other nodes wait for run first (oldest first among them),
+        # so the peers' executors are not left idle at the end of the epoch.
+        urgent = self._urgent_pids
+        in_degrees = self._graph.in_degrees
+        self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid]]
+        self._ready = [
+            pid for pid, degree in enumerate(in_degrees) if not degree and pid not in urgent
+        ]
+        self.remaining = len(self._graph.pieces)
+
+    def _cross_edges(self, sub: _SubTxn, base: int) -> None:
+        """Edges between this node's pieces of ``sub`` and pieces that run elsewhere."""
+        pieces, runs_on, node = sub.txn.pieces, sub.runs_on, self.node
+        local_pid = {k: base + position for position, k in enumerate(sub.local)}
+        position = {piece.name: k for k, piece in enumerate(pieces)}
+        deciders: list[int] = []
+        sends: dict[int, set[int]] = {}
+        for k, piece in enumerate(pieces):
+            preds = [position[name] for name in piece.after]
+            if (piece.writes or piece.may_abort) and self.abort_edges:
+                preds.extend(deciders)
+            if piece.may_abort:
+                deciders.append(k)
+            for pred in preds:
+                if runs_on[pred][0] == node:  # the lowest node running pred sends its value
+                    targets = [n for n in runs_on[k] if n not in runs_on[pred]]
+                    sends.setdefault(pred, set()).update(targets)
+                if node in runs_on[k] and node not in runs_on[pred]:
+                    pid = local_pid[k]
+                    self._waiters.setdefault((sub.index, pred), []).append(pid)
+                    self._graph.in_degrees[pid] += 1
+        for pred, targets in sends.items():
+            if targets:
+                self._sends[local_pid[pred]] = tuple(sorted(targets))
+                self._urgent_pids.update(local_pid.values())
+
+    # -- execution -------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self.remaining == 0
+
+    @property
+    def has_ready(self) -> bool:
+        """Whether a piece can run now (otherwise this node waits for value messages)."""
+        return bool(self._urgent or self._ready)
+
+    def step(self, budget: int) -> int:
+        """Run up to ``budget`` ready pieces (oldest first); returns how many ran.
+
+        Zero with pieces remaining means this node waits for value messages.
+        """
+        graph, pieces, ready, urgent = self._graph, self._pieces, self._ready, self._urgent
+        owners, in_degrees = graph.owners, graph.in_degrees
+        successors_of, sends = graph.successors.get, self._urgent_pids
+        ran = 0
+        while (urgent or ready) and ran < budget:
+            pid = heapq.heappop(urgent if urgent else ready)
+            slot = owners[pid]
+            sub = self._subs[slot]
+            txn = sub.txn
+            aborted_before = txn.abort_reason is not None
+            run_piece(self._contexts[slot], txn, pieces[pid])
+            if not aborted_before and txn.abort_reason is not None:
+                assert pieces[pid].may_abort, f"{pieces[pid].name} aborted without may_abort"
+                sub.local_abort = (self._piece_index[pid], txn.abort_reason)
+            ran += 1
+            targets = self._sends.get(pid)
+            if targets is not None:
+                self._post(sub, self._piece_index[pid], targets)
+            for target in successors_of(pid, ()):
+                in_degrees[target] -= 1
+                if not in_degrees[target]:
+                    heapq.heappush(urgent if target in sends else ready, target)
+        self.remaining -= ran
+        assert self.remaining >= 0, f"{self.remaining} pieces remaining"
+        return ran
+
+    def _post(self, sub: _SubTxn, piece_index: int, targets: tuple[int, ...]) -> None:
+        txn = sub.txn
+        output = txn.outputs.get(txn.pieces[piece_index].name)
+        entry = (sub.index, piece_index, output, txn.abort_reason, txn.error)
+        for target in targets:
+            self.outbox.setdefault(target, []).append(entry)
+
+    def take_outbox(self) -> dict[int, list[ValueEntry]]:
+        """The value messages produced so far, per destination node (batched)."""
+        outbox, self.outbox = self.outbox, {}
+        return outbox
+
+    def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
+        """Apply value entries from another node: outputs, abort decisions, errors."""
+        in_degrees, ready, urgent, sends = (
+            self._graph.in_degrees,
+            self._ready,
+            self._urgent,
+            self._urgent_pids,
+        )
+        for index, piece_index, output, reason, error in entries:
+            sub = self._sub_of_index.get(index)
+            waiters = self._waiters.pop((index, piece_index), None)
+            if sub is None or waiters is None:
+                raise ProcedureError(f"unexpected value for txn {index} piece {piece_index}")
+            txn = sub.txn
+            if error is not None and txn.error is None:
+                txn.error = error
+            elif reason is not None and txn.abort_reason is None:
+                txn.abort_reason = reason
+            elif reason is None and error is None:
+                txn.outputs[txn.pieces[piece_index].name] = output
+            for pid in waiters:
+                in_degrees[pid] -= 1
+                if not in_degrees[pid]:
+                    heapq.heappush(urgent if pid in sends else ready, pid)
+
+    def reports(self) -> dict[int, list[ReportEntry]]:
+        """Per origin node: this node's outputs, abort decisions and errors of its txns."""
+        assert self.finished, f"{self.remaining} pieces still to run"
+        if debug.check_invariants:
+            assert not any(self._graph.in_degrees), "pieces left with unmet dependencies"
+            assert not self._waiters, f"values never received: {sorted(self._waiters)[:5]}"
+        reports: dict[int, list[ReportEntry]] = {}
+        for origin, slot, error in self._errors:
+            reports.setdefault(origin, []).append((slot, {}, None, error))
+        for sub in self._subs:
+            txn = sub.txn
+            outputs: dict[str, Any] = {}
+            if sub.runs_on is None:
+                outputs = txn.outputs
+            elif sub.local_abort is None and txn.error is None:
+                for k in sub.local:
+                    name = txn.pieces[k].name
+                    if sub.runs_on[k][0] == self.node and name in txn.outputs:
+                        outputs[name] = txn.outputs[name]
+            entry = (sub.slot, outputs, sub.local_abort, txn.error)
+            reports.setdefault(sub.origin, []).append(entry)
+        return reports
+
+
+class ResultAssembler:
+    """Builds the outcomes of one origin's batch from every node's reports.
+
+    Args:
+        registry: the procedures (for each procedure's result builder).
+        batch: the origin's requests of this epoch, in order.
+        nodes: how many nodes report.
+    """
+
+    def __init__(self, registry: ProcedureRegistry, batch: Sequence[TxnRequest], nodes: int):
+        self._registry = registry
+        self._batch = batch
+        self._waiting = set(range(nodes))
+        self._outputs: list[dict[str, Any]] = [{} for _ in batch]
+        self._aborts: list[tuple[int, str] | None] = [None] * len(batch)
+        self._errors: list[str | None] = [None] * len(batch)
+
+    @property
+    def complete(self) -> bool:
+        return not self._waiting
+
+    def add(self, node: int, entries: Sequence[Sequence[Any]]) -> None:
+        """Take one node's report (exactly once per node)."""
+        if node not in self._waiting:
+            raise ProcedureError(f"second or unknown report from node {node}")
+        self._waiting.discard(node)
+        for slot, outputs, abort, error in entries:
+            self._outputs[slot].update(outputs)
+            if abort is not None:
+                current = self._aborts[slot]
+                if current is None or abort[0] < current[0]:
+                    self._aborts[slot] = (abort[0], abort[1])
+            if error is not None and self._errors[slot] is None:
+                self._errors[slot] = error
+
+    def outcomes(self) -> list[Outcome]:
+        """One outcome per request of the origin's batch, in order."""
+        assert self.complete, f"reports missing from nodes {sorted(self._waiting)}"
+        outcomes = []
+        for slot, request in enumerate(self._batch):
+            if self._errors[slot] is not None:
+                outcomes.append(Outcome(Status.ERROR, reason=self._errors[slot]))
+                continue
+            abort = self._aborts[slot]
+            if abort is not None:
+                outcomes.append(Outcome(Status.ABORTED, reason=abort[1]))
+                continue
+            try:
+                build = self._registry.get(request.procedure).result
+            except BadRequest as error:  # every planner failed the same way; keep its message
+                outcomes.append(Outcome(Status.ERROR, reason=str(error)))
+                continue
+            outputs = self._outputs[slot]
+            outcomes.append(Outcome(Status.COMMITTED, build(outputs) if build else dict(outputs)))
+        return outcomes

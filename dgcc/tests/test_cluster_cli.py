@@ -1,0 +1,92 @@
+"""The cluster command line: start, status, stop, and ``bench --nodes`` on real processes.
+
+Method: run ``python -m dgcc.cli_cluster`` as a user would; each command returns only when
+its work is done (start waits for every node's READY line), so the test reads exit codes
+and output, never the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 120
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dgcc.cli_cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={"COLUMNS": "200", **_env()},
+    )
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def test_start_status_stop(tmp_path):
+    directory = str(tmp_path / "cluster")
+    options = ["--workload", "smallbank", "--workload-option", "accounts=100"]
+    started = _cli("cluster", "start", "--nodes", "2", "--dir", directory, *options)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.count("listening on 127.0.0.1:") == 2
+    try:
+        status = _cli("cluster", "status", "--dir", directory)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("yes") == 2
+    finally:
+        stopped = _cli("cluster", "stop", "--dir", directory)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 2 of 2 nodes" in stopped.stdout
+    after = _cli("cluster", "status", "--dir", directory)
+    assert after.returncode == 1
+    assert after.stdout.count("down") == 2
+
+
+def test_bad_flags_are_one_line_errors(tmp_path):
+    missing = _cli("cluster", "status", "--dir", str(tmp_path / "nothing"))
+    assert missing.returncode == 2
+    assert "no cluster in" in missing.stderr
+    bad = _cli("bench", "--workload", "ycsb")
+    assert bad.returncode == 2
+    assert "needs --nodes" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_on_two_nodes(tmp_path):
+    out = tmp_path / "bench.json"
+    result = _cli(
+        "bench",
+        "--nodes",
+        "2",
+        "--workload",
+        "smallbank",
+        "--workload-option",
+        "accounts=200",
+        "--distributed-fraction",
+        "0.5",
+        "--seconds",
+        "1",
+        "--warmup-s",
+        "0.5",
+        "--inflight",
+        "40",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[summary] workload=smallbank nodes=2" in result.stdout
+    metrics = json.loads(out.read_text())["metrics"]
+    assert metrics["txn/commits_per_s"] > 0
+    assert 0.2 < metrics["txn/multi_node_fraction"] < 0.8
+    assert metrics["net/messages_per_commit"] > 0
