@@ -41,6 +41,7 @@ test: install lint
 bench: install
 	$(PY) -O dgcc/bench/engine.py
 	$(PY) -O dgcc/bench/cluster.py
+	$(PY) -O dgcc/bench/wal_logging.py
 	$(PY) tools/stitch_benchmarks.py
 
 clean:

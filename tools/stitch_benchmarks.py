@@ -15,6 +15,7 @@ ORDER = [
     "dgcc_engine",
     "tpcc_soak",
     "dgcc_cluster",
+    "dgcc_logging",
     "yatt_rollout",
     "yatt_step",
     "yatt_demo",

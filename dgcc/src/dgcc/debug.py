@@ -6,6 +6,8 @@ benchmarks leave it off. Environment variables (diagnostics only, all listed her
 
     DGCC_CHECK_INVARIANTS=1   start with check_invariants on
     DGCC_LOG_LEVEL=DEBUG      log level for the CLI entry points
+    DGCC_CRASHPOINT=name[:n]  die at the n-th pass of a named crash point (``wal.crashpoints``;
+                              crash tests only)
 """
 
 from __future__ import annotations

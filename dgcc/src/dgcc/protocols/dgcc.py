@@ -196,6 +196,9 @@ class DgccProtocol(Protocol):
         self.executors = executors
         self._rng = None if shuffle_seed is None else random.Random(shuffle_seed)
         self.read_write_edges = True  # the canary test turns this off
+        # Durability hook: sees each batch's planned transactions and graph before execution
+        # (dependency logging records the edges, then the abort decisions after the batch).
+        self.graph_sink: Callable[[list[PlannedTxn], Graph], None] | None = None
         self.stats: dict[str, float] = {
             "timing_s/plan": 0.0,
             "timing_s/build_graph": 0.0,
@@ -213,6 +216,8 @@ class DgccProtocol(Protocol):
         planned_s = time.perf_counter()
         graph = build_graph(txns, read_write_edges=self.read_write_edges)
         built_s = time.perf_counter()
+        if self.graph_sink is not None:
+            self.graph_sink(txns, graph)
         contexts = [PieceContext(self.db, txn) for txn in txns]
         if self._rng is None and self.executors == 1:
             ran = self._execute_single(graph, txns, contexts)

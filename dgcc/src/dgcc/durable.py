@@ -1,0 +1,183 @@
+"""A single-node durable engine: runs a protocol epoch by epoch, logs each epoch, then acks.
+
+``run_epoch`` returns the outcomes only after the epoch's block is on disk (one write, one
+fsync), so a returned outcome is an acknowledged one. The logging mode is a run-time setting:
+``none | command | value | dependency`` (``wal/``). Checkpoints are taken every
+``checkpoint_every_epochs`` epochs by a forked child; the log is truncated when one completes.
+Opening a directory that holds a checkpoint recovers from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dgcc.api import Outcome, PlannedTxn, ProcedureRegistry, TxnRequest
+from dgcc.errors import ConfigError
+from dgcc.protocols import get_protocol
+from dgcc.protocols.dgcc import DgccProtocol, Graph
+from dgcc.storage import Database
+from dgcc.wal import command, dependency, parallel, value
+from dgcc.wal.checkpoint import Checkpointer, read_manifest, remove_old_snapshots, write_checkpoint
+from dgcc.wal.format import BlockKind, encode_block
+from dgcc.wal.recovery import recover
+from dgcc.wal.writer import WalWriter
+
+__all__ = ["LOG_MODES", "DurableConfig", "DurableEngine"]
+
+logger = logging.getLogger(__name__)
+
+LOG_MODES = ("none", "command", "value", "dependency")
+
+
+@dataclass(frozen=True)
+class DurableConfig:
+    """Durability settings of one node.
+
+    Args:
+        directory: where the log segments, snapshots and manifest live (created if missing).
+        mode: one of ``LOG_MODES``.
+        protocol: the protocol running each epoch (``dependency`` needs ``dgcc``).
+        checkpoint_every_epochs: take a checkpoint after every this many epochs; 0 = never
+            (besides the initial one written when the directory is new).
+        fork_checkpoint: write checkpoints from a forked child without stopping epochs.
+        recovery_workers: logical workers for dependency replay.
+        sync: fsync each block (off only to measure fsync's share of the cost).
+        partitions: with ``dependency``, also log each piece's partition (of this many) and the
+            values crossing partitions, so recovery can replay partitions in parallel
+            processes; 0 = off. Needs ``partition_of`` on the engine.
+    """
+
+    directory: Path
+    mode: str = "dependency"
+    protocol: str = "dgcc"
+    checkpoint_every_epochs: int = 0
+    fork_checkpoint: bool = True
+    recovery_workers: int = 1
+    sync: bool = True
+    partitions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in LOG_MODES:
+            raise ConfigError(f"unknown logging mode {self.mode!r}; choose one of {LOG_MODES}")
+        if self.mode == "dependency" and self.protocol != "dgcc":
+            raise ConfigError(f"mode 'dependency' needs protocol 'dgcc', got {self.protocol!r}")
+        every = self.checkpoint_every_epochs
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(f"checkpoint_every_epochs must be an int >= 0, got {every!r}")
+        parts = self.partitions
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 0 <= parts <= 4096:
+            raise ConfigError(f"partitions must be in 0..4096, got {parts!r}")
+        workers = self.recovery_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
+            raise ConfigError(f"recovery_workers must be in 1..1024, got {workers!r}")
+
+
+class DurableEngine:
+    """One node's engine with durability; see the module docstring.
+
+    Args:
+        config: the durability settings.
+        registry: the procedures.
+        schema: returns empty tables with their indexes (to load checkpoints into).
+        initial: returns the initial database, used only when the directory is new.
+        partition_of: ``partition_of(key, partitions)`` (a workload's), when
+            ``config.partitions`` is set.
+    """
+
+    def __init__(
+        self,
+        config: DurableConfig,
+        registry: ProcedureRegistry,
+        schema: Callable[[], Database],
+        initial: Callable[[], Database],
+        partition_of: Callable[[Hashable, int], int] | None = None,
+    ) -> None:
+        if config.partitions and partition_of is None:
+            raise ConfigError(f"partitions={config.partitions} needs a partition_of function")
+        self.config = config
+        self._partition_of = partition_of
+        self._partition_cache: dict[Hashable, int] = {}
+        self.registry = registry
+        directory = Path(config.directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.recovered = None
+        if read_manifest(directory) is None:
+            self.db = initial()
+            write_checkpoint(directory, self.db, 0)
+            self.epoch = 0
+        else:
+            self.recovered = recover(directory, schema, registry, workers=config.recovery_workers)
+            self.db, self.epoch = self.recovered.db, self.recovered.epoch
+        self.protocol = get_protocol(config.protocol)(self.db, registry)
+        self._graph: tuple[list[PlannedTxn], Graph] | None = None
+        if config.mode == "dependency":
+            assert isinstance(self.protocol, DgccProtocol)
+            self.protocol.graph_sink = self._keep_graph
+        self._tracker = value.WriteTracker(self.db) if config.mode == "value" else None
+        self.writer = WalWriter(directory, self.epoch + 1, sync=config.sync)
+        self.checkpointer = Checkpointer(directory, fork=config.fork_checkpoint)
+
+    def _keep_graph(self, txns: list[PlannedTxn], graph: Graph) -> None:
+        self._graph = (txns, graph)
+
+    def run_epoch(self, batch: Sequence[TxnRequest]) -> list[Outcome]:
+        """Run one epoch, make it durable, and return its (now acknowledgeable) outcomes."""
+        epoch = self.epoch + 1
+        outcomes = self.protocol.run_batch(batch)
+        mode = self.config.mode
+        if mode == "none":
+            self.writer.skip(epoch)
+        else:
+            kind, payload = self._payload(batch)
+            self.writer.append(epoch, encode_block(kind, epoch, payload))
+        self.epoch = epoch
+        self._maybe_checkpoint()
+        return outcomes
+
+    def _payload(self, batch: Sequence[TxnRequest]) -> tuple[BlockKind, object]:
+        mode = self.config.mode
+        if mode == "command":
+            return BlockKind.COMMAND, command.record_epoch(batch)
+        if mode == "value":
+            assert self._tracker is not None
+            return BlockKind.VALUE, value.record_epoch(self.db, self._tracker.take())
+        assert self._graph is not None, "dgcc did not report the epoch's graph"
+        txns, graph = self._graph
+        self._graph = None
+        edges = dependency.record_edges(graph)
+        partitioning = None
+        if self.config.partitions:
+            parts, crossing = parallel.record_partitions(txns, graph, self._partition)
+            partitioning = (self.config.partitions, parts, crossing)
+        return BlockKind.DEPENDENCY, dependency.record_epoch(batch, txns, edges, partitioning)
+
+    def _partition(self, key: Hashable) -> int:
+        part = self._partition_cache.get(key)
+        if part is None:
+            assert self._partition_of is not None
+            part = self._partition_of(key, self.config.partitions)
+            self._partition_cache[key] = part
+        return part
+
+    def _maybe_checkpoint(self) -> None:
+        self._finish_checkpoint(self.checkpointer.poll())
+        every = self.config.checkpoint_every_epochs
+        if not every or self.epoch % every or self.checkpointer.busy:
+            return
+        self.writer.roll(self.epoch + 1)  # the log after the checkpoint starts a new segment
+        self._finish_checkpoint(self.checkpointer.start(self.db, self.epoch))
+
+    def _finish_checkpoint(self, epoch: int | None) -> None:
+        if epoch is None:
+            return
+        self.writer.truncate_before(epoch + 1)
+        remove_old_snapshots(Path(self.config.directory), epoch)
+        logger.debug("checkpoint of epoch %d complete", epoch)
+
+    def close(self) -> None:
+        """Wait for an in-flight checkpoint and close the log."""
+        self._finish_checkpoint(self.checkpointer.poll(wait=True))
+        self.writer.close()

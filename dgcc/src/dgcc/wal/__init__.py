@@ -1,0 +1,10 @@
+"""Durability for dgcc: write-ahead logs, checkpoints and recovery (``shared/design/dgcc.md``).
+
+One log block per node per epoch (group commit), in one of three schemes: ``command`` (inputs,
+serial replay), ``value`` (after-images) and ``dependency`` (inputs plus the epoch's dependency
+graph and logic-abort decisions, replayed by in-degree). ``none`` logs nothing.
+"""
+
+from dgcc.wal.format import Block, BlockKind, ScanResult, WalCorrupt, encode_block, scan_bytes
+
+__all__ = ["Block", "BlockKind", "ScanResult", "WalCorrupt", "encode_block", "scan_bytes"]

@@ -1,0 +1,147 @@
+"""Transaction-consistent checkpoints at epoch boundaries, taken without stopping the node.
+
+Between two epochs the state is exactly "all epochs up to E", so a copy taken there needs no
+undo. ``Checkpointer`` forks a child that holds a copy-on-write image of that state and writes
+the snapshot while the parent runs the next epochs. The snapshot is one checksummed block
+(``format``); the manifest names the newest complete snapshot and is replaced atomically (tmp,
+fsync, rename, directory fsync), so a crash at any point leaves the previous checkpoint usable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from dgcc.storage import Database
+from dgcc.wal.crashpoints import crashpoint
+from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
+from dgcc.wal.writer import fsync_dir
+
+__all__ = ["MANIFEST", "Checkpointer", "load_snapshot", "read_manifest", "write_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST"
+_SNAPSHOT = re.compile(r"^ckpt-(\d{12})\.snap$")
+
+
+def _write_file(path: Path, data: bytes, crash_name: str | None = None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        half = len(data) // 2
+        os.write(fd, data[:half])
+        if crash_name is not None:
+            crashpoint(crash_name)
+        os.write(fd, data[half:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(directory: Path, db: Database, epoch: int) -> Path:
+    """Write the snapshot of ``db`` after ``epoch`` and point the manifest at it."""
+    name = f"ckpt-{epoch:012d}.snap"
+    tmp = directory / (name + ".tmp")
+    _write_file(tmp, encode_block(BlockKind.SNAPSHOT, epoch, db.dump()), "ckpt.mid_write")
+    os.replace(tmp, directory / name)
+    manifest_tmp = directory / (MANIFEST + ".tmp")
+    _write_file(manifest_tmp, json.dumps({"epoch": epoch, "snapshot": name}).encode())
+    crashpoint("ckpt.before_rename")
+    os.replace(manifest_tmp, directory / MANIFEST)
+    fsync_dir(directory)
+    crashpoint("ckpt.after_rename")
+    return directory / name
+
+
+def read_manifest(directory: Path) -> tuple[int, Path] | None:
+    """(epoch, snapshot path) of the newest complete checkpoint, or None if there is none."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        epoch, name = int(manifest["epoch"]), str(manifest["snapshot"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise WalCorrupt(f"{path}: unreadable manifest: {error}") from None
+    return epoch, directory / name
+
+
+def load_snapshot(path: Path, epoch: int, schema: Callable[[], Database]) -> Database:
+    """Rebuild the database of a snapshot into ``schema()``'s empty tables (indexes follow).
+
+    Raises:
+        WalCorrupt: the snapshot is missing, damaged, or of another epoch.
+    """
+    if not path.exists():
+        raise WalCorrupt(f"checkpoint snapshot {path} named by the manifest is missing")
+    scan = scan_bytes(path.read_bytes(), str(path))
+    if scan.problem is not None or len(scan.blocks) != 1 or scan.blocks[0].epoch != epoch:
+        raise WalCorrupt(f"checkpoint snapshot {path} is damaged: {scan.problem or 'bad shape'}")
+    tables = decode_payload(scan.blocks[0])
+    db = schema()
+    for table_name, rows in tables.items():
+        table = db.tables[table_name]
+        assert not table.rows, f"schema() returned rows in {table_name}"
+        for pk, row in rows.items():
+            table.insert(pk, row)
+    return db
+
+
+def remove_old_snapshots(directory: Path, kept_epoch: int) -> None:
+    for path in directory.iterdir():
+        match = _SNAPSHOT.match(path.name)
+        if (match and int(match.group(1)) < kept_epoch) or path.name.endswith(".snap.tmp"):
+            path.unlink()
+
+
+class Checkpointer:
+    """Takes checkpoints in a forked child (or inline when ``fork`` is False).
+
+    At most one checkpoint is in flight; ``poll`` reaps it and returns its epoch once it has
+    completed, so the caller can truncate the log.
+    """
+
+    def __init__(self, directory: Path, *, fork: bool = True) -> None:
+        self.directory = directory
+        self.fork = fork
+        self._child: tuple[int, int] | None = None  # (pid, epoch)
+
+    @property
+    def busy(self) -> bool:
+        return self._child is not None
+
+    def start(self, db: Database, epoch: int) -> int | None:
+        """Begin a checkpoint of ``db`` after ``epoch``; returns the epoch if already done."""
+        assert not self.busy, "a checkpoint is already in flight"
+        if not self.fork:
+            write_checkpoint(self.directory, db, epoch)
+            return epoch
+        pid = os.fork()
+        if pid == 0:  # the child: the copy-on-write image is the state after ``epoch``
+            code = 1
+            try:
+                write_checkpoint(self.directory, db, epoch)
+                code = 0
+            finally:
+                os._exit(code)
+        self._child = (pid, epoch)
+        return None
+
+    def poll(self, *, wait: bool = False) -> int | None:
+        """The epoch of a checkpoint that finished since the last call, else None."""
+        if self._child is None:
+            return None
+        pid, epoch = self._child
+        done_pid, status = os.waitpid(pid, 0 if wait else os.WNOHANG)
+        if done_pid == 0:
+            return None
+        self._child = None
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            logger.warning("checkpoint of epoch %d failed (child exit %d)", epoch, code)
+            return None
+        return epoch
