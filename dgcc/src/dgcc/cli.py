@@ -1,4 +1,4 @@
-"""The ``dgcc`` command line: ``dgcc bench`` (one closed-loop benchmark) and ``dgcc demo``.
+"""The ``dgcc`` command line: ``dgcc bench`` (one closed-loop benchmark), ``demo``, ``recover``.
 
 Progress bars and tables are drawn with rich here, never in the library. Bad flags or options
 print one ``dgcc: error: ...`` line and exit with status 2.
@@ -11,6 +11,7 @@ import ast
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,6 +24,8 @@ from dgcc import cli_cluster, debug
 from dgcc.bench import BenchConfig, make_console, run_benchmark, run_side_by_side, summary_line
 from dgcc.errors import ConfigError
 from dgcc.protocols import PROTOCOLS
+from dgcc.wal.format import WalCorrupt, decode_payload
+from dgcc.wal.recovery import read_log, recover
 from dgcc.workloads import get_workload
 
 __all__ = ["main"]
@@ -63,9 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--protocol", default="dgcc", choices=sorted(PROTOCOLS))
     _add_run_flags(bench, seconds_default=10.0)
     bench.add_argument("--json", type=Path, help="write the result record to this path")
+    _add_workload_flags(bench)
+    cli_cluster.add_bench_flags(bench)
+    demo = commands.add_parser("demo", help="TPC-C with dgcc and serial, alternating windows")
+    _add_run_flags(demo, seconds_default=10.0)
+    recover = commands.add_parser("recover", help="recover a durability directory and check it")
+    recover.add_argument("directory", type=Path, help="the node's log and checkpoint directory")
+    recover.add_argument("--workload", required=True, help="tpcc, ycsb or smallbank")
+    recover.add_argument("--workers", type=int, default=1, help="replay workers (dependency log)")
+    recover.add_argument("--json", type=Path, help="write the recovery record to this path")
+    _add_workload_flags(recover)
+    cli_cluster.register(commands)
+    return parser
+
+
+def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
     for name, kind in WORKLOAD_FLAGS.items():
-        bench.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None)
-    bench.add_argument(
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None)
+    parser.add_argument(
         "-o",
         "--workload-option",
         action="append",
@@ -73,11 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="any other workload option (Python literal values)",
     )
-    cli_cluster.add_bench_flags(bench)
-    demo = commands.add_parser("demo", help="TPC-C with dgcc and serial, alternating windows")
-    _add_run_flags(demo, seconds_default=10.0)
-    cli_cluster.register(commands)
-    return parser
+
+
+def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload options the user set, by flag or by ``-o key=value``."""
+    options = {name: getattr(args, name) for name in WORKLOAD_FLAGS}
+    options = {name: value for name, value in options.items() if value is not None}
+    return options | _parse_key_values(args.workload_option)
 
 
 def _add_run_flags(parser: argparse.ArgumentParser, *, seconds_default: float) -> None:
@@ -98,11 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in cli_cluster.COMMANDS:
             return cli_cluster.dispatch(args)
+        if args.command == "recover":
+            return _recover(args, console)
         with debug.invariants(args.check_invariants or debug.check_invariants):
             if args.command == "bench":
                 return _bench(args, console)
             return _demo(args, console)
-    except ConfigError as error:
+    except (ConfigError, WalCorrupt) as error:
         print(f"dgcc: error: {error}", file=sys.stderr)
         return 2
 
@@ -110,10 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _bench(args: argparse.Namespace, console: Console) -> int:
     if args.nodes is not None:
         return cli_cluster.bench_nodes(args)
-    options = {name: getattr(args, name) for name in WORKLOAD_FLAGS}
-    options = {name: value for name, value in options.items() if value is not None}
-    options |= _parse_key_values(args.workload_option)
-    config = _config(args, args.workload, args.protocol, options)
+    config = _config(args, args.workload, args.protocol, _workload_options(args))
     records = _run_all([config], console)
     record = records[0]
     console.print(results_table(records))
@@ -123,6 +142,74 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         console.print(f"wrote {args.json}")
     return 1 if record["violations"] else 0
+
+
+def _recover(args: argparse.Namespace, console: Console) -> int:
+    """Recover ``args.directory``, check the workload's state invariants, print a table."""
+    directory: Path = args.directory
+    if not directory.is_dir():
+        raise ConfigError(f"recovery directory {str(directory)!r} does not exist")
+    if not 1 <= args.workers <= 1024:
+        raise ConfigError(f"--workers must be in 1..1024, got {args.workers}")
+    workload = get_workload(args.workload, **_workload_options(args))
+    started_s = time.perf_counter()
+    try:
+        with console.status(f"recovering {directory}"):
+            recovered = recover(
+                directory, workload.schema, workload.registry(), workers=args.workers
+            )
+    except KeyError as error:  # a snapshot table the schema lacks: another workload's directory
+        raise ConfigError(f"{directory} holds table {error} unknown to {args.workload!r}") from None
+    recovery_s = time.perf_counter() - started_s
+    blocks, _ = read_log(directory, recovered.checkpoint_epoch, repair=False)
+    payloads = [decode_payload(block) for block in blocks]
+    record = {
+        "directory": str(directory),
+        "workload": workload.describe() or {"workload": args.workload},
+        "modes": sorted({block.kind.name.lower() for block in blocks}),
+        "checkpoint_epoch": recovered.checkpoint_epoch,
+        "epoch": recovered.epoch,
+        "replayed_epochs": recovered.replayed_epochs,
+        "replayed_txns": sum(len(payload.get("requests", ())) for payload in payloads),
+        "replayed_images": sum(len(payload.get("images", ())) for payload in payloads),
+        "dropped": recovered.dropped,
+        "recovery_s": recovery_s,
+        "timing": recovered.timing_s,
+        "workers": args.workers,
+        "violations": workload.check_state(recovered.db),
+    }
+    console.print(recovery_table(record))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        console.print(f"wrote {args.json}")
+    return 1 if record["violations"] else 0
+
+
+def recovery_table(record: dict[str, Any]) -> Table:
+    """A two-column rich table of a ``dgcc recover`` record."""
+    table = Table(title=f"dgcc recover {record['directory']}")
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    modes = ", ".join(record["modes"]) or "- (no log blocks after the checkpoint)"
+    txns = str(record["replayed_txns"])
+    if record["replayed_images"]:
+        txns += f" (+ {record['replayed_images']} value after-images)"
+    violations = record["violations"]
+    rows = (
+        ("log mode", modes),
+        ("checkpoint epoch", str(record["checkpoint_epoch"])),
+        ("recovered epoch", str(record["epoch"])),
+        ("epochs replayed", str(record["replayed_epochs"])),
+        ("transactions replayed", txns),
+        ("torn tail", "; ".join(record["dropped"]) or "none"),
+        ("recovery time", f"{record['recovery_s']:.3f} s"),
+        ("workers", str(record["workers"])),
+        ("consistency", "; ".join(violations[:5]) if violations else "ok"),
+    )
+    for what, value in rows:
+        table.add_row(what, f"[red]{value}[/]" if what == "consistency" and violations else value)
+    return table
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:

@@ -26,8 +26,12 @@ class Workload(ABC):
     name: ClassVar[str]
 
     @abstractmethod
+    def schema(self) -> Database:
+        """The empty tables with their conflict keys and indexes (what checkpoints load into)."""
+
+    @abstractmethod
     def build(self, seed: int) -> Database:
-        """Create the tables and load the initial data deterministically from ``seed``."""
+        """``schema()`` loaded with the initial data, deterministically from ``seed``."""
 
     @abstractmethod
     def registry(self) -> ProcedureRegistry:
@@ -40,6 +44,14 @@ class Workload(ABC):
     @abstractmethod
     def check(self, db: Database) -> list[str]:
         """Invariant violations found in ``db`` (empty when consistent)."""
+
+    def check_state(self, db: Database) -> list[str]:
+        """The invariants that hold on any reachable state, without the outcomes ``observe`` saw.
+
+        What a recovered database is checked against (a new process never saw the run). By
+        default ``check``, for workloads whose invariants need no history (TPC-C).
+        """
+        return self.check(db)
 
     def observe(self, batch: Sequence[object], outcomes: Sequence[Outcome]) -> None:
         """See a batch's outcomes after it ran; ``check`` may use the committed results.

@@ -95,14 +95,17 @@ class SmallbankWorkload(Workload):
             "hot_fraction": self.hot_fraction,
         }
 
+    def schema(self) -> Database:
+        return Database((Table("accounts"), Table("savings"), Table("checking")))
+
     def build(self, seed: int) -> Database:
         rng = random.Random(seed)
-        accounts, savings, checking = Table("accounts"), Table("savings"), Table("checking")
+        db = self.schema()
+        accounts, savings, checking = db["accounts"], db["savings"], db["checking"]
         for customer in range(self.accounts):
             accounts.rows[customer] = {"name": f"customer{customer:08d}"}
             savings.rows[customer] = {"bal": rng.randint(BALANCE_MIN_CENTS, BALANCE_MAX_CENTS)}
             checking.rows[customer] = {"bal": rng.randint(BALANCE_MIN_CENTS, BALANCE_MAX_CENTS)}
-        db = Database((accounts, savings, checking))
         self._initial_cents = _total_cents(db)
         self._flow_cents = 0
         return db
@@ -188,13 +191,7 @@ class SmallbankWorkload(Workload):
                 self._flow_cents += outcome.result["flow_cents"]
 
     def check(self, db: Database) -> list[str]:
-        problems = []
-        for table in ("accounts", "savings", "checking"):
-            if len(db[table]) != self.accounts:
-                problems.append(f"{table} has {len(db[table])} rows, expected {self.accounts}")
-        negative = [pk for pk, row in db["savings"].items() if row["bal"] < 0]
-        if negative:
-            problems.append(f"negative savings for customers {negative[:10]}")
+        problems = self.check_state(db)
         total = _total_cents(db)
         expected = self._initial_cents + self._flow_cents
         if total != expected:
@@ -202,6 +199,17 @@ class SmallbankWorkload(Workload):
                 f"money not conserved: total {total} cents != initial {self._initial_cents} "
                 f"+ committed flows {self._flow_cents}"
             )
+        return problems
+
+    def check_state(self, db: Database) -> list[str]:
+        """Row counts and no negative savings (conservation needs the observed money flows)."""
+        problems = []
+        for table in ("accounts", "savings", "checking"):
+            if len(db[table]) != self.accounts:
+                problems.append(f"{table} has {len(db[table])} rows, expected {self.accounts}")
+        negative = [pk for pk, row in db["savings"].items() if row["bal"] < 0]
+        if negative:
+            problems.append(f"negative savings for customers {negative[:10]}")
         return problems
 
     def partition_of(self, key: Hashable, partitions: int) -> int:

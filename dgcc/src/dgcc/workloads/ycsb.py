@@ -143,20 +143,23 @@ class YcsbWorkload(Workload):
             "theta": self.theta,
         }
 
+    def schema(self) -> Database:
+        return Database((Table(TABLE),))
+
     def build(self, seed: int) -> Database:
         rng = random.Random(seed)
         alphabet = "abcdefghijklmnopqrstuvwxyz"
         # Fields share a pool of values: rows are independent dicts, the strings need not be.
         pool = ["".join(rng.choices(alphabet, k=self.field_chars)) for _ in range(256)]
-        table = Table(TABLE)
-        rows = table.rows
+        db = self.schema()
+        rows = db[TABLE].rows
         names = self._field_names
         for pk in range(self.records):
             row: dict[str, Any] = {name: pool[rng.randrange(256)] for name in names}
             row["counter"] = 0
             rows[pk] = row
         self._increments = Counter()
-        return Database((table,))
+        return db
 
     def registry(self) -> ProcedureRegistry:
         return ProcedureRegistry(
@@ -215,6 +218,19 @@ class YcsbWorkload(Workload):
         expected = sum(self._increments.values())
         if total != expected:
             problems.append(f"sum of counters {total} != {expected} committed increments")
+        return problems
+
+    def check_state(self, db: Database) -> list[str]:
+        """Row count and non-negative integer counters (their sum needs the observed history)."""
+        rows = db[TABLE].rows
+        problems = []
+        if len(rows) != self.records:
+            problems.append(f"usertable has {len(rows)} rows, expected {self.records}")
+        bad = [
+            pk for pk, row in rows.items() if type(row["counter"]) is not int or row["counter"] < 0
+        ]
+        if bad:
+            problems.append(f"records with a bad counter: {bad[:10]}")
         return problems
 
     def partition_of(self, key: Hashable, partitions: int) -> int:

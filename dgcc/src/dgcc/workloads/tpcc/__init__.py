@@ -30,7 +30,7 @@ from dgcc.workloads.tpcc.checks import check
 from dgcc.workloads.tpcc.generator import requests
 from dgcc.workloads.tpcc.loader import load
 from dgcc.workloads.tpcc.procedures import make_registry
-from dgcc.workloads.tpcc.schema import MIX_STANDARD, PROCEDURES, TpccConfig
+from dgcc.workloads.tpcc.schema import MIX_STANDARD, PROCEDURES, TpccConfig, create_tables
 
 __all__ = ["MIX_STANDARD", "PROCEDURES", "REPLICATED", "TpccConfig", "TpccWorkload"]
 
@@ -49,8 +49,11 @@ class TpccWorkload(Workload):
         except TypeError as error:
             raise ConfigError(f"bad tpcc options {sorted(options)}: {error}") from None
 
+    def schema(self) -> Database:
+        return create_tables()
+
     def build(self, seed: int) -> Database:
-        return load(self.config, seed)
+        return load(self.config, seed)  # loads into create_tables(), the same as schema()
 
     def registry(self) -> ProcedureRegistry:
         return make_registry(self.config)
