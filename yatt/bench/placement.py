@@ -1,0 +1,466 @@
+"""Placements under a workload whose response lengths grow: colocate vs disaggregated vs partial
+vs runtime re-placement, measured on CPU "devices", then simulated and projected to 8-1024 devices.
+
+Usage: ``python yatt/bench/placement.py [--quick] [--steps 16] [--short 4] [--long 64]
+[--every 4] [--repeats 2] [--out-dir DIR] [--resim]``
+
+Real part (Ray, 2 CPU devices, tiny random-init model, parallel controllers): each static plan
+and the adaptive controller (starting colocated, re-planning every ``--every`` steps) run the
+same GRPO steps; the response budget jumps from ``--short`` to ``--long`` tokens half-way. Runs
+are interleaved ``--repeats`` times and the fastest of each plan is kept (the machine is shared).
+Reported: wall time, step time per half, idle fraction per device (from the recorded phase
+spans; moves count as idle), the re-placement decisions with their reasons, a Gantt PNG.
+Simulated part: the phase costs measured in the colocated run (per half) drive the
+discrete-event simulator; it is checked against the measured static runs at 2 devices, then
+projects static-best vs re-placement to 8..1024 devices (weak scaling). Writes section
+"placement" of ``yatt_control.json`` and ``yatt_control_placement.md`` / ``yatt_control.png``
+(the adaptive run's timeline) / ``yatt_control_placement.png`` to ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+REWARD = ("yatt.control.workload:char_mix_reward",)
+PROJECT_DEVICES = (8, 32, 128, 512, 1024)
+
+
+def _config(args: argparse.Namespace):
+    from yatt.config import load_config
+
+    return load_config(
+        None,
+        [
+            "model.path=tiny",
+            "data.n_train=256",
+            "data.n_heldout=0",
+            "train.torch_threads=1",
+            f"train.steps={args.steps}",
+            f"algo.prompts_per_step={args.prompts}",
+            f"rollout.n_samples={args.samples}",
+            f"rollout.max_new_tokens={args.short}",
+            "optim.lr=1e-4",
+        ],
+    )
+
+
+def _control(args: argparse.Namespace, placement: str, replace_every: int = 0):
+    from yatt.control.config import ControlConfig
+
+    schedule = (f"0:{args.short}", f"{args.steps // 2}:{args.long}")
+    return ControlConfig(
+        mode="parallel",
+        backend="ray",
+        placement=placement,
+        n_devices=2,
+        device_kind="cpu",
+        length_schedule=schedule,
+        extra_rewards=REWARD,
+        replace_every=replace_every,
+    )
+
+
+def decode_step_s(rows: int, tokens: int = 32) -> tuple[float, float]:
+    """(intercept, per-row) seconds of one decode step of the tiny model on one pinned core,
+    from timing batch 1 and batch `rows`: a step at batch b takes intercept + per_row * b."""
+    import torch
+
+    from yatt.control.devices import Device
+    from yatt.models import tiny_model
+    from yatt.rollout import RolloutEngine, SamplingParams
+
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    Device("cpu", 0).bind()
+    model, tokenizer = tiny_model()
+    engine = RolloutEngine(model, tokenizer)
+    prompt = tokenizer("What is 12 + 30?", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(max_new_tokens=tokens)
+    per_step = {}
+    for batch in (1, rows, 1, rows):  # twice each, keep the faster: the machine is shared
+        start_s = time.perf_counter()
+        completions = engine.generate([prompt] * batch, params, seeds=list(range(batch)))
+        steps = max(len(c.token_ids) for c in completions)
+        seconds = (time.perf_counter() - start_s) / steps
+        per_step[batch] = min(per_step.get(batch, seconds), seconds)
+    os.sched_setaffinity(0, affinity)
+    torch.set_num_threads(threads)
+    per_row = max(per_step[rows] - per_step[1], 0.0) / max(rows - 1, 1)
+    return per_step[1] - per_row, per_row
+
+
+def _summarise(label: str, run, half_step: int) -> dict:
+    from yatt.control.timeline import idle_fractions, spans_from_events
+
+    spans = spans_from_events(run.events)
+    busy = [s for s in spans if s.phase != "move"]
+    steps = [h["timing_s/step"] for h in run.history]
+    return {
+        "label": label,
+        "wall_s": run.wall_s,
+        "total_step_s": sum(steps),
+        "step_s_short": sum(steps[1:half_step]) / max(half_step - 1, 1),
+        "step_s_long": sum(steps[half_step:]) / max(len(steps) - half_step, 1),
+        "idle": idle_fractions(busy, 2),
+        "moves": sum(h.get("control/move_s", 0) > 0 for h in run.history),
+        "step_ends": [h["control/step_end_s"] for h in run.history],
+        "events": run.events,
+        "score_last": run.history[-1]["critic/score/mean"],
+        "sync_s": sum(h.get("timing_s/update_weights", 0.0) for h in run.history) / len(steps),
+    }
+
+
+def _run_static(args: argparse.Namespace, placement: str) -> dict:
+    from yatt.control.parallel import ParallelController
+
+    controller = ParallelController(_config(args), _control(args, placement))
+    try:
+        run = controller.fit()
+    finally:
+        controller.cluster.shutdown()
+    return _summarise(controller.cluster.placement.label(), run, args.steps // 2)
+
+
+def _run_adaptive(args: argparse.Namespace, decode_s: float) -> tuple[dict, list]:
+    from yatt.control.adaptive import AdaptiveController
+
+    controller = AdaptiveController(_config(args), _control(args, "colocate", args.every), decode_s)
+    try:
+        run = controller.fit()
+    finally:
+        controller.close()
+    summary = _summarise("runtime re-placement", run, args.steps // 2)
+    summary["move_cost_s"] = controller.replanner.move_cost_s
+    return summary, controller.decisions
+
+
+def _measured_costs(run: dict, start: int, end: int, decode_s: float, budget: int):
+    """PhaseCosts per step from the spans of steps [start, end) of a run."""
+    from yatt.control.replacement import costs_from_spans
+    from yatt.control.timeline import Span
+
+    ends = run["step_ends"]
+    window = (ends[start - 1] if start else 0.0, ends[end - 1])
+    spans = [Span(*e) for e in run["events"] if window[0] <= e[3] < window[1]]
+    return costs_from_spans(spans, end - start, gen_floor_s=decode_s * budget)
+
+
+def _simulate(args, runs: dict, decode_s: float, move_s: float) -> dict:
+    """Sim at 2 devices (vs measured) and projections to PROJECT_DEVICES."""
+    import dataclasses
+
+    from yatt.control.placement import candidate_placements
+    from yatt.control.sim import simulate
+
+    half = args.steps // 2
+    colocate = runs["colocate"]
+    short = _measured_costs(colocate, 1, half, decode_s, args.short)
+    long = _measured_costs(colocate, half, args.steps, decode_s, args.long)
+    sync_s = runs["disaggregated"]["sync_s"]
+    short, long = (dataclasses.replace(c, sync_s=sync_s) for c in (short, long))
+    schedule = [short] * half + [long] * (args.steps - half)
+    at_two = {p.label(): simulate(schedule, p).total_s for p in candidate_placements(2)}
+    out = {
+        "costs_short": dataclasses.asdict(short),
+        "costs_long": dataclasses.asdict(long),
+        "sim_total_s_at_2": at_two,
+        "projection": [],
+    }
+    out["projection"] = _project(short, long, 2, move_s, args.every, param_bytes=4 * 3.2e6)
+    return out
+
+
+def _project(
+    short, long, measured_devices: int, move_s: float, every: int, *, param_bytes: float
+) -> list[dict]:
+    """Static-best (hindsight) vs re-placement at PROJECT_DEVICES: 50 short then 50 long steps."""
+    from yatt.control.placement import candidate_placements, make_placement
+    from yatt.control.replacement import Replanner
+    from yatt.control.sim import best_static, project_costs, simulate
+
+    rows = []
+    for n in PROJECT_DEVICES:
+        scaled = [
+            project_costs(c, measured_devices, n, param_bytes=param_bytes, respawn_s=move_s)
+            for c in (short, long)
+        ]
+        steps = [scaled[0][0]] * 50 + [scaled[1][0]] * 50
+        plan, static = best_static(steps, candidate_placements(n))
+        replanner = Replanner(n, every, scaled[0][1])
+        adaptive = simulate(steps, make_placement("colocate", n), replanner)
+        rows.append(
+            {
+                "devices": n,
+                "best_static": plan.label(),
+                "static_s": static.total_s,
+                "static_idle": static.mean_idle,
+                "adaptive_s": adaptive.total_s,
+                "adaptive_idle": adaptive.mean_idle,
+                "moves": sum(d.switch for d in adaptive.decisions),
+                "plans": sorted(set(adaptive.plans)),
+                "speedup": static.total_s / adaptive.total_s,
+            }
+        )
+    return rows
+
+
+def anchored_costs(anchor: dict, short: int, long: int, rows: int = 64, prompt: int = 128):
+    """Per-device PhaseCosts of a Qwen2.5-0.5B-shaped model on one H200 from the project's
+    measured anchors (HF generate at batch 64 and 256, HF training tokens/s): a decode step
+    takes a + c * batch; training costs tokens / (tokens/s); colocation swaps weights and
+    AdamW state (16 bytes/parameter) over ~25 GB/s each way."""
+    from yatt.control.replacement import PhaseCosts
+
+    key = "qwen2.5-0.5b/"
+    step64 = anchor[key + "hf_generate_bs64_s"] / 256
+    step256 = anchor[key + "hf_generate_bs256_s"] / 256
+    per_row = (step256 - step64) / 192
+    intercept = step64 - 64 * per_row
+    train_tps = anchor[key + "train_tok_per_s"]
+    swap_s = 16 * anchor[key + "params"] / 25e9
+
+    def costs(length: int) -> PhaseCosts:
+        return PhaseCosts(
+            gen_s=length * per_row * rows,
+            reward_s=0.0,
+            train_s=rows * (prompt + length) / train_tps,
+            swap_s=swap_s,
+            gen_floor_s=length * intercept,
+        )
+
+    return costs(short), costs(long), 2 * anchor[key + "params"]
+
+
+def _anchor_projection(args, path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    anchor = json.loads(path.read_text())
+    short, long, param_bytes = anchored_costs(anchor, 256, 1024)
+    return {
+        "source": str(path),
+        "short_tokens": 256,
+        "long_tokens": 1024,
+        "rows": _project(short, long, 1, 30.0, args.every, param_bytes=param_bytes),
+    }
+
+
+def _markdown(
+    args, runs: dict, decisions: list, sim: dict, decode_s: float, decode_row_s: float
+) -> str:
+    lines = [
+        "## yatt: placements and runtime re-placement",
+        "",
+        f"GRPO on a tiny random-init model, {args.prompts} prompts x {args.samples} samples per "
+        f"step, {args.steps} steps; the response budget jumps from {args.short} to {args.long} "
+        'tokens half-way. Ray, parallel controllers, 2 CPU "devices" (cores) of a shared, noisy '
+        f"2-core machine. Decode step at batch {args.prompts * args.samples}: "
+        f"{1000 * decode_s:.1f} ms.",
+        "",
+        "| plan | wall s | step s (short) | step s (long) | idle dev0 | idle dev1 | moves |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs.values():
+        lines.append(
+            f"| {run['label']} | {run['wall_s']:.1f} | {run['step_s_short']:.2f} | "
+            f"{run['step_s_long']:.2f} | {100 * run['idle'][0]:.0f}% | "
+            f"{100 * run['idle'][1]:.0f}% | {run['moves']} |"
+        )
+    lines += ["", "Re-placement decisions:", ""]
+    lines += [f"- step {d.step}: {d.reason}" for d in decisions] or ["- none"]
+    lines += [
+        "",
+        "Simulator at 2 devices, driven by the colocated run's measured phase costs "
+        "(compare with the wall times above):",
+        "",
+    ]
+    lines += [f"- {label}: {total:.1f} s" for label, total in sim["sim_total_s_at_2"].items()]
+    lines += [
+        "",
+        "Projection (weak scaling of the measured costs, 100 steps, lengths jump "
+        "half-way; best static plan chosen in hindsight):",
+        "",
+        "| devices | best static plan | static s | idle | re-placement s | idle | moves |"
+        " speed-up |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in sim["projection"]:
+        lines.append(
+            f"| {row['devices']} | {row['best_static']} | {row['static_s']:.0f} | "
+            f"{100 * row['static_idle']:.0f}% | {row['adaptive_s']:.0f} | "
+            f"{100 * row['adaptive_idle']:.0f}% | {row['moves']} | "
+            f"{row['speedup']:.2f}x |"
+        )
+    anchored = sim.get("anchored")
+    if anchored:
+        lines += [
+            "",
+            "Projection driven by the project's H200 anchors instead (Qwen2.5-0.5B shape, "
+            "HF `generate` decode steps and HF training throughput from "
+            f"`{Path(anchored['source']).name}`; 64 rows per device, responses 256 then "
+            "1024 tokens, 30 s respawn per move):",
+            "",
+            "| devices | best static plan | static s | idle | re-placement s | idle |"
+            " moves | speed-up |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in anchored["rows"]:
+            lines.append(
+                f"| {row['devices']} | {row['best_static']} | {row['static_s']:.0f} | "
+                f"{100 * row['static_idle']:.0f}% | {row['adaptive_s']:.0f} | "
+                f"{100 * row['adaptive_idle']:.0f}% | {row['moves']} | "
+                f"{row['speedup']:.2f}x |"
+            )
+    static = {k: v for k, v in runs.items() if k != "adaptive"}
+    best = min(static.values(), key=lambda r: r["wall_s"])
+    adaptive = runs["adaptive"]
+    gain = best["wall_s"] / adaptive["wall_s"]
+    idle = sum(adaptive["idle"]) / len(adaptive["idle"])
+    lines += [
+        "",
+        f"Reading (measured): best static plan {best['label']} {best['wall_s']:.1f} s; "
+        f"runtime re-placement {adaptive['wall_s']:.1f} s ({gain:.2f}x; target >= 1.15x "
+        f"{'met' if gain >= 1.15 else 'not met'}), its mean idle fraction "
+        f"{100 * idle:.0f}% (target <= 10% {'met' if idle <= 0.10 else 'not met'}). On "
+        "this CPU, training dominates every step (it is ~3x generation per token and a "
+        "tiny model's decode has almost no latency floor), so the best plan is the same in "
+        f"both halves; the adaptive run made {adaptive['moves']} move(s), and without a "
+        "regime change re-placement can at best tie the best static plan. It wins when the "
+        "best plan changes between regimes by more than a move costs, which the simulator "
+        "shows for a gradually growing decode floor (test_control_logic.py) but neither "
+        "projection above reaches: with HF generate's 60 ms decode floor, generation "
+        "dominates both halves.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _plots(runs: dict, out_dir: Path) -> None:
+    from yatt.control.timeline import plot_timeline, spans_from_events
+
+    adaptive = runs["adaptive"]
+    plot_timeline(
+        spans_from_events(adaptive["events"]),
+        2,
+        out_dir / "yatt_control.png",
+        "runtime re-placement on 2 CPU devices (per-device phases)",
+    )
+    plot_timeline(
+        spans_from_events(runs["colocate"]["events"]),
+        2,
+        out_dir / "yatt_control_placement.png",
+        "colocate on 2 CPU devices",
+    )
+
+
+def stitch_sections(out_dir: Path) -> Path:
+    """docs section yatt_control.md = the controllers section + the placement section."""
+    parts = [out_dir / f"yatt_control_{name}.md" for name in ("controllers", "placement")]
+    text = "\n".join(p.read_text() for p in parts if p.is_file())
+    path = out_dir / "yatt_control.md"
+    path.write_text(text)
+    return path
+
+
+def _resim(args: argparse.Namespace, out_dir: Path) -> int:
+    """Re-run the simulations from the costs stored by the last measured run (no Ray)."""
+    from types import SimpleNamespace
+
+    from yatt.control.replacement import PhaseCosts
+
+    json_path = out_dir / "yatt_control.json"
+    data = json.loads(json_path.read_text())
+    stored = data["placement"]
+    for key in ("steps", "short", "long", "every", "prompts", "samples"):
+        setattr(args, key, stored["args"][key])
+    sim = stored["sim"]
+    short, long = (PhaseCosts(**sim[key]) for key in ("costs_short", "costs_long"))
+    move_s = stored["runs"]["adaptive"]["move_cost_s"]
+    sim["projection"] = _project(short, long, 2, move_s, args.every, param_bytes=4 * 3.2e6)
+    sim["anchored"] = _anchor_projection(args, args.anchors)
+    decisions = [SimpleNamespace(**d) for d in stored["decisions"]]
+    text = _markdown(
+        args, stored["runs"], decisions, sim, stored["decode_step_s"], stored["decode_row_s"]
+    )
+    (out_dir / "yatt_control_placement.md").write_text(text)
+    json_path.write_text(json.dumps(data, indent=1, default=str))
+    stitch_sections(out_dir)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--short", type=int, default=4)
+    parser.add_argument("--long", type=int, default=64)
+    parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument(
+        "--anchors", type=Path, default=REPO.parent / "shared/anchors/h200_hf_baseline.json"
+    )
+    parser.add_argument(
+        "--resim",
+        action="store_true",
+        help="recompute the simulated sections from the stored measurements",
+    )
+    args = parser.parse_args(argv)
+    if args.resim:
+        return _resim(args, args.out_dir or REPO / "docs/bench")
+    if args.quick:
+        args.steps, args.long, args.every, args.repeats = 6, 16, 2, 1
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs/bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.WARNING)
+    import ray
+    from rich.console import Console
+
+    console = Console()
+    decode_s, decode_row_s = decode_step_s(args.prompts * args.samples)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    runs: dict = {}
+    decisions: list = []
+    for repeat in range(args.repeats):  # interleaved; the fastest of each plan is kept
+        for placement in ("colocate", "disaggregated", "partial", "adaptive"):
+            console.print(f"run {repeat + 1}/{args.repeats}: {placement} ...")
+            if placement == "adaptive":
+                run, made = _run_adaptive(args, decode_s)
+            else:
+                run, made = _run_static(args, placement), decisions
+            if placement not in runs or run["wall_s"] < runs[placement]["wall_s"]:
+                runs[placement] = run
+                decisions = made
+    sim = _simulate(args, runs, decode_s, move_s=runs["adaptive"]["move_cost_s"])
+    sim["anchored"] = _anchor_projection(args, args.anchors)
+    ray.shutdown()
+    _plots(runs, out_dir)
+    (out_dir / "yatt_control_placement.md").write_text(
+        _markdown(args, runs, decisions, sim, decode_s, decode_row_s)
+    )
+    json_path = out_dir / "yatt_control.json"
+    data = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    data["placement"] = {
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "events"} for k, v in runs.items()},
+        "decisions": [d.__dict__ for d in decisions],
+        "sim": sim,
+        "decode_step_s": decode_s,
+        "decode_row_s": decode_row_s,
+        "args": vars(args) | {"out_dir": str(out_dir)},
+    }
+    json_path.write_text(json.dumps(data, indent=1, default=str))
+    stitch_sections(out_dir)
+    console.print((out_dir / "yatt_control_placement.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""GRPO step time, phase by phase, at the demo shape (SmolLM2-135M-Instruct, 2 prompts x 4
+completions, 16 new tokens), for yatt's defaults and with each speed feature switched off.
+
+    .venv/bin/python yatt/bench/step.py                       # all variants, 12 steps each
+    .venv/bin/python yatt/bench/step.py --steps 6 --variants default,hf_generate
+
+Writes docs/bench/yatt_step.{json,md,png}. CPU only for now (the single-process trainer builds its
+batches on the CPU). The TRL reference (TRL 1.16, same shape, same 2-core CPU machine) took
+4.48 s per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT_DIR = ROOT / "docs" / "bench"
+TRL_REFERENCE_S_PER_STEP = 4.48
+PHASES = ("gen", "reward", "old_logp", "ref", "adv", "update_actor", "update_weights")
+VARIANTS: dict[str, list[str]] = {
+    "default": [],
+    "hf_generate": ["rollout.backend=hf"],
+    "no_shared_prefix": ["train.shared_prefix=false"],
+    "no_skip_zero_adv": ["algo.skip_zero_adv=false"],
+    "bf16_autocast": ["train.bf16_autocast=true"],
+}
+
+
+def _run_variant(
+    name: str, steps: int, warmup: int, device: str, threads: int, preset: str
+) -> dict:
+    from yatt.config import load_config
+    from yatt.trainer import Trainer
+
+    overrides = [
+        f"train.steps={steps + warmup}", f"train.device={device}", f"train.torch_threads={threads}",
+        "eval.n=0", "logging.progress=false", f"logging.run_dir=/tmp/yatt_bench_step/{name}",
+        *VARIANTS[name],
+    ]  # fmt: skip
+    trainer = Trainer(load_config(preset, overrides))
+    rows = []
+    for _ in range(steps + warmup):
+        rows.append(trainer.train_step())
+        trainer.step += 1
+    measured = rows[warmup:]
+    phases = {p: statistics.fmean(r.get(f"timing_s/{p}", 0.0) for r in measured) for p in PHASES}
+    step_times = [r["timing_s/step"] for r in measured]
+    return {
+        "variant": name,
+        "overrides": VARIANTS[name],
+        "steps": steps,
+        "step_s_mean": statistics.fmean(step_times),
+        "step_s_median": statistics.median(step_times),
+        "step_cpu_s_mean": statistics.fmean(r["perf/step_cpu_s"] for r in measured),
+        "phase_s_mean": phases,
+        "trained_rows_frac": statistics.fmean(r["actor/trained_rows_frac"] for r in measured),
+        "reward_mean": statistics.fmean(r["critic/score/mean"] for r in measured),
+    }
+
+
+def _host() -> dict:
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT, check=False).stdout.strip()  # fmt: skip
+    except OSError:
+        commit = ""
+    return {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+        "load_avg_1m": os.getloadavg()[0], "git_commit": commit or "uncommitted",
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }  # fmt: skip
+
+
+def _markdown(results: list[dict], host: dict) -> str:
+    lines = [
+        "## yatt: GRPO step time breakdown",
+        "",
+        "SmolLM2-135M-Instruct, 2 prompts x 4 completions, 16 new tokens, two-digit addition, "
+        f"{results[0]['steps']} measured steps per variant after warm-up. Host: {host['cpus']} "
+        f"CPUs, torch {host['torch']}, 1-min load average at the end {host['load_avg_1m']:.1f}. "
+        f"TRL 1.16 reference, same shape and machine type: {TRL_REFERENCE_S_PER_STEP} s/step. "
+        "CPU s/step is this process's CPU time; with `--threads 1` it approximates the step time "
+        "of an otherwise idle machine. Steps start from the untrained model, where most groups "
+        "have all-equal rewards (`trained rows`: the rest are skipped exactly); later in training "
+        "about half the rows train and `update_actor` grows with them.",
+        "",
+        "| variant | s/step (mean) | s/step (median) | CPU s/step | "
+        + " | ".join(PHASES)
+        + " | trained rows |",
+        "|---" * (len(PHASES) + 5) + "|",
+    ]
+    for r in results:
+        phases = " | ".join(f"{r['phase_s_mean'][p]:.2f}" for p in PHASES)
+        lines.append(
+            f"| {r['variant']} | {r['step_s_mean']:.2f} | {r['step_s_median']:.2f} "
+            f"| {r['step_cpu_s_mean']:.2f} | {phases} "
+            f"| {100 * r['trained_rows_frac']:.0f}% |"
+        )
+    lines += ["", "![step time by phase](yatt_step.png)", ""]
+    return "\n".join(lines)
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [r["variant"] for r in results]
+    bottom = [0.0] * len(results)
+    for phase in PHASES:
+        values = [r["phase_s_mean"][phase] for r in results]
+        ax.bar(names, values, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.axhline(TRL_REFERENCE_S_PER_STEP, color="red", linestyle="--", label="TRL reference")
+    ax.set(ylabel="seconds per step", title="yatt GRPO step (SmolLM2-135M, 2x4, 16 tokens)")
+    ax.legend(fontsize="small")
+    plt.setp(ax.get_xticklabels(), rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all CPUs)")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--preset", default="demo", help="config preset (tiny_test: smoke run)")
+    args = parser.parse_args(argv)
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}; valid: {sorted(VARIANTS)}")
+    results = []
+    for name in names:
+        start_s = time.perf_counter()
+        results.append(
+            _run_variant(name, args.steps, args.warmup, args.device, args.threads, args.preset)
+        )
+        print(f"[summary] variant={name} step_s={results[-1]['step_s_mean']:.3f} "
+              f"wall_s={time.perf_counter() - start_s:.0f}", flush=True)  # fmt: skip
+    host = _host()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "yatt_step.json").write_text(json.dumps({"host": host, "results": results},
+                                                            indent=2))  # fmt: skip
+    (args.out_dir / "yatt_step.md").write_text(_markdown(results, host))
+    _plot(results, args.out_dir / "yatt_step.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

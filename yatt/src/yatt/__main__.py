@@ -1,0 +1,7 @@
+"""`python -m yatt`: the yatt command line."""
+
+import sys
+
+from yatt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,197 @@
+"""Policy (PPO clip / clip-higher / dual-clip), value, SFT and Bradley–Terry losses, plus the
+loss aggregation modes and the DAPO overlong penalty (pure torch).
+
+Shapes: B rows, T response positions, mask (B, T) marks valid tokens. Every aggregation is
+`numerator / normaliser`; pass the normaliser of the whole mini-batch (`loss_normalizer`) to each
+micro-batch and sum the micro-batch losses to get exactly the full-batch loss and gradient.
+References: PPO (Schulman et al. 2017), dual-clip (Ye et al. 2020), DAPO (Yu et al. 2025),
+Dr. GRPO (Liu et al. 2025).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from yatt.algos._masked import masked_mean, masked_sum
+from yatt.errors import ConfigError
+
+__all__ = [
+    "AGG_MODES",
+    "aggregate_loss",
+    "bradley_terry_loss",
+    "loss_normalizer",
+    "overlong_penalty",
+    "policy_loss",
+    "sft_loss",
+    "value_loss",
+]
+
+# mode -> what the per-token loss matrix is divided by (B' = rows with at least one valid token):
+#   token_mean:           sum of loss over valid tokens / number of valid tokens in the batch
+#   seq_mean_token_sum:   sum over rows of (sum of the row's token losses)  / B'
+#   seq_mean_token_mean:  sum over rows of (mean of the row's token losses) / B'
+#   token_sum_norm:       sum of loss over valid tokens / (B' * norm_len), norm_len defaults to T
+#                         (Dr. GRPO: a constant, so long and short answers weigh alike per token)
+AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "token_sum_norm")
+
+
+def _check_agg(agg: str) -> None:
+    if agg not in AGG_MODES:
+        raise ConfigError(f"unknown loss aggregation {agg!r}; valid: {list(AGG_MODES)}")
+
+
+def loss_normalizer(mask: Tensor, agg: str, norm_len: int | None = None) -> float:
+    """The denominator `aggregate_loss` uses for this mask (B, T) and mode (see AGG_MODES).
+
+    Compute it once on the full mini-batch and pass it to every micro-batch's loss call.
+    """
+    _check_agg(agg)
+    if agg == "token_mean":
+        return max(float(mask.sum()), 1.0)
+    rows = max(float(mask.bool().any(dim=-1).sum()), 1.0)
+    if agg == "token_sum_norm":
+        return rows * float(norm_len if norm_len is not None else mask.shape[-1])
+    return rows
+
+
+def aggregate_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    agg: str = "token_mean",
+    *,
+    normalizer: float | None = None,
+    norm_len: int | None = None,
+) -> Tensor:
+    """Reduce a per-token loss (B, T) to a scalar by mode `agg` (see AGG_MODES).
+
+    normalizer: denominator override (the full mini-batch's `loss_normalizer` when micro-batching).
+    Raises ConfigError for an unknown mode.
+    """
+    _check_agg(agg)
+    if agg in ("token_mean", "token_sum_norm"):
+        numerator = masked_sum(loss_mat, mask)
+    elif agg == "seq_mean_token_sum":
+        numerator = masked_sum(loss_mat, mask, dim=-1).sum()
+    else:
+        numerator = masked_mean(loss_mat, mask, dim=-1).sum()
+    if normalizer is None:
+        normalizer = loss_normalizer(mask, agg, norm_len)
+    return numerator / normalizer
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token_mean",
+    normalizer: float | None = None,
+    norm_len: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate with separate low/high clip (DAPO clip-higher) -> (loss, metrics).
+
+    Per token: ratio = exp(logp - old_logp); loss = max(-A ratio, -A clip(ratio, 1-clip_low,
+    1+clip_high)); with dual_clip = c > 1 the loss of tokens with A < 0 is capped at -A c.
+    All of logp, old_logp, advantages, mask are (B, T). Metrics: actor/pg_clipfrac (tokens where
+    the clipped branch is active), actor/pg_clipfrac_lower (dual clip active), actor/ppo_kl
+    (mean old_logp - logp), actor/ratio_mean.
+    """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ConfigError(f"dual_clip must be > 1.0 (or None), got {dual_clip}")
+    assert logp.shape == old_logp.shape == advantages.shape == mask.shape, (
+        f"shapes {logp.shape} {old_logp.shape} {advantages.shape} {mask.shape}"
+    )
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # exp overflow guard
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(mask, dtype=torch.bool)
+    if dual_clip is not None:
+        cap = -advantages * dual_clip
+        dual_active = (advantages < 0) & (loss_mat > cap)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, cap), loss_mat)
+    loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer, norm_len=norm_len)
+    with torch.no_grad():
+        metrics = {
+            "actor/pg_clipfrac": float(masked_mean((clipped > unclipped).float(), mask)),
+            "actor/pg_clipfrac_lower": float(masked_mean(dual_active.float(), mask)),
+            "actor/ppo_kl": float(masked_mean(-log_ratio, mask)),
+            "actor/ratio_mean": float(masked_mean(ratio, mask)),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    agg: str = "token_mean",
+    normalizer: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss 0.5 max((V - R)^2, (V_clip - R)^2) -> (loss, metrics); all (B, T).
+
+    V_clip = old_values + clamp(values - old_values, -clip, clip); clip None disables clipping.
+    Metrics: critic/vf_loss, critic/vf_clipfrac (tokens where the clipped error is larger).
+    """
+    error = (values - returns) ** 2
+    if clip is None:
+        loss_mat = 0.5 * error
+        clipfrac = torch.zeros((), device=values.device)
+    else:
+        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+        clipped_error = (clipped_values - returns) ** 2
+        loss_mat = 0.5 * torch.maximum(error, clipped_error)
+        clipfrac = masked_mean((clipped_error > error).float(), mask)
+    loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer)
+    return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac)}
+
+
+def sft_loss(
+    token_logp: Tensor,
+    mask: Tensor,
+    *,
+    agg: str = "token_mean",
+    normalizer: float | None = None,
+) -> Tensor:
+    """Masked negative log-likelihood of target tokens.
+
+    token_logp: (B, T) log-prob of each target token (`token_logprobs` output); mask (B, T) is 1
+    on the tokens to learn (the response), 0 on prompt and padding.
+    """
+    return aggregate_loss(-token_logp, mask, agg, normalizer=normalizer)
+
+
+def bradley_terry_loss(
+    chosen_scores: Tensor, rejected_scores: Tensor, margin: Tensor | None = None
+) -> Tensor:
+    """Bradley–Terry loss mean(-log sigmoid(s_chosen - s_rejected - margin)); inputs (N,)."""
+    assert chosen_scores.shape == rejected_scores.shape, (
+        f"{chosen_scores.shape} != {rejected_scores.shape}"
+    )
+    difference = chosen_scores - rejected_scores
+    if margin is not None:
+        difference = difference - margin
+    return -F.logsigmoid(difference).mean()
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer_len: int, penalty: float) -> Tensor:
+    """DAPO soft overlong punishment -> (B,) rewards to add (<= 0).
+
+    lengths: (B,) response lengths in tokens. 0 up to max_len - buffer_len, then falls linearly
+    to -penalty at max_len, and -penalty beyond it.
+    """
+    if not 0 < buffer_len <= max_len:
+        raise ConfigError(f"overlong buffer_len must be in (0, {max_len}], got {buffer_len}")
+    if penalty < 0:
+        raise ConfigError(f"overlong penalty must be >= 0, got {penalty}")
+    start = max_len - buffer_len
+    excess = (lengths.to(torch.float32) - start).clamp(min=0.0)
+    return -(excess / buffer_len).clamp(max=1.0) * penalty

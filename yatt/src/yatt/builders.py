@@ -1,0 +1,52 @@
+"""Builders shared by the trainer and the CLI: the policy model and the prompt datasets."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from yatt.config import DataConfig, ModelConfig
+from yatt.errors import ConfigError
+
+__all__ = ["build_data", "build_model"]
+
+logger = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from `model.path` ('tiny', 'tiny-qwen2', a known name or a folder), or
+    from a checkpoint folder when resuming. Raises ModelError for a missing/unloadable folder."""
+    from yatt.checkpoint import policy_folder
+    from yatt.models import load_model, load_tokenizer, tiny_model
+
+    dtype = _DTYPES[config.dtype]
+    if resume_from:
+        folder = policy_folder(resume_from)
+        return load_model(folder, dtype=dtype), load_tokenizer(folder)
+    if config.path in ("tiny", "tiny-llama", "tiny-qwen2"):
+        arch = "qwen2" if config.path == "tiny-qwen2" else "llama"
+        model, tokenizer = tiny_model(arch, seed=config.tiny_seed)
+        return model.to(dtype), tokenizer
+    return load_model(config.path, dtype=dtype), load_tokenizer(config.path)
+
+
+def build_data(config: DataConfig) -> tuple[list[Any], list[Any]]:
+    """(train, heldout) prompt examples from a file (`data.path`) or a task generator."""
+    from yatt.data import generate_task, load_prompts, split_heldout
+
+    if config.path:
+        examples = load_prompts(config.path)
+    else:
+        examples = generate_task(config.task, config.n_train + config.n_heldout, config.seed)
+    if len(examples) <= config.n_heldout:
+        raise ConfigError(
+            f"data has {len(examples)} examples, not more than data.n_heldout={config.n_heldout}"
+        )
+    if config.n_heldout == 0:
+        return list(examples), []
+    train, heldout = split_heldout(examples, config.n_heldout, config.seed)
+    logger.info("data: %d train, %d held-out prompts", len(train), len(heldout))
+    return train, heldout

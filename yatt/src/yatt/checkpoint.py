@@ -1,0 +1,82 @@
+"""Training checkpoints: a safetensors model folder plus everything an exact resume needs.
+
+Layout of `<run_dir>/checkpoints/step_<n>/`:
+    policy/          model + tokenizer (safetensors; `from_pretrained` reads it)
+    critic/          the critic's state (PPO only)
+    trainer_state.pt optimizer, LR scheduler, RNG states, data position, step
+    config.yaml      the resolved config of the run
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yatt.config import Config, save_config
+from yatt.errors import ConfigError
+
+__all__ = ["list_checkpoints", "load_trainer_state", "policy_folder", "save_training_checkpoint"]
+
+logger = logging.getLogger(__name__)
+_STATE_FILE = "trainer_state.pt"
+
+
+def policy_folder(checkpoint: Path) -> Path:
+    """The model folder inside a checkpoint (or the folder itself if it is a plain model)."""
+    checkpoint = Path(checkpoint)
+    inner = checkpoint / "policy"
+    return inner if inner.is_dir() else checkpoint
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint folders of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    return sorted(p for p in root.glob("step_*") if (p / _STATE_FILE).is_file())
+
+
+def save_training_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    config: Config,
+    policy: Any,
+    tokenizer: Any,
+    trainer_state: dict[str, Any],
+    critic: Any | None = None,
+    keep_last: int = 2,
+) -> Path:
+    """Write `<run_dir>/checkpoints/step_<step>` atomically (temp folder + rename)."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{step:06d}"
+    staging = root / f".step_{step:06d}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    policy.save_pretrained(staging / "policy", tokenizer)
+    if critic is not None:
+        critic.save_pretrained(staging / "critic")
+    state = {**trainer_state, "step": step, "policy": policy.state_dict()}
+    if critic is not None:
+        state["critic"] = critic.state_dict()
+    torch.save(state, staging / _STATE_FILE)
+    save_config(config, staging / "config.yaml")
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer state saved in a checkpoint folder; raises ConfigError if it is not one."""
+    path = Path(checkpoint) / _STATE_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"checkpoint.resume={str(checkpoint)!r} is not a checkpoint folder (no {_STATE_FILE})"
+        )
+    # The file holds python RNG tuples and numpy states besides tensors; it is our own output.
+    return torch.load(path, weights_only=False)

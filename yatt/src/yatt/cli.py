@@ -1,0 +1,174 @@
+"""The `yatt` command: train, eval, sft, models prepare, demo.
+
+    yatt train grpo_addition rollout.n_samples=8 train.steps=50
+    yatt eval runs/demo/checkpoints/step_000150 eval.n=200
+    yatt sft tiny_test data.path=answers.jsonl
+    yatt models prepare smollm2
+    yatt demo
+
+Bad input (config, data, model folders, arguments) prints one line on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from yatt.errors import YattError
+
+__all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+EXIT_BAD_INPUT = 2
+
+
+class _UsageError(Exception):
+    """argparse found bad arguments (raised instead of argparse's two-line exit)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="yatt", description="RL post-training for language models")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = commands.add_parser("train", help="run RL training from a preset or YAML file")
+    train.add_argument("config", help=f"a YAML file or a preset name ({', '.join(_presets())})")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
+    evaluate = commands.add_parser("eval", help="greedy held-out accuracy of a model folder")
+    evaluate.add_argument("model", help="a model folder, a checkpoint folder or a known name")
+    evaluate.add_argument("overrides", nargs="*", help="data.* and eval.* overrides")
+    sft = commands.add_parser("sft", help="supervised warm start on prompt/answer data")
+    sft.add_argument("config", help="a YAML file or a preset name")
+    sft.add_argument("overrides", nargs="*", help="dotted overrides")
+    models = commands.add_parser("models", help="manage local models")
+    model_commands = models.add_subparsers(
+        dest="models_command", required=True, parser_class=_Parser
+    )
+    prepare = model_commands.add_parser("prepare", help="convert a bundled model to safetensors")
+    prepare.add_argument("name", help="a known model name, e.g. smollm2")
+    demo = commands.add_parser("demo", help="GRPO on two-digit addition; learns in ~10 minutes")
+    demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo preset")
+    return parser
+
+
+def _presets() -> list[str]:
+    from yatt.config import preset_names
+
+    return preset_names()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        args = _parser().parse_args(argv)
+        from yatt.common import setup_logging
+
+        setup_logging(os.environ.get("YATT_LOG_LEVEL", "INFO"))
+        return _dispatch(args)
+    except (_UsageError, YattError) as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the message held
+        print(f"yatt: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        _train(args.config, args.overrides)
+    elif args.command == "eval":
+        _eval(args.model, args.overrides)
+    elif args.command == "sft":
+        from yatt.config import load_config
+        from yatt.sft import run_sft
+
+        run_sft(load_config(args.config, args.overrides))
+    elif args.command == "models":
+        from yatt.models import prepare_model
+
+        print(prepare_model(args.name))
+    elif args.command == "demo":
+        _demo(args.overrides)
+    return 0
+
+
+def _train(preset: str, overrides: list[str]):
+    """Run one training job with a progress bar, then plots and the summary table."""
+    from yatt.config import load_config
+    from yatt.report import console, progress_bar, summary_table, write_plots
+    from yatt.trainer import Trainer
+
+    config = load_config(preset, overrides)
+    logger.info("config %s, run folder %s", preset, config.logging.run_dir)
+    if config.control.backend == "ray":  # distributed controllers (yatt.control)
+        from yatt.control import fit_distributed
+
+        with progress_bar(config.train.steps, 0, config.logging.progress) as progress:
+            result = fit_distributed(config, config.control, progress)
+        console.print(summary_table(result.history, []))
+        return result
+    trainer = Trainer(config)
+    with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
+        result = trainer.fit(progress)
+    if config.logging.plots:
+        for path in write_plots(result.history, result.run_dir):
+            logger.info("wrote %s", path)
+    console.print(summary_table(result.history, result.evals))
+    return result
+
+
+def _eval(model: str, overrides: list[str]) -> None:
+    from yatt.builders import build_data, build_model
+    from yatt.checkpoint import policy_folder
+    from yatt.config import load_config
+    from yatt.evaluate import evaluate_engine
+    from yatt.rollout import make_engine
+    from yatt.trainer import configure_threads
+
+    config = load_config(
+        None,
+        [f"model.path={policy_folder(Path(model))}", *overrides]
+        if Path(model).exists()
+        else [f"model.path={model}", *overrides],
+    )
+    configure_threads(config.train.torch_threads)
+    policy, tokenizer = build_model(config.model)
+    _, heldout = build_data(config.data)
+    engine = make_engine(config.rollout.backend, policy.eval(), tokenizer)
+    start_s = time.perf_counter()
+    accuracy, _ = evaluate_engine(
+        engine, tokenizer, heldout[: config.eval.n], batch_size=config.eval.batch_size,
+        max_new_tokens=config.eval.max_new_tokens, reward_fn=config.eval.reward_fn,
+        use_chat_template=config.data.use_chat_template,
+    )  # fmt: skip
+    print(
+        f"accuracy {100 * accuracy:.1f}% on {min(config.eval.n, len(heldout))} held-out "
+        f"{config.data.task} problems ({time.perf_counter() - start_s:.1f} s)"
+    )
+
+
+def _demo(overrides: list[str]) -> None:
+    """`yatt train demo` plus a before/after line (the preset evaluates at start and end)."""
+    from yatt.report import console
+
+    start_s = time.perf_counter()
+    result = _train("demo", overrides)
+    wall_s = time.perf_counter() - start_s
+    if len(result.evals) >= 2:
+        (_, before), (last_step, after) = result.evals[0], result.evals[-1]
+        console.print(
+            f"[bold]held-out accuracy: {100 * before:.1f}% -> {100 * after:.1f}% "
+            f"after {last_step} GRPO steps ({wall_s / 60:.1f} min in all); "
+            f"plots and metrics in {result.run_dir}/"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

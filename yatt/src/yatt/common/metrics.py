@@ -1,0 +1,70 @@
+"""Metric sinks: a flat dict of floats per step to JSONL (always) and TensorBoard (optional)."""
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class JsonlSink:
+    """Appends one JSON object per step (`{"step": n, **metrics}`) to a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _jsonable(value: float) -> float | str:
+    # JSON has no NaN/inf; keep them visible as strings rather than crashing the run.
+    return value if math.isfinite(value) else str(value)
+
+
+class TensorBoardSink:
+    """Scalars to a TensorBoard event file (imported lazily: tensorboard is heavy)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MetricsLogger:
+    """Fans a step's metrics out to every sink and keeps the history for plots and summaries."""
+
+    def __init__(self, sinks: list[Any]) -> None:
+        self.sinks = sinks
+        self.history: list[dict[str, float]] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            assert isinstance(value, float | int), f"metric {key} is {type(value).__name__}"
+        self.history.append({"step": float(step), **metrics})
+        for sink in self.sinks:
+            sink.write(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a metrics JSONL file."""
+    with Path(path).open() as file:
+        return [json.loads(line) for line in file if line.strip()]

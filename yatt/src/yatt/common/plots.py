@@ -1,0 +1,63 @@
+"""PNG plots of a run's metric history (matplotlib Agg; reads only the logged rows)."""
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    points = [(row["step"], row[key]) for row in rows if isinstance(row.get(key), int | float)]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_rewards(rows: list[dict], path: Path, accuracy_key: str = "eval/accuracy") -> Path:
+    """Reward per step (raw + moving average) and held-out accuracy on a second panel."""
+    fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    steps, rewards = _series(rows, "critic/score/mean")
+    ax_reward.plot(steps, rewards, alpha=0.3, label="reward (per step)")
+    if rewards:
+        ax_reward.plot(steps, _moving_average(rewards, 10), label="moving average (10)")
+    ax_reward.set(xlabel="step", ylabel="mean reward", title="training reward")
+    ax_reward.legend()
+    steps, accuracy = _series(rows, accuracy_key)
+    ax_acc.plot(steps, [100 * a for a in accuracy], marker="o")
+    ax_acc.set(
+        xlabel="step", ylabel="accuracy (%)", title="held-out greedy accuracy", ylim=(0, 100)
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_timings(rows: list[dict], path: Path) -> Path:
+    """Stacked per-phase seconds for each step."""
+    timed_rows = [row for row in rows if "timing_s/step" in row]
+    keys = sorted({k for row in timed_rows for k in row if k.startswith("timing_s/")})
+    keys = [k for k in keys if k != "timing_s/step" and any(row.get(k) for row in timed_rows)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    steps = [row["step"] for row in timed_rows]
+    bottom = [0.0] * len(steps)
+    for key in keys:
+        values = [float(row.get(key, 0.0)) for row in timed_rows]
+        ax.bar(steps, values, bottom=bottom, label=key.removeprefix("timing_s/"), width=1.0)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(xlabel="step", ylabel="seconds", title="step time by phase")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,466 @@
+"""Run configuration: one frozen dataclass per component, YAML presets, dotted CLI overrides.
+
+Resolution order: dataclass defaults, then a preset (`configs/<name>.yaml` or a YAML path, holding
+only differences from the defaults), then `section.key=value` overrides. Unknown keys and type
+mismatches raise ConfigError naming the key, the value and the valid choices. Each component gets
+its own sub-config; `to_dict`/`save_config` write the resolved tree next to outputs and checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from yatt.control.config import ControlConfig
+from yatt.errors import ConfigError
+
+__all__ = [
+    "AlgoConfig",
+    "CheckpointConfig",
+    "Config",
+    "DataConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "load_config",
+    "preset_names",
+    "save_config",
+    "to_dict",
+]
+
+PRESET_DIR = Path(__file__).parent / "configs"
+ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm")
+KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+
+
+def _require(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model: a local HF folder, a known name ('smollm2') or 'tiny' (random init)."""
+
+    path: str = "smollm2"
+    dtype: str = "float32"
+    tiny_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "model.path", self.path, "a model folder or name")
+        dtypes = ("float32", "bfloat16")
+        _require(self.dtype in dtypes, "model.dtype", self.dtype, f"one of {dtypes}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompt source: a built-in task generator or a JSONL/parquet file (`path`)."""
+
+    task: str = "addition"
+    path: str = ""
+    n_train: int = 5000
+    n_heldout: int = 200
+    seed: int = 0
+    use_chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.n_train > 0, "data.n_train", self.n_train, "an int > 0")
+        _require(self.n_heldout >= 0, "data.n_heldout", self.n_heldout, "an int >= 0")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling: `n_samples` completions per prompt (the group size)."""
+
+    backend: str = "yatt"
+    n_samples: int = 4
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("yatt", "hf"), "rollout.backend", self.backend, "'yatt' or 'hf'")
+        _require(self.n_samples >= 1, "rollout.n_samples", self.n_samples, "an int >= 1")
+        _require(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, ">= 1")
+        _require(self.temperature >= 0, "rollout.temperature", self.temperature, ">= 0")
+        _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
+        _require(self.top_k >= 0, "rollout.top_k", self.top_k, ">= 0")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm: advantage estimator, policy loss, KL, DAPO pieces."""
+
+    name: str = "grpo"
+    prompts_per_step: int = 2
+    ppo_passes: int = 1
+    micro_batch_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_std: bool = True
+    value_clip: float = 0.2
+    dynamic_sampling: bool = False
+    max_refill_batches: int = 4
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    skip_zero_adv: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.name in ALGOS, "algo.name", self.name, f"one of {ALGOS}")
+        _require(self.loss_agg in LOSS_AGGS, "algo.loss_agg", self.loss_agg, f"one of {LOSS_AGGS}")
+        _require(self.kl_kind in KL_KINDS, "algo.kl_kind", self.kl_kind, f"one of {KL_KINDS}")
+        _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
+        _require(self.ppo_passes >= 1, "algo.ppo_passes", self.ppo_passes, ">= 1")
+        _require(self.micro_batch_size >= 1, "algo.micro_batch_size", self.micro_batch_size, ">= 1")
+        _require(self.clip_low >= 0, "algo.clip_low", self.clip_low, ">= 0")
+        _require(self.clip_high >= 0, "algo.clip_high", self.clip_high, ">= 0")
+        _require(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")
+        _require(0 <= self.gamma <= 1, "algo.gamma", self.gamma, "in [0, 1]")
+        _require(0 <= self.lam <= 1, "algo.lam", self.lam, "in [0, 1]")
+        _require(
+            self.max_refill_batches >= 0, "algo.max_refill_batches", self.max_refill_batches, ">= 0"
+        )
+        _require(self.overlong_buffer >= 0, "algo.overlong_buffer", self.overlong_buffer, ">= 0")
+        token_level = ("ppo", "reinforce_pp")
+        _require(
+            not self.kl_in_reward or self.name in token_level,
+            "algo.kl_in_reward",
+            self.kl_in_reward,
+            f"false unless algo.name is one of {token_level}",
+        )
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.name == "ppo"
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward = sum of weighted rule functions (names from yatt.rewards) [+ a BT reward model]."""
+
+    fns: tuple[str, ...] = ("math_answer",)
+    weights: tuple[float, ...] = (1.0,)
+    model_path: str = ""
+    model_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(
+            len(self.fns) == len(self.weights),
+            "reward.weights",
+            self.weights,
+            f"{len(self.fns)} weights, one per entry of reward.fns",
+        )
+        _require(
+            bool(self.fns) or bool(self.model_path),
+            "reward.fns",
+            self.fns,
+            "at least one reward function or reward.model_path",
+        )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with a learning-rate schedule (linear decays to 0 at the last step)."""
+
+    lr: float = 5e-6
+    schedule: str = "linear"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    critic_lr: float = 1e-5
+
+    def __post_init__(self) -> None:
+        schedules = ("linear", "constant", "cosine")
+        _require(self.schedule in schedules, "optim.schedule", self.schedule, f"one of {schedules}")
+        _require(self.lr > 0, "optim.lr", self.lr, "> 0")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, ">= 0")
+        _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, ">= 0 (0 = off)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Loop length, seed, device and execution knobs (results do not depend on the knobs
+    beyond float rounding: `shared_prefix` runs each prompt once per group in the update).
+    `time_limit_s` > 0 ends training early (then evaluates) once the loop has run that long."""
+
+    steps: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    torch_threads: int = 0
+    bf16_autocast: bool = False
+    shared_prefix: bool = True
+    time_limit_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "train.steps", self.steps, "an int >= 1")
+        # The single-process trainer builds its batches on the CPU; GPU placement belongs to
+        # yatt.control (device-aware workers). Remove this check when the roles move batches.
+        _require(self.device == "cpu", "train.device", self.device, "'cpu' in this trainer")
+        _require(
+            self.torch_threads >= 0, "train.torch_threads", self.torch_threads, ">= 0 (0=auto)"
+        )
+        _require(self.time_limit_s >= 0, "train.time_limit_s", self.time_limit_s, ">= 0 (0=off)")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Greedy held-out accuracy on `n` problems before training and at the end, and every `every`
+    steps (0 = off) on the first `n_periodic` of them (0 = all `n`: cheaper curves mid-run)."""
+
+    every: int = 0
+    n: int = 200
+    n_periodic: int = 0
+    batch_size: int = 64
+    max_new_tokens: int = 16
+    at_start: bool = True
+    at_end: bool = True
+    reward_fn: str = "math_answer"
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 0, "eval.every", self.every, ">= 0")
+        _require(self.n >= 0, "eval.n", self.n, ">= 0")
+        _require(self.n_periodic >= 0, "eval.n_periodic", self.n_periodic, ">= 0 (0 = eval.n)")
+        _require(self.batch_size >= 1, "eval.batch_size", self.batch_size, ">= 1")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Where outputs go and which sinks are on (JSONL is always on)."""
+
+    run_dir: str = "runs/default"
+    tensorboard: bool = False
+    progress: bool = True
+    plots: bool = True
+    level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Save every `every` steps (0 = only at the end if `at_end`); `resume` = checkpoint folder."""
+
+    every: int = 0
+    at_end: bool = False
+    resume: str = ""
+    keep_last: int = 2
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 0, "checkpoint.every", self.every, ">= 0")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, ">= 1")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run; each section goes to its own component."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+
+
+# ---------------------------------------------------------------- typed conversion
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check `value` against a field annotation; widen int->float and list->tuple only."""
+    origin = typing.get_origin(annotation)
+    if origin is tuple:
+        (item_type, _ellipsis) = typing.get_args(annotation)
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"'{key}' expects a list, got {value!r}")
+        return tuple(_coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value))
+    if origin in (types.UnionType, typing.Union):
+        raise AssertionError(f"union annotations are not supported in configs: {key}")
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is bool and not isinstance(value, bool):
+        raise ConfigError(f"'{key}' expects true/false, got {value!r}")
+    if annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"'{key}' expects an int, got {value!r}")
+    if not isinstance(value, annotation):
+        raise ConfigError(f"'{key}' expects {annotation.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    """Instantiate dataclass `cls` from a nested dict, strictly."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"'{prefix or 'config'}' expects a mapping, got {values!r}")
+    hints = _field_types(cls)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        where = f"in '{prefix}'" if prefix else "at top level"
+        raise ConfigError(f"unknown config key '{unknown[0]}' {where}; valid: {sorted(hints)}")
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}" if prefix else name
+        annotation = hints[name]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[name] = _build(annotation, value, key)
+        else:
+            kwargs[name] = _coerce(key, value, annotation)
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config tree as plain YAML-able data (tuples become lists)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(dataclasses.asdict(config))
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# ---------------------------------------------------------------- presets and overrides
+
+
+def preset_names() -> list[str]:
+    """Names of the built-in presets (`configs/*.yaml` without the suffix)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_preset(preset: str) -> dict[str, Any]:
+    path = Path(preset)
+    if not path.suffix:
+        path = PRESET_DIR / f"{preset}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"config '{preset}' is neither a YAML file nor a preset; presets: {preset_names()}"
+        )
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", -1) + 1
+        raise ConfigError(f"config file {path} is not valid YAML (line {line})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
+    return loaded
+
+
+def _override_value(cls: type, dotted: str, raw: str) -> Any:
+    """Parse the text of one override by the target field's type (strings stay verbatim)."""
+    hints = _field_types(cls)
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if part not in hints:
+            where = ".".join(parts[:depth]) or "top level"
+            raise ConfigError(
+                f"unknown config key '{dotted}' (no '{part}' in {where}); valid: {sorted(hints)}"
+            )
+        annotation = hints[part]
+        if depth < len(parts) - 1:
+            if not dataclasses.is_dataclass(annotation):
+                raise ConfigError(f"unknown config key '{dotted}': '{part}' has no sub-keys")
+            hints = _field_types(annotation)
+        elif dataclasses.is_dataclass(annotation):
+            keys = sorted(_field_types(annotation))
+            raise ConfigError(f"'{dotted}' is a section; set one of its keys: {keys}")
+    if annotation is str:
+        return raw
+    if annotation is float:
+        try:  # YAML 1.1 reads '1e-5' (no dot) as a string
+            return float(raw)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"cannot parse value {raw!r} for '{dotted}'") from None
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `section.key=value` strings to a nested dict (validated against Config)."""
+    result = dict(values)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        dotted, raw = item.split("=", 1)
+        value = _override_value(Config, dotted.strip(), raw.strip())
+        nested: Any = value
+        for part in reversed(dotted.strip().split(".")):
+            nested = {part: nested}
+        result = _merge(result, nested)
+    return result
+
+
+def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then `preset` (a name in configs/ or a YAML path), then dotted overrides.
+
+    Raises:
+        ConfigError: unknown preset/key, unparsable YAML, wrong type or out-of-range value.
+    """
+    values = _read_preset(preset) if preset else {}
+    values = apply_overrides(values, list(overrides))
+    return _build(Config, values, "")
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """Rebuild a Config from `to_dict` output (e.g. the copy stored in a checkpoint)."""
+    return _build(Config, values, "")
+
+
+def save_config(config: Config, path: Path) -> Path:
+    """Write the resolved config as YAML (`path` is a file or a folder -> folder/config.yaml)."""
+    path = Path(path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = path / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return path

@@ -1,0 +1,124 @@
+"""Runtime re-placement in a real run: parallel controllers whose device split changes mid-run.
+
+Every step, the phase spans the workers recorded become measured costs (replacement.py) for the
+`Replanner`. When it decides to move, rank 0 exports weights and optimizer state, the workers of
+the old plan are released, the new plan's workers are spawned and import that state at the
+current step (their prompt order and sample seeds continue exactly), and the measured move time
+becomes the planner's new move cost. The timeline keeps every plan's spans plus the moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from yatt.config import Config
+from yatt.control.cluster import Cluster, build_cluster
+from yatt.control.config import ControlConfig, max_new_tokens_at
+from yatt.control.controller import RunResult, add_idle_metrics
+from yatt.control.parallel import ParallelController, ParallelRank
+from yatt.control.placement import Placement, make_placement
+from yatt.control.rank import peak_rss_mb
+from yatt.control.replacement import Decision, Replanner, costs_from_spans
+from yatt.control.timeline import Span
+
+__all__ = ["AdaptiveController"]
+
+logger = logging.getLogger(__name__)
+
+
+class AdaptiveController:
+    """Parallel controllers under runtime re-placement every `control.replace_every` steps.
+
+    `decode_step_s`: seconds of one decode step at batch 1 (the generation floor per token),
+    measured by the caller; the floor of a step is that times the step's response budget.
+    """
+
+    mode = "adaptive"
+
+    def __init__(self, config: Config, control: ControlConfig, decode_step_s: float) -> None:
+        assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
+        self.config, self.control = config, control
+        self.decode_step_s = decode_step_s
+        start_s = time.perf_counter()
+        self.cluster: Cluster = build_cluster(config, control, ParallelRank)
+        self.plan: Placement = self.cluster.placement
+        self.controller = ParallelController(config, control, self.cluster)
+        spawn_s = time.perf_counter() - start_s
+        self.replanner = Replanner(self.plan.n_devices, control.replace_every, spawn_s)
+        self.decisions: list[Decision] = []
+        self._spans: list[tuple[int, str, str, float, float]] = []
+        self._workers: dict[str, dict[str, float]] = {}
+
+    def _drain(self) -> list[tuple[int, str, str, float, float]]:
+        events = []
+        for handle in self.cluster.all_handles():
+            events += handle.call("drain_events")
+        self._spans += events
+        return events
+
+    def _move(self, step: int, plan: Placement) -> float:
+        """Re-place the workers onto `plan` at `step`; returns the seconds it took."""
+        start_s = time.time()
+        state = self.cluster.ranks.handles[0].call("export_state")
+        self._drain()
+        for handle, stats in zip(
+            self.cluster.all_handles(), [h.submit("stats") for h in self.cluster.all_handles()]
+        ):
+            self._workers[f"{self.plan.label()}/{handle.name}"] = stats.result()
+        self.cluster.shutdown()
+        kind_split = 0 if plan.kind == "colocate" else plan.n_sampler
+        self.control = dataclasses.replace(self.control, placement=plan.kind, n_sampler=kind_split)
+        self.cluster = build_cluster(self.config, self.control, ParallelRank)
+        for future in [h.submit("import_state", state, step) for h in self.cluster.all_handles()]:
+            future.result()
+        self.controller = ParallelController(self.config, self.control, self.cluster)
+        self.plan = plan
+        end_s = time.time()
+        self._spans += [(d, "driver", "move", start_s, end_s) for d in range(plan.n_devices)]
+        return end_s - start_s
+
+    def fit(self, steps: int | None = None, progress: Any = None) -> RunResult:
+        total = steps or self.config.train.steps
+        history = []
+        run_start_s = time.perf_counter()
+        for step in range(total):
+            decision = self.replanner.decide(step, self.plan, total - step)
+            move_s = None
+            if decision is not None and decision.switch:
+                move_s = self._move(step, self.replanner.plan_for(decision))
+            if decision is not None:
+                self.decisions.append(decision)
+            self.controller._last_step = total - 1
+            step_start_s = time.perf_counter()
+            metrics = self.controller.step(step)
+            metrics["timing_s/step"] = time.perf_counter() - step_start_s
+            metrics["perf/throughput"] = metrics["batch/tokens"] / metrics["timing_s/step"]
+            metrics["control/move_s"] = move_s or 0.0
+            metrics["control/step_end_s"] = time.time()
+            metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
+            budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
+            spans = [Span(*event) for event in self._drain()]
+            self.replanner.observe(
+                costs_from_spans(spans, 1, gen_floor_s=self.decode_step_s * budget), move_s
+            )
+            history.append(metrics)
+            if progress is not None:
+                progress(step + 1, total, metrics)
+        result = RunResult(history=history, wall_s=time.perf_counter() - run_start_s)
+        for handle in self.cluster.all_handles():
+            self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")
+        result.workers, result.events = self._workers, self._spans
+        result.driver_peak_rss_mb = peak_rss_mb()
+        add_idle_metrics(history, self._spans, self.plan.n_devices)
+        return result
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+
+
+def initial_plan(control: ControlConfig, n_devices: int) -> Placement:
+    """The plan a run starts from."""
+    return make_placement(control.placement, n_devices, control.n_sampler)

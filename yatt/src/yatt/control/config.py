@@ -1,0 +1,121 @@
+"""ControlConfig: how a run is distributed (controller mode, worker backend, placement)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from yatt.errors import ConfigError
+
+__all__ = ["MODES", "ControlConfig", "load_callable", "make_reward_role", "max_new_tokens_at"]
+
+MODES = ("single", "parallel")
+
+
+def _require(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Distribution knobs; results do not depend on `mode` (tested) for a fixed placement.
+
+    mode: "single" (one driver holds the whole batch, as verl) or "parallel" (one controller per
+        data-parallel group of the policy, each with its own shard; only collectives are global).
+    backend: "inprocess" (one process, one device) or "ray" (actors in a placement group). The
+        CLI trains with the single-process `yatt.trainer.Trainer` unless backend is "ray".
+    placement: "colocate", "disaggregated" or "partial" (see placement.py).
+    n_devices: devices to use (0 = all); device_kind: "auto", "cpu" or "cuda".
+    n_sampler: sampler devices for disaggregated/partial (0 = half).
+    max_staleness: policy versions generation may lag in overlapped (disaggregated) plans: 0 or 1.
+    payload_bytes: extra per-sample features (e.g. image embeddings) carried from sampler to
+        trainer, to measure data movement; 0 = none.
+    replace_every: runtime re-placement considers a new plan every K steps (0 = off).
+    oversubscribe: allow more CPU devices than cores (they share cores round-robin); for
+        measuring control overheads with many data-parallel groups on a small machine.
+    length_schedule: "step:tokens" pairs, the response budget from that step on (overrides
+        rollout.max_new_tokens); emulates response lengths that grow during training.
+    extra_rewards: "package.module:function" reward functions (weight 1) every worker imports,
+        added to `reward.fns` (a distributed run cannot ship closures to its workers).
+    """
+
+    mode: str = "parallel"
+    backend: str = "inprocess"
+    placement: str = "colocate"
+    n_devices: int = 0
+    device_kind: str = "auto"
+    n_sampler: int = 0
+    max_staleness: int = 1
+    payload_bytes: int = 0
+    replace_every: int = 0
+    oversubscribe: bool = False
+    length_schedule: tuple[str, ...] = ()
+    extra_rewards: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from yatt.control.devices import DEVICE_KINDS
+        from yatt.control.placement import PLACEMENTS
+        from yatt.control.workers import BACKENDS
+
+        _require(self.mode in MODES, "control.mode", self.mode, f"one of {MODES}")
+        _require(self.backend in BACKENDS, "control.backend", self.backend, f"one of {BACKENDS}")
+        _require(
+            self.placement in PLACEMENTS,
+            "control.placement",
+            self.placement,
+            f"one of {PLACEMENTS}",
+        )
+        _require(
+            self.device_kind in DEVICE_KINDS,
+            "control.device_kind",
+            self.device_kind,
+            f"one of {DEVICE_KINDS}",
+        )
+        _require(self.n_devices >= 0, "control.n_devices", self.n_devices, ">= 0 (0 = all)")
+        _require(self.n_sampler >= 0, "control.n_sampler", self.n_sampler, ">= 0 (0 = half)")
+        _require(
+            self.max_staleness in (0, 1), "control.max_staleness", self.max_staleness, "0 or 1"
+        )
+        _require(self.payload_bytes >= 0, "control.payload_bytes", self.payload_bytes, ">= 0")
+        _require(self.replace_every >= 0, "control.replace_every", self.replace_every, ">= 0")
+        for item in self.length_schedule:
+            step, _, tokens = item.partition(":")
+            _require(
+                step.isdigit() and tokens.isdigit() and int(tokens) > 0,
+                "control.length_schedule",
+                item,
+                "'step:tokens' with tokens >= 1",
+            )
+        for path in self.extra_rewards:
+            _require(":" in path, "control.extra_rewards", path, "'package.module:function'")
+
+
+def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
+    """The response budget of `step` under `control.length_schedule` (else `default`)."""
+    budget = default
+    for item in sorted(control.length_schedule, key=lambda text: int(text.split(":")[0])):
+        start, tokens = (int(part) for part in item.split(":"))
+        if step >= start:
+            budget = tokens
+    return budget
+
+
+def load_callable(path: str):
+    """The function named by "package.module:function"; ConfigError if it cannot be imported."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import reward function {path!r}: {exc}") from None
+    if not callable(function):
+        raise ConfigError(f"reward {path!r} is not callable")
+    return function
+
+
+def make_reward_role(config, control: ControlConfig):
+    """The RewardRole of `config.reward` plus `control.extra_rewards`."""
+    from yatt.roles.reward import RewardRole
+
+    return RewardRole(config.reward, extra=[(load_callable(p), 1.0) for p in control.extra_rewards])

@@ -1,0 +1,72 @@
+"""Devices: one abstraction for GPUs and CPU cores, so placements are testable on a laptop.
+
+A `Device` is one schedulable unit: a CUDA GPU, or one CPU core (a worker placed on a CPU device
+pins itself to that core and runs torch with one thread). Ray sees a device as one bundle of a
+placement group: `{"CPU": 1}` for a core, `{"CPU": 1, "GPU": 1}` for a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from yatt.errors import ConfigError
+
+__all__ = ["DEVICE_KINDS", "Device", "discover_devices"]
+
+DEVICE_KINDS = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device: `kind` "cpu" (a core) or "cuda" (a GPU), `index` among that kind's devices."""
+
+    kind: str
+    index: int
+
+    def __post_init__(self) -> None:
+        assert self.kind in ("cpu", "cuda"), f"device kind {self.kind!r}"
+        assert self.index >= 0, f"device index {self.index}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+    def torch_device(self) -> torch.device:
+        """Where tensors of a worker on this device live."""
+        return torch.device(self.name) if self.kind == "cuda" else torch.device("cpu")
+
+    def ray_bundle(self) -> dict[str, float]:
+        """The placement-group bundle that reserves this device."""
+        return {"CPU": 1.0, "GPU": 1.0} if self.kind == "cuda" else {"CPU": 1.0}
+
+    def bind(self) -> None:
+        """Make the calling process use this device: pin to the core, or select the GPU."""
+        if self.kind == "cuda":
+            torch.cuda.set_device(self.index)
+            return
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[self.index % len(cores)]})
+        torch.set_num_threads(1)
+
+
+def discover_devices(kind: str = "auto", count: int = 0, oversubscribe: bool = False
+                     ) -> list[Device]:  # fmt: skip
+    """The first `count` devices of `kind` (0 = all). "auto" means cuda when present, else cpu.
+    `oversubscribe` allows more CPU devices than cores (device i runs on core i mod cores).
+
+    Raises:
+        ConfigError: unknown kind, or more devices asked for than the machine has.
+    """
+    if kind not in DEVICE_KINDS:
+        raise ConfigError(f"device kind {kind!r} unknown; allowed: {list(DEVICE_KINDS)}")
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    available = torch.cuda.device_count() if kind == "cuda" else len(os.sched_getaffinity(0))
+    if kind == "cpu" and oversubscribe:
+        available = max(available, count)
+    if count < 0 or count > available:
+        raise ConfigError(f"{count} {kind} devices requested; this machine has {available}")
+    return [Device(kind, index) for index in range(count or available)]

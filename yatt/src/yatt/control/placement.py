@@ -1,0 +1,92 @@
+"""Placement plans: which devices each role's workers occupy.
+
+Three schemas (WeChat-YATT's) over `n` devices:
+- colocate: every role on every device; phases run one after another and the idle role's state
+  is offloaded (to host memory on GPUs) between phases.
+- disaggregated: the sampler (with the reward service) on the first `k` devices, the policy on
+  the other `n - k`; generation of step t+1 overlaps training of step t (one step of staleness).
+- partial: the sampler on the first `k` devices and the reward service (a generative reward model)
+  on the next ones, working asynchronously; the policy trains on all `n` devices.
+Runtime re-placement (replacement.py) moves between these plans by changing `kind` and `k`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from yatt.errors import ConfigError
+
+__all__ = ["PLACEMENTS", "ROLES", "Placement", "candidate_placements", "make_placement"]
+
+PLACEMENTS = ("colocate", "disaggregated", "partial")
+ROLES = ("sampler", "reward", "policy")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A plan: `devices[role]` is the sorted tuple of device indices that role's workers use."""
+
+    kind: str
+    n_devices: int
+    devices: dict[str, tuple[int, ...]]
+
+    def __post_init__(self) -> None:
+        assert self.kind in PLACEMENTS, f"placement kind {self.kind!r}"
+        assert set(self.devices) == set(ROLES), f"roles {sorted(self.devices)}"
+        for role, indices in self.devices.items():
+            assert indices, f"role {role} has no devices"
+            assert all(0 <= i < self.n_devices for i in indices), f"{role} on {indices}"
+            assert list(indices) == sorted(set(indices)), f"{role} devices not sorted: {indices}"
+
+    @property
+    def n_sampler(self) -> int:
+        return len(self.devices["sampler"])
+
+    @property
+    def overlapped(self) -> bool:
+        """True when generation runs on devices that training does not need at the same time."""
+        return self.kind != "colocate"
+
+    @property
+    def offloads(self) -> bool:
+        """True when roles time-share devices and swap state between phases."""
+        return bool(set(self.devices["sampler"]) & set(self.devices["policy"]))
+
+    def label(self) -> str:
+        if self.kind == "colocate":
+            return f"colocate({self.n_devices})"
+        return f"{self.kind}(sampler={self.n_sampler}/{self.n_devices})"
+
+
+def make_placement(kind: str, n_devices: int, n_sampler: int = 0) -> Placement:
+    """The plan of `kind` over `n_devices`; `n_sampler` = sampler devices (0 = half, rounded up).
+
+    Raises:
+        ConfigError: unknown kind, or a split that leaves a role without devices.
+    """
+    if kind not in PLACEMENTS:
+        raise ConfigError(f"placement {kind!r} unknown; allowed: {list(PLACEMENTS)}")
+    if n_devices < 1:
+        raise ConfigError(f"placement needs >= 1 device, got n_devices={n_devices}")
+    everything = tuple(range(n_devices))
+    if kind == "colocate":
+        return Placement(kind, n_devices, dict.fromkeys(ROLES, everything))
+    if n_devices < 2:
+        raise ConfigError(f"placement {kind!r} needs >= 2 devices, got n_devices={n_devices}")
+    k = n_sampler or (n_devices + 1) // 2
+    if not 1 <= k < n_devices:
+        raise ConfigError(
+            f"n_sampler={k} invalid for {kind} on {n_devices} devices; expected 1..{n_devices - 1}"
+        )
+    sampler, rest = everything[:k], everything[k:]
+    if kind == "disaggregated":
+        return Placement(kind, n_devices, {"sampler": sampler, "reward": sampler, "policy": rest})
+    return Placement(kind, n_devices, {"sampler": sampler, "reward": rest, "policy": everything})
+
+
+def candidate_placements(n_devices: int) -> list[Placement]:
+    """Every plan runtime re-placement may choose among on `n_devices`."""
+    plans = [make_placement("colocate", n_devices)]
+    for kind in ("disaggregated", "partial"):
+        plans += [make_placement(kind, n_devices, k) for k in range(1, n_devices)]
+    return plans

@@ -1,0 +1,296 @@
+"""RankWorker: the process that runs on one device and hosts a policy rank, a sampler, a reward
+service, or several of them (colocation); in parallel mode it is also the controller of its
+data-parallel group.
+
+Every worker rebuilds the model (a seeded init or a folder) and the prompt set from the Config,
+so a request names prompts by index and no prompt text crosses a process boundary. Phases are
+recorded as (device, role, phase, start, end) events for the timeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from yatt.config import Config
+from yatt.control.config import ControlConfig, make_reward_role
+from yatt.control.devices import Device
+from yatt.control.shards import (
+    Shard,
+    ShardRequest,
+    make_features,
+)
+
+__all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
+
+logger = logging.getLogger(__name__)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def sample_version(step: int, staleness: int, first_step: int = 0) -> int:
+    """The policy version (number of updates) step `step` samples with: `staleness` behind,
+    but never older than the weights a (re)started run began from (`first_step`)."""
+    return max(step - staleness, first_step)
+
+
+def effective_staleness(control: ControlConfig) -> int:
+    """Generation overlaps training (one version behind) only in the disaggregated placement;
+    colocated and partially colocated plans sample with the latest weights."""
+    return control.max_staleness if control.placement == "disaggregated" else 0
+
+
+class Collective:
+    """Global reductions among the policy ranks (torch.distributed: gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self, init_method: str, rank: int, world: int, device: Device) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if device.kind == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+        self.rank, self.world = rank, world
+        self.device = device.torch_device()
+        self.reduce_s = 0.0
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        start_s = time.perf_counter()
+        moved = tensor.to(self.device)
+        dist.all_reduce(moved)
+        self.reduce_s += time.perf_counter() - start_s
+        return moved.to(tensor.device)
+
+    def sum_scalar(self, value: float) -> float:
+        """The sum of `value` over ranks (e.g. the loss normaliser of the global batch)."""
+        return float(self._all_reduce(torch.tensor([value], dtype=torch.float64))[0])
+
+    def sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._all_reduce(tensor)
+
+    def sum_grads(self, params: list[torch.Tensor]) -> None:
+        """Sum gradients over ranks in one flat all-reduce (losses are pre-divided by the
+        global normaliser, so the sum is the full-batch gradient)."""
+        grads = [p.grad for p in params]
+        flat = self._all_reduce(torch.cat([g.flatten() for g in grads]))
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RankWorker:
+    """Hosts the roles in `roles` (subset of "policy", "sampler", "reward") on `device`."""
+
+    def __init__(self, config: Config, control: ControlConfig, device: Device,
+                 roles: tuple[str, ...], name: str) -> None:  # fmt: skip
+        if control.backend == "ray":
+            device.bind()
+        else:
+            torch.set_num_threads(max(config.train.torch_threads, 1))
+        self.device, self.roles, self.name = device, roles, name
+        self.events: list[tuple[int, str, str, float, float]] = []
+        self.collective: Collective | None = None
+        self.rank, self.world = 0, 1
+        self.reset(config, control)
+
+    def reset(self, config: Config, control: ControlConfig) -> None:
+        """(Re)build model, roles and plans from `config`, keeping the process and its process
+        group: a test or benchmark can run several configurations on the same workers."""
+        from yatt.builders import build_data, build_model
+        from yatt.trainer import PromptSampler
+
+        self.config, self.control = config, control
+        model, self.tokenizer = build_model(config.model)
+        model = model.to(self.device.torch_device()).eval()
+        self.train_set, _ = build_data(config.data)
+        self.prompt_sampler = PromptSampler(
+            len(self.train_set), config.data.seed + config.train.seed
+        )
+        self._rendered: dict[int, str] = {}
+        self._planned: dict[int, ShardRequest] = {}
+        self._plan_step = 0
+        self._staged: dict[int, dict[str, torch.Tensor]] = {}
+        self.policy = self._build_policy(model) if "policy" in self.roles else None
+        if self.policy is not None and self.collective is not None:
+            self.policy.collective = self.collective
+        self.rollout = self._build_rollout(model) if "sampler" in self.roles else None
+        self.reward = make_reward_role(config, control) if "reward" in self.roles else None
+        self.weights_version = 0
+        self.sampler: Any = None  # handles used in parallel mode (None = this worker)
+        self.reward_service: Any = None
+        self.owns_sampler = False
+        self._pending: Any = None
+        self.first_step = 0
+
+    # ------------------------------------------------------------------ set-up
+
+    def _build_policy(self, model: torch.nn.Module) -> Any:
+        from yatt.roles.policy import PolicyRole
+
+        cfg = self.config
+        return PolicyRole(
+            model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
+            temperature=cfg.rollout.temperature or 1.0, norm_len=cfg.rollout.max_new_tokens,
+            bf16_autocast=cfg.train.bf16_autocast, shared_prefix=cfg.train.shared_prefix,
+        )  # fmt: skip
+
+    def _build_rollout(self, model: torch.nn.Module) -> Any:
+        from yatt.roles.rollout import RolloutRole
+        from yatt.rollout import make_engine
+
+        engine = make_engine(self.config.rollout.backend, model, self.tokenizer)
+        return RolloutRole(engine, self.tokenizer, self.config.rollout)
+
+    def rendezvous_address(self) -> str:
+        """A tcp:// address on this worker's host with a free port, for the process group."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        host = socket.gethostbyname(socket.gethostname())
+        return f"tcp://{host}:{port}"
+
+    def init_collective(self, init_method: str, rank: int, world: int) -> int:
+        """Join the policy ranks' process group (world > 1) and hook it into the update."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        self.rank, self.world = rank, world
+        if world > 1:
+            self.collective = Collective(init_method, rank, world, self.device)
+            self.policy.collective = self.collective
+        return rank
+
+    def connect(self, sampler: Any, reward_service: Any, owns_sampler: bool) -> None:
+        """Parallel mode: the sampler and reward handles this group calls (None = self)."""
+        self.sampler, self.reward_service, self.owns_sampler = sampler, reward_service, owns_sampler
+
+    @contextmanager
+    def _phase(self, role: str, phase: str) -> Iterator[None]:
+        start_s = time.time()
+        try:
+            yield
+        finally:
+            self.events.append((self.device.index, role, phase, start_s, time.time()))
+
+    def drain_events(self) -> list[tuple[int, str, str, float, float]]:
+        events, self.events = self.events, []
+        return events
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "peak_rss_mb": peak_rss_mb(),
+            "allreduce_s": self.collective.reduce_s if self.collective else 0.0,
+        }
+
+    # ------------------------------------------------------------------ services
+
+    def _prompt(self, index: int) -> str:
+        from yatt.data import render_prompt
+
+        if index not in self._rendered:
+            example = self.train_set[index]
+            self._rendered[index] = render_prompt(
+                example, self.tokenizer, self.config.data.use_chat_template
+            )
+        return self._rendered[index]
+
+    def generate(self, request: ShardRequest, version: int) -> Shard:
+        """Sampler service: the shard's completions (+ features) under policy `version`."""
+        assert self.rollout is not None, f"{self.name} hosts no sampler"
+        if version != self.weights_version:
+            assert version in self._staged, f"{self.name}: weights v{version} never arrived"
+            with self._phase("sampler", "load_weights"):
+                self.rollout.engine.load_state_dict(self._staged[version])
+                self.weights_version = version
+        if request.max_new_tokens:
+            self.rollout.params = dataclasses.replace(
+                self.rollout.params, max_new_tokens=request.max_new_tokens
+            )
+        with self._phase("sampler", "gen"):
+            examples = [self.train_set[i] for i in request.prompt_indices]
+            batch = self.rollout.generate(
+                [self._prompt(i) for i in request.prompt_indices],
+                [{"answer": e.answer, **e.fields} for e in examples],
+                list(request.group_ids), list(request.seeds),
+            )  # fmt: skip
+            features = make_features(request.seeds, self.control.payload_bytes)
+        return Shard(rank=request.rank, step=request.step, batch=batch, features=features)
+
+    def score(self, shard: Shard) -> torch.Tensor:
+        """Reward service: (B,) rewards of the shard's completions."""
+        assert self.reward is not None, f"{self.name} hosts no reward service"
+        with self._phase("reward", "reward"):
+            rewards, _ = self.reward.score(shard.batch)
+        return rewards
+
+    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
+        """Sampler: stage the policy weights of `version` (weight sync). A request names the
+        version it needs, so the order in which pushes and requests arrive does not matter."""
+        assert self.rollout is not None, f"{self.name} hosts no sampler"
+        self._staged[version] = state
+        for old in [v for v in self._staged if v < version - 1]:
+            del self._staged[old]
+        return version
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        return {k: v.detach().to("cpu") for k, v in self.policy.model.state_dict().items()}
+
+    # ------------------------------------------------------------------ training
+
+    def update(self, shard: Shard) -> dict[str, float]:
+        """Policy rank: one update on this shard (advantages set); grads are summed over ranks."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        if self.rollout is not None:  # colocated sampler shares the module: it moves on too
+            self.weights_version += 1
+        with self._phase("policy", "update_actor"):
+            batch = shard.batch
+            if self.config.algo.ppo_passes > 1:
+                batch.old_logp = self.policy.logprobs(batch)
+            metrics = self.policy.update(batch)
+            metrics["batch/feature_checksum"] = float(shard.features.sum(dtype=torch.int64))
+        return metrics
+
+    def export_state(self) -> dict[str, Any]:
+        """Weights and optimizer/scheduler state of this policy rank (for a re-placement)."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        return {"weights": self.weights(), "policy": self.policy.state_dict()}
+
+    def import_state(self, state: dict[str, Any], step: int) -> int:
+        """Continue a run at `step` from `export_state` output: load weights (and optimizer
+        state on policy ranks), and skip the prompts of the steps already done."""
+        for _ in range(step):
+            self.prompt_sampler.take(self.config.algo.prompts_per_step)
+        self._plan_step = self.first_step = self.weights_version = step
+        if self.policy is not None:
+            self.policy.model.load_state_dict(state["weights"])
+            self.policy.load_state_dict(state["policy"])
+        if self.rollout is not None and self.policy is None:
+            self.rollout.engine.load_state_dict(state["weights"])
+        return step
+
+    def checksum(self) -> float:
+        """Sum of |w| over the policy's parameters (tests compare modes with it and `weights`)."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        return float(sum(p.detach().double().abs().sum() for p in self.policy.model.parameters()))

@@ -1,0 +1,164 @@
+"""Runtime re-placement: a cost model fed by measured phase times picks the device split.
+
+Phase costs are kept as *work* (device-seconds per step: a phase that ran 2 s on 3 devices is 6
+device-seconds), which is what the spans of a timeline add up to, whatever the placement was.
+Work divides evenly over the devices a phase gets, except generation's latency floor `floor`:
+decoding the longest response takes one model call per token whatever the batch, so sampling on
+k devices takes floor + gen / k. A step is predicted as:
+
+    colocate(n):          floor + (gen + reward + train) / n + 2 swap        (phases in series)
+    disaggregated(k, n):  max(floor + (gen + reward) / k, train / (n - k) + sync)  (1 stale)
+    partial(k, n):        floor + gen / k + reward / (n - k) + train / n + sync + swap
+
+Short responses make the floor small and colocation wins (no device waits); long responses make
+it large, and overlapping it with training on other devices wins. (A group's controller scores
+its shard after sampling it, so partial colocation runs gen and reward one after the other.)
+
+Every `every_steps` steps the `Replanner` compares the predicted step time of the current plan
+with the best candidate; it moves when the time saved over the look-ahead (the steps left, at
+most `lookahead_steps`: costs measured now are assumed to hold that long) exceeds the measured
+cost of moving (respawning workers and handing over weights and optimizer state).
+Each decision is logged with its numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from yatt.control.placement import Placement, candidate_placements
+from yatt.errors import ConfigError
+
+__all__ = ["Decision", "PhaseCosts", "Replanner", "costs_from_spans", "predict_step_s"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PhaseCosts:
+    """Per-step work in device-seconds (gen, reward, train) and fixed seconds (gen_floor: the
+    sequential decode of the longest response; sync: weight push; swap: offload/onload)."""
+
+    gen_s: float
+    reward_s: float
+    train_s: float
+    sync_s: float = 0.0
+    swap_s: float = 0.0
+    gen_floor_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            assert value >= 0 and math.isfinite(value), f"{item.name}={value}"
+
+    def blend(self, other: PhaseCosts, weight: float) -> PhaseCosts:
+        """Exponential moving average: (1 - weight) * self + weight * other."""
+        return PhaseCosts(**{
+            item.name: (1 - weight) * getattr(self, item.name) + weight * getattr(other, item.name)
+            for item in dataclasses.fields(self)
+        })  # fmt: skip
+
+
+def predict_step_s(costs: PhaseCosts, placement: Placement) -> float:
+    """Predicted seconds per step of `placement` (see the module docstring)."""
+    n, floor = placement.n_devices, costs.gen_floor_s
+    if placement.kind == "colocate":
+        return floor + (costs.gen_s + costs.reward_s + costs.train_s) / n + 2 * costs.swap_s
+    k = placement.n_sampler
+    if placement.kind == "disaggregated":
+        return max(
+            floor + (costs.gen_s + costs.reward_s) / k, costs.train_s / (n - k) + costs.sync_s
+        )
+    rollout_s = floor + costs.gen_s / k + costs.reward_s / (n - k)
+    return rollout_s + costs.train_s / n + costs.sync_s + costs.swap_s
+
+
+def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync_s: float = 0.0,
+                     swap_s: float = 0.0) -> PhaseCosts:  # fmt: skip
+    """Per-step costs from timeline spans (any placement): summed durations per phase; each gen
+    span's share of the floor is taken out of the gen work."""
+    assert steps > 0, f"steps={steps}"
+    work = {"gen": 0.0, "reward": 0.0, "update_actor": 0.0}
+    gen_spans = 0
+    for span in spans:
+        if span.phase in work:
+            work[span.phase] += span.end_s - span.start_s
+            gen_spans += span.phase == "gen"
+    gen_s = max(work["gen"] - gen_spans * gen_floor_s, 0.0)
+    return PhaseCosts(gen_s / steps, work["reward"] / steps, work["update_actor"] / steps,
+                      sync_s, swap_s, gen_floor_s)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One re-placement decision and why it was taken."""
+
+    step: int
+    current: str
+    chosen: str
+    switch: bool
+    predicted_current_s: float
+    predicted_best_s: float
+    move_cost_s: float
+    reason: str
+
+
+class Replanner:
+    """Chooses among the candidate plans every `every_steps` steps from smoothed phase costs."""
+
+    def __init__(
+        self,
+        n_devices: int,
+        every_steps: int,
+        move_cost_s: float,
+        smoothing: float = 0.5,
+        candidates: list[Placement] | None = None,
+        lookahead_steps: int = 0,
+    ) -> None:
+        if every_steps < 1:
+            raise ConfigError(f"re-placement interval {every_steps} must be >= 1 step")
+        if not 0 < smoothing <= 1:
+            raise ConfigError(f"smoothing {smoothing} must be in (0, 1]")
+        self.candidates = candidates or candidate_placements(n_devices)
+        self.every_steps = every_steps
+        self.lookahead_steps = lookahead_steps or 4 * every_steps
+        self.move_cost_s = move_cost_s
+        self.smoothing = smoothing
+        self.costs: PhaseCosts | None = None
+        self.decisions: list[Decision] = []
+
+    def observe(self, costs: PhaseCosts, move_cost_s: float | None = None) -> None:
+        """Feed one step's measured costs (and a measured move, when one just happened)."""
+        self.costs = costs if self.costs is None else self.costs.blend(costs, self.smoothing)
+        if move_cost_s is not None:
+            self.move_cost_s = move_cost_s
+
+    def decide(self, step: int, current: Placement, steps_left: int) -> Decision | None:
+        """At decision steps, the plan to run next (logged); None between decision steps."""
+        if step == 0 or step % self.every_steps or self.costs is None or steps_left <= 0:
+            return None
+        now_s = predict_step_s(self.costs, current)
+        best = min(self.candidates, key=lambda p: predict_step_s(self.costs, p))
+        best_s = predict_step_s(self.costs, best)
+        horizon = min(self.lookahead_steps, steps_left)
+        gain_s = (now_s - best_s) * horizon
+        switch = best != current and gain_s > self.move_cost_s
+        verdict = "move to" if switch else "keep; best alternative"
+        reason = (
+            f"{verdict} {best.label()}: {now_s:.3f} -> {best_s:.3f} s/step over "
+            f"{horizon} steps saves {gain_s:.2f} s vs move cost {self.move_cost_s:.2f} s "
+            f"(gen floor {self.costs.gen_floor_s:.2f} s, work gen {self.costs.gen_s:.2f}, "
+            f"reward {self.costs.reward_s:.2f}, train {self.costs.train_s:.2f} device-s)"
+        )
+        decision = Decision(step, current.label(), (best if switch else current).label(), switch,
+                            now_s, best_s, self.move_cost_s, reason)  # fmt: skip
+        self.decisions.append(decision)
+        logger.info("step %d re-placement (%s): %s", step, current.label(), reason)
+        return decision
+
+    def plan_for(self, decision: Decision) -> Placement:
+        """The Placement a decision chose."""
+        return next(p for p in self.candidates if p.label() == decision.chosen)

@@ -1,0 +1,142 @@
+"""The per-step data plan both controllers share, so their results match for the same seed.
+
+Every process can rebuild the same plan: the prompt order is a seeded permutation, the sample
+seeds and group ids are pure functions of (run seed, step, global row). Data-parallel group r
+owns the r-th contiguous slice of the step's prompts (its shard). A `Shard` is what flows from a
+sampler to a trainer: the RolloutBatch plus optional per-sample features (the payload standing in
+for images or long traces, which is what makes a single controller the bottleneck).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yatt.algos.advantages import compute_advantages
+from yatt.batch import RolloutBatch
+from yatt.errors import ConfigError
+
+__all__ = [
+    "ESTIMATORS",
+    "Shard",
+    "ShardRequest",
+    "batch_sums",
+    "make_features",
+    "plan_shards",
+    "set_advantages",
+    "sums_to_metrics",
+]
+
+# Estimators whose advantages depend only on the rows of one group: a shard holds whole
+# groups, so shard-local and global computation agree exactly.
+ESTIMATORS = ("grpo", "rloo")
+_SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_bytes")
+
+
+@dataclass(frozen=True)
+class ShardRequest:
+    """What data-parallel group `rank` samples at `step`: prompts, group ids, one seed per row,
+    and the response budget (0 = the sampler's configured one)."""
+
+    rank: int
+    step: int
+    prompt_indices: tuple[int, ...]
+    group_ids: tuple[int, ...]
+    seeds: tuple[int, ...]
+    max_new_tokens: int = 0
+
+
+@dataclass
+class Shard:
+    """One group's samples: `batch` (B rows) and `features` (B, payload_bytes) uint8."""
+
+    rank: int
+    step: int
+    batch: RolloutBatch
+    features: Tensor
+
+
+def plan_shards(
+    prompt_indices: list[int],
+    step: int,
+    n_groups: int,
+    n_samples: int,
+    seed: int,
+    max_new_tokens: int = 0,
+) -> list[ShardRequest]:
+    """Split one step's prompts into `n_groups` equal contiguous shards.
+
+    Raises:
+        ConfigError: the prompt count is not a multiple of `n_groups`.
+    """
+    n_prompts = len(prompt_indices)
+    if n_groups < 1 or n_prompts % n_groups:
+        raise ConfigError(
+            f"algo.prompts_per_step={n_prompts} must be a multiple of the "
+            f"{n_groups} data-parallel groups"
+        )
+    per_group = n_prompts // n_groups
+    base = (seed * 1_000_003 + step * 1009) * 4099
+    requests = []
+    for rank in range(n_groups):
+        first = rank * per_group
+        prompts = range(first, first + per_group)
+        rows = range(first * n_samples, (first + per_group) * n_samples)
+        requests.append(ShardRequest(
+            rank=rank, step=step,
+            prompt_indices=tuple(prompt_indices[p] for p in prompts),
+            group_ids=tuple(step * n_prompts + p for p in prompts),
+            seeds=tuple(base + row for row in rows), max_new_tokens=max_new_tokens,
+        ))  # fmt: skip
+    return requests
+
+
+def make_features(seeds: tuple[int, ...], payload_bytes: int) -> Tensor:
+    """(B, payload_bytes) uint8 features, row i filled from seeds[i] (cheap and reproducible)."""
+    features = torch.empty((len(seeds), payload_bytes), dtype=torch.uint8)
+    for row, seed in enumerate(seeds):
+        features[row].fill_(seed % 251)
+    return features
+
+
+def set_advantages(batch: RolloutBatch, estimator: str, norm_std: bool) -> None:
+    """Fill batch.advantages (B, R) from batch.rewards with a group-local estimator."""
+    if estimator not in ESTIMATORS:
+        raise ConfigError(
+            f"algo.name={estimator!r} is not supported by the distributed "
+            f"controllers; supported: {list(ESTIMATORS)}"
+        )
+    assert batch.rewards is not None, "advantages need rewards"
+    advantages, _ = compute_advantages(
+        estimator, rewards=batch.rewards, group_ids=batch.group_ids, norm_std=norm_std
+    )
+    batch.advantages = advantages.expand_as(batch.response_mask) * batch.response_mask
+
+
+def batch_sums(shard: Shard) -> Tensor:
+    """(len(_SUM_KEYS),) float64 sums over the shard's rows; they add up across shards."""
+    batch = shard.batch
+    assert batch.rewards is not None, "sums need rewards"
+    scores = batch.rewards.double()
+    return torch.tensor([
+        float(batch.size), float(scores.sum()), float((scores * scores).sum()),
+        float(batch.response_mask.sum()), float(batch.attention_mask.sum()),
+        float(shard.features.numel()),
+    ], dtype=torch.float64)  # fmt: skip
+
+
+def sums_to_metrics(sums: Tensor) -> dict[str, float]:
+    """Step metrics (the field's names) from summed `batch_sums` of every shard."""
+    values = dict(zip(_SUM_KEYS, sums.tolist()))
+    rows = max(values["rows"], 1.0)
+    mean = values["score"] / rows
+    return {
+        "critic/score/mean": mean,
+        "critic/score/std": max(values["score_sq"] / rows - mean * mean, 0.0) ** 0.5,
+        "response_length/mean": values["response_tokens"] / rows,
+        "batch/rows": values["rows"],
+        "batch/tokens": values["tokens"],
+        "batch/feature_bytes": values["feature_bytes"],
+    }

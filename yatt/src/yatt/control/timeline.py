@@ -1,0 +1,107 @@
+"""Per-device timelines: phase spans from real runs or the simulator, idle fraction, Gantt PNG.
+
+A span is (device, role, phase, start_s, end_s). Busy time of a device is the union of its
+spans (colocated workers overlapping on one device count once); idle fraction = 1 - busy/window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Span", "idle_fractions", "plot_timeline", "spans_from_events"]
+
+PHASE_COLORS = {
+    "gen": "tab:blue",
+    "reward": "tab:orange",
+    "update_actor": "tab:green",
+    "train": "tab:green",
+    "load_weights": "tab:red",
+    "sync": "tab:red",
+    "swap": "tab:gray",
+    "move": "black",
+}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One phase of one role on one device, in seconds on a shared clock."""
+
+    device: int
+    role: str
+    phase: str
+    start_s: float
+    end_s: float
+
+    def __post_init__(self) -> None:
+        assert self.end_s >= self.start_s, f"span ends before it starts: {self}"
+
+
+def spans_from_events(events: Iterable[tuple[int, str, str, float, float]]) -> list[Span]:
+    """Worker event tuples -> spans, with time shifted to start at 0."""
+    spans = [Span(*event) for event in events]
+    origin = min((s.start_s for s in spans), default=0.0)
+    return [Span(s.device, s.role, s.phase, s.start_s - origin, s.end_s - origin) for s in spans]
+
+
+def _busy_s(intervals: list[tuple[float, float]]) -> float:
+    total, current_end = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if start > current_end:
+            total += end - start
+            current_end = end
+        elif end > current_end:
+            total += end - current_end
+            current_end = end
+    return total
+
+
+def idle_fractions(spans: list[Span], n_devices: int, window: tuple[float, float] | None = None
+                   ) -> list[float]:  # fmt: skip
+    """Idle fraction of each device over `window` (default: first start to last end)."""
+    if not spans:
+        return [1.0] * n_devices
+    start_s, end_s = window or (min(s.start_s for s in spans), max(s.end_s for s in spans))
+    length_s = end_s - start_s
+    assert length_s > 0, f"empty window {start_s}..{end_s}"
+    fractions = []
+    for device in range(n_devices):
+        clipped = [
+            (max(s.start_s, start_s), min(s.end_s, end_s))
+            for s in spans
+            if s.device == device and s.end_s > start_s and s.start_s < end_s
+        ]
+        fractions.append(1.0 - _busy_s(clipped) / length_s)
+    return fractions
+
+
+def plot_timeline(spans: list[Span], n_devices: int, path: Path, title: str = "timeline") -> Path:
+    """A Gantt chart: one row per device, one bar per span, coloured by phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.5 * n_devices + 2.0))
+    seen: set[str] = set()
+    for span in spans:
+        color = PHASE_COLORS.get(span.phase, "tab:purple")
+        label = None if span.phase in seen else span.phase
+        seen.add(span.phase)
+        ax.broken_barh(
+            [(span.start_s, span.end_s - span.start_s)],
+            (span.device - 0.4, 0.8),
+            facecolors=color,
+            edgecolor="white",
+            linewidth=0.3,
+            label=label,
+        )
+    idle = idle_fractions(spans, n_devices)
+    ax.set_yticks(range(n_devices), [f"dev {d} (idle {100 * f:.0f}%)" for d, f in enumerate(idle)])
+    ax.set(xlabel="seconds", title=title)
+    ax.legend(fontsize="small", ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,236 @@
+"""Worker groups: a role's workers behind one interface, with two backends.
+
+- `InProcessBackend`: the worker object lives in the calling process; calls run immediately.
+  For small runs and tests (one process; no data-parallel collectives across workers).
+- `RayBackend`: each worker is a Ray actor pinned to one bundle (= one device) of a placement
+  group; several workers may share a device (colocation) with fractional resources.
+
+`WorkerHandle.submit(method, *args)` returns a `Future`; `call` waits for it. Handles count the
+bytes of tensors and texts they pass in both directions (`bytes_moved`), which is how the
+controller benchmarks compare data movement. Only this module and its Ray backend know about Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from yatt.control.devices import Device
+from yatt.errors import ConfigError
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Future",
+    "InProcessBackend",
+    "RayBackend",
+    "WorkerGroup",
+    "WorkerHandle",
+    "make_backend",
+    "payload_nbytes",
+]
+
+logger = logging.getLogger(__name__)
+BACKENDS = ("inprocess", "ray")
+# Up to this many workers may share one device bundle (each asks for 1/this of it).
+MAX_WORKERS_PER_DEVICE = 8
+
+
+def payload_nbytes(value: Any) -> int:
+    """Bytes of the tensors, texts and numbers inside `value` (what a transfer must carry)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, int | float | bool) or value is None:
+        return 8
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(payload_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, dict):
+        return sum(payload_nbytes(k) + payload_nbytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(payload_nbytes(v) for v in value)
+    return 0
+
+
+class Future(ABC):
+    """The pending result of a submitted call."""
+
+    @abstractmethod
+    def result(self) -> Any: ...
+
+
+class _DoneFuture(Future):
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class WorkerHandle(ABC):
+    """One worker on one device."""
+
+    def __init__(self, device: Device, name: str) -> None:
+        self.device = device
+        self.name = name
+        self.bytes_moved = 0
+
+    @abstractmethod
+    def submit(self, method: str, *args: Any) -> Future: ...
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.submit(method, *args).result()
+
+
+class _LocalHandle(WorkerHandle):
+    def __init__(self, worker: Any, device: Device, name: str) -> None:
+        super().__init__(device, name)
+        self.worker = worker
+
+    def submit(self, method: str, *args: Any) -> Future:
+        try:
+            return _DoneFuture(getattr(self.worker, method)(*args))
+        except Exception as exc:  # re-raised by result(), as Ray does
+            return _DoneFuture(error=exc)
+
+
+class _RayFuture(Future):
+    def __init__(self, ref: Any, handle: WorkerHandle) -> None:
+        self._ref, self._handle = ref, handle
+
+    def result(self) -> Any:
+        import ray
+
+        value = ray.get(self._ref)
+        self._handle.bytes_moved += payload_nbytes(value)
+        return value
+
+
+class _RayHandle(WorkerHandle):
+    def __init__(self, actor: Any, device: Device, name: str) -> None:
+        super().__init__(device, name)
+        self.actor = actor
+
+    def submit(self, method: str, *args: Any) -> Future:
+        self.bytes_moved += payload_nbytes(args)
+        return _RayFuture(getattr(self.actor, method).remote(*args), self)
+
+    def __reduce__(self):  # handles travel to other actors (parallel controllers call samplers)
+        return (_RayHandle, (self.actor, self.device, self.name))
+
+
+class Backend(ABC):
+    """Creates workers on devices."""
+
+    name = "backend"
+
+    @abstractmethod
+    def spawn(self, cls: type, device: Device, name: str, *args: Any) -> WorkerHandle: ...
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release the workers and resources this backend created."""
+
+
+class InProcessBackend(Backend):
+    """Workers are plain objects in this process (no pinning: the caller's threads are shared)."""
+
+    name = "inprocess"
+
+    def spawn(self, cls: type, device: Device, name: str, *args: Any) -> WorkerHandle:
+        return _LocalHandle(cls(*args), device, name)
+
+
+class RayBackend(Backend):
+    """Workers are Ray actors on the bundles of one placement group (one bundle per device)."""
+
+    name = "ray"
+
+    def __init__(self, devices: list[Device]) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        if not ray.is_initialized():
+            n_gpus = sum(d.kind == "cuda" for d in devices)
+            ray.init(
+                num_cpus=len(devices),
+                num_gpus=n_gpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        self.devices = devices
+        self.group = placement_group([d.ray_bundle() for d in devices], strategy="PACK")
+        ray.get(self.group.ready(), timeout=120)
+        self._actors: list[Any] = []
+
+    def spawn(self, cls: type, device: Device, name: str, *args: Any) -> WorkerHandle:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self.devices.index(device)
+        share = 1.0 / MAX_WORKERS_PER_DEVICE
+        options = {
+            "num_cpus": share,
+            "num_gpus": share if device.kind == "cuda" else 0,
+            "name": None,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.group, placement_group_bundle_index=bundle
+            ),
+        }
+        actor = ray.remote(cls).options(**options).remote(*args)
+        self._actors.append(actor)
+        return _RayHandle(actor, device, name)
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        remove_placement_group(self.group)
+
+
+def make_backend(name: str, devices: list[Device]) -> Backend:
+    """Backend by name ("inprocess" or "ray"); raises ConfigError for others."""
+    if name == "inprocess":
+        return InProcessBackend()
+    if name == "ray":
+        return RayBackend(devices)
+    raise ConfigError(f"worker backend {name!r} unknown; allowed: {list(BACKENDS)}")
+
+
+class WorkerGroup:
+    """The workers of one role, one per device index in `device_indices`."""
+
+    def __init__(self, role: str, handles: list[WorkerHandle]) -> None:
+        assert handles, f"worker group {role} is empty"
+        self.role = role
+        self.handles = handles
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """The same call on every worker, concurrently; results in worker order."""
+        futures = [h.submit(method, *args) for h in self.handles]
+        return [f.result() for f in futures]
+
+    def call_each(self, method: str, per_worker_args: list[tuple]) -> list[Any]:
+        """Worker i gets `per_worker_args[i]`, concurrently; results in worker order."""
+        assert len(per_worker_args) == len(self.handles), (
+            f"{len(per_worker_args)} argument tuples for {len(self.handles)} workers"
+        )
+        futures = [h.submit(method, *a) for h, a in zip(self.handles, per_worker_args)]
+        return [f.result() for f in futures]
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(h.bytes_moved for h in self.handles)

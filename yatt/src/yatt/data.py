@@ -1,0 +1,277 @@
+"""Prompt datasets: JSONL/parquet loading with row validation, built-in task generators, the
+held-out split, and rendering prompts through the tokenizer's chat template.
+
+Row format: `prompt` (a string, or a list of chat messages {"role", "content"}; `messages` is
+accepted when `prompt` is absent), optional `answer` (string or number), and any extra fields,
+which are kept and passed to reward functions. A malformed row fails the load with a DataError
+naming file, line and problem; `skip_bad_rows=True` skips such rows instead and reports the count.
+"""
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from yatt.errors import ConfigError, DataError, ModelError
+
+__all__ = [
+    "ADDITION_TEMPLATE",
+    "TASKS",
+    "PromptDataset",
+    "PromptExample",
+    "generate_task",
+    "load_prompts",
+    "render_prompt",
+    "save_prompts",
+    "split_heldout",
+]
+
+logger = logging.getLogger(__name__)
+
+ADDITION_TEMPLATE = "What is {a} + {b}? Answer with just the number."
+_RG_TASKS = {
+    "arithmetic": "basic_arithmetic",
+    "countdown": "countdown",
+    "gsm8k_style": "gsm_symbolic",
+}
+TASKS = ("addition", *_RG_TASKS)
+_SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """One prompt: text or chat messages, the reference answer, and any other row fields."""
+
+    prompt: str | list[dict[str, str]]
+    answer: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def reward_fields(self) -> dict[str, Any]:
+        """Keyword arguments for a reward function: `answer` plus the extra fields."""
+        return {**self.fields, "answer": self.answer}
+
+    def to_row(self) -> dict[str, Any]:
+        """The row as written to JSONL/parquet (inverse of loading)."""
+        return {"prompt": self.prompt, "answer": self.answer, **self.fields}
+
+
+class PromptDataset(list):
+    """A list of PromptExample plus `skipped`: one message per bad row skipped while loading."""
+
+    def __init__(self, examples: list[PromptExample], skipped: list[str] | None = None) -> None:
+        super().__init__(examples)
+        self.skipped: list[str] = skipped or []
+
+
+class _RowError(ValueError):
+    """A row problem; the loader adds file and line."""
+
+
+def _parse_messages(messages: list) -> list[dict[str, str]]:
+    if not messages:
+        raise _RowError("field 'prompt' is an empty message list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _RowError(f"message {index} is {type(message).__name__}, expected an object")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise _RowError(f"message {index} needs a string {key!r}, got {message.get(key)!r}")
+    return [dict(message) for message in messages]  # extra keys (name, tool_calls) are kept
+
+
+def _parse_prompt(value: Any) -> str | list[dict[str, str]]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise _RowError("field 'prompt' is empty")
+        return value
+    if isinstance(value, list):
+        return _parse_messages(value)
+    if value is None:
+        raise _RowError("field 'prompt' is null")
+    kind = type(value).__name__
+    raise _RowError(f"field 'prompt' is {kind}, expected a string or a list of chat messages")
+
+
+def _parse_answer(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _RowError(f"field 'answer' is {type(value).__name__}, expected a string or number")
+    return str(value)
+
+
+def _parse_row(row: Any) -> PromptExample:
+    """Validate one decoded row -> PromptExample; raises _RowError naming the problem."""
+    if not isinstance(row, dict):
+        raise _RowError(f"row is a JSON {type(row).__name__}, expected an object")
+    prompt_key = "prompt" if "prompt" in row else "messages"
+    if prompt_key not in row:
+        raise _RowError(f"missing field 'prompt' (keys: {sorted(row)})")
+    prompt = _parse_prompt(row[prompt_key])
+    answer = _parse_answer(row.get("answer"))
+    extra = {key: value for key, value in row.items() if key not in (prompt_key, "answer")}
+    return PromptExample(prompt=prompt, answer=answer, fields=extra)
+
+
+def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
+    """(location, decoded row or _RowError) for each non-blank line of a JSONL file."""
+    rows: list[tuple[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                rows.append(
+                    (f"{path}:{number}", _RowError(f"bad JSON ({exc.msg}, col {exc.colno})"))
+                )
+    return rows
+
+
+def _parquet_rows(path: Path) -> list[tuple[str, Any]]:
+    import pyarrow.parquet as pq  # local: pyarrow is only needed for parquet files
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read parquet file {str(path)!r}: {exc}") from exc
+    return [(f"{path} row {index}", row) for index, row in enumerate(table.to_pylist(), start=1)]
+
+
+def load_prompts(path: str | Path, *, skip_bad_rows: bool = False) -> PromptDataset:
+    """Load prompt rows from a .jsonl or .parquet file.
+
+    Raises DataError (one line: file, line/row, problem) for a missing file, an unknown suffix,
+    a malformed row (unless skip_bad_rows: then skipped, counted in `.skipped` and logged), or
+    a file with no usable rows.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {str(path)!r} does not exist")
+    if path.suffix not in _SUFFIXES:
+        raise DataError(f"data file {str(path)!r}: unknown suffix {path.suffix!r}; use {_SUFFIXES}")
+    rows = _jsonl_rows(path) if path.suffix == ".jsonl" else _parquet_rows(path)
+    examples, skipped = [], []
+    for location, row in rows:
+        try:
+            if isinstance(row, _RowError):
+                raise row
+            examples.append(_parse_row(row))
+        except _RowError as exc:
+            if not skip_bad_rows:
+                raise DataError(f"{location}: {exc}") from None
+            skipped.append(f"{location}: {exc}")
+    if skipped:
+        logger.warning("skipped %d bad rows in %s; first: %s", len(skipped), path, skipped[0])
+    if not examples:
+        raise DataError(f"data file {str(path)!r} has no usable rows ({len(skipped)} bad)")
+    return PromptDataset(examples, skipped)
+
+
+def save_prompts(examples: list[PromptExample], path: str | Path) -> Path:
+    """Write examples as .jsonl or .parquet (by suffix); `load_prompts` reads them back."""
+    path = Path(path)
+    if path.suffix not in _SUFFIXES:
+        raise DataError(f"data file {str(path)!r}: unknown suffix {path.suffix!r}; use {_SUFFIXES}")
+    rows = [example.to_row() for example in examples]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(f"cannot write {str(path)!r} as parquet: {exc}") from exc
+    return path
+
+
+def _addition(n: int, seed: int) -> list[PromptExample]:
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        prompt = ADDITION_TEMPLATE.format(a=a, b=b)
+        examples.append(PromptExample(prompt, str(a + b), {"task": "addition"}))
+    return examples
+
+
+def _reasoning_gym(task: str, n: int, seed: int, opts: dict[str, Any]) -> list[PromptExample]:
+    import reasoning_gym  # local: takes ~1 s to import and only these tasks need it
+
+    dataset_name = _RG_TASKS[task]
+    try:
+        dataset = reasoning_gym.create_dataset(dataset_name, size=n, seed=seed, **opts)
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ConfigError(f"bad options {opts} for task {task!r}: {exc}") from exc
+    suffix = " Answer with just the number." if task == "arithmetic" else ""
+    examples = []
+    for entry in dataset:
+        fields = {"task": task, "rg_dataset": dataset_name, "metadata": entry["metadata"]}
+        examples.append(PromptExample(entry["question"] + suffix, str(entry["answer"]), fields))
+    return examples
+
+
+def generate_task(name: str, n: int, seed: int = 0, **opts: Any) -> list[PromptExample]:
+    """n seeded examples of a built-in task (same seed -> same examples).
+
+    addition: "What is a + b? Answer with just the number." with two-digit a, b (no options).
+    arithmetic / countdown / gsm8k_style: reasoning_gym's basic_arithmetic / countdown /
+    gsm_symbolic (offline), `opts` go to its dataset config; fields carry its metadata.
+    Raises ConfigError for an unknown task, n < 1, or bad options.
+    """
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; valid: {list(TASKS)}")
+    if n < 1:
+        raise ConfigError(f"task {name!r}: n must be >= 1, got {n}")
+    if name == "addition":
+        if opts:
+            raise ConfigError(f"task 'addition' takes no options, got {sorted(opts)}")
+        return _addition(n, seed)
+    return _reasoning_gym(name, n, seed, opts)
+
+
+def _prompt_key(example: PromptExample) -> str:
+    return example.prompt if isinstance(example.prompt, str) else json.dumps(example.prompt)
+
+
+def split_heldout(
+    examples: list[PromptExample], n_heldout: int, seed: int = 0
+) -> tuple[list[PromptExample], list[PromptExample]]:
+    """Seeded split -> (train, heldout) with len(heldout) == n_heldout.
+
+    Train rows whose prompt also appears in the held-out part are dropped (logged), so the
+    held-out score measures unseen prompts. Raises ConfigError unless 0 < n_heldout < len.
+    """
+    if not 0 < n_heldout < len(examples):
+        raise ConfigError(f"n_heldout must be in (0, {len(examples)}), got {n_heldout}")
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    heldout = [examples[index] for index in order[:n_heldout]]
+    heldout_prompts = {_prompt_key(example) for example in heldout}
+    train = [
+        examples[i] for i in order[n_heldout:] if _prompt_key(examples[i]) not in heldout_prompts
+    ]
+    dropped = len(examples) - n_heldout - len(train)
+    if dropped:
+        logger.info("split_heldout: dropped %d train rows duplicating held-out prompts", dropped)
+    return train, heldout
+
+
+def render_prompt(example: PromptExample, tokenizer: Any, use_chat_template: bool = True) -> str:
+    """Prompt text for the model: through the chat template (generation prompt appended), or
+    raw (a message list is then joined by newlines). Raises ModelError if there is no template."""
+    messages = example.prompt
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not use_chat_template:
+        return "\n".join(message["content"] for message in messages)
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "?")
+        raise ModelError(f"tokenizer {name!r} has no chat template; set use_chat_template=False")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

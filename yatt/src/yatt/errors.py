@@ -1,0 +1,27 @@
+"""The yatt exception tree: every error raised for bad user input derives from YattError.
+
+    YattError
+     ├── ConfigError   bad config key/value/type (message names key, value, allowed)
+     ├── DataError     bad dataset file or row (names file, line/row number, field)
+     └── ModelError    model folder missing/unloadable, unknown model name
+
+Messages are one line and name the bad value; entry points print them without a traceback.
+"""
+
+__all__ = ["ConfigError", "DataError", "ModelError", "YattError"]
+
+
+class YattError(Exception):
+    """Base class for errors caused by bad user input (config, data, model folders)."""
+
+
+class ConfigError(YattError):
+    """A config key is unknown, or its value has the wrong type or is out of range."""
+
+
+class DataError(YattError):
+    """A dataset file is missing or unreadable, or one of its rows is malformed."""
+
+
+class ModelError(YattError):
+    """A model folder is missing or unloadable, or a model name is unknown."""

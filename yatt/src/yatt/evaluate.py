@@ -1,0 +1,52 @@
+"""Held-out evaluation: greedy decoding, then the task's reward function as the judge.
+
+Accuracy = fraction of examples whose greedy completion scores >= 1 (e.g. `math_answer`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["evaluate_engine"]
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate_engine(
+    engine: Any,
+    tokenizer: Any,
+    examples: list[Any],
+    *,
+    batch_size: int = 64,
+    max_new_tokens: int = 16,
+    reward_fn: str = "math_answer",
+    use_chat_template: bool = True,
+) -> tuple[float, list[dict[str, Any]]]:
+    """(accuracy in [0, 1], one record per example) for greedy completions of `examples`."""
+    from yatt.data import render_prompt
+    from yatt.rewards import get_reward_fn
+    from yatt.rollout import SamplingParams
+
+    assert examples, "nothing to evaluate"
+    score_fn = get_reward_fn(reward_fn)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, greedy=True)
+    records: list[dict[str, Any]] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        prompts = [render_prompt(e, tokenizer, use_chat_template) for e in chunk]
+        prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        completions = engine.generate(prompt_ids, params)
+        for example, prompt, completion in zip(chunk, prompts, completions):
+            fields = {"answer": example.answer, **example.fields}
+            score = float(score_fn(prompt, completion.text, **fields))
+            records.append(
+                {
+                    "prompt": prompt,
+                    "completion": completion.text,
+                    "answer": example.answer,
+                    "correct": score >= 1.0,
+                }
+            )
+    accuracy = sum(r["correct"] for r in records) / len(records)
+    return accuracy, records

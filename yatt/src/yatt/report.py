@@ -1,0 +1,98 @@
+"""What people see of a run: a rich progress bar, the end-of-run summary table, and the plots.
+
+Only entry points (the CLI, the demo, bench scripts) use this module; the trainer reports through
+a `progress(step, total, metrics)` callback and its metric history.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+__all__ = ["console", "progress_bar", "summary_table", "write_plots"]
+
+console = Console(stderr=True)
+ProgressFn = Callable[[int, int, dict[str, float]], None]
+
+
+@contextmanager
+def progress_bar(
+    total_steps: int, start_step: int = 0, enabled: bool = True
+) -> Iterator[ProgressFn]:
+    """A progress callback showing step, reward (moving average), step time and ETA."""
+    if not enabled:
+        yield lambda step, total, metrics: None
+        return
+    columns = (
+        TextColumn("[bold]step {task.completed:>4.0f}/{task.total:.0f}"),
+        BarColumn(),
+        TextColumn("reward {task.fields[reward]:.3f}"),
+        TextColumn("{task.fields[step_s]:.2f} s/step"),
+        TextColumn("{task.fields[extra]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    rewards: list[float] = []
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(
+            "train", total=total_steps, completed=start_step, reward=0.0, step_s=0.0, extra=""
+        )
+
+        def update(step: int, total: int, metrics: dict[str, float]) -> None:
+            rewards.append(metrics.get("critic/score/mean", 0.0))
+            extra = ""
+            if "eval/accuracy" in metrics:
+                extra = f"acc {100 * metrics['eval/accuracy']:.1f}%"
+            bar.update(
+                task,
+                completed=step,
+                reward=statistics.fmean(rewards[-10:]),
+                step_s=metrics.get("timing_s/step", 0.0),
+                extra=extra,
+            )
+
+        yield update
+
+
+def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]]) -> Table:
+    """Accuracy before/after, reward early vs late, and the mean time of each phase."""
+    steps = [row for row in history if "timing_s/step" in row]
+    table = Table(title="yatt run summary")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    if evals:
+        table.add_row("held-out accuracy (start)", f"{100 * evals[0][1]:.1f}% @ step {evals[0][0]}")
+        for step, accuracy in evals[1:]:
+            table.add_row("held-out accuracy", f"{100 * accuracy:.1f}% @ step {step}")
+    if steps:
+        window = max(1, min(20, len(steps) // 4))
+        early = statistics.fmean(r["critic/score/mean"] for r in steps[:window])
+        late = statistics.fmean(r["critic/score/mean"] for r in steps[-window:])
+        table.add_row(f"reward (first {window} steps)", f"{early:.3f}")
+        table.add_row(f"reward (last {window} steps)", f"{late:.3f}")
+        table.add_row("steps", str(len(steps)))
+        for key in sorted({k for r in steps for k in r if k.startswith("timing_s/")}):
+            mean_s = statistics.fmean(r[key] for r in steps if key in r)
+            if mean_s >= 0.0005:  # phases this algorithm skips stay out of the table
+                table.add_row(f"{key} (mean)", f"{mean_s:.3f}")
+        throughput = statistics.fmean(r["perf/throughput"] for r in steps)
+        table.add_row("perf/throughput (tokens/s)", f"{throughput:.0f}")
+    return table
+
+
+def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
+    """rewards.png (reward + accuracy curves) and timing.png (phase seconds per step)."""
+    from yatt.common.plots import plot_rewards, plot_timings
+
+    run_dir = Path(run_dir)
+    return [
+        plot_rewards(history, run_dir / "rewards.png"),
+        plot_timings(history, run_dir / "timing.png"),
+    ]

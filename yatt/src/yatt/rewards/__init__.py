@@ -1,0 +1,155 @@
+"""Rewards: rule functions, a registry, and CombinedReward (weighted sum with per-part metrics).
+
+A reward function is a plain callable `fn(prompt: str, completion: str, **fields) -> float`.
+`fields` are the dataset row's fields (`PromptExample.reward_fields()`: `answer` plus every extra
+column), so a function must accept `**fields` it does not use. It returns a finite number; one
+that raises or returns anything else makes CombinedReward raise RewardError naming fn and row.
+Batch scorers (the Bradley–Terry model in `rewards.model`, the LLM judge in `rewards.judge`)
+instead provide `score_batch(prompts, completions, rows) -> list[float]` and a `name`.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from math import isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
+from typing import Any
+
+from yatt.errors import ConfigError, YattError
+from yatt.rewards.math import (
+    format_reward,
+    math_answer,
+    math_boxed,
+    reasoning_gym_reward,
+)
+
+__all__ = [
+    "REWARD_FNS",
+    "CombinedReward",
+    "RewardError",
+    "RewardFn",
+    "format_reward",
+    "get_reward_fn",
+    "math_answer",
+    "math_boxed",
+    "reasoning_gym_reward",
+]
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[..., float]
+
+
+class RewardError(YattError):
+    """A reward function raised, or returned something other than a finite number."""
+
+
+def _no_options(fn: RewardFn) -> Callable[..., RewardFn]:
+    def factory(**options: Any) -> RewardFn:
+        if options:
+            raise ConfigError(f"reward {fn.__name__!r} takes no options, got {sorted(options)}")
+        return fn
+
+    return factory
+
+
+# name -> factory(**options) -> reward fn. "format" is never on unless a config names it.
+REWARD_FNS: dict[str, Callable[..., RewardFn]] = {
+    "math_answer": _no_options(math_answer),
+    "math_boxed": _no_options(math_boxed),
+    "reasoning_gym": _no_options(reasoning_gym_reward),
+    "format": format_reward,
+}
+
+
+def get_reward_fn(name: str, **options: Any) -> RewardFn:
+    """The registered reward function `name` built with `options`; ConfigError lists the names."""
+    if name not in REWARD_FNS:
+        raise ConfigError(f"unknown reward {name!r}; valid: {sorted(REWARD_FNS)}")
+    try:
+        return REWARD_FNS[name](**options)
+    except TypeError as exc:
+        raise ConfigError(f"bad options {options} for reward {name!r}: {exc}") from exc
+
+
+def _checked(value: Any, name: str, row: int) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        kind = type(value).__name__
+        raise RewardError(
+            f"reward {name!r} returned {value!r} ({kind}) on row {row}; need a number"
+        )
+    if not isfinite(value):
+        raise RewardError(f"reward {name!r} returned {value!r} on row {row}; need a finite number")
+    return float(value)
+
+
+def _component_name(component: Any) -> str:
+    """A component's metric name: its `name` attribute, function name, or class name."""
+    for attribute in ("name", "__name__"):
+        if isinstance(getattr(component, attribute, None), str):
+            return getattr(component, attribute)
+    return type(component).__name__
+
+
+class CombinedReward:
+    """Weighted sum of reward components; `last_metrics` holds each part's mean of the last call.
+
+    components: (fn or registry name or batch scorer, weight) pairs. Metric keys:
+    `reward/<name>/mean` per component (unweighted), `reward/total/mean`, plus any batch
+    scorer's own `last_metrics` (the judge's `judge/parse_failures`).
+    """
+
+    def __init__(self, components: Sequence[tuple[RewardFn | str | Any, float]]) -> None:
+        if not components:
+            raise ConfigError("CombinedReward needs at least one (reward, weight) component")
+        self.parts: list[tuple[str, Any, float]] = []
+        for component, weight in components:
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise ConfigError(f"reward weight must be a number, got {weight!r}")
+            fn = get_reward_fn(component) if isinstance(component, str) else component
+            name = component if isinstance(component, str) else _component_name(component)
+            if name in {part[0] for part in self.parts}:
+                name = f"{name}_{len(self.parts)}"
+            self.parts.append((name, fn, float(weight)))
+        self.last_metrics: dict[str, float] = {}
+
+    def _score_part(self, name: str, fn: Any, prompts, completions, rows) -> list[float]:
+        if hasattr(fn, "score_batch"):
+            try:
+                values = fn.score_batch(prompts, completions, rows)
+            except RewardError:
+                raise
+            except Exception as exc:  # a user-supplied scorer: name it in the error
+                detail = " ".join(str(exc).split())
+                raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {detail}") from exc
+            if len(values) != len(prompts):
+                raise RewardError(
+                    f"reward {name!r} returned {len(values)} scores for {len(prompts)} rows"
+                )
+            return [_checked(value, name, row) for row, value in enumerate(values)]
+        scores = []
+        for row, (prompt, completion, fields) in enumerate(zip(prompts, completions, rows)):
+            try:
+                value = fn(prompt, completion, **fields)
+            except Exception as exc:  # a user callback: report which fn and row failed
+                detail = " ".join(str(exc).split())  # keep the message on one line
+                message = f"reward {name!r} raised {type(exc).__name__}: {detail} on row {row}"
+                raise RewardError(message) from exc
+            scores.append(_checked(value, name, row))
+        return scores
+
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict[str, Any]]
+    ) -> list[float]:
+        """Total reward per row = sum of weight * component score. Raises RewardError."""
+        assert len(prompts) == len(completions) == len(rows), (
+            f"{len(prompts)} prompts, {len(completions)} completions, {len(rows)} rows"
+        )
+        totals = [0.0] * len(prompts)
+        metrics = {}
+        for name, fn, weight in self.parts:
+            scores = self._score_part(name, fn, prompts, completions, rows)
+            totals = [total + weight * score for total, score in zip(totals, scores)]
+            metrics[f"reward/{name}/mean"] = sum(scores) / max(len(scores), 1)
+            metrics.update(getattr(fn, "last_metrics", None) or {})  # e.g. judge/parse_failures
+        metrics["reward/total/mean"] = sum(totals) / max(len(totals), 1)
+        self.last_metrics = metrics
+        return totals

@@ -1,0 +1,122 @@
+"""Rule-based rewards: math answer checkers, an optional format reward, and reasoning_gym scoring.
+
+All follow the reward-function signature of `yatt.rewards`: fn(prompt, completion, **fields).
+"""
+
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+__all__ = [
+    "extract_boxed",
+    "extract_last_number",
+    "format_reward",
+    "math_answer",
+    "math_boxed",
+    "reasoning_gym_reward",
+]
+
+# A sign counts only when no digit precedes it, so "10-3" reads as 10 and 3, not 10 and -3.
+_NUMBER = re.compile(r"(?:(?<![\d])-)?\d+(?:,\d{3})*(?:\.\d+)?|(?:(?<![\d])-)?\.\d+")
+_ONLY_A_NUMBER = r"\s*-?\d[\d,]*(?:\.\d+)?\s*\.?\s*"
+
+
+def _to_fraction(text: str) -> Fraction | None:
+    """Exact value of a number written with optional sign, thousands commas, decimals, or a/b."""
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_last_number(text: str) -> Fraction | None:
+    """The last number in text ("1,234." -> 1234, "-5" -> -5, "2.50" -> 5/2), or None."""
+    matches = _NUMBER.findall(text)
+    return _to_fraction(matches[-1]) if matches else None
+
+
+def _reference(answer: Any) -> Fraction:
+    if answer is None:
+        raise ValueError("needs an 'answer' field, got None")
+    value = _to_fraction(str(answer))
+    if value is None:
+        raise ValueError(f"reference answer {answer!r} is not a number")
+    return value
+
+
+def math_answer(prompt: str, completion: str, *, answer: Any = None, **_fields: Any) -> float:
+    """1.0 if the last number in the completion equals the numeric reference answer, else 0.0."""
+    reference = _reference(answer)
+    return 1.0 if extract_last_number(completion) == reference else 0.0
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for index in range(begin, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            if depth == 0:
+                return text[begin:index]
+            depth -= 1
+    return None
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+|\$", "", text).rstrip(".")
+
+
+def math_boxed(prompt: str, completion: str, *, answer: Any = None, **_fields: Any) -> float:
+    """1.0 if the last \\boxed{} content equals the answer (numerically if both are numbers)."""
+    if answer is None:
+        raise ValueError("needs an 'answer' field, got None")
+    boxed = extract_boxed(completion)
+    if boxed is None:
+        return 0.0
+    got, want = _to_fraction(_normalise(boxed)), _to_fraction(_normalise(str(answer)))
+    if got is not None and want is not None:
+        return 1.0 if got == want else 0.0
+    return 1.0 if _normalise(boxed) == _normalise(str(answer)) else 0.0
+
+
+def format_reward(pattern: str = _ONLY_A_NUMBER) -> Callable[..., float]:
+    """A reward of 1.0 when the whole completion matches `pattern` (default: just a number).
+
+    Off unless a config asks for it: a small bonus for "only a number" can make a model collapse
+    to well-formatted wrong answers, so weigh it far below the correctness reward if used.
+    """
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def format_match(prompt: str, completion: str, **_fields: Any) -> float:
+        return 1.0 if compiled.fullmatch(completion) else 0.0
+
+    return format_match
+
+
+def _extract_final_answer(completion: str) -> str:
+    tagged = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    if tagged:
+        return tagged[-1].strip()
+    lines = [line.strip() for line in completion.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def reasoning_gym_reward(
+    prompt: str, completion: str, *, answer: Any = None, **fields: Any
+) -> float:
+    """Score with the reasoning_gym dataset's own checker (rows from `generate_task` carry
+    `rg_dataset` and `metadata`); the final answer is the last <answer>...</answer> block or
+    else the last non-empty line of the completion."""
+    import reasoning_gym  # local: ~1 s import, only rows from reasoning_gym tasks need it
+
+    if "rg_dataset" not in fields or "metadata" not in fields:
+        raise ValueError("needs 'rg_dataset' and 'metadata' fields (rows from generate_task)")
+    score_fn = reasoning_gym.get_score_answer_fn(fields["rg_dataset"])
+    entry = {"question": prompt, "answer": answer, "metadata": fields["metadata"]}
+    return float(score_fn(_extract_final_answer(completion), entry))

@@ -1,0 +1,153 @@
+"""Bradley–Terry reward model: train a ScalarHeadModel on (chosen, rejected) text pairs and use
+it to score completions (a batch scorer for CombinedReward).
+
+Each text is tokenised, cut to its last `max_length` tokens and ended with EOS, so the score is
+always read at an EOS token. Loss: -log sigmoid(s_chosen - s_rejected) (Ouyang et al. 2022).
+"""
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from rich.progress import Progress
+from torch import Tensor
+
+from yatt.algos.losses import bradley_terry_loss
+from yatt.errors import ConfigError
+from yatt.heads import ScalarHeadModel
+
+__all__ = ["RewardModelScorer", "encode_texts", "score_texts", "train_reward_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def encode_texts(
+    tokenizer: Any, texts: Sequence[str], max_length: int, device
+) -> tuple[Tensor, Tensor]:
+    """Right-padded ids and mask (N, L) of texts, each cut to its last max_length-1 tokens + EOS."""
+    if max_length < 2:
+        raise ConfigError(f"reward model max_length must be >= 2, got {max_length}")
+    rows = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][-(max_length - 1) :]
+        rows.append([*ids, tokenizer.eos_token_id])
+    width = max(len(row) for row in rows)
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        input_ids[index, : len(row)] = torch.tensor(row)
+        mask[index, : len(row)] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def _device(model: ScalarHeadModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def score_texts(
+    model: ScalarHeadModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 16,
+    max_length: int = 512,
+) -> Tensor:  # fmt: skip
+    """Reward-model scores (N,) float32 of full texts (prompt + completion), in eval mode."""
+    was_training = model.training
+    model.eval()
+    scores = []
+    for start in range(0, len(texts), batch_size):
+        ids, mask = encode_texts(
+            tokenizer, texts[start : start + batch_size], max_length, _device(model)
+        )
+        scores.append(model.sequence_scores(ids, mask).float().cpu())
+    model.train(was_training)
+    return torch.cat(scores) if scores else torch.zeros(0)
+
+
+def _pair_step(model, tokenizer, batch, max_length) -> tuple[Tensor, float]:
+    """BT loss and accuracy of one batch of (chosen, rejected) pairs (one forward of 2N rows)."""
+    texts = [chosen for chosen, _ in batch] + [rejected for _, rejected in batch]
+    ids, mask = encode_texts(tokenizer, texts, max_length, _device(model))
+    scores = model.sequence_scores(ids, mask)  # (2N,)
+    chosen, rejected = scores[: len(batch)], scores[len(batch) :]
+    accuracy = float((chosen > rejected).float().mean())
+    return bradley_terry_loss(chosen, rejected), accuracy
+
+
+def _check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
+    if not pairs:
+        raise ConfigError("train_reward_model needs at least one (chosen, rejected) pair")
+    for index, pair in enumerate(pairs):
+        if len(pair) != 2 or not all(isinstance(text, str) for text in pair):
+            raise ConfigError(
+                f"preference pair {index} must be (chosen: str, rejected: str), got {pair!r}"
+            )
+
+
+def train_reward_model(
+    model: ScalarHeadModel,
+    tokenizer: Any,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    epochs: int = 1,
+    batch_size: int = 8,
+    lr: float = 1e-4,
+    max_length: int = 512,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    show_progress: bool = False,
+) -> list[dict[str, float]]:
+    """Train `model` in place with the Bradley–Terry loss; returns per-step {"loss", "accuracy"}.
+
+    pairs: (chosen_text, rejected_text), each a full prompt + completion. Batches are shuffled
+    by `seed`; AdamW with gradient clipping. Raises ConfigError for empty or malformed pairs.
+    """
+    _check_pairs(pairs)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    n_steps = epochs * ((len(pairs) + batch_size - 1) // batch_size)
+    history = []
+    model.train()
+    with Progress(disable=not show_progress) as progress:
+        task = progress.add_task("reward model", total=n_steps)
+        for epoch in range(epochs):
+            order = torch.randperm(len(pairs), generator=generator).tolist()
+            for start in range(0, len(pairs), batch_size):
+                batch = [pairs[index] for index in order[start : start + batch_size]]
+                loss, accuracy = _pair_step(model, tokenizer, batch, max_length)
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                optimizer.step()
+                history.append({"loss": loss.item(), "accuracy": accuracy})
+                progress.update(task, advance=1, description=f"rm loss {loss.item():.3f}")
+            logger.info("reward model epoch %d: last loss %.4f", epoch, history[-1]["loss"])
+    model.eval()
+    return history
+
+
+class RewardModelScorer:
+    """Batch scorer for CombinedReward: the BT model's score of prompt + completion."""
+
+    name = "reward_model"
+
+    def __init__(self, model: ScalarHeadModel, tokenizer: Any, *, batch_size: int = 16,
+                 max_length: int = 512) -> None:  # fmt: skip
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.max_length = batch_size, max_length
+
+    def score_batch(
+        self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict]
+    ) -> list[float]:
+        """Scores (one float per row) of prompt + completion texts; rows are unused."""
+        texts = [prompt + completion for prompt, completion in zip(prompts, completions)]
+        scores = score_texts(
+            self.model,
+            self.tokenizer,
+            texts,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+        )
+        return scores.tolist()

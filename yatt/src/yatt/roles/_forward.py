@@ -1,0 +1,110 @@
+"""Response-only forward passes shared by the policy, reference and critic roles.
+
+Rows are `[left-padded prompt P][right-padded response R]` (see yatt.batch). Only the R+1 last
+positions go through the LM head (`logits_to_keep`): the prompt's logits are never needed, and the
+head is about a fifth of SmolLM2-135M's per-token compute.
+"""
+
+import inspect
+
+import torch
+from torch import Tensor
+
+from yatt.algos.logprobs import position_ids_from_mask
+
+
+def trim_columns(
+    input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, prompt_width: int
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Drop prompt columns that are padding in every row and response columns past the longest
+    response. Returns the trimmed (input_ids, attention_mask, response_mask, prompt_width)."""
+    prompt_used = attention_mask[:, :prompt_width].bool().any(dim=0)  # (P,)
+    first = int(prompt_used.nonzero()[0]) if bool(prompt_used.any()) else prompt_width - 1
+    response_len = max(int(response_mask.sum(dim=1).max()), 1)
+    end = prompt_width + response_len
+    return (
+        input_ids[:, first:end],
+        attention_mask[:, first:end],
+        response_mask[:, :response_len],
+        prompt_width - first,
+    )
+
+
+def response_logits(model, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
+    """Logits (B, R, V) predicting each response token (column P+t is predicted at P+t-1)."""
+    response_width = input_ids.shape[1] - prompt_width
+    assert response_width >= 1, f"no response columns (width {input_ids.shape[1]})"
+    assert prompt_width >= 1, "a response needs at least one prompt token before it"
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        logits_to_keep=response_width + 1,
+        use_cache=False,
+    )
+    logits = output.logits[:, :-1]  # (B, R, V)
+    assert logits.shape[1] == response_width, f"{tuple(logits.shape)} vs R={response_width}"
+    return logits
+
+
+def _cache_kwarg(model) -> str:
+    # transformers >= 5.2x calls the argument `cache`; earlier 5.x `past_key_values`.
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def shared_prefix_logits(
+    model, input_ids: Tensor, attention_mask: Tensor, prompt_width: int, group_ids: Tensor
+) -> Tensor:
+    """Like `response_logits`, but each distinct prompt (one per group id) goes through the
+    model once and its KV cache is repeated for the group's rows; gradients flow through the
+    shared prompt pass, so loss and gradient equal the row-by-row ones (up to rounding)."""
+    response_width = input_ids.shape[1] - prompt_width
+    assert response_width >= 1 and prompt_width >= 1, f"P={prompt_width} R={response_width}"
+    groups, inverse = torch.unique(group_ids, return_inverse=True)  # (G,), (b,)
+    first_row = torch.full((len(groups),), input_ids.shape[0], dtype=torch.long)
+    first_row = first_row.scatter_reduce(0, inverse, torch.arange(len(inverse)), reduce="amin")
+    prefix_ids = input_ids[first_row, :prompt_width]  # (G, P)
+    assert torch.equal(prefix_ids[inverse], input_ids[:, :prompt_width]), "a group mixes prompts"
+    prefix_mask = attention_mask[first_row, :prompt_width]
+    cache_kwarg = _cache_kwarg(model)
+    output = model(input_ids=prefix_ids, attention_mask=prefix_mask,
+                   position_ids=position_ids_from_mask(prefix_mask), use_cache=True,
+                   logits_to_keep=1)  # fmt: skip
+    first_logits = output.logits[inverse]  # (b, 1, V): predicts response token 0
+    if response_width == 1:
+        return first_logits
+    cache = output.cache if hasattr(output, "cache") else output.past_key_values
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
+    full_mask = attention_mask[:, : prompt_width + response_width - 1]
+    positions = position_ids_from_mask(full_mask)[:, prompt_width:]
+    output = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=full_mask,
+                   position_ids=positions, use_cache=True, **{cache_kwarg: cache})  # fmt: skip
+    logits = torch.cat([first_logits, output.logits], dim=1)  # (b, R, V)
+    assert logits.shape[1] == response_width, f"{tuple(logits.shape)} vs R={response_width}"
+    return logits
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of `targets` (B, R) under softmax(logits / temperature), and the entropy (B, R)
+    (detached; None unless asked)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_norm = torch.logsumexp(logits, dim=-1)  # (B, R)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            probs = torch.softmax(logits, dim=-1)
+            entropy = log_norm - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+def chunks(rows: list[int], size: int) -> list[list[int]]:
+    """`rows` split into consecutive lists of at most `size`."""
+    assert size >= 1, f"chunk size {size}"
+    return [rows[i : i + size] for i in range(0, len(rows), size)]

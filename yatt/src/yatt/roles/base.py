@@ -1,0 +1,21 @@
+"""The small interface every role worker implements (a later issue wraps roles as Ray actors).
+
+A role holds all its state explicitly (no globals), so it can move into another process: it
+exposes `state_dict`/`load_state_dict` for checkpoints and `name` for logs and metrics.
+"""
+
+from typing import Any
+
+
+class Role:
+    """Base class of the in-process role workers (policy, reference, critic, reward, rollout)."""
+
+    name: str = "role"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume this role exactly (empty for stateless roles)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        assert not state, f"{self.name} role is stateless but got state keys {sorted(state)}"

@@ -1,0 +1,113 @@
+"""Critic role (PPO): a ScalarHeadModel giving a value per response token, trained on returns.
+
+Value t is read at column P+t-1, the state just before response token t is sampled, so values
+align with the response log-probs (B, R).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yatt.algos.losses import loss_normalizer, value_loss
+from yatt.batch import RolloutBatch
+from yatt.config import AlgoConfig, OptimConfig
+from yatt.roles._forward import chunks, trim_columns
+from yatt.roles.base import Role
+from yatt.roles.policy import lr_lambda
+
+__all__ = ["CriticRole"]
+
+
+class CriticRole(Role):
+    """Values (B, R) and a clipped value-loss update with its own AdamW."""
+
+    name = "critic"
+
+    def __init__(self, model: Any, *, algo: AlgoConfig, optim: OptimConfig, total_updates: int):
+        self.model = model
+        self.algo = algo
+        self.optim = optim
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=optim.critic_lr, betas=(optim.beta1, optim.beta2), eps=optim.eps
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_updates)
+        )
+
+    @classmethod
+    def from_policy(cls, policy_model: torch.nn.Module, **kwargs: Any) -> CriticRole:
+        """A critic whose backbone starts as a copy of the policy's decoder, with a new head."""
+        from yatt.heads import ScalarHeadModel
+
+        return cls(ScalarHeadModel.from_causal_lm(copy.deepcopy(policy_model)), **kwargs)
+
+    def _values(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
+        ids, attention, mask, prompt_width = trim_columns(
+            micro.input_ids, micro.attention_mask, micro.response_mask, micro.prompt_width
+        )
+        width = mask.shape[1]
+        scalars = self.model(ids, attention)  # (b, W)
+        return scalars[:, prompt_width - 1 : prompt_width - 1 + width], mask
+
+    @torch.no_grad()
+    def values(self, batch: RolloutBatch) -> Tensor:
+        """Values (B, R) of the states before each response token; 0 on padding."""
+        self.model.eval()
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        for rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
+            values, mask = self._values(batch.select(rows))
+            out[rows, : mask.shape[1]] = values.float() * mask
+        return out
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """`algo.ppo_passes` steps of the clipped value loss; returns critic/* metrics."""
+        batch.check("values", "returns")
+        self.model.train()
+        normalizer = loss_normalizer(batch.response_mask, self.algo.loss_agg)
+        metrics: dict[str, float] = {}
+        for _ in range(self.algo.ppo_passes):
+            self.optimizer.zero_grad(set_to_none=False)
+            total = 0.0
+            for rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
+                micro = batch.select(rows)
+                values, mask = self._values(micro)
+                width = mask.shape[1]
+                loss, _ = value_loss(
+                    values, micro.values[:, :width], micro.returns[:, :width], mask,
+                    clip=self.algo.value_clip, agg=self.algo.loss_agg, normalizer=normalizer,
+                )  # fmt: skip
+                loss.backward()
+                total += float(loss.detach())
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if self.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, self.optim.grad_clip)
+            self.optimizer.step()
+            metrics = {"critic/vf_loss": total}
+        self.scheduler.step()
+        self.model.eval()
+        mask = batch.response_mask
+        metrics["critic/values/mean"] = float((batch.values * mask).sum() / mask.sum().clamp(min=1))
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_pretrained(self, folder: Path) -> Path:
+        return self.model.save(folder)
+
+    def load_pretrained(self, folder: Path) -> None:
+        """Load weights saved by `save_pretrained` into this critic in place."""
+        from yatt.heads import ScalarHeadModel
+
+        loaded = ScalarHeadModel.from_pretrained(folder)
+        self.model.load_state_dict(loaded.state_dict())

@@ -1,0 +1,246 @@
+"""Policy role: the trained model, its AdamW optimizer and LR schedule, log-probs and the update.
+
+The update accumulates gradients over micro-batches with every micro-batch's loss divided by the
+normaliser of the whole batch (`loss_normalizer`), so the gradient equals the full-batch one.
+Rows whose advantages are all exactly zero carry exactly zero policy gradient when there is no KL
+or entropy term in the loss; they are skipped (no forward, no backward) while the normaliser still
+counts them, so the result is unchanged (tested in test_roles_policy.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yatt.algos.kl import kl_loss
+from yatt.algos.losses import loss_normalizer, policy_loss
+from yatt.batch import RolloutBatch
+from yatt.config import AlgoConfig, OptimConfig
+from yatt.roles._forward import (
+    chunks,
+    response_logits,
+    shared_prefix_logits,
+    token_logprobs_and_entropy,
+    trim_columns,
+)
+from yatt.roles.base import Role
+
+__all__ = ["PolicyRole", "lr_lambda"]
+
+logger = logging.getLogger(__name__)
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
+    """Multiplier of the base LR at optimizer step s (linear: 1 -> 0 at `total_steps`)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+        progress = min(progress, 1.0)
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class PolicyRole(Role):
+    """The trained policy (an HF causal LM), updated in place."""
+
+    name = "policy"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        algo: AlgoConfig,
+        optim: OptimConfig,
+        total_updates: int,
+        temperature: float = 1.0,
+        norm_len: int | None = None,
+        bf16_autocast: bool = False,
+        shared_prefix: bool = True,
+    ) -> None:
+        self.model = model
+        self.shared_prefix = shared_prefix
+        self.algo = algo
+        self.optim = optim
+        self.temperature = temperature
+        self.norm_len = norm_len
+        self.bf16_autocast = bf16_autocast
+        # Set by a data-parallel controller: an object with sum_scalar(float) and
+        # sum_grads(params) over the policy ranks; None on a single process.
+        self.collective: Any = None
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+            weight_decay=optim.weight_decay, fused=True,
+        )  # fmt: skip
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_updates)
+        )
+        # Gradients live as zero tensors, never None: AdamW skips a None-grad parameter but
+        # updates a zero-grad one (momentum), and skipping must not change the result.
+        for param in params:
+            param.grad = torch.zeros_like(param)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if not self.bf16_autocast:
+            return contextlib.nullcontext()
+        device_type = next(self.model.parameters()).device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch) -> Tensor:
+        """Log-probs (B, R) of the batch's response tokens under the current weights."""
+        return compute_logprobs(
+            self.model,
+            batch,
+            self.algo.micro_batch_size,
+            self.temperature,
+            self._autocast,
+            self.shared_prefix,
+        )
+
+    def _trained_rows(self, batch: RolloutBatch) -> list[int]:
+        needs_every_row = (self.algo.kl_coef > 0 and not self.algo.kl_in_reward) or (
+            self.algo.entropy_coef != 0
+        )
+        if needs_every_row or not self.algo.skip_zero_adv:
+            return list(range(batch.size))
+        assert batch.advantages is not None
+        nonzero = (batch.advantages * batch.response_mask).abs().sum(dim=1) > 0  # (B,)
+        return nonzero.nonzero().flatten().tolist()
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """`algo.ppo_passes` optimizer steps on the batch; returns actor/* metrics.
+
+        Needs batch.advantages; uses batch.old_logp when set (else the detached current
+        log-probs: exact for one on-policy pass) and batch.ref_logp for a KL loss term.
+        """
+        batch.check("advantages")
+        self.model.train()
+        totals: dict[str, float] = {}
+        for _ in range(self.algo.ppo_passes):
+            totals = self._one_pass(batch)
+        self.scheduler.step()
+        self.model.eval()
+        return totals
+
+    def _one_pass(self, batch: RolloutBatch) -> dict[str, float]:
+        mask = batch.response_mask
+        normalizer = loss_normalizer(mask, self.algo.loss_agg, self.norm_len)
+        if self.collective is not None:  # every rank divides by the global batch's normaliser
+            normalizer = self.collective.sum_scalar(normalizer)
+        total_tokens = max(float(mask.sum()), 1.0)
+        rows = self._trained_rows(batch)
+        sums = {"actor/pg_loss": 0.0, "actor/clipfrac": 0.0, "actor/ppo_kl": 0.0}
+        for param_group in self.optimizer.param_groups:
+            for param in param_group["params"]:
+                param.grad.zero_()
+        for micro_rows in chunks(rows, self.algo.micro_batch_size):
+            micro_metrics = self._micro_step(batch.select(micro_rows), normalizer)
+            weight = float(batch.response_mask[micro_rows].sum()) / total_tokens
+            sums["actor/pg_loss"] += micro_metrics["pg_loss"]
+            sums["actor/clipfrac"] += micro_metrics["actor/pg_clipfrac"] * weight
+            sums["actor/ppo_kl"] += micro_metrics["actor/ppo_kl"] * weight
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if self.collective is not None:
+            self.collective.sum_grads(params)
+        if self.optim.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.optim.grad_clip)
+        else:
+            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        sums["actor/grad_norm"] = float(grad_norm)
+        sums["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        sums["actor/trained_rows_frac"] = len(rows) / max(batch.size, 1)
+        self.optimizer.step()
+        return sums
+
+    def _micro_step(self, micro: RolloutBatch, normalizer: float) -> dict[str, float]:
+        ids, attention, mask, prompt_width = trim_columns(
+            micro.input_ids, micro.attention_mask, micro.response_mask, micro.prompt_width
+        )
+        width = mask.shape[1]
+        with self._autocast():
+            logits = _logits(
+                self.model, ids, attention, prompt_width, micro.group_ids, self.shared_prefix
+            )
+        logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], self.temperature, False)
+        old_logp = logp.detach() if micro.old_logp is None else micro.old_logp[:, :width]
+        assert micro.advantages is not None
+        loss, metrics = policy_loss(
+            logp, old_logp, micro.advantages[:, :width], mask,
+            clip_low=self.algo.clip_low, clip_high=self.algo.clip_high, agg=self.algo.loss_agg,
+            normalizer=normalizer, norm_len=self.norm_len,
+        )  # fmt: skip
+        metrics["pg_loss"] = float(loss.detach())
+        if self.algo.kl_coef > 0 and not self.algo.kl_in_reward:
+            assert micro.ref_logp is not None, "KL loss needs reference log-probs"
+            loss = loss + self.algo.kl_coef * kl_loss(
+                logp, micro.ref_logp[:, :width], mask, kind=self.algo.kl_kind,
+                agg=self.algo.loss_agg, normalizer=normalizer,
+            )  # fmt: skip
+        if self.algo.entropy_coef != 0:
+            loss = loss - self.algo.entropy_coef * _entropy_term(logits, mask, normalizer)
+        loss.backward()
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_pretrained(self, folder: Path, tokenizer: Any) -> Path:
+        """Weights + tokenizer as a safetensors folder `from_pretrained` reads."""
+        from yatt.models import save_checkpoint
+
+        return save_checkpoint(self.model, tokenizer, folder)
+
+
+def _entropy_term(logits: Tensor, mask: Tensor, normalizer: float) -> Tensor:
+    """Summed masked entropy / normaliser, with gradient (only built when entropy_coef != 0)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)  # (B, R)
+    return (entropy * mask).sum() / normalizer
+
+
+def _logits(
+    model, ids: Tensor, attention: Tensor, prompt_width: int, group_ids: Tensor, shared_prefix: bool
+) -> Tensor:
+    if shared_prefix:
+        return shared_prefix_logits(model, ids, attention, prompt_width, group_ids)
+    return response_logits(model, ids, attention, prompt_width)
+
+
+def compute_logprobs(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    micro_batch_size: int,
+    temperature: float,
+    autocast: Any = contextlib.nullcontext,
+    shared_prefix: bool = True,
+) -> Tensor:
+    """Response log-probs (B, R) under `model`, micro-batched, without gradient; 0 on padding."""
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+    for rows in chunks(list(range(batch.size)), micro_batch_size):
+        micro = batch.select(rows)
+        ids, attention, mask, prompt_width = trim_columns(
+            micro.input_ids, micro.attention_mask, micro.response_mask, micro.prompt_width
+        )
+        with torch.no_grad(), autocast():
+            logits = _logits(model, ids, attention, prompt_width, micro.group_ids, shared_prefix)
+        logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], temperature, False)
+        out[rows, : mask.shape[1]] = logp.float() * mask
+    return out

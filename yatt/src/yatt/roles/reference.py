@@ -1,0 +1,43 @@
+"""Reference role: a frozen copy of the initial policy, used only for KL log-probs.
+
+The trainer does not build it when the KL coefficient is 0 (no memory, no forward passes).
+"""
+
+import copy
+
+import torch
+from torch import Tensor
+
+from yatt.batch import RolloutBatch
+from yatt.roles.base import Role
+from yatt.roles.policy import compute_logprobs
+
+__all__ = ["ReferenceRole"]
+
+
+class ReferenceRole(Role):
+    """Frozen model; `logprobs(batch)` -> (B, R)."""
+
+    name = "reference"
+
+    def __init__(
+        self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float,
+        shared_prefix: bool = True,
+    ) -> None:  # fmt: skip
+        self.model = copy.deepcopy(model).eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+            param.grad = None
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.shared_prefix = shared_prefix
+
+    def logprobs(self, batch: RolloutBatch) -> Tensor:
+        """Response log-probs (B, R) under the reference weights."""
+        return compute_logprobs(
+            self.model,
+            batch,
+            self.micro_batch_size,
+            self.temperature,
+            shared_prefix=self.shared_prefix,
+        )

@@ -1,0 +1,143 @@
+"""Reference rollout backend: Hugging Face `model.generate` behind the RolloutEngine interface.
+
+Used to check yatt's engine (greedy outputs must match token for token) and as a baseline in
+`bench/rollout.py`. HF samples a batch from one global generator, so seeds here make a whole
+batch reproducible, not each row on its own.
+"""
+
+import logging
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from yatt.rollout.engine import (
+    Completion,
+    _append_token,
+    _check_request,
+    _pad_token_id,
+    _Row,
+    eos_token_ids,
+)
+from yatt.rollout.sampling import SamplingParams
+
+__all__ = ["HFGenerateEngine"]
+
+logger = logging.getLogger(__name__)
+
+
+class HFGenerateEngine:
+    """Wraps `model.generate` (left padding, KV cache, HF logits warpers and stop strings)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else model.device
+        self._pad_id = _pad_token_id(tokenizer)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy new weights into the sampled model (for a separate, non-shared copy)."""
+        self.model.load_state_dict(state)
+
+    def generate_text(
+        self, prompts: list[str], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Completion]:
+        """Tokenize raw text prompts (no chat template, no added special tokens) and generate."""
+        prompt_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(prompt_ids, params, seeds)
+
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Completion]:
+        """Sample one completion per prompt with `model.generate`; see RolloutEngine.generate.
+
+        Raises:
+            ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
+        """
+        _check_request(prompt_ids, seeds)
+        input_ids, attention_mask = self._left_pad(prompt_ids)
+        eos_ids = eos_token_ids(self.model, self.tokenizer)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
+                if seeds is not None:
+                    torch.manual_seed(hash(tuple(seeds)) % 2**63)
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    **self._generate_kwargs(params, sorted(eos_ids)),
+                )
+        finally:
+            self.model.train(was_training)
+        generated = out.sequences[:, input_ids.shape[1] :]  # (B, n <= N)
+        # scores[t] (B, V) holds the processed logits of step t: the sampling distribution.
+        token_logps = torch.stack(
+            [
+                scores.float().log_softmax(-1).gather(-1, generated[:, t, None]).squeeze(-1)
+                for t, scores in enumerate(out.scores)
+            ],
+            dim=1,
+        ).tolist()  # (B, n)
+        new_tokens = generated.tolist()
+        return [
+            self._completion(p, toks, lps, params, eos_ids)
+            for p, toks, lps in zip(prompt_ids, new_tokens, token_logps)
+        ]
+
+    def _generate_kwargs(self, params: SamplingParams, eos_ids: list[int]) -> dict:
+        kwargs = dict(
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=eos_ids,
+            pad_token_id=self._pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+            use_cache=True,
+        )
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if params.is_greedy:
+            return kwargs | dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kwargs | dict(
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+        )
+
+    def _completion(
+        self,
+        prompt: list[int],
+        tokens: list[int],
+        logps: list[float],
+        params: SamplingParams,
+        eos_ids: set[int],
+    ) -> Completion:
+        # Replay the same stop rules as RolloutEngine: HF pads finished rows, and the padding
+        # may be the EOS id itself, so the first stop decides where the completion ends.
+        row = _Row(prompt_ids=list(prompt))
+        for token, logp in zip(tokens, logps):
+            _append_token(row, token, logp, params, eos_ids, self.tokenizer)
+            if row.finish_reason is not None:
+                break
+        assert row.finish_reason is not None, f"HF generate ended a row early: {row.token_ids}"
+        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        return Completion(row.prompt_ids, row.token_ids, text, row.finish_reason, row.logprobs)
+
+    def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for i, ids in enumerate(prompt_ids):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids) :] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def _rng_devices(self) -> list:
+        return [self.device] if self.device.type == "cuda" else []

@@ -1,0 +1,441 @@
+"""The single-process RL trainer: `Trainer(config).fit()` runs GRPO, PPO, RLOO or REINFORCE++.
+
+One step is a list of named, timed phases: gen (+ reward, with DAPO refills), old_logp (skipped
+for one on-policy pass: the detached current log-probs are the old ones), ref (only with KL),
+values (PPO), adv, update (policy, critic), weight_sync. Each step emits a flat metrics dict
+(`critic/score/mean`, `timing_s/gen`, `perf/throughput`, ...) to JSONL and optional TensorBoard.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yatt.algos.advantages import compute_advantages, dynamic_sampling_mask
+from yatt.algos.kl import kl_penalty_token_rewards
+from yatt.algos.losses import overlong_penalty
+from yatt.batch import RolloutBatch
+from yatt.checkpoint import load_trainer_state, save_training_checkpoint
+from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
+from yatt.common.seeding import rng_state, seed_everything, set_rng_state
+from yatt.config import Config, save_config
+from yatt.roles.critic import CriticRole
+from yatt.roles.policy import PolicyRole
+from yatt.roles.reference import ReferenceRole
+from yatt.roles.reward import RewardRole
+from yatt.roles.rollout import RolloutRole
+
+__all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
+
+logger = logging.getLogger(__name__)
+_ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "gae"}
+
+
+def configure_threads(torch_threads: int) -> int:
+    """Set torch's intra-op threads (0 = one per CPU this process may use); returns the count."""
+    threads = torch_threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    return threads
+
+
+class PromptSampler:
+    """Walks a seeded permutation of the training prompts, reshuffling each data epoch."""
+
+    def __init__(self, n_prompts: int, seed: int) -> None:
+        assert n_prompts > 0, "no training prompts"
+        self.n_prompts = n_prompts
+        self.seed = seed
+        self.data_epoch = 0
+        self.position = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 7919 + self.data_epoch)
+        return torch.randperm(self.n_prompts, generator=generator).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            if self.position == self.n_prompts:
+                self.data_epoch, self.position = self.data_epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"data_epoch": self.data_epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.data_epoch, self.position = state["data_epoch"], state["position"]
+        self._order = self._permutation()
+
+
+@dataclass
+class TrainResult:
+    """What `fit` hands back to the CLI: the metric history and the eval curve."""
+
+    run_dir: Path
+    history: list[dict[str, float]]
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+    checkpoint: Path | None = None
+
+
+class Trainer:
+    """Builds the roles from a Config and runs the RL loop on one process."""
+
+    def __init__(
+        self, config: Config, *, model: Any = None, tokenizer: Any = None, reward: Any = None
+    ) -> None:
+        """Build everything from `config`; `model`/`tokenizer`/`reward` replace the configured
+        ones (tests pass tiny models and fake rewards through here)."""
+        from yatt.builders import build_data, build_model
+
+        self.config = config
+        self.run_dir = Path(config.logging.run_dir)
+        configure_threads(config.train.torch_threads)
+        seed_everything(config.train.seed)
+        resume = config.checkpoint.resume
+        self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
+        if model is None:
+            model, tokenizer = build_model(config.model, resume_from=resume or None)
+        self.tokenizer = tokenizer
+        self.prompt_texts = [self._render(example) for example in self.train_set]
+        self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
+        self._build_roles(model, reward)
+        self.step = 0
+        self.timer = PhaseTimer()
+        if resume:
+            self._resume(Path(resume))
+
+    # ------------------------------------------------------------------ set-up
+
+    def _render(self, example: Any) -> str:
+        from yatt.data import render_prompt
+
+        return render_prompt(example, self.tokenizer, self.config.data.use_chat_template)
+
+    def _build_roles(self, model: torch.nn.Module, reward: Any) -> None:
+        from yatt.rollout import make_engine
+
+        cfg = self.config
+        model.eval()
+        self.policy = PolicyRole(
+            model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
+            temperature=cfg.rollout.temperature or 1.0, norm_len=cfg.rollout.max_new_tokens,
+            bf16_autocast=cfg.train.bf16_autocast, shared_prefix=cfg.train.shared_prefix,
+        )  # fmt: skip
+        self.reference = None
+        if cfg.algo.uses_reference:
+            self.reference = ReferenceRole(
+                model,
+                micro_batch_size=cfg.algo.micro_batch_size,
+                temperature=cfg.rollout.temperature or 1.0,
+                shared_prefix=cfg.train.shared_prefix,
+            )
+        self.critic = None
+        if cfg.algo.uses_critic:
+            self.critic = CriticRole.from_policy(
+                model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps
+            )
+        self.reward = reward if reward is not None else RewardRole(cfg.reward)
+        engine = make_engine(cfg.rollout.backend, model, self.tokenizer)
+        self.rollout = RolloutRole(engine, self.tokenizer, cfg.rollout)
+
+    def _resume(self, checkpoint: Path) -> None:
+        state = load_trainer_state(checkpoint)
+        self.policy.load_state_dict(state["policy"])
+        if self.critic is not None:
+            self.critic.load_pretrained(checkpoint / "critic")
+            self.critic.load_state_dict(state["critic"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self, progress: Any = None, until_step: int | None = None) -> TrainResult:
+        """Run up to `train.steps` steps (from the resume step), with evals and checkpoints.
+
+        until_step: stop after this step (the schedule still spans `train.steps`), e.g. to
+        simulate an interrupted run.
+        """
+        from yatt.evaluate import evaluate_engine
+
+        cfg = self.config
+        save_config(cfg, self.run_dir)
+        metrics_logger = self._open_sinks()
+        result = TrainResult(run_dir=self.run_dir, history=metrics_logger.history)
+        start_s = time.perf_counter()
+        try:
+            if cfg.eval.at_start and cfg.eval.n > 0 and self.step == 0:
+                accuracy = self._evaluate(evaluate_engine, metrics_logger, cfg.eval.n)
+                result.evals.append((0, accuracy))
+            last_step = min(cfg.train.steps, until_step or cfg.train.steps)
+            while self.step < last_step:
+                metrics = self.train_step()
+                self.step += 1
+                out_of_time = self._out_of_time(start_s)
+                if self._eval_due() or (out_of_time and cfg.eval.at_end and cfg.eval.n > 0):
+                    final = self.step == cfg.train.steps or out_of_time
+                    n_examples = cfg.eval.n if final else (cfg.eval.n_periodic or cfg.eval.n)
+                    metrics["eval/accuracy"] = self._evaluate(evaluate_engine, None, n_examples)
+                    result.evals.append((self.step, metrics["eval/accuracy"]))
+                metrics_logger.log(self.step, metrics)
+                result.checkpoint = self._maybe_checkpoint() or result.checkpoint
+                if progress is not None:
+                    progress(self.step, cfg.train.steps, metrics)
+                if out_of_time:
+                    break
+        finally:
+            metrics_logger.close()
+        result.wall_s = time.perf_counter() - start_s
+        return result
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step; returns its flat metrics dict."""
+        cfg = self.config
+        step_start_s, step_start_cpu_s = time.perf_counter(), time.process_time()
+        batch, sample_metrics = self._gen_and_score()
+        with self.timer.phase("old_logp"):
+            if cfg.algo.ppo_passes > 1 or self.reference is not None:
+                batch.old_logp = self.policy.logprobs(batch)
+        with self.timer.phase("ref"):
+            if self.reference is not None:
+                batch.ref_logp = self.reference.logprobs(batch)
+        with self.timer.phase("values"):
+            if self.critic is not None:
+                batch.values = self.critic.values(batch)
+        with self.timer.phase("adv"):
+            self._advantages(batch)
+        batch.check("rewards", "advantages")
+        with self.timer.phase("update_actor"):
+            actor_metrics = self.policy.update(batch)
+        critic_metrics = {}
+        with self.timer.phase("update_critic"):
+            if self.critic is not None:
+                critic_metrics = self.critic.update(batch)
+        with self.timer.phase("update_weights"):
+            self.rollout.sync_weights(self.policy.model)
+        timings = self.timer.pop()
+        timings["timing_s/step"] = time.perf_counter() - step_start_s
+        # CPU seconds of this process (all threads): with one torch thread this is the step
+        # time a quiet machine would show, whatever else is running.
+        timings["perf/step_cpu_s"] = time.process_time() - step_start_cpu_s
+        return {**sample_metrics, **actor_metrics, **critic_metrics,
+                **self._batch_metrics(batch, timings), **timings}  # fmt: skip
+
+    # ------------------------------------------------------------------ phases
+
+    def _sample(self, round_index: int) -> RolloutBatch:
+        cfg = self.config
+        indices = self.sampler.take(cfg.algo.prompts_per_step)
+        n_samples = cfg.rollout.n_samples
+        # Seeds are a pure function of (run seed, step, round, row): resumes replay exactly.
+        base = (cfg.train.seed * 1_000_003 + self.step * 1009 + round_index) * 4099
+        seeds = [base + row for row in range(len(indices) * n_samples)]
+        group_base = (self.step * (cfg.algo.max_refill_batches + 1) + round_index) * len(indices)
+        examples = [self.train_set[i] for i in indices]
+        rows = [{"answer": e.answer, **e.fields} for e in examples]
+        return self.rollout.generate(
+            [self.prompt_texts[i] for i in indices], rows,
+            [group_base + k for k in range(len(indices))], seeds,
+        )  # fmt: skip
+
+    def _gen_and_score(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """gen + reward phases; with dynamic sampling, drop all-equal groups and refill."""
+        algo = self.config.algo
+        rounds = 1 + (algo.max_refill_batches if algo.dynamic_sampling else 0)
+        kept: list[RolloutBatch] = []
+        metrics: dict[str, float] = {}
+        kept_groups = dropped_groups = 0
+        last = None
+        for round_index in range(rounds):
+            with self.timer.phase("gen"):
+                last = self._sample(round_index)
+            with self.timer.phase("reward"):
+                last.rewards, metrics = self._score(last)
+            if not algo.dynamic_sampling:
+                kept.append(last)
+                break
+            keep_rows = dynamic_sampling_mask(last.rewards, last.group_ids)
+            n_groups = len(set(last.group_ids.tolist()))
+            groups_here = len(set(last.group_ids[keep_rows].tolist()))
+            kept_groups, dropped_groups = (
+                kept_groups + groups_here,
+                dropped_groups + n_groups - groups_here,
+            )
+            if groups_here:
+                kept.append(last.select(keep_rows.nonzero().flatten()))
+            if kept_groups >= algo.prompts_per_step:
+                break
+        assert last is not None
+        batch = RolloutBatch.concat(kept) if kept else last  # no signal anywhere: a no-op update
+        if algo.dynamic_sampling:
+            batch = _first_groups(batch, algo.prompts_per_step)
+            metrics["batch/kept_groups"] = float(kept_groups)
+            metrics["batch/dropped_groups"] = float(dropped_groups)
+        return batch.check("rewards"), metrics
+
+    def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        algo = self.config.algo
+        scores, reward_metrics = self.reward.score(batch)
+        metrics = {
+            "critic/score/mean": float(scores.mean()),
+            "critic/score/max": float(scores.max()),
+            "critic/score/min": float(scores.min()),
+            **{key: float(value) for key, value in reward_metrics.items()},
+        }
+        rewards = scores
+        if algo.overlong_buffer > 0:
+            rewards = rewards + overlong_penalty(
+                batch.response_lengths, self.config.rollout.max_new_tokens,
+                algo.overlong_buffer, algo.overlong_penalty,
+            )  # fmt: skip
+        metrics["critic/rewards/mean"] = float(rewards.mean())
+        return rewards, metrics
+
+    def _advantages(self, batch: RolloutBatch) -> None:
+        algo = self.config.algo
+        token_rewards = None
+        if algo.kl_in_reward and batch.ref_logp is not None:
+            assert batch.old_logp is not None
+            token_rewards = kl_penalty_token_rewards(
+                batch.rewards, batch.old_logp, batch.ref_logp, batch.response_mask,
+                coef=algo.kl_coef, kind=algo.kl_kind,
+            )  # fmt: skip
+        batch.token_rewards = token_rewards
+        batch.advantages, batch.returns = compute_advantages(
+            _ESTIMATOR[algo.name], rewards=batch.rewards, group_ids=batch.group_ids,
+            values=batch.values, mask=batch.response_mask, gamma=algo.gamma, lam=algo.lam,
+            norm_std=algo.norm_std, token_rewards=token_rewards,
+        )  # fmt: skip
+        if batch.advantages.shape[1] == 1:  # grpo/rloo without mask give (B, 1)
+            batch.advantages = batch.advantages * batch.response_mask
+
+    def _batch_metrics(self, batch: RolloutBatch, timings: dict[str, float]) -> dict[str, float]:
+        lengths = batch.response_lengths
+        step_s = timings["timing_s/step"]
+        tokens = float(batch.attention_mask.sum())
+        metrics = {
+            "response_length/mean": float(lengths.mean()),
+            "response_length/max": float(lengths.max()),
+            "response_length/clip_ratio": sum(r == "length" for r in batch.finish_reasons)
+            / max(batch.size, 1),
+            "actor/entropy": self.rollout.last_entropy_estimate,
+            "critic/advantages/mean": _masked_mean(batch.advantages, batch.response_mask),
+            "critic/advantages/abs_mean": _masked_mean(batch.advantages.abs(), batch.response_mask),
+            "perf/throughput": tokens / step_s,
+            "perf/samples_per_s": batch.size / step_s,
+            "perf/gen_tokens_per_s": float(lengths.sum())
+            / max(timings.get("timing_s/gen", 0), 1e-9),
+        }
+        if batch.ref_logp is not None:
+            assert batch.old_logp is not None, "old log-probs are computed whenever KL is on"
+            metrics["actor/kl"] = _kl_mean(batch.old_logp, batch.ref_logp, batch.response_mask)
+        return metrics
+
+    # ------------------------------------------------------------------ evals, sinks, checkpoints
+
+    def _evaluate(
+        self, evaluate_engine: Any, metrics_logger: MetricsLogger | None, n_examples: int
+    ) -> float:
+        cfg = self.config.eval
+        examples = self.heldout_set[:n_examples]
+        with self.timer.phase("eval"):
+            accuracy, _ = evaluate_engine(
+                self.rollout.engine, self.tokenizer, examples, batch_size=cfg.batch_size,
+                max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn,
+                use_chat_template=self.config.data.use_chat_template,
+            )  # fmt: skip
+        eval_s = self.timer.pop().get("timing_s/eval", 0.0)
+        logger.info("step %d: held-out accuracy %.1f%% on %d (%.1f s)", self.step, 100 * accuracy,
+                    len(examples), eval_s)  # fmt: skip
+        if metrics_logger is not None:
+            metrics_logger.log(self.step, {"eval/accuracy": accuracy, "timing_s/eval": eval_s})
+        return accuracy
+
+    def _out_of_time(self, start_s: float) -> bool:
+        limit_s = self.config.train.time_limit_s
+        if (
+            not limit_s
+            or time.perf_counter() - start_s < limit_s
+            or self.step >= self.config.train.steps
+        ):
+            return False
+        logger.warning("train.time_limit_s=%g reached: stopping after step %d of %d",
+                       limit_s, self.step, self.config.train.steps)  # fmt: skip
+        return True
+
+    def _eval_due(self) -> bool:
+        cfg = self.config.eval
+        periodic = cfg.every > 0 and self.step % cfg.every == 0
+        final = cfg.at_end and self.step == self.config.train.steps
+        return cfg.n > 0 and (periodic or final)
+
+    def _open_sinks(self) -> MetricsLogger:
+        path = self.run_dir / "metrics.jsonl"
+        if self.step == 0:
+            path.unlink(missing_ok=True)
+        else:
+            _truncate_jsonl(path, self.step)
+        sinks: list[Any] = [JsonlSink(path)]
+        if self.config.logging.tensorboard:
+            sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+        return MetricsLogger(sinks)
+
+    def _maybe_checkpoint(self) -> Path | None:
+        cfg = self.config.checkpoint
+        periodic = cfg.every and self.step % cfg.every == 0
+        final = cfg.at_end and self.step == self.config.train.steps
+        if not (periodic or final):
+            return None
+        return save_training_checkpoint(
+            self.run_dir, self.step, config=self.config, policy=self.policy,
+            tokenizer=self.tokenizer, critic=self.critic, keep_last=cfg.keep_last,
+            trainer_state={"sampler": self.sampler.state_dict(), "rng": rng_state()},
+        )  # fmt: skip
+
+
+def _first_groups(batch: RolloutBatch, n_groups: int) -> RolloutBatch:
+    """Rows of the first `n_groups` distinct groups (in row order)."""
+    wanted: list[int] = []
+    for group in batch.group_ids.tolist():
+        if group not in wanted:
+            wanted.append(group)
+    keep = set(wanted[:n_groups])
+    return batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in keep])
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _kl_mean(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    log_ratio = ref_logp - logp  # k3 estimate, the same one `low_var_kl` clamps
+    return _masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask)
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop rows logged after `last_step` (a resumed run rewrites them)."""
+    import json
+
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def finite_metrics(metrics: dict[str, float]) -> bool:
+    """True when every metric is a finite number (used by tests and the progress line)."""
+    return all(math.isfinite(v) for v in metrics.values())

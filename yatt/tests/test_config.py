@@ -1,0 +1,98 @@
+"""Config: presets load, dotted overrides apply after the preset, bad keys/types/values raise
+ConfigError naming the key, and the resolved config round-trips through YAML."""
+
+import pytest
+import yaml
+
+from yatt.config import (
+    Config,
+    config_from_dict,
+    load_config,
+    preset_names,
+    save_config,
+    to_dict,
+)
+from yatt.errors import ConfigError
+
+
+def test_every_preset_loads() -> None:
+    names = preset_names()
+    assert {"demo", "grpo_addition", "ppo_addition", "tiny_test"} <= set(names)
+    for name in names:
+        assert isinstance(load_config(name), Config)
+
+
+def test_defaults_then_preset_then_overrides() -> None:
+    config = load_config("tiny_test", ["rollout.n_samples=8", "optim.lr=1e-5"])
+    assert config.model.path == "tiny"  # from the preset
+    assert config.rollout.n_samples == 8  # override
+    assert config.optim.lr == pytest.approx(1e-5)  # '1e-5' is a float, not YAML's string
+    assert config.algo.name == "grpo"  # default
+    assert load_config("tiny_test", ["model.path=other"]).model.path == "other"
+
+
+def test_list_and_bool_overrides() -> None:
+    config = load_config(None, ["reward.fns=[math_answer,format]", "reward.weights=[1,0.5]",
+                                "logging.tensorboard=true"])  # fmt: skip
+    assert config.reward.fns == ("math_answer", "format")
+    assert config.reward.weights == (1.0, 0.5)
+    assert config.logging.tensorboard is True
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("rollout.nsamples=3", "rollout.nsamples"),
+        ("nosection.key=1", "nosection"),
+        ("rollout.n_samples=abc", "rollout.n_samples"),
+        ("train.steps=1.5", "train.steps"),
+        ("logging.tensorboard=3", "logging.tensorboard"),
+        ("algo.name=sac", "'sac'"),
+        ("rollout.n_samples=0", "rollout.n_samples"),
+        ("rollout", "section.key=value"),
+        ("rollout=3", "is a section"),
+        ("algo.kl_in_reward=true", "algo.kl_in_reward"),
+        ("reward.weights=[1,2]", "reward.weights"),
+    ],
+)
+def test_bad_overrides_raise_config_error(override: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config("tiny_test", [override])
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["rollout.nsamples=3"])
+    assert "n_samples" in str(info.value)
+
+
+def test_bad_preset_file(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="neither a YAML file nor a preset"):
+        load_config("no_such_preset")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {steps: [1, 2}\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("train:\n  stepz: 3\n")
+    with pytest.raises(ConfigError, match="stepz"):
+        load_config(str(unknown))
+
+
+def test_resolved_config_round_trips(tmp_path) -> None:
+    config = load_config("ppo_addition", ["rollout.stop=[END]"])
+    path = save_config(config, tmp_path)
+    assert path.name == "config.yaml"
+    reloaded = config_from_dict(yaml.safe_load(path.read_text()))
+    assert reloaded == config
+    assert load_config(str(path)) == config
+    assert to_dict(config)["rollout"]["stop"] == ["END"]
+
+
+def test_configs_are_frozen() -> None:
+    config = load_config(None)
+    with pytest.raises(AttributeError):
+        config.train.steps = 5  # type: ignore[misc]

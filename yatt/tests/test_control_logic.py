@@ -1,0 +1,177 @@
+"""Pure-logic tests of yatt.control: devices, placements, shards, workers (in-process), the cost
+model and its decisions, the simulator and timelines. No Ray, no models."""
+
+import pytest
+import torch
+
+from yatt.control.config import ControlConfig, load_callable
+from yatt.control.devices import Device, discover_devices
+from yatt.control.placement import PLACEMENTS, candidate_placements, make_placement
+from yatt.control.replacement import PhaseCosts, Replanner, costs_from_spans, predict_step_s
+from yatt.control.shards import make_features, plan_shards
+from yatt.control.sim import Task, best_static, project_costs, run_tasks, simulate
+from yatt.control.timeline import Span, idle_fractions, plot_timeline, spans_from_events
+from yatt.control.workers import InProcessBackend, WorkerGroup, make_backend, payload_nbytes
+from yatt.errors import ConfigError
+
+
+def test_cpu_devices_are_cores():
+    devices = discover_devices("cpu")
+    assert devices and devices[0] == Device("cpu", 0)
+    assert devices[0].ray_bundle() == {"CPU": 1.0}
+    assert Device("cuda", 1).ray_bundle() == {"CPU": 1.0, "GPU": 1.0}
+    with pytest.raises(ConfigError, match="tpu"):
+        discover_devices("tpu")
+    with pytest.raises(ConfigError, match="999"):
+        discover_devices("cpu", 999)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3, 8])
+def test_placement_plans_cover_roles(n_devices):
+    colocate = make_placement("colocate", n_devices)
+    assert all(d == tuple(range(n_devices)) for d in colocate.devices.values())
+    assert not colocate.overlapped and colocate.offloads
+    split = make_placement("disaggregated", n_devices, 1)
+    assert set(split.devices["sampler"]).isdisjoint(split.devices["policy"])
+    assert set(split.devices["sampler"]) | set(split.devices["policy"]) == set(range(n_devices))
+    partial = make_placement("partial", n_devices, 1)
+    assert partial.devices["policy"] == tuple(range(n_devices))
+    assert set(partial.devices["sampler"]).isdisjoint(partial.devices["reward"])
+    assert len(candidate_placements(n_devices)) == 1 + 2 * (n_devices - 1)
+
+
+def test_placement_errors_name_the_value():
+    with pytest.raises(ConfigError, match="'spread'"):
+        make_placement("spread", 2)
+    with pytest.raises(ConfigError, match="n_sampler=2"):
+        make_placement("disaggregated", 2, 2)
+    with pytest.raises(ConfigError, match="n_devices=1"):
+        make_placement("partial", 1)
+    assert set(PLACEMENTS) == {"colocate", "disaggregated", "partial"}
+
+
+def test_control_config_validation():
+    with pytest.raises(ConfigError, match=r"control\.mode"):
+        ControlConfig(mode="central")
+    with pytest.raises(ConfigError, match=r"control\.max_staleness"):
+        ControlConfig(max_staleness=3)
+    with pytest.raises(ConfigError, match="nope:fn"):
+        load_callable("nope:fn")
+    assert load_callable("yatt.control.workload:char_mix_reward")("", "aab") == pytest.approx(2 / 3)
+
+
+def test_shard_plan_partitions_the_step():
+    indices = list(range(10, 18))
+    plan = plan_shards(indices, step=3, n_groups=4, n_samples=2, seed=5)
+    assert [r.prompt_indices for r in plan] == [(10, 11), (12, 13), (14, 15), (16, 17)]
+    seeds = [s for r in plan for s in r.seeds]
+    assert len(set(seeds)) == 16 and seeds == sorted(seeds)
+    assert plan_shards(indices, 3, 1, 2, 5)[0].seeds == tuple(seeds)  # same seeds, any split
+    with pytest.raises(ConfigError, match="prompts_per_step=8"):
+        plan_shards(indices, 3, 3, 2, 5)
+    features = make_features((1, 2), 16)
+    assert features.shape == (2, 16) and int(features[1, 0]) == 2
+
+
+def test_payload_nbytes_counts_tensors_and_texts():
+    value = {"a": torch.zeros(4, 8, dtype=torch.float32), "b": ["xy", "z"]}
+    assert payload_nbytes(value) == 1 + 128 + 1 + 3
+
+
+class _Echo:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def add(self, value: int) -> int:
+        return value + self.offset
+
+    def fail(self) -> None:
+        raise ValueError("bad value 7")
+
+
+def test_inprocess_worker_group_calls_and_errors():
+    backend = make_backend("inprocess", discover_devices("cpu", 1))
+    assert isinstance(backend, InProcessBackend)
+    device = Device("cpu", 0)
+    group = WorkerGroup("echo", [backend.spawn(_Echo, device, f"e{i}", i) for i in range(3)])
+    assert group.call_all("add", 10) == [10, 11, 12]
+    assert group.call_each("add", [(1,), (2,), (3,)]) == [1, 3, 5]
+    future = group.handles[0].submit("fail")
+    with pytest.raises(ValueError, match="bad value 7"):
+        future.result()
+    with pytest.raises(ConfigError, match="'mpi'"):
+        make_backend("mpi", [device])
+
+
+def test_cost_model_prefers_colocation_for_short_and_overlap_for_long_responses():
+    short = PhaseCosts(gen_s=2.0, reward_s=0.5, train_s=3.0, gen_floor_s=0.05, swap_s=0.01)
+    long = PhaseCosts(gen_s=2.0, reward_s=0.5, train_s=3.0, gen_floor_s=3.0, swap_s=0.01)
+    plans = candidate_placements(4)
+    best_short = min(plans, key=lambda p: predict_step_s(short, p))
+    best_long = min(plans, key=lambda p: predict_step_s(long, p))
+    assert best_short.kind == "colocate"
+    assert best_long.kind != "colocate"
+    assert predict_step_s(short, make_placement("colocate", 4)) == pytest.approx(
+        0.05 + 5.5 / 4 + 0.02
+    )
+
+
+def test_replanner_moves_only_when_the_gain_beats_the_move_cost():
+    long = PhaseCosts(gen_s=2.0, reward_s=0.5, train_s=3.0, gen_floor_s=3.0)
+    colocate = make_placement("colocate", 4)
+    planner = Replanner(4, every_steps=5, move_cost_s=1000.0)
+    planner.observe(long)
+    assert planner.decide(3, colocate, 100) is None  # not a decision step
+    keep = planner.decide(5, colocate, 100)
+    assert keep is not None and not keep.switch and "move cost" in keep.reason
+    planner.move_cost_s = 1.0
+    move = planner.decide(10, colocate, 100)
+    assert move.switch and move.predicted_best_s < move.predicted_current_s
+    assert planner.plan_for(move).kind != "colocate"
+    assert len(planner.decisions) == 2
+
+
+def test_run_tasks_respects_dependencies_and_devices():
+    spans, done = run_tasks([
+        Task("a", "gen", (0,), 2.0), Task("b", "train", (1,), 1.0),
+        Task("c", "train", (0, 1), 1.0, ("a",)), Task("d", "gen", (1,), 0.5),
+    ])  # fmt: skip
+    assert done == {"a": 2.0, "b": 1.0, "c": 3.0, "d": 3.5}
+    assert idle_fractions(spans, 2) == pytest.approx([1 - 3 / 3.5, 1 - 2.5 / 3.5])
+
+
+def test_simulator_matches_the_cost_model_in_steady_state():
+    costs = [PhaseCosts(2.0, 0.5, 3.0, sync_s=0.1, swap_s=0.01, gen_floor_s=1.0)] * 12
+    for plan in candidate_placements(3):
+        result = simulate(costs, plan)
+        assert result.step_s[-1] == pytest.approx(predict_step_s(costs[0], plan), rel=1e-6)
+        assert all(0.0 <= f <= 1.0 for f in result.idle)
+
+
+def test_replanning_beats_every_static_plan_when_lengths_shift():
+    costs = [PhaseCosts(2.0, 0.5, 3.0, sync_s=0.05, swap_s=0.01, gen_floor_s=0.02 + 0.12 * t)
+             for t in range(40)]  # fmt: skip
+    _, static = best_static(costs, candidate_placements(4))
+    replanner = Replanner(4, every_steps=4, move_cost_s=0.5)
+    adaptive = simulate(costs, make_placement("colocate", 4), replanner)
+    assert any(d.switch for d in adaptive.decisions)
+    assert adaptive.total_s < static.total_s
+    assert len(set(adaptive.plans)) > 1
+
+
+def test_projection_scales_work_and_sync():
+    costs = PhaseCosts(2.0, 0.5, 3.0, gen_floor_s=1.0)
+    projected, move_s = project_costs(costs, 2, 64, param_bytes=1e9)
+    assert projected.gen_s == pytest.approx(64.0) and projected.gen_floor_s == 1.0
+    assert projected.sync_s > 0 and move_s > projected.sync_s
+
+
+def test_timeline_spans_and_plot(tmp_path):
+    spans = spans_from_events([(0, "sampler", "gen", 10.0, 12.0), (1, "policy", "update_actor",
+                                                                 11.0, 13.0)])  # fmt: skip
+    assert spans[0].start_s == 0.0 and spans[1].end_s == 3.0
+    assert idle_fractions(spans, 2) == pytest.approx([1 / 3, 1 / 3])
+    assert idle_fractions([Span(0, "r", "gen", 0, 1), Span(0, "r", "x", 0.5, 2)], 1) == [0.0]
+    path = plot_timeline(spans, 2, tmp_path / "t.png")
+    assert path.stat().st_size > 1000
+    assert costs_from_spans(spans, steps=2, gen_floor_s=0.5).gen_s == pytest.approx(0.75)

@@ -1,0 +1,113 @@
+"""Rule rewards, the registry and CombinedReward.
+
+Method: checker cases for numbers written in many ways, weighted sums with per-component
+metrics, and each error path (unknown name, a fn that raises, a fn returning a non-number).
+"""
+
+import math
+
+import pytest
+
+from yatt.data import generate_task
+from yatt.errors import ConfigError
+from yatt.rewards import REWARD_FNS, CombinedReward, RewardError, get_reward_fn
+from yatt.rewards.math import extract_boxed, extract_last_number, math_answer, math_boxed
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("68", "68", 1.0),
+        ("The answer is 68.", "68", 1.0),
+        ("23 + 45 = 68", "68", 1.0),
+        ("68 is wrong, it is 69", "68", 0.0),
+        ("Total: 1,234.", "1234", 1.0),
+        ("It is -5", "-5", 1.0),
+        ("10-3 gives 7", "7", 1.0),
+        ("10-3", "-3", 0.0),
+        ("2.50", "2.5", 1.0),
+        ("42.0", "42", 1.0),
+        ("no digits here", "5", 0.0),
+        ("", "5", 0.0),
+    ],
+)
+def test_math_answer_cases(completion, answer, expected):
+    assert math_answer("What is it?", completion, answer=answer) == expected
+
+
+def test_extract_helpers():
+    assert extract_last_number("a 1,000,000 b") == 1_000_000
+    assert extract_last_number("x") is None
+    assert extract_boxed(r"so \boxed{\frac{1}{2}} and \boxed{7}") == "7"
+    assert extract_boxed(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert extract_boxed(r"\boxed{unclosed") is None
+
+
+def test_math_boxed_cases():
+    assert math_boxed("q", r"so \boxed{1,234}.", answer="1234") == 1.0
+    assert math_boxed("q", r"\boxed{ x + 1 }", answer="x+1") == 1.0
+    assert math_boxed("q", "1234", answer="1234") == 0.0
+    assert math_boxed("q", r"\boxed{5}", answer="6") == 0.0
+
+
+def test_format_reward_is_opt_in_and_configurable():
+    only_number = get_reward_fn("format")
+    assert only_number("q", " 68.") == 1.0
+    assert only_number("q", "The answer is 68") == 0.0
+    boxed = get_reward_fn("format", pattern=r".*\\boxed\{.+\}.*")
+    assert boxed("q", r"so \boxed{3}") == 1.0
+
+
+def test_reasoning_gym_reward_uses_dataset_checker():
+    example = generate_task("arithmetic", 1, seed=2)[0]
+    scorer = get_reward_fn("reasoning_gym")
+    fields = example.reward_fields()
+    assert scorer(example.prompt, f"work...\n{example.answer}", **fields) == 1.0
+    assert scorer(example.prompt, "<answer>123456789</answer>", **fields) < 1.0
+
+
+def test_registry_errors():
+    assert {"math_answer", "math_boxed", "format"} <= set(REWARD_FNS)
+    with pytest.raises(ConfigError, match=r"'exact'.*math_answer"):
+        get_reward_fn("exact")
+    with pytest.raises(ConfigError, match="takes no options"):
+        get_reward_fn("math_answer", strict=True)
+    with pytest.raises(ConfigError, match="bad options"):
+        get_reward_fn("format", regex="x")
+
+
+def length_bonus(prompt, completion, **fields):
+    return len(completion) / 10
+
+
+def test_combined_reward_weights_and_metrics():
+    combined = CombinedReward([("math_answer", 1.0), (length_bonus, 0.5)])
+    rows = [{"answer": "5"}, {"answer": "6"}]
+    totals = combined(["q1", "q2"], ["5", "it is 7"], rows)
+    # row 0: 1 * 1 + 0.5 * 0.1 = 1.05; row 1: 0 + 0.5 * 0.7 = 0.35
+    assert [round(t, 6) for t in totals] == [1.05, 0.35]
+    metrics = combined.last_metrics
+    assert math.isclose(metrics["reward/math_answer/mean"], 0.5)
+    assert math.isclose(metrics["reward/length_bonus/mean"], 0.4)
+    assert math.isclose(metrics["reward/total/mean"], 0.7)
+
+
+def test_combined_reward_errors_name_fn_and_row():
+    def broken(prompt, completion, **fields):
+        raise ValueError("boom\nsecond line")
+
+    def wrong_type(prompt, completion, **fields):
+        return "1.0" if completion == "b" else 1.0
+
+    with pytest.raises(RewardError, match=r"'broken' raised ValueError: boom second line on row 0"):
+        CombinedReward([(broken, 1.0)])(["p"], ["a"], [{}])
+    with pytest.raises(RewardError, match=r"'wrong_type' returned '1.0' \(str\) on row 1"):
+        CombinedReward([(wrong_type, 1.0)])(["p", "p"], ["a", "b"], [{}, {}])
+    with pytest.raises(RewardError, match=r"'math_answer' raised ValueError.*answer.*row 0"):
+        CombinedReward([("math_answer", 1.0)])(["p"], ["5"], [{"answer": None}])
+    with pytest.raises(RewardError, match="returned nan"):
+        CombinedReward([(lambda p, c, **f: float("nan"), 1.0)])(["p"], ["a"], [{}])
+    with pytest.raises(ConfigError, match="at least one"):
+        CombinedReward([])
+    with pytest.raises(ConfigError, match="weight must be a number"):
+        CombinedReward([("math_answer", "1")])

@@ -1,0 +1,75 @@
+"""Bradley–Terry reward model training on a synthetic preference, and its batch scorer.
+
+Method: a tiny random Llama backbone learns to prefer texts containing the word "banana";
+the loss must fall and held-out pairwise accuracy must clearly beat chance (0.5).
+"""
+
+import random
+
+import pytest
+import torch
+
+from yatt.errors import ConfigError
+from yatt.heads import ScalarHeadModel
+from yatt.models import tiny_model
+from yatt.rewards import CombinedReward
+from yatt.rewards.model import RewardModelScorer, encode_texts, score_texts, train_reward_model
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "tree"]
+
+
+def _pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        sentence = [rng.choice(WORDS) for _ in range(rng.randint(4, 8))]
+        chosen = list(sentence)
+        chosen.insert(rng.randint(0, len(sentence)), "banana")
+        pairs.append((" ".join(chosen), " ".join(sentence)))
+    return pairs
+
+
+def _accuracy(model, tokenizer, pairs) -> float:
+    chosen = score_texts(model, tokenizer, [c for c, _ in pairs])
+    rejected = score_texts(model, tokenizer, [r for _, r in pairs])
+    return float((chosen > rejected).float().mean())
+
+
+def test_bt_training_learns_synthetic_preference():
+    torch.manual_seed(0)
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    heldout = _pairs(64, seed=1)
+    history = train_reward_model(
+        model, tokenizer, _pairs(96, seed=0), epochs=3, batch_size=16, lr=1e-3, seed=0
+    )
+    assert len(history) == 3 * 6
+    first = sum(h["loss"] for h in history[:3]) / 3
+    last = sum(h["loss"] for h in history[-3:]) / 3
+    assert last < 0.5 * first
+    assert _accuracy(model, tokenizer, heldout) > 0.8
+    scorer = RewardModelScorer(model, tokenizer)
+    combined = CombinedReward([(scorer, 1.0)])
+    totals = combined(["the cat ", "the cat "], ["sat banana", "sat down"], [{}, {}])
+    assert totals[0] > totals[1]
+    assert "reward/reward_model/mean" in combined.last_metrics
+
+
+def test_encode_texts_keeps_the_end_and_appends_eos():
+    _, tokenizer = tiny_model(seed=0)
+    ids, mask = encode_texts(tokenizer, ["a b c d e f g", "x"], max_length=4, device="cpu")
+    assert ids.shape == (2, 4)
+    assert ids[0, -1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids[0, :3]).strip().endswith("f g")
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    with pytest.raises(ConfigError, match="max_length"):
+        encode_texts(tokenizer, ["a"], max_length=1, device="cpu")
+
+
+def test_bad_pairs_are_config_errors():
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm)
+    with pytest.raises(ConfigError, match="at least one"):
+        train_reward_model(model, tokenizer, [])
+    with pytest.raises(ConfigError, match="pair 0"):
+        train_reward_model(model, tokenizer, [("only one",)])

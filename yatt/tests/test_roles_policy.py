@@ -1,0 +1,149 @@
+"""Policy role: skipping zero-advantage rows, sharing prompt passes and micro-batching leave
+gradients and weights unchanged (up to float rounding); batch invariants are enforced.
+
+Method: two identical tiny models get the same hand-built batch; one update runs with the speed
+feature on, one with it off, and gradients/weights are compared.
+"""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from yatt.batch import RolloutBatch
+from yatt.config import AlgoConfig, OptimConfig
+from yatt.models import tiny_model
+from yatt.roles.policy import PolicyRole, compute_logprobs
+
+PROMPT_WIDTH, RESPONSE_WIDTH = 6, 5
+
+
+def _batch(advantage_rows: list[float]) -> RolloutBatch:
+    """2 groups x 4 rows; group 1's prompt is left-padded; rows have different lengths."""
+    generator = torch.Generator().manual_seed(1)
+    batch_size = 8
+    ids = torch.randint(10, 2000, (batch_size, PROMPT_WIDTH + RESPONSE_WIDTH), generator=generator)
+    ids[1:4, :PROMPT_WIDTH] = ids[0, :PROMPT_WIDTH]
+    ids[5:8, :PROMPT_WIDTH] = ids[4, :PROMPT_WIDTH]
+    attention = torch.ones_like(ids)
+    attention[4:, :2] = 0
+    lengths = [5, 3, 5, 1, 4, 5, 2, 5]
+    for row, length in enumerate(lengths):
+        attention[row, PROMPT_WIDTH + length :] = 0
+    ids = ids * attention
+    response_mask = attention[:, PROMPT_WIDTH:].float()
+    advantages = torch.tensor(advantage_rows)[:, None] * response_mask
+    return RolloutBatch(
+        input_ids=ids, attention_mask=attention, response_mask=response_mask,
+        prompt_width=PROMPT_WIDTH, group_ids=torch.tensor([0] * 4 + [1] * 4),
+        rewards=torch.tensor(advantage_rows), advantages=advantages,
+    ).check()  # fmt: skip
+
+
+def _policy(model, **algo_overrides) -> PolicyRole:
+    algo = AlgoConfig(**{"micro_batch_size": 8, **algo_overrides})
+    optim = OptimConfig(lr=1e-3, schedule="constant")
+    return PolicyRole(model, algo=algo, optim=optim, total_updates=10)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _assert_close(left: dict, right: dict, atol: float) -> None:
+    for name in left:
+        torch.testing.assert_close(left[name], right[name], atol=atol, rtol=1e-4, msg=name)
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    # float64: AdamW's first step moves every weight by about lr * sign(grad), so in float32 a
+    # rounding-level gradient difference (different batch shapes) would flip whole steps.
+    model, _ = tiny_model(seed=3)
+    return model.double()
+
+
+def test_skip_zero_advantage_rows_gives_same_gradients_and_weights(base_model) -> None:
+    batch = _batch([0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 0.5, -0.5])  # group 0 carries no signal
+    skipped, full = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    policy_skip = _policy(skipped, skip_zero_adv=True)
+    policy_full = _policy(full, skip_zero_adv=False)
+    metrics_skip = policy_skip.update(batch)
+    metrics_full = policy_full.update(batch)
+    assert metrics_skip["actor/trained_rows_frac"] == 0.5
+    assert metrics_full["actor/trained_rows_frac"] == 1.0
+    assert metrics_skip["actor/pg_loss"] == pytest.approx(metrics_full["actor/pg_loss"], abs=1e-6)
+    _assert_close(_grads(skipped), _grads(full), atol=1e-12)
+    _assert_close(dict(skipped.named_parameters()), dict(full.named_parameters()), atol=1e-9)
+
+
+def test_all_zero_step_still_applies_adam_momentum(base_model) -> None:
+    signal = _batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
+    no_signal = _batch([0.0] * 8)
+    skipped, full = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    policy_skip = _policy(skipped, skip_zero_adv=True)
+    policy_full = _policy(full, skip_zero_adv=False)
+    for batch in (signal, no_signal):
+        policy_skip.update(batch)
+        policy_full.update(batch)
+    before = dict(copy.deepcopy(base_model).named_parameters())
+    moved = any(not torch.equal(before[n], p) for n, p in skipped.named_parameters())
+    assert moved
+    _assert_close(dict(skipped.named_parameters()), dict(full.named_parameters()), atol=1e-9)
+
+
+def test_micro_batching_and_prefix_sharing_do_not_change_gradients(base_model) -> None:
+    batch = _batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.25, -0.25])
+    reference = copy.deepcopy(base_model)
+    _policy(reference, micro_batch_size=8).update(batch)
+    for micro_batch_size, shared in ((3, True), (1, False), (8, False)):
+        model = copy.deepcopy(base_model)
+        algo = AlgoConfig(micro_batch_size=micro_batch_size)
+        PolicyRole(model, algo=algo, optim=OptimConfig(lr=1e-3, schedule="constant"),
+                   total_updates=10, shared_prefix=shared).update(batch)  # fmt: skip
+        _assert_close(_grads(model), _grads(reference), atol=1e-7)
+
+
+def test_logprobs_match_with_and_without_prefix_sharing(base_model) -> None:
+    batch = _batch([0.0] * 8)
+    shared = compute_logprobs(base_model, batch, 8, 1.0, shared_prefix=True)
+    plain = compute_logprobs(base_model, batch, 3, 1.0, shared_prefix=False)
+    assert shared.shape == (8, RESPONSE_WIDTH)
+    torch.testing.assert_close(shared, plain, atol=1e-6, rtol=1e-6)
+    assert torch.all(shared[batch.response_mask == 0] == 0)
+    assert torch.all(shared[batch.response_mask == 1] < 0)
+
+
+def test_batch_invariants_are_checked() -> None:
+    batch = _batch([0.0] * 8)
+    picked = batch.select([1, 5])
+    assert picked.size == 2 and picked.prompt_width == PROMPT_WIDTH
+    merged = RolloutBatch.concat([picked, batch.select([0])])
+    assert merged.size == 3
+    batch.rewards = torch.zeros(3)
+    with pytest.raises(AssertionError, match="rewards"):
+        batch.check()
+    batch.rewards = None
+    batch.response_mask = batch.response_mask[:, :-1]
+    with pytest.raises(AssertionError, match="response_mask"):
+        batch.check()
+
+
+@given(
+    prompt_lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    response_lengths=st.lists(st.integers(0, 4), min_size=5, max_size=5),
+    picks=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+)
+def test_batch_packing_select_and_concat_keep_rows_intact(prompt_lengths, response_lengths, picks):
+    rows = len(prompt_lengths)
+    prompts = [list(range(1, n + 1)) for n in prompt_lengths]
+    responses = [list(range(100, 100 + n)) for n in response_lengths[:rows]]
+    batch = RolloutBatch.from_token_lists(prompts, responses).check()
+    picked = [p % rows for p in picks]
+    merged = RolloutBatch.concat([batch.select(picked), batch]).check()
+    for out_row, in_row in enumerate([*picked, *range(rows)]):
+        real = merged.input_ids[out_row][merged.attention_mask[out_row].bool()].tolist()
+        assert real == prompts[in_row] + responses[in_row]
+        assert int(merged.response_mask[out_row].sum()) == len(responses[in_row])

@@ -1,0 +1,61 @@
+"""Trainer pieces: the prompt sampler's order and resumable state, LR schedules, SFT lowering
+its loss on a tiny model, and the run outputs (plots, summary table, TensorBoard)."""
+
+import json
+
+import pytest
+
+from yatt.config import load_config
+from yatt.models import tiny_model
+from yatt.report import summary_table, write_plots
+from yatt.roles.policy import lr_lambda
+from yatt.sft import run_sft
+from yatt.trainer import PromptSampler
+
+
+def test_prompt_sampler_covers_each_epoch_and_resumes() -> None:
+    sampler = PromptSampler(5, seed=1)
+    first_epoch = sampler.take(5)
+    assert sorted(first_epoch) == list(range(5))
+    sampler.take(2)
+    state = sampler.state_dict()
+    expected = sampler.take(6)
+    resumed = PromptSampler(5, seed=1)
+    resumed.load_state_dict(state)
+    assert resumed.take(6) == expected
+
+
+@pytest.mark.parametrize(("schedule", "values"), [
+    ("linear", [1.0, 0.75, 0.5, 0.25, 0.0]),
+    ("constant", [1.0] * 5),
+    ("cosine", [1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]),
+])  # fmt: skip
+def test_lr_schedules(schedule, values) -> None:
+    factor = lr_lambda(schedule, warmup_steps=0, total_steps=4)
+    assert [factor(step) for step in range(5)] == pytest.approx(values)
+    assert lr_lambda("linear", 2, 4)(0) == pytest.approx(0.5)
+
+
+def test_sft_lowers_loss_and_saves_a_model(tmp_path) -> None:
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", ["train.steps=12", "optim.lr=3e-3", "algo.micro_batch_size=4",
+                                       "data.n_train=8", "data.n_heldout=1",
+                                       f"logging.run_dir={tmp_path}"])  # fmt: skip
+    folder = run_sft(config, model=model, tokenizer=tokenizer)
+    assert (folder / "model.safetensors").is_file()
+    losses = [json.loads(line)["sft/loss"]
+              for line in (tmp_path / "sft_metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3, losses
+
+
+def test_plots_and_summary_table(tmp_path) -> None:
+    history = [{"step": 0.0, "eval/accuracy": 0.1}]
+    for step in range(1, 6):
+        history.append({"step": float(step), "critic/score/mean": step / 10, "timing_s/gen": 0.5,
+                        "timing_s/update_actor": 0.3, "timing_s/step": 0.9,
+                        "perf/throughput": 100.0})  # fmt: skip
+    history.append({"step": 5.0, "eval/accuracy": 0.4})
+    paths = write_plots(history, tmp_path)
+    assert all(path.stat().st_size > 1000 for path in paths)
+    table = summary_table(history, [(0, 0.1), (5, 0.4)])
+    assert table.row_count >= 6
