@@ -19,7 +19,6 @@ may differ from the serial run.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import random
 import time
@@ -240,38 +239,25 @@ class DgccProtocol(Protocol):
     ) -> int:
         """One executor, oldest ready piece first: the fast path for benchmarks.
 
-        The ready set is the initially ready pieces (ascending) merged with a min-heap of the
-        pieces freed later. As every edge points forward, the oldest unfinished piece is always
-        ready, so one executor runs the serial order itself: this path measures exactly DGCC's
-        bookkeeping (graph, in-degrees, ready set) on top of the serial executor's work. The
-        interleaved path exercises every other order.
+        Every edge points forward, so once pieces 0..k-1 have run, piece k has no unmet
+        dependency: the oldest ready piece is always the next id, and a scan replaces a ready
+        heap. In-degrees are still counted down along every edge and checked before each piece
+        runs, so this path measures exactly DGCC's bookkeeping (graph, in-degrees) on top of the
+        serial executor's work. The interleaved path exercises every other order.
         """
         pieces, owners, in_degrees = graph.pieces, graph.owners, graph.in_degrees
         successors_of = graph.successors.get
-        initial = [piece_id for piece_id, degree in enumerate(in_degrees) if not degree]
-        initial.append(len(pieces))  # a sentinel above every piece id
-        freed: list[int] = []
-        pop_freed, push_freed = heapq.heappop, heapq.heappush
         run = _checked_runner() if debug.check_invariants else run_piece
-        position = popped = 0
-        while True:
-            piece_id = initial[position]
-            if freed and freed[0] < piece_id:
-                piece_id = pop_freed(freed)
-                popped += 1
-            elif piece_id == len(pieces):
-                break
-            else:
-                position += 1
+        for piece_id, piece in enumerate(pieces):
+            if in_degrees[piece_id]:
+                raise AssertionError(f"piece {piece_id} reached with unmet dependencies")
             slot = owners[piece_id]
-            run(contexts[slot], txns[slot], pieces[piece_id])
+            run(contexts[slot], txns[slot], piece)
             targets = successors_of(piece_id)
             if targets is not None:
                 for target in targets:
                     in_degrees[target] -= 1
-                    if not in_degrees[target]:
-                        push_freed(freed, target)
-        return position + popped
+        return len(pieces)
 
     def _execute_interleaved(
         self, graph: Graph, txns: list[PlannedTxn], contexts: list[PieceContext]
