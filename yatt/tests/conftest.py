@@ -1,4 +1,4 @@
-"""Shared test set-up for yatt: offline hub, one torch thread, fixed seeds, a hypothesis profile.
+"""Shared test set-up for yatt: offline hub, one torch thread, fixed seeds.
 
 CI runs on two shared cores, so every test uses one intra-op thread and tiny models.
 """
@@ -13,14 +13,6 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
-
-settings.register_profile(
-    "ci", max_examples=25, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
-settings.register_profile("dev", max_examples=200, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(1)
 

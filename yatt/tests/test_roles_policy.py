@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yatt.batch import RolloutBatch
@@ -131,6 +131,7 @@ def test_batch_invariants_are_checked() -> None:
         batch.check()
 
 
+@settings(max_examples=25)
 @given(
     prompt_lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5),
     response_lengths=st.lists(st.integers(0, 4), min_size=5, max_size=5),
