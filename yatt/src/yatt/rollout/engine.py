@@ -89,7 +89,30 @@ class _Row:
     finish_reason: str | None = None
 
 
-class RolloutEngine:
+class EngineBase:
+    """What every rollout backend shares around its ``generate``: text prompts, weight loading."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Completion]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy new weights into the sampled model (for a separate, non-shared copy)."""
+        self.model.load_state_dict(state)
+
+    def generate_text(
+        self, prompts: list[str], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Completion]:
+        """Tokenize raw text prompts (no chat template, no added special tokens) and generate."""
+        prompt_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(prompt_ids, params, seeds)
+
+
+class RolloutEngine(EngineBase):
     """Batched KV-cache sampler over a Hugging Face causal LM (shares the model's weights)."""
 
     # Drop finished rows from the batch once they are at least this fraction of it: a gather of
@@ -123,17 +146,6 @@ class RolloutEngine:
         # transformers >= 5.2x names the cache argument `cache`; older 5.x `past_key_values`.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._pad_id = _pad_token_id(tokenizer)
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy new weights into the sampled model (for a separate, non-shared copy)."""
-        self.model.load_state_dict(state)
-
-    def generate_text(
-        self, prompts: list[str], params: SamplingParams, seeds: list[int] | None = None
-    ) -> list[Completion]:
-        """Tokenize raw text prompts (no chat template, no added special tokens) and generate."""
-        prompt_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(prompt_ids, params, seeds)
 
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int] | None = None

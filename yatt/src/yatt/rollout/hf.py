@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from yatt.rollout.engine import (
     Completion,
+    EngineBase,
     _append_token,
     _check_request,
     _pad_token_id,
@@ -25,7 +26,7 @@ __all__ = ["HFGenerateEngine"]
 logger = logging.getLogger(__name__)
 
 
-class HFGenerateEngine:
+class HFGenerateEngine(EngineBase):
     """Wraps `model.generate` (left padding, KV cache, HF logits warpers and stop strings)."""
 
     def __init__(
@@ -39,17 +40,6 @@ class HFGenerateEngine:
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else model.device
         self._pad_id = _pad_token_id(tokenizer)
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy new weights into the sampled model (for a separate, non-shared copy)."""
-        self.model.load_state_dict(state)
-
-    def generate_text(
-        self, prompts: list[str], params: SamplingParams, seeds: list[int] | None = None
-    ) -> list[Completion]:
-        """Tokenize raw text prompts (no chat template, no added special tokens) and generate."""
-        prompt_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(prompt_ids, params, seeds)
 
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
