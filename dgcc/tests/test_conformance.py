@@ -3,7 +3,9 @@
 Method: for each (protocol, workload) pair, run a few batches of the workload's seeded stream at
 a small scale with invariant checks on. Deterministic protocols must equal the serial executor
 in every outcome and in the final state (under two executor settings where the protocol has
-them); every protocol must keep the workload's invariants. New protocols and workloads are
+them); a protocol that can record its committed history (a ``record_history`` option) must
+produce an acyclic conflict graph whose serial replay gives the same results and final state;
+every protocol must keep the workload's invariants. New protocols and workloads are
 picked up from the registries automatically.
 """
 
@@ -15,6 +17,7 @@ import itertools
 import pytest
 
 from dgcc import PROTOCOLS, debug, get_protocol
+from dgcc.protocols._history import replay
 from dgcc.workloads import WORKLOADS, _load_builtin, get_workload
 
 pytestmark = pytest.mark.usefixtures("invariants")
@@ -41,6 +44,8 @@ def _variants(protocol: str) -> list[dict]:
     parameters = inspect.signature(get_protocol(protocol)).parameters
     if "executors" in parameters and "shuffle_seed" in parameters:
         return [{}, {"executors": 3, "shuffle_seed": 11}]
+    if "record_history" in parameters:
+        return [{"record_history": True}]
     return [{}]
 
 
@@ -50,12 +55,18 @@ def _run(workload_name: str, protocol: str, options: dict):
     engine = get_protocol(protocol)(db, workload.registry(), **options)
     stream = workload.requests(seed=6)
     outcomes = []
+    by_batch = []
     for _ in range(BATCHES):
         batch = list(itertools.islice(stream, BATCH_SIZE))
         batch_outcomes = engine.run_batch(batch)
         assert len(batch_outcomes) == len(batch)
         workload.observe(batch, batch_outcomes)
         outcomes.extend(batch_outcomes)
+        by_batch.append(batch_outcomes)
+    if options.get("record_history"):  # conflict-serializable: acyclic, and replays equal
+        fresh = workload.build(seed=5)
+        replay(engine.history, fresh, workload.registry(), by_batch)
+        assert fresh.dump() == db.dump(), f"{protocol}: serial replay gives a different state"
     return workload, db, outcomes
 
 

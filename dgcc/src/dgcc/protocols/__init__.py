@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from dgcc.api import Protocol
 from dgcc.errors import ConfigError
+from dgcc.protocols.calvin import CalvinProtocol
 from dgcc.protocols.dgcc import DgccProtocol
+from dgcc.protocols.no_wait import NoWaitProtocol
+from dgcc.protocols.occ import OccProtocol
 from dgcc.protocols.serial import SerialProtocol
+from dgcc.protocols.wait_die import WaitDieProtocol
 
 PROTOCOLS: dict[str, type[Protocol]] = {
     SerialProtocol.name: SerialProtocol,
     DgccProtocol.name: DgccProtocol,
+    NoWaitProtocol.name: NoWaitProtocol,
+    WaitDieProtocol.name: WaitDieProtocol,
+    OccProtocol.name: OccProtocol,
+    CalvinProtocol.name: CalvinProtocol,
 }
 
 

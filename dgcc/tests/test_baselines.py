@@ -1,0 +1,197 @@
+"""The single-node baselines (2PL NO_WAIT, 2PL WAIT_DIE, OCC, Calvin) are correct.
+
+Method: run a few batches of each workload's seeded stream at a small, contended scale with
+invariant checks on. For the interleaving protocols, record the committed history (per conflict
+key, the version each transaction read and wrote), check the conflict graph is acyclic, replay
+the committed requests serially in the graph's topological order on a fresh copy of the initial
+state, and require the same results and the same final state. Contention must actually cause
+concurrency-control aborts, so the check is not vacuous, and the canary (OCC without
+validation) must be caught. Calvin must equal the serial executor under shuffled ready orders.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dgcc import debug, get_protocol
+from dgcc.api import (
+    Piece,
+    PlannedTxn,
+    Procedure,
+    ProcedureRegistry,
+    Status,
+    TxnRequest,
+    plan_batch,
+)
+from dgcc.bench import _wants_retry
+from dgcc.errors import ConfigError
+from dgcc.protocols._history import NotSerializable, replay
+from dgcc.protocols._locking import UndoContext
+from dgcc.storage import Database, Table
+from dgcc.workloads import _load_builtin, get_workload
+
+pytestmark = pytest.mark.usefixtures("invariants")
+
+_load_builtin()
+
+CONTENDED = {
+    "tpcc": {
+        "warehouses": 1,
+        "items": 1000,
+        "customers_per_district": 60,
+        "orders_per_district": 60,
+    },
+    "ycsb": {"records": 200, "theta": 0.99, "read_ratio": 0.5},
+    "smallbank": {"accounts": 100, "hot_accounts": 5, "hot_fraction": 0.8},
+}
+BATCHES = 3
+BATCH_SIZE = 50
+INTERLEAVING = ("no_wait", "wait_die", "occ")
+
+
+def _run(workload_name: str, protocol: str, **options):
+    workload = get_workload(workload_name, **CONTENDED[workload_name])
+    db = workload.build(seed=5)
+    engine = get_protocol(protocol)(db, workload.registry(), **options)
+    stream = workload.requests(seed=6)
+    batches, outcomes = [], []
+    for _ in range(BATCHES):
+        batch = list(itertools.islice(stream, BATCH_SIZE))
+        batch_outcomes = engine.run_batch(batch)
+        assert len(batch_outcomes) == len(batch)
+        workload.observe(batch, batch_outcomes)
+        batches.append(batch)
+        outcomes.append(batch_outcomes)
+    return workload, db, engine, batches, outcomes
+
+
+def _replay(workload_name: str, engine, outcomes) -> dict:
+    """Replay the committed history serially in conflict order; the final state."""
+    workload = get_workload(workload_name, **CONTENDED[workload_name])
+    db = workload.build(seed=5)
+    replay(engine.history, db, workload.registry(), outcomes)
+    return db.dump()
+
+
+@pytest.mark.parametrize("workload_name", sorted(CONTENDED))
+@pytest.mark.parametrize("protocol", INTERLEAVING)
+def test_history_is_conflict_serializable(protocol: str, workload_name: str) -> None:
+    workload, db, engine, _, outcomes = _run(
+        workload_name, protocol, inflight=8, seed=3, record_history=True
+    )
+    assert workload.check(db) == []
+    flat = [outcome for batch in outcomes for outcome in batch]
+    assert not [o for o in flat if o.status is Status.ERROR]
+    committed = sum(outcome.committed for outcome in flat)
+    assert committed == len(engine.history) == engine.stats[f"{protocol}/commits"]
+    assert _replay(workload_name, engine, outcomes) == db.dump()
+
+
+@pytest.mark.parametrize("protocol", INTERLEAVING)
+def test_contention_causes_cc_aborts_and_retries(protocol: str) -> None:
+    _, _, engine, _, outcomes = _run("smallbank", protocol, inflight=16, seed=1)
+    aborts = {k: v for k, v in engine.stats.items() if "/cc_aborts/" in k}
+    assert sum(aborts.values()) > 0, f"{protocol}: no cc aborts under contention"
+    assert engine.stats[f"{protocol}/retries"] == sum(aborts.values())
+    assert engine.stats[f"{protocol}/gave_up"] == 0
+    assert not [o for batch in outcomes for o in batch if _wants_retry(o)]
+
+
+def test_retry_budget_exhausted_gives_a_retryable_abort() -> None:
+    workload, db, engine, _, outcomes = _run(
+        "smallbank", "no_wait", inflight=16, seed=1, retries_max=0, record_history=True
+    )
+    gave_up = [o for batch in outcomes for o in batch if o.status is Status.ABORTED]
+    assert gave_up and all(_wants_retry(o) for o in gave_up)
+    assert engine.stats["no_wait/gave_up"] == len(gave_up)
+    assert workload.check(db) == []  # given-up transactions were fully undone
+    assert _replay("smallbank", engine, outcomes) == db.dump()
+
+
+@pytest.mark.parametrize("workload_name", ["smallbank", "ycsb"])
+def test_canary_occ_without_validation_is_caught(workload_name: str) -> None:
+    workload = get_workload(workload_name, **CONTENDED[workload_name])
+    db = workload.build(seed=5)
+    engine = get_protocol("occ")(db, workload.registry(), inflight=16, seed=1, record_history=True)
+    engine.validate = False
+    stream = workload.requests(seed=6)
+    outcomes = [engine.run_batch(list(itertools.islice(stream, BATCH_SIZE))) for _ in range(2)]
+    with pytest.raises(NotSerializable, match="cycle"):
+        _replay(workload_name, engine, outcomes)
+
+
+@pytest.mark.parametrize("workload_name", sorted(CONTENDED))
+def test_calvin_equals_serial_under_shuffled_ready_order(workload_name: str) -> None:
+    _, serial_db, _, _, serial_outcomes = _run(workload_name, "serial")
+    for seed in (None, 7):
+        _, db, _, _, outcomes = _run(workload_name, "calvin", seed=seed)
+        assert outcomes == serial_outcomes
+        assert db.dump() == serial_db.dump()
+
+
+def test_undo_context_restores_every_kind_of_write() -> None:
+    workload = get_workload("tpcc", **CONTENDED["tpcc"])
+    db = workload.build(seed=5)
+    before = db.dump()
+    engine = get_protocol("no_wait")(db, workload.registry())
+    stream = workload.requests(seed=6)
+    requests = list(itertools.islice(stream, 20))
+    contexts = []
+    with debug.invariants(False):
+        for planned in plan_batch(engine.registry, db, requests):
+            assert isinstance(planned, PlannedTxn)
+            ctx = UndoContext(db, planned)
+            for piece in planned.pieces:
+                ctx._piece = piece
+                planned.outputs[piece.name] = piece.run(ctx)
+            contexts.append(ctx)
+    assert db.dump() != before
+    kinds = {entry[0] for ctx in contexts for entry in ctx.undo_log}
+    assert {"fields", "insert"} <= kinds
+    for ctx in reversed(contexts):
+        ctx.rollback()
+    assert db.dump() == before
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("inflight", 0), ("inflight", "8"), ("retries_max", -1)]
+)
+def test_bad_options_name_the_value(option: str, value: object) -> None:
+    workload = get_workload("ycsb", records=50)
+    with pytest.raises(ConfigError, match=option):
+        get_protocol("wait_die")(workload.build(seed=1), workload.registry(), **{option: value})
+
+
+def test_requests_are_plain_txn_requests() -> None:
+    stream = get_workload("ycsb", records=50).requests(seed=1)
+    assert isinstance(next(stream), TxnRequest)
+
+
+def _counter_registry() -> ProcedureRegistry:
+    def bump(params, view):
+        def run(ctx):
+            n = ctx.get("counter", 0)["n"]
+            ctx.update("counter", 0, {"n": n + 1})
+            return n
+
+        return [Piece("bump", run, reads=(("counter", 0),), writes=(("counter", 0),))]
+
+    def keyless(params, view):
+        return [Piece("echo", lambda ctx: ctx.params["x"])]
+
+    return ProcedureRegistry([Procedure("bump", {}, bump), Procedure("echo", {"x": int}, keyless)])
+
+
+@pytest.mark.parametrize("protocol", ["calvin", *INTERLEAVING])
+def test_keyless_and_hot_counter_transactions(protocol: str) -> None:
+    db = Database((Table("counter"),))
+    db["counter"].insert(0, {"n": 0})
+    engine = get_protocol(protocol)(db, _counter_registry())
+    batch = [TxnRequest("bump", {}) if i % 2 else TxnRequest("echo", {"x": i}) for i in range(40)]
+    outcomes = engine.run_batch(batch)
+    assert [o.result for o in outcomes[::2]] == [{"echo": i} for i in range(0, 40, 2)]
+    assert sorted(o.result["bump"] for o in outcomes[1::2]) == list(range(20))
+    assert db["counter"].get(0) == {"n": 20}
+    assert engine.stats[f"{protocol}/commits"] == 40
