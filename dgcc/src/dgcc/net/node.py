@@ -3,12 +3,14 @@
 Three activities share one event loop (uvloop when installed):
 
   * collection: client calls join the open epoch; the epoch closes after ``epoch_ms`` or at
-    ``epoch_calls_max`` calls, and its input batch goes to every peer at once. Up to
+    ``epoch_calls_max`` calls, and each peer gets at once the calls of it whose route
+    includes that peer (with their slots; the rest stay home, see ``_peer_inputs``). Up to
     ``pipeline_epochs`` closed epochs may wait for execution, so collecting epoch e + 1
     overlaps executing epoch e;
   * execution: once all nodes' batches of epoch e are in, ``EpochRun`` plans and runs this
     node's pieces in slices of ``step_pieces``, flushing value messages (one per destination)
-    whenever it runs out of ready pieces; it then sends each origin its report;
+    as soon as the pieces peers wait on have run, and whenever it runs out of ready pieces;
+    it then sends each origin its report;
   * completion: an origin answers its clients once every node has reported the epoch; this is
     where durability (group commit of the epoch) will hook in.
 
@@ -399,18 +401,60 @@ class Node:
         callers, self._callers = self._callers[:limit], self._callers[limit:]
         epoch = self._closed_epochs
         self._closed_epochs += 1
-        wire_batch = tuple((r.procedure, r.params) for r in batch)
-        self._inputs.setdefault(epoch, {})[self.id] = wire_batch
+        self._inputs.setdefault(epoch, {})[self.id] = batch
         self._assemblers[epoch] = (
             ResultAssembler(self.registry, batch, len(self.config.nodes)),
             callers,
         )
-        data = frame(("inputs", epoch, self.id, wire_batch))  # encoded once for every peer
-        for peer in self.peers:
-            self._send(peer, None, data)
+        for peer, body in self._peer_inputs(batch).items():
+            self._send(peer, ("inputs", epoch, self.id, body))
         for peer, report in self._early_reports.pop(epoch, ()):
             self._on_report(epoch, peer, report)
         self._wake.set()
+
+    def _peer_inputs(self, batch: list[TxnRequest]) -> dict[int, tuple]:
+        """Per peer: ``(calls, [(slot, procedure, params)], full)``, only the calls it plans.
+
+        A peer plans a call only when the route includes it (or cannot tell, then every node
+        plans it), so the others stay unsent; ``calls`` keeps the global indices. ``full`` is
+        the whole batch with ``order_log`` (for the order answer), else None.
+        """
+        if not self.peers:
+            return {}
+        sparse: dict[int, list[tuple]] = {peer: [] for peer in self.peers}
+        route = self.router.route
+        for slot, request in enumerate(batch):
+            nodes = route(request)
+            for peer in self.peers if nodes is None else nodes:
+                if peer != self.id:
+                    sparse[peer].append((slot, request.procedure, request.params))
+        full = None
+        if self.config.order_log:
+            full = tuple((r.procedure, r.params) for r in batch)
+        return {peer: (len(batch), entries, full) for peer, entries in sparse.items()}
+
+    def _batches(self, inputs: dict[int, Any]) -> list[list[TxnRequest | None]]:
+        """The epoch's batches per origin; a peer's unsent calls are None (not planned here)."""
+        batches: list[list[TxnRequest | None]] = []
+        for origin in range(len(self.config.nodes)):
+            if origin == self.id:
+                batches.append(inputs[origin])
+                continue
+            calls, entries, _ = inputs[origin]
+            batch: list[TxnRequest | None] = [None] * calls
+            for slot, procedure, params in entries:
+                batch[slot] = TxnRequest(procedure, params)
+            batches.append(batch)
+        return batches
+
+    def _log_order(self, inputs: dict[int, Any]) -> None:
+        logged = []
+        for origin in range(len(self.config.nodes)):
+            if origin == self.id:
+                logged.append(tuple((r.procedure, r.params) for r in inputs[origin]))
+            else:
+                logged.append(tuple(tuple(call) for call in inputs[origin][2]))
+        self._order.append(tuple(logged))
 
     async def _executor(self) -> None:
         nodes = len(self.config.nodes)
@@ -422,9 +466,9 @@ class Node:
                 await self._wake.wait()
             self.stats["timing_s/wait_inputs"] += time.perf_counter() - waited_s
             inputs = self._inputs.pop(epoch)
-            batches = [[TxnRequest(p, a) for p, a in inputs[n]] for n in range(nodes)]
+            batches = self._batches(inputs)
             if self.config.order_log:
-                self._order.append(tuple(inputs[n] for n in range(nodes)))
+                self._log_order(inputs)
             started_s = time.perf_counter()
             run = EpochRun(self.id, self.db, self.registry, self.router, batches)
             self.stats["txn/multi_node"] += run.multi_node_by_origin[self.id]

@@ -220,7 +220,8 @@ class EpochRun:
         db: this node's database (owned rows are current; see the module docstring).
         registry: the procedures.
         router: key and request routing.
-        batches: the epoch's input batches, one per origin node, in node order.
+        batches: the epoch's input batches, one per origin node, in node order; None stands
+            for another origin's call whose route leaves this node out (it keeps its index).
     """
 
     abort_edges = True  # only the canary test turns cross-node abort edges off
@@ -231,7 +232,7 @@ class EpochRun:
         db: Database,
         registry: ProcedureRegistry,
         router: Router,
-        batches: Sequence[Sequence[TxnRequest]],
+        batches: Sequence[Sequence[TxnRequest | None]],
     ) -> None:
         nodes = router.placement.nodes
         assert len(batches) == nodes, f"{len(batches)} input batches for {nodes} nodes"
@@ -248,7 +249,10 @@ class EpochRun:
     # -- planning and the local graph ------------------------------------------------------
 
     def _plan(
-        self, db: Database, registry: ProcedureRegistry, batches: Sequence[Sequence[TxnRequest]]
+        self,
+        db: Database,
+        registry: ProcedureRegistry,
+        batches: Sequence[Sequence[TxnRequest | None]],
     ) -> None:
         mine: list[tuple[int, int, int, frozenset[int] | None]] = []
         solo_route = frozenset({self.node})
@@ -256,6 +260,9 @@ class EpochRun:
         index = 0
         for origin, batch in enumerate(batches):
             for slot, request in enumerate(batch):
+                if request is None:  # another origin's call this node neither plans nor runs
+                    index += 1
+                    continue
                 routed = self.router.route(request)
                 if routed is not None and len(routed) > 1:
                     self.multi_node_by_origin[origin] += 1
@@ -394,7 +401,9 @@ class EpochRun:
     def step(self, budget: int) -> int:
         """Run up to ``budget`` ready pieces (oldest first); returns how many ran.
 
-        Zero with pieces remaining means this node waits for value messages.
+        Returns early once values are due to peers and no urgent piece is left, so they leave
+        before the local-only pieces run. Zero with pieces remaining means this node waits for
+        value messages.
         """
         graph, pieces, ready, urgent = self._graph, self._pieces, self._ready, self._urgent
         owners, in_degrees = graph.owners, graph.in_degrees
@@ -418,6 +427,8 @@ class EpochRun:
                 in_degrees[target] -= 1
                 if not in_degrees[target]:
                     heapq.heappush(urgent if target in sends else ready, target)
+            if self.outbox and not urgent:
+                break  # peers wait on these values: send them before the local-only pieces
         self.remaining -= ran
         assert self.remaining >= 0, f"{self.remaining} pieces remaining"
         return ran
