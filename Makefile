@@ -47,6 +47,7 @@ bench: install
 	$(PY) yatt/bench/step.py --threads 1
 	$(PY) yatt/bench/controllers.py
 	$(PY) yatt/bench/placement.py
+	$(PY) yatt/bench/trl_compare.py --steps 30 --threads 2
 	$(PY) tools/stitch_benchmarks.py
 
 clean:

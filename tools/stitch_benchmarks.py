@@ -18,6 +18,7 @@ ORDER = [
     "dgcc_logging",
     "yatt_rollout",
     "yatt_step",
+    "yatt_trl",
     "yatt_demo",
     "yatt_control",
 ]

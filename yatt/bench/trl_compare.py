@@ -1,0 +1,681 @@
+"""yatt vs TRL, side by side: the same GRPO run on the same machine, one after the other.
+
+    .venv/bin/python yatt/bench/trl_compare.py --tiny --steps 3     # smoke run, random-init model
+    .venv/bin/python yatt/bench/trl_compare.py --steps 30           # SmolLM2-135M-Instruct
+
+Installs `trl` (pinned, with torch held at its installed version) when it is absent, then runs
+yatt's GRPO and TRL's GRPOTrainer, each in its own subprocess, on the same model, prompts (in the
+same order), reward, group size, lengths, optimiser, schedule, threads and number of steps. Both
+final models are scored by yatt's greedy held-out evaluator on the same 200 problems. Writes
+docs/bench/yatt_trl.{json,md,png}. The settings that make the comparison fair are in FAIRNESS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT_DIR = ROOT / "docs" / "bench"
+TRL_VERSION = "1.16.0"
+FRAMEWORKS = ("yatt", "trl")
+FAIRNESS = {
+    "model": "same weights: SmolLM2-135M-Instruct from yatt.models.prepare_model (or the same "
+    "tiny random-init Llama with --tiny), fp32, no bf16 autocast, gradient checkpointing off",
+    "prompts": "yatt generate_task('addition') split into 5000 train / 200 held-out; both see the "
+    "same train prompts in the same order (yatt's PromptSampler order, TRL shuffle_dataset=False), "
+    "rendered by the tokenizer chat template with the generation prompt",
+    "reward": "1.0 if the last integer of the completion equals a + b, else 0.0 (yatt math_answer "
+    "for both; TRL gets it as a reward function)",
+    "group": "2 prompts x 4 completions per step, one optimiser step per generation batch "
+    "(TRL num_iterations=1, gradient_accumulation_steps=1)",
+    "sampling": "16 new tokens max, temperature 1, top_p 1, top_k off",
+    "loss": "clipped policy gradient, epsilon 0.2, token-mean aggregation (TRL loss_type='dapo', "
+    "yatt loss_agg=token_mean), group-std-normalised advantages, no KL (TRL beta=0, yatt "
+    "kl_coef=0); yatt skips the forward/backward of rows whose advantage is exactly 0 (their "
+    "gradient is exactly 0) but still takes the AdamW step every step, as TRL does",
+    "optimiser": "AdamW lr 5e-6, betas (0.9, 0.999), eps 1e-8, weight decay 0, linear decay to 0 "
+    "over --steps, no warm-up, grad-norm clip 1.0",
+    "threads": "the same torch intra-op thread count in both subprocesses (--threads)",
+    "eval": "greedy, 16 new tokens, 200 held-out problems, yatt's evaluate_engine on both final "
+    "models (TRL's is saved to a folder and reloaded); 'before' is the shared initial model",
+    "isolation": "each framework runs in its own subprocess, one after the other",
+}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The shared run shape; both frameworks are configured from this one object."""
+
+    model: str = "smollm2"
+    steps: int = 30
+    threads: int = 2
+    seed: int = 0
+    prompts_per_step: int = 2
+    n_samples: int = 4
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    lr: float = 5e-6
+    n_train: int = 5000
+    n_heldout: int = 200
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.model not in ("smollm2", "tiny"):
+            raise ValueError(f"model must be 'smollm2' or 'tiny', got {self.model!r}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def batch_completions(self) -> int:
+        return self.prompts_per_step * self.n_samples
+
+
+# ---------------------------------------------------------------- config building (no torch)
+
+
+def yatt_overrides(settings: BenchSettings, run_dir: str) -> list[str]:
+    """Dotted overrides on the `grpo_addition` preset that give the shared shape."""
+    return [
+        f"model.path={settings.model}", "model.dtype=float32",
+        f"data.n_train={settings.n_train}", f"data.n_heldout={settings.n_heldout}",
+        f"data.seed={settings.seed}", "data.use_chat_template=true",
+        "algo.name=grpo", f"algo.prompts_per_step={settings.prompts_per_step}",
+        "algo.kl_coef=0.0", "algo.ppo_passes=1", "algo.loss_agg=token_mean",
+        "algo.clip_low=0.2", "algo.clip_high=0.2", "algo.norm_std=true",
+        f"rollout.n_samples={settings.n_samples}",
+        f"rollout.max_new_tokens={settings.max_new_tokens}",
+        f"rollout.temperature={settings.temperature}", "rollout.top_p=1.0", "rollout.top_k=0",
+        f"optim.lr={settings.lr}", "optim.schedule=linear", "optim.warmup_steps=0",
+        "optim.weight_decay=0.0", "optim.grad_clip=1.0",
+        f"train.steps={settings.steps}", f"train.seed={settings.seed}",
+        f"train.torch_threads={settings.threads}", "train.bf16_autocast=false",
+        "eval.n=0", f"logging.run_dir={run_dir}", "logging.progress=false",
+        "logging.plots=false",
+    ]  # fmt: skip
+
+
+def trl_config_kwargs(settings: BenchSettings, output_dir: str) -> dict[str, Any]:
+    """Keyword arguments for trl.GRPOConfig that give the shared shape."""
+    return {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": settings.batch_completions,  # completions, not prompts
+        "num_generations": settings.n_samples,
+        "gradient_accumulation_steps": 1,
+        "num_iterations": 1,
+        "max_completion_length": settings.max_new_tokens,
+        "temperature": settings.temperature,
+        "top_p": 1.0,
+        "top_k": 0,
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "learning_rate": settings.lr,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "adam_epsilon": 1e-8,
+        "max_grad_norm": 1.0,
+        "optim": "adamw_torch",
+        "max_steps": settings.steps,
+        "seed": settings.seed,
+        "shuffle_dataset": False,
+        "gradient_checkpointing": False,
+        "bf16": False,
+        "fp16": False,
+        "use_cpu": True,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": False,
+        "log_completions": False,
+    }
+
+
+def worker_command(framework: str, settings: BenchSettings, result_path: Path) -> list[str]:
+    """The subprocess command line that runs one framework and writes its result JSON."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    return [
+        sys.executable, str(Path(__file__).resolve()), "--worker", framework,
+        "--result", str(result_path), "--steps", str(settings.steps),
+        "--threads", str(settings.threads), "--seed", str(settings.seed),
+        *(["--tiny"] if settings.model == "tiny" else []),
+    ]  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps for each framework")
+    parser.add_argument("--tiny", action="store_true", help="tiny random-init model (smoke run)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--no-install", action="store_true", help="fail if trl is missing")
+    parser.add_argument("--report-only", type=Path, help="rebuild md/png/table from this JSON")
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.worker and args.result is None:
+        parser.error("--worker needs --result")
+    return args
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    return BenchSettings(
+        model="tiny" if args.tiny else "smollm2",
+        steps=args.steps,
+        threads=args.threads,
+        seed=args.seed,
+    )
+
+
+# ---------------------------------------------------------------- installing trl
+
+
+def ensure_trl(allow_install: bool = True) -> str:
+    """Install trl==TRL_VERSION into this interpreter if absent, never changing torch; returns
+    the installed trl version. Raises RuntimeError if the install fails or moves torch."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("trl")
+    except md.PackageNotFoundError:
+        if not allow_install:
+            raise RuntimeError("trl is not installed and --no-install was given") from None
+    torch_version = md.version("torch").split("+")[0]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write(f"torch=={torch_version}\n")
+    command = [sys.executable, "-m", "pip", "install", f"trl=={TRL_VERSION}", "-c", handle.name]
+    logger.warning("installing: %s", " ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    installed = [line for line in done.stdout.splitlines() if line.startswith("Successfully")]
+    logger.warning("pip: %s", installed[-1] if installed else done.stdout.strip()[-300:])
+    if done.returncode != 0:
+        raise RuntimeError(f"pip install trl=={TRL_VERSION} failed: {done.stderr.strip()[-300:]}")
+    if md.version("torch").split("+")[0] != torch_version:
+        raise RuntimeError(f"installing trl changed torch from {torch_version}")
+    return md.version("trl")
+
+
+# ---------------------------------------------------------------- shared pieces (workers)
+
+
+def _data(settings: BenchSettings) -> tuple[list[Any], list[Any]]:
+    from yatt.builders import build_data
+    from yatt.config import DataConfig
+
+    config = DataConfig(
+        task="addition", n_train=settings.n_train, n_heldout=settings.n_heldout, seed=settings.seed
+    )
+    return build_data(config)
+
+
+def _prompt_order(settings: BenchSettings, n_train: int) -> list[int]:
+    """Train-prompt indices in the order yatt's trainer draws them (data.seed + train.seed)."""
+    from yatt.trainer import PromptSampler
+
+    sampler = PromptSampler(n_train, settings.seed + settings.seed)
+    return sampler.take(settings.steps * settings.prompts_per_step)
+
+
+def _load_model(settings: BenchSettings) -> tuple[Any, Any]:
+    import torch
+
+    from yatt.builders import build_model
+    from yatt.config import ModelConfig
+
+    model, tokenizer = build_model(ModelConfig(path=settings.model, dtype="float32"))
+    assert next(model.parameters()).dtype == torch.float32
+    return model, tokenizer
+
+
+def heldout_accuracy(model: Any, tokenizer: Any, heldout: list[Any], batch_size: int) -> float:
+    """yatt's greedy held-out accuracy (the one measure used for both frameworks)."""
+    import torch
+
+    from yatt.evaluate import evaluate_engine
+    from yatt.rollout import make_engine
+
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        accuracy, _ = evaluate_engine(
+            make_engine("yatt", model, tokenizer), tokenizer, heldout, batch_size=batch_size,
+            max_new_tokens=16, reward_fn="math_answer", use_chat_template=True,
+        )  # fmt: skip
+    model.train(was_training)
+    return accuracy
+
+
+def trl_prompt_ids_match(tokenizer: Any, example: Any) -> bool:
+    """True when TRL's tokenisation of a conversational prompt (the chat template applied with
+    tokenize=True) gives the same ids as yatt's (render_prompt, then add_special_tokens=False)."""
+    from yatt.data import render_prompt
+
+    messages = [{"role": "user", "content": example.prompt}]
+    trl_ids = tokenizer.apply_chat_template(
+        conversation=[messages], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"][0]
+    yatt_text = render_prompt(example, tokenizer, use_chat_template=True)
+    return list(trl_ids) == tokenizer(yatt_text, add_special_tokens=False)["input_ids"]
+
+
+def _step_record(
+    step_s: float, reward: float, completion_tokens: float, phases: dict, **extra: float
+) -> dict:
+    """One step's measurements; `extra`: cpu_s (process CPU time), zero_signal_frac (share of
+    groups whose rewards are all equal, so their policy gradient is exactly zero)."""
+    return {"step_s": step_s, "reward": reward, "completion_tokens": completion_tokens,
+            "phases_s": phases, **extra}  # fmt: skip
+
+
+# ---------------------------------------------------------------- yatt worker
+
+
+def run_yatt(settings: BenchSettings) -> dict[str, Any]:
+    from yatt.config import load_config
+    from yatt.trainer import Trainer
+
+    run_dir = tempfile.mkdtemp(prefix="yatt_trl_compare_")
+    trainer = Trainer(load_config("grpo_addition", yatt_overrides(settings, run_dir)))
+    heldout = trainer.heldout_set
+    before = heldout_accuracy(trainer.policy.model, trainer.tokenizer, heldout,
+                              settings.eval_batch_size)  # fmt: skip
+    steps = []
+    train_start_s = time.perf_counter()
+    while trainer.step < settings.steps:
+        metrics = trainer.train_step()
+        trainer.step += 1
+        phases = {key.removeprefix("timing_s/"): value for key, value in metrics.items()
+                  if key.startswith("timing_s/") and key != "timing_s/step"}  # fmt: skip
+        steps.append(_step_record(
+            metrics["timing_s/step"], metrics["critic/score/mean"],
+            metrics["response_length/mean"] * settings.batch_completions, phases,
+            cpu_s=metrics["perf/step_cpu_s"],
+            zero_signal_frac=1.0 - metrics["actor/trained_rows_frac"],
+        ))  # fmt: skip
+        logger.warning("yatt step %d/%d: %.2f s, reward %.2f", trainer.step, settings.steps,
+                       steps[-1]["step_s"], steps[-1]["reward"])  # fmt: skip
+    train_wall_s = time.perf_counter() - train_start_s
+    after = heldout_accuracy(trainer.policy.model, trainer.tokenizer, heldout,
+                             settings.eval_batch_size)  # fmt: skip
+    return {"framework": "yatt", "version": _version("yatt"), "steps": steps,
+            "train_wall_s": train_wall_s, "accuracy_before": before, "accuracy_after": after,
+            "torch_threads": _threads()}  # fmt: skip
+
+
+# ---------------------------------------------------------------- TRL worker
+
+
+def _timed(function: Any, sink: list[float]) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start_s = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start_s)
+
+    return wrapper
+
+
+def _trl_reward(completions: list[Any], answer: list[str], **_kwargs: Any) -> list[float]:
+    """yatt's math_answer on TRL's (conversational) completions."""
+    from yatt.rewards.math import math_answer
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [math_answer("", text, answer=ref) for text, ref in zip(texts, answer)]
+
+
+def run_trl(settings: BenchSettings) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.manual_seed(settings.seed)
+    train, heldout = _data(settings)
+    order = _prompt_order(settings, len(train))
+    rows = [{"prompt": [{"role": "user", "content": train[i].prompt}], "answer": train[i].answer}
+            for i in order]  # fmt: skip
+    model, tokenizer = _load_model(settings)
+    prompts_match = trl_prompt_ids_match(tokenizer, train[order[0]])
+    gen_s: list[float] = []
+    reward_s: list[float] = []
+    score_s: list[float] = []
+    model.generate = _timed(model.generate, gen_s)  # TRL calls the unwrapped model's generate
+    reward_fn = _timed(_trl_reward, reward_s)
+    reward_fn.__name__ = "math_answer"
+    records: list[dict[str, float]] = []
+    step_s: list[float] = []
+    cpu_s: list[float] = []
+
+    class _Recorder(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.start_s, self.start_cpu_s = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            step_s.append(time.perf_counter() - self.start_s)
+            cpu_s.append(time.process_time() - self.start_cpu_s)
+            logger.warning("trl step %d/%d: %.2f s", len(step_s), settings.steps, step_s[-1])
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+            records.append(dict(logs or {}))
+
+    class _TimedGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
+            return _timed(super()._generate_and_score_completions, score_s)(*args, **kwargs)
+
+    output_dir = tempfile.mkdtemp(prefix="trl_compare_")
+    torch.set_num_threads(settings.threads)
+    before = heldout_accuracy(model, tokenizer, heldout, settings.eval_batch_size)
+    trainer = _TimedGRPOTrainer(
+        model=model, reward_funcs=[reward_fn], processing_class=tokenizer,
+        args=GRPOConfig(**trl_config_kwargs(settings, output_dir)),
+        train_dataset=Dataset.from_list(rows), callbacks=[_Recorder()],
+    )  # fmt: skip
+    torch.set_num_threads(settings.threads)
+    train_start_s = time.perf_counter()
+    trainer.train()
+    train_wall_s = time.perf_counter() - train_start_s
+    final_dir = Path(output_dir) / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    from yatt.models import load_model, load_tokenizer
+
+    reloaded = load_model(final_dir, dtype=torch.float32)
+    after = heldout_accuracy(reloaded, load_tokenizer(final_dir), heldout, settings.eval_batch_size)
+    step_logs = [log for log in records if "reward" in log]
+    assert len(step_logs) == len(step_s) == settings.steps, (len(step_logs), len(step_s))
+    steps = []
+    for index, log in enumerate(step_logs):
+        phases = {"gen": gen_s[index], "reward": reward_s[index],
+                  "gen_and_score": score_s[index],
+                  "update": step_s[index] - score_s[index]}  # fmt: skip
+        if "step_time" in log:
+            phases["trl_step_time"] = log["step_time"]
+        tokens = log["completions/mean_length"] * settings.batch_completions
+        steps.append(_step_record(step_s[index], log["reward"], tokens, phases, cpu_s=cpu_s[index],
+                                  zero_signal_frac=log["frac_reward_zero_std"]))  # fmt: skip
+    return {"framework": "trl", "version": _version("trl"), "steps": steps,
+            "train_wall_s": train_wall_s, "accuracy_before": before, "accuracy_after": after,
+            "torch_threads": _threads(), "final_model_dir": str(final_dir),
+            "prompt_ids_match_yatt": prompts_match}  # fmt: skip
+
+
+def _version(package: str) -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version(package)
+    except md.PackageNotFoundError:
+        return "unknown"
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# ---------------------------------------------------------------- summary, report
+
+
+def summarize(result: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
+    """Throughput and timing summary of one framework's step records."""
+    steps = result["steps"]
+    total_s = sum(s["step_s"] for s in steps)
+    phase_names = sorted({name for s in steps for name in s["phases_s"]})
+    return {
+        "framework": result["framework"],
+        "version": result["version"],
+        "samples_per_s": settings.batch_completions * len(steps) / total_s,
+        "tokens_per_s": sum(s["completion_tokens"] for s in steps) / total_s,
+        "step_s_median": statistics.median(s["step_s"] for s in steps),
+        "step_s_mean": total_s / len(steps),
+        "phase_s_median": {
+            name: statistics.median(s["phases_s"].get(name, 0.0) for s in steps)
+            for name in phase_names
+        },
+        "reward_mean": statistics.fmean(s["reward"] for s in steps),
+        "cpu_s_median": _median_of(steps, "cpu_s"),
+        "zero_signal_frac": _mean_of(steps, "zero_signal_frac"),
+        "prompt_ids_match_yatt": result.get("prompt_ids_match_yatt"),
+        "accuracy_before": result["accuracy_before"],
+        "accuracy_after": result["accuracy_after"],
+        "torch_threads": result["torch_threads"],
+    }
+
+
+def _median_of(steps: list[dict], key: str) -> float | None:
+    """Median of `key` over the steps, or None when a step lacks it (older result files)."""
+    values = [s.get(key) for s in steps]
+    return None if None in values else statistics.median(values)
+
+
+def _mean_of(steps: list[dict], key: str) -> float | None:
+    values = [s.get(key) for s in steps]
+    return None if None in values else statistics.fmean(values)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _host() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": _version("transformers"), "trl": _version("trl"),
+        "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+        "processor": _cpu_model(), "load_avg_1m_end": os.getloadavg()[0],
+    }  # fmt: skip
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -> str:
+    yatt, trl = summaries["yatt"], summaries["trl"]
+    ratio = yatt["samples_per_s"] / trl["samples_per_s"]
+    model = "SmolLM2-135M-Instruct" if settings.model == "smollm2" else "tiny random-init Llama"
+    lines = [
+        "## yatt vs TRL: GRPO side by side",
+        "",
+        f"{model}, two-digit addition, {settings.prompts_per_step} prompts x "
+        f"{settings.n_samples} completions per step, {settings.max_new_tokens} new tokens, "
+        f"{settings.steps} steps each, {settings.threads} torch threads, one run "
+        f"(`yatt/bench/trl_compare.py`). yatt is **{ratio:.2f}x** TRL in completions/s.",
+        "",
+        "| | yatt | TRL |",
+        "|---|---|---|",
+        f"| version | {yatt['version']} | {trl['version']} |",
+        f"| completions/s | {yatt['samples_per_s']:.2f} | {trl['samples_per_s']:.2f} |",
+        f"| completion tokens/s | {yatt['tokens_per_s']:.1f} | {trl['tokens_per_s']:.1f} |",
+        f"| step s (median) | {yatt['step_s_median']:.2f} | {trl['step_s_median']:.2f} |",
+        f"| step s (mean) | {yatt['step_s_mean']:.2f} | {trl['step_s_mean']:.2f} |",
+        f"| process CPU s per step (median) | {_fmt(yatt['cpu_s_median'], '.2f')} "
+        f"| {_fmt(trl['cpu_s_median'], '.2f')} |",
+        f"| groups with all-equal rewards | {_fmt(yatt['zero_signal_frac'], '.0%')} "
+        f"| {_fmt(trl['zero_signal_frac'], '.0%')} |",
+        f"| mean train reward | {yatt['reward_mean']:.3f} | {trl['reward_mean']:.3f} |",
+        f"| held-out acc. before | {100 * yatt['accuracy_before']:.1f}% "
+        f"| {100 * trl['accuracy_before']:.1f}% |",
+        f"| held-out acc. after | {100 * yatt['accuracy_after']:.1f}% "
+        f"| {100 * trl['accuracy_after']:.1f}% |",
+        "",
+        "Median phase times (s) per step. yatt: its own phase timers; TRL: `gen` is "
+        "`model.generate`, `gen_and_score` is `_generate_and_score_completions` (generation, "
+        "reward, advantages), `update` = step - gen_and_score (forward, backward, AdamW), "
+        "`trl_step_time` is TRL's own logged `step_time`.",
+        "",
+    ]
+    for name, summary in summaries.items():
+        phases = ", ".join(
+            f"{k} {v:.2f}" for k, v in summary["phase_s_median"].items() if v >= 0.005
+        )
+        lines.append(f"- {name}: {phases}")
+    match = {True: "yes", False: "NO", None: "not checked"}[trl["prompt_ids_match_yatt"]]
+    lines += ["", f"TRL's prompt token ids equal yatt's (checked on the first prompt): {match}."]
+    lines += ["", "Fairness settings:", ""]
+    lines += [f"- **{key}**: {text}" for key, text in FAIRNESS.items()]
+    lines += [
+        "",
+        f"Machine: {host['cpus']} CPUs ({host['processor']}), python {host['python']}, torch "
+        f"{host['torch']}, transformers {host['transformers']}, trl {host['trl']}; 1-min load "
+        f"average at the end {host['load_avg_1m_end']:.1f} (other work on a shared machine "
+        "slows both runs and makes the ratio noisy).",
+        "",
+        "![reward curves and accuracy](yatt_trl.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _plot(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curve, bars) = plt.subplots(1, 2, figsize=(10, 4), width_ratios=(2, 1))
+    window = 5
+    for name, result in results.items():
+        rewards = [s["reward"] for s in result["steps"]]
+        smooth = [statistics.fmean(rewards[max(0, i - window + 1) : i + 1])
+                  for i in range(len(rewards))]  # fmt: skip
+        line = curve.plot(range(1, len(rewards) + 1), rewards, alpha=0.3)[0]
+        curve.plot(range(1, len(rewards) + 1), smooth, color=line.get_color(),
+                   label=f"{name} ({window}-step mean)")  # fmt: skip
+    curve.set(xlabel="step", ylabel="mean reward of the step's completions", title="train reward",
+              ylim=(-0.02, 1.02))  # fmt: skip
+    curve.legend()
+    names = list(results)
+    xs = range(len(names))
+    before = [100 * results[n]["accuracy_before"] for n in names]
+    after = [100 * results[n]["accuracy_after"] for n in names]
+    bars.bar([x - 0.2 for x in xs], before, width=0.4, label="before")
+    bars.bar([x + 0.2 for x in xs], after, width=0.4, label="after")
+    bars.set_xticks(list(xs), names)
+    bars.set(ylabel="held-out greedy accuracy (%)", title="200 held-out problems", ylim=(0, 100))
+    bars.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _print_table(summaries: dict[str, dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="yatt vs TRL (GRPO, same settings)")
+    table.add_column("metric")
+    for name in summaries:
+        table.add_column(name, justify="right")
+    rows = [
+        ("completions/s", "samples_per_s", "{:.2f}"),
+        ("tokens/s", "tokens_per_s", "{:.1f}"),
+        ("step s (median)", "step_s_median", "{:.2f}"),
+        ("reward mean", "reward_mean", "{:.3f}"),
+        ("acc. before", "accuracy_before", "{:.1%}"),
+        ("acc. after", "accuracy_after", "{:.1%}"),
+    ]
+    for label, key, fmt in rows:
+        table.add_row(label, *(fmt.format(s[key]) for s in summaries.values()))
+    ratio = summaries["yatt"]["samples_per_s"] / summaries["trl"]["samples_per_s"]
+    table.caption = f"yatt / TRL completions/s = {ratio:.2f}x"
+    Console().print(table)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    import torch
+
+    torch.set_num_threads(settings.threads)
+    result = run_yatt(settings) if args.worker == "yatt" else run_trl(settings)
+    result["settings"] = dataclasses.asdict(settings)
+    args.result.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return _run_worker(args)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.report_only:
+        payload = json.loads(args.report_only.read_text())
+        _write_report(args.out_dir, BenchSettings(**payload["settings"]), payload["runs"])
+        return 0
+    settings = settings_from_args(args)
+    trl_version = ensure_trl(allow_install=not args.no_install)
+    logger.warning("trl %s; running yatt then TRL, %d steps each", trl_version, settings.steps)
+    env = {**os.environ, "OMP_NUM_THREADS": str(settings.threads),
+           "MKL_NUM_THREADS": str(settings.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="trl_compare_") as scratch:
+        for framework in FRAMEWORKS:
+            result_path = Path(scratch) / f"{framework}.json"
+            start_s = time.perf_counter()
+            subprocess.run(worker_command(framework, settings, result_path), env=env, check=True)
+            results[framework] = json.loads(result_path.read_text())
+            print(f"[summary] framework={framework} wall_s={time.perf_counter() - start_s:.0f}",
+                  flush=True)  # fmt: skip
+    _write_report(args.out_dir, settings, results)
+    return 0
+
+
+def _write_report(out_dir: Path, settings: BenchSettings, results: dict[str, dict]) -> None:
+    summaries = {name: summarize(result, settings) for name, result in results.items()}
+    host = _host()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {"settings": dataclasses.asdict(settings), "fairness": FAIRNESS, "host": host,
+               "summary": summaries, "runs": results}  # fmt: skip
+    (out_dir / "yatt_trl.json").write_text(json.dumps(payload, indent=2))
+    (out_dir / "yatt_trl.md").write_text(_markdown(summaries, settings, host))
+    _plot(results, out_dir / "yatt_trl.png")
+    _print_table(summaries)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

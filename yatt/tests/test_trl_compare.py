@@ -1,0 +1,121 @@
+"""The TRL comparison script's argument parsing and config building (no TRL, no network)."""
+
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from yatt.config import load_config
+
+_PATH = Path(__file__).resolve().parents[1] / "bench" / "trl_compare.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("trl_compare_bench", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def test_defaults_are_the_reference_shape():
+    settings = bench.settings_from_args(bench.parse_args(["--threads", "2"]))
+    assert (settings.model, settings.steps, settings.threads) == ("smollm2", 30, 2)
+    assert settings.batch_completions == 8
+    assert (settings.max_new_tokens, settings.temperature, settings.lr) == (16, 1.0, 5e-6)
+    assert bench.settings_from_args(bench.parse_args(["--tiny"])).model == "tiny"
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--threads", "0"], ["--worker", "trl"]])
+def test_bad_arguments_exit(argv):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+
+
+def test_bad_settings_raise_naming_the_value():
+    with pytest.raises(ValueError, match="'gpt2'"):
+        bench.BenchSettings(model="gpt2")
+    with pytest.raises(ValueError, match="-1"):
+        bench.BenchSettings(steps=-1)
+
+
+def test_yatt_overrides_build_the_shared_config(tmp_path):
+    settings = bench.BenchSettings(model="tiny", steps=7, threads=3, seed=5)
+    config = load_config("grpo_addition", bench.yatt_overrides(settings, str(tmp_path)))
+    assert (config.model.path, config.model.dtype) == ("tiny", "float32")
+    assert (config.algo.name, config.algo.prompts_per_step, config.algo.kl_coef) == ("grpo", 2, 0)
+    assert (config.rollout.n_samples, config.rollout.max_new_tokens) == (4, 16)
+    assert (config.rollout.temperature, config.rollout.top_p, config.rollout.top_k) == (1, 1, 0)
+    assert (config.optim.lr, config.optim.schedule) == (5e-6, "linear")
+    assert config.optim.warmup_steps == 0
+    assert (config.train.steps, config.train.torch_threads, config.train.seed) == (7, 3, 5)
+    assert not config.train.bf16_autocast
+    assert (config.data.n_train, config.data.n_heldout, config.data.seed) == (5000, 200, 5)
+    assert config.eval.n == 0  # the bench evaluates both frameworks itself, the same way
+
+
+def test_trl_kwargs_mirror_the_yatt_config(tmp_path):
+    settings = bench.BenchSettings(steps=9, seed=2)
+    kwargs = bench.trl_config_kwargs(settings, str(tmp_path))
+    config = load_config("grpo_addition", bench.yatt_overrides(settings, str(tmp_path)))
+    completions = config.algo.prompts_per_step * config.rollout.n_samples
+    assert kwargs["per_device_train_batch_size"] == completions
+    assert kwargs["num_generations"] == config.rollout.n_samples
+    assert kwargs["max_completion_length"] == config.rollout.max_new_tokens
+    assert kwargs["learning_rate"] == config.optim.lr
+    assert kwargs["max_grad_norm"] == config.optim.grad_clip
+    assert kwargs["epsilon"] == config.algo.clip_low == config.algo.clip_high
+    assert (kwargs["beta"], kwargs["max_steps"], kwargs["seed"]) == (0.0, 9, 2)
+    assert (kwargs["gradient_accumulation_steps"], kwargs["num_iterations"]) == (1, 1)
+    assert not (kwargs["bf16"] or kwargs["fp16"] or kwargs["gradient_checkpointing"])
+    assert kwargs["shuffle_dataset"] is False  # prompts come in yatt's sampler order
+
+
+def test_worker_command_passes_the_settings(tmp_path):
+    settings = bench.BenchSettings(model="tiny", steps=4, threads=1, seed=3)
+    command = bench.worker_command("trl", settings, tmp_path / "r.json")
+    back = bench.settings_from_args(bench.parse_args(command[2:]))
+    assert back == settings
+    with pytest.raises(ValueError, match="'jax'"):
+        bench.worker_command("jax", settings, tmp_path / "r.json")
+
+
+def test_missing_trl_without_install_raises(monkeypatch):
+    real_version = importlib.metadata.version
+
+    def version(name):
+        if name == "trl":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(RuntimeError, match="no-install"):
+        bench.ensure_trl(allow_install=False)
+
+
+def test_summary_counts_completions_and_tokens():
+    settings = bench.BenchSettings(steps=2)
+    steps = [
+        {"step_s": 2.0, "reward": 0.5, "completion_tokens": 80.0, "phases_s": {"gen": 1.0}},
+        {"step_s": 6.0, "reward": 0.0, "completion_tokens": 40.0, "phases_s": {"gen": 3.0}},
+    ]
+    result = {"framework": "x", "version": "0", "steps": steps, "accuracy_before": 0.1,
+              "accuracy_after": 0.2, "torch_threads": 2}  # fmt: skip
+    summary = bench.summarize(result, settings)
+    assert summary["samples_per_s"] == pytest.approx(16 / 8)
+    assert summary["tokens_per_s"] == pytest.approx(120 / 8)
+    assert summary["step_s_median"] == pytest.approx(4.0)
+    assert summary["phase_s_median"]["gen"] == pytest.approx(2.0)
+
+
+def test_trl_and_yatt_tokenise_the_prompt_identically():
+    from yatt.data import generate_task
+    from yatt.models import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2")
+    assert bench.trl_prompt_ids_match(tokenizer, generate_task("addition", 1, seed=0)[0])
