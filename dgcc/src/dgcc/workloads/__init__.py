@@ -90,15 +90,8 @@ def get_workload(name: str, **options: Any) -> Workload:
 
 
 def _load_builtin() -> None:
-    # Imported lazily so that importing dgcc.workloads stays cheap.
-    import importlib
-
-    for module in ("tpcc", "ycsb", "smallbank"):
-        try:
-            importlib.import_module(f"dgcc.workloads.{module}")
-        except ModuleNotFoundError as error:
-            if error.name != f"dgcc.workloads.{module}":
-                raise
+    """Register the built-in workloads (imported here, not at module top, to keep this cheap)."""
+    from dgcc.workloads import smallbank, tpcc, ycsb  # noqa: F401 - imported to register
 
 
 __all__ = ["WORKLOADS", "Workload", "get_workload", "register_workload"]
