@@ -6,8 +6,9 @@
 Installs `trl` (pinned, with torch held at its installed version) when it is absent, then runs
 yatt's GRPO and TRL's GRPOTrainer, each in its own subprocess, on the same model, prompts (in the
 same order), reward, group size, lengths, optimiser, schedule, threads and number of steps. Both
-final models are scored by yatt's greedy held-out evaluator on the same 200 problems. Writes
-docs/bench/yatt_trl.{json,md,png}. The settings that make the comparison fair are in FAIRNESS.
+models are scored by yatt's greedy held-out evaluator on the same 200 problems every
+--eval-every steps (accuracy curves). Writes docs/bench/yatt_trl.{json,md,png}. The settings
+that make the comparison fair are in FAIRNESS.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ FAIRNESS = {
     "optimiser": "AdamW lr 5e-6, betas (0.9, 0.999), eps 1e-8, weight decay 0, linear decay to 0 "
     "over --steps, no warm-up, grad-norm clip 1.0",
     "threads": "the same torch intra-op thread count in both subprocesses (--threads)",
-    "eval": "greedy, 16 new tokens, 200 held-out problems, yatt's evaluate_engine on both final "
-    "models (TRL's is saved to a folder and reloaded); 'before' is the shared initial model",
+    "eval": "greedy, 16 new tokens, 200 held-out problems, yatt's evaluate_engine on both "
+    "in-memory models at step 0 and every --eval-every steps, timed apart from the steps (TRL's "
+    "final model is also saved, reloaded and scored again as a check); step 0 is the shared "
+    "initial model",
     "isolation": "each framework runs in its own subprocess, one after the other",
 }
 
@@ -76,6 +79,7 @@ class BenchSettings:
     n_train: int = 5000
     n_heldout: int = 200
     eval_batch_size: int = 64
+    eval_every: int = 10  # held-out accuracy every this many steps (and at the start and end)
 
     def __post_init__(self) -> None:
         if self.model not in ("smollm2", "tiny"):
@@ -84,6 +88,12 @@ class BenchSettings:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+
+    def evaluates_after(self, step: int) -> bool:
+        """True when the held-out accuracy is measured after training step `step` (1-based)."""
+        return step % self.eval_every == 0 or step == self.steps
 
     @property
     def batch_completions(self) -> int:
@@ -164,7 +174,7 @@ def worker_command(framework: str, settings: BenchSettings, result_path: Path) -
         sys.executable, str(Path(__file__).resolve()), "--worker", framework,
         "--result", str(result_path), "--steps", str(settings.steps),
         "--threads", str(settings.threads), "--seed", str(settings.seed),
-        *(["--tiny"] if settings.model == "tiny" else []),
+        "--eval-every", str(settings.eval_every), *(["--tiny"] if settings.model == "tiny" else []),
     ]  # fmt: skip
 
 
@@ -174,6 +184,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="tiny random-init model (smoke run)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=10,
+        help="held-out accuracy every N steps (timed apart from the steps)",
+    )
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--no-install", action="store_true", help="fail if trl is missing")
     parser.add_argument("--report-only", type=Path, help="rebuild md/png/table from this JSON")
@@ -184,6 +200,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.eval_every < 1:
+        parser.error(f"--eval-every must be >= 1, got {args.eval_every}")
     if args.worker and args.result is None:
         parser.error("--worker needs --result")
     return args
@@ -195,6 +213,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         steps=args.steps,
         threads=args.threads,
         seed=args.seed,
+        eval_every=args.eval_every,
     )
 
 
@@ -308,8 +327,8 @@ def run_yatt(settings: BenchSettings) -> dict[str, Any]:
     run_dir = tempfile.mkdtemp(prefix="yatt_trl_compare_")
     trainer = Trainer(load_config("grpo_addition", yatt_overrides(settings, run_dir)))
     heldout = trainer.heldout_set
-    before = heldout_accuracy(trainer.policy.model, trainer.tokenizer, heldout,
-                              settings.eval_batch_size)  # fmt: skip
+    curve = _AccuracyCurve(settings, heldout)
+    curve.measure(0, trainer.policy.model, trainer.tokenizer)
     steps = []
     train_start_s = time.perf_counter()
     while trainer.step < settings.steps:
@@ -325,12 +344,38 @@ def run_yatt(settings: BenchSettings) -> dict[str, Any]:
         ))  # fmt: skip
         logger.warning("yatt step %d/%d: %.2f s, reward %.2f", trainer.step, settings.steps,
                        steps[-1]["step_s"], steps[-1]["reward"])  # fmt: skip
-    train_wall_s = time.perf_counter() - train_start_s
-    after = heldout_accuracy(trainer.policy.model, trainer.tokenizer, heldout,
-                             settings.eval_batch_size)  # fmt: skip
-    return {"framework": "yatt", "version": _version("yatt"), "steps": steps,
-            "train_wall_s": train_wall_s, "accuracy_before": before, "accuracy_after": after,
-            "torch_threads": _threads()}  # fmt: skip
+        if settings.evaluates_after(trainer.step):
+            curve.measure(trainer.step, trainer.policy.model, trainer.tokenizer)
+    train_wall_s = time.perf_counter() - train_start_s - curve.spent_s
+    return {
+        "framework": "yatt",
+        "version": _version("yatt"),
+        "steps": steps,
+        "train_wall_s": train_wall_s,
+        **curve.result(),
+        "torch_threads": _threads(),
+    }
+
+
+class _AccuracyCurve:
+    """Held-out greedy accuracy at step 0 and every `eval_every` steps; the time it takes is
+    kept apart (`spent_s`) so that it never counts as training time."""
+
+    def __init__(self, settings: BenchSettings, heldout: list[Any]) -> None:
+        self.settings, self.heldout = settings, heldout
+        self.points: list[tuple[int, float]] = []
+        self.spent_s = 0.0
+
+    def measure(self, step: int, model: Any, tokenizer: Any) -> None:
+        start_s = time.perf_counter()
+        accuracy = heldout_accuracy(model, tokenizer, self.heldout, self.settings.eval_batch_size)
+        self.spent_s += time.perf_counter() - start_s
+        self.points.append((step, accuracy))
+        logger.warning("step %d: held-out accuracy %.1f%%", step, 100 * accuracy)
+
+    def result(self) -> dict[str, Any]:
+        return {"accuracy_curve": self.points, "accuracy_before": self.points[0][1],
+                "accuracy_after": self.points[-1][1]}  # fmt: skip
 
 
 # ---------------------------------------------------------------- TRL worker
@@ -378,6 +423,8 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     step_s: list[float] = []
     cpu_s: list[float] = []
 
+    curve = _AccuracyCurve(settings, heldout)
+
     class _Recorder(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.start_s, self.start_cpu_s = time.perf_counter(), time.process_time()
@@ -386,6 +433,8 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
             step_s.append(time.perf_counter() - self.start_s)
             cpu_s.append(time.process_time() - self.start_cpu_s)
             logger.warning("trl step %d/%d: %.2f s", len(step_s), settings.steps, step_s[-1])
+            if settings.evaluates_after(len(step_s)):  # before the last log: reward is logged
+                curve.measure(len(step_s), model, tokenizer)  # after on_step_end
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             records.append(dict(logs or {}))
@@ -396,7 +445,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
 
     output_dir = tempfile.mkdtemp(prefix="trl_compare_")
     torch.set_num_threads(settings.threads)
-    before = heldout_accuracy(model, tokenizer, heldout, settings.eval_batch_size)
+    curve.measure(0, model, tokenizer)
     trainer = _TimedGRPOTrainer(
         model=model, reward_funcs=[reward_fn], processing_class=tokenizer,
         args=GRPOConfig(**trl_config_kwargs(settings, output_dir)),
@@ -405,14 +454,16 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     train_start_s = time.perf_counter()
     trainer.train()
-    train_wall_s = time.perf_counter() - train_start_s
+    train_wall_s = time.perf_counter() - train_start_s - curve.spent_s
     final_dir = Path(output_dir) / "final"
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))
     from yatt.models import load_model, load_tokenizer
 
     reloaded = load_model(final_dir, dtype=torch.float32)
-    after = heldout_accuracy(reloaded, load_tokenizer(final_dir), heldout, settings.eval_batch_size)
+    saved = heldout_accuracy(reloaded, load_tokenizer(final_dir), heldout, settings.eval_batch_size)
+    if saved != curve.points[-1][1]:
+        logger.warning("TRL's saved model scores %.3f, in memory %.3f", saved, curve.points[-1][1])
     step_logs = [log for log in records if "reward" in log]
     assert len(step_logs) == len(step_s) == settings.steps, (len(step_logs), len(step_s))
     steps = []
@@ -426,8 +477,9 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
         steps.append(_step_record(step_s[index], log["reward"], tokens, phases, cpu_s=cpu_s[index],
                                   zero_signal_frac=log["frac_reward_zero_std"]))  # fmt: skip
     return {"framework": "trl", "version": _version("trl"), "steps": steps,
-            "train_wall_s": train_wall_s, "accuracy_before": before, "accuracy_after": after,
-            "torch_threads": _threads(), "final_model_dir": str(final_dir),
+            "train_wall_s": train_wall_s, **curve.result(),
+            "torch_threads": _threads(), "accuracy_saved_model": saved,
+            "final_model_dir": str(final_dir),
             "prompt_ids_match_yatt": prompts_match}  # fmt: skip
 
 
@@ -471,6 +523,7 @@ def summarize(result: dict[str, Any], settings: BenchSettings) -> dict[str, Any]
         "prompt_ids_match_yatt": result.get("prompt_ids_match_yatt"),
         "accuracy_before": result["accuracy_before"],
         "accuracy_after": result["accuracy_after"],
+        "accuracy_curve": result.get("accuracy_curve", []),
         "torch_threads": result["torch_threads"],
     }
 
@@ -540,6 +593,7 @@ def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -
         f"| held-out acc. after | {100 * yatt['accuracy_after']:.1f}% "
         f"| {100 * trl['accuracy_after']:.1f}% |",
         "",
+        *_curve_table(yatt["accuracy_curve"], trl["accuracy_curve"]),
         "Median phase times (s) per step. yatt: its own phase timers; TRL: `gen` is "
         "`model.generate`, `gen_and_score` is `_generate_and_score_completions` (generation, "
         "reward, advantages), `update` = step - gen_and_score (forward, backward, AdamW), "
@@ -568,13 +622,32 @@ def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -
     return "\n".join(lines)
 
 
+def _curve_table(yatt_curve: list, trl_curve: list) -> list[str]:
+    """Markdown rows of held-out accuracy by step for both frameworks (empty without curves)."""
+    if not yatt_curve or not trl_curve:
+        return []
+    trl_at = dict((int(step), accuracy) for step, accuracy in trl_curve)
+    lines = [
+        "Held-out greedy accuracy (200 problems) during training; evaluation time is not "
+        "counted in the step times.",
+        "",
+        "| step | yatt | TRL |",
+        "|---:|---:|---:|",
+    ]
+    for step, accuracy in yatt_curve:
+        other = trl_at.get(int(step))
+        lines.append(f"| {int(step)} | {100 * accuracy:.1f}% | "
+                     f"{'n/a' if other is None else f'{100 * other:.1f}%'} |")  # fmt: skip
+    return [*lines, ""]
+
+
 def _plot(results: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (curve, bars) = plt.subplots(1, 2, figsize=(10, 4), width_ratios=(2, 1))
+    fig, (curve, bars) = plt.subplots(1, 2, figsize=(11, 4))
     window = 5
     for name, result in results.items():
         rewards = [s["reward"] for s in result["steps"]]
@@ -586,14 +659,14 @@ def _plot(results: dict[str, dict], path: Path) -> None:
     curve.set(xlabel="step", ylabel="mean reward of the step's completions", title="train reward",
               ylim=(-0.02, 1.02))  # fmt: skip
     curve.legend()
-    names = list(results)
-    xs = range(len(names))
-    before = [100 * results[n]["accuracy_before"] for n in names]
-    after = [100 * results[n]["accuracy_after"] for n in names]
-    bars.bar([x - 0.2 for x in xs], before, width=0.4, label="before")
-    bars.bar([x + 0.2 for x in xs], after, width=0.4, label="after")
-    bars.set_xticks(list(xs), names)
-    bars.set(ylabel="held-out greedy accuracy (%)", title="200 held-out problems", ylim=(0, 100))
+    for name, result in results.items():
+        points = result.get("accuracy_curve") or [
+            (0, result["accuracy_before"]),
+            (len(result["steps"]), result["accuracy_after"]),
+        ]
+        bars.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=name)
+    bars.set(xlabel="step", ylabel="held-out greedy accuracy (%)", title="200 held-out problems",
+             ylim=(0, 100))  # fmt: skip
     bars.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

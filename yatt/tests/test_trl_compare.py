@@ -77,7 +77,7 @@ def test_trl_kwargs_mirror_the_yatt_config(tmp_path):
 
 
 def test_worker_command_passes_the_settings(tmp_path):
-    settings = bench.BenchSettings(model="tiny", steps=4, threads=1, seed=3)
+    settings = bench.BenchSettings(model="tiny", steps=4, threads=1, seed=3, eval_every=2)
     command = bench.worker_command("trl", settings, tmp_path / "r.json")
     back = bench.settings_from_args(bench.parse_args(command[2:]))
     assert back == settings
@@ -119,3 +119,16 @@ def test_trl_and_yatt_tokenise_the_prompt_identically():
 
     tokenizer = load_tokenizer("smollm2")
     assert bench.trl_prompt_ids_match(tokenizer, generate_task("addition", 1, seed=0)[0])
+
+
+def test_accuracy_is_measured_every_n_steps_and_at_the_end():
+    settings = bench.BenchSettings(steps=25, eval_every=10)
+    assert [s for s in range(1, 26) if settings.evaluates_after(s)] == [10, 20, 25]
+    with pytest.raises(ValueError, match="eval_every must be >= 1, got 0"):
+        bench.BenchSettings(eval_every=0)
+
+
+def test_curve_table_lines_up_both_frameworks_by_step():
+    rows = bench._curve_table([(0, 0.1), (10, 0.5)], [(0, 0.1), (10, 0.25)])
+    assert "| 10 | 50.0% | 25.0% |" in rows
+    assert bench._curve_table([], [(0, 0.1)]) == []
