@@ -287,8 +287,11 @@ def _markdown(records: list[dict], pairs, facts: dict, geo_means: dict, cpu_mean
         "(fp32 greedy outputs are checked identical; in bf16 rounding differs between the two, "
         "since HF's bf16 copy also rounds the rotary buffers). HF `generate` keeps finished "
         "rows in the batch; yatt drops them and prefills identical prompts and the prefix they all "
-        "share (the chat template's system prompt) once. `*-bf16`: HF on "
-        "a bf16 copy of the model, yatt with bf16 compute on the shared fp32 weights.",
+        "share (the chat template's system prompt) once, and runs its own fused Llama forward "
+        "(Q|K|V and gate|up as one matmul each, keys/values written in place into one "
+        "preallocated cache, grouped-query attention without repeating keys). `*-bf16`: HF on "
+        "a bf16 copy of the model, yatt with bf16 compute on fused bf16 copies of the shared "
+        "fp32 weights (refreshed when the weights change).",
         "",
         "Columns give generated tokens/s (wall clock); speedup is yatt over HF in the same "
         "dtype, by wall clock and by the process's CPU time (tokens per CPU-second), which "

@@ -318,8 +318,9 @@ def test_public_api_is_exported():
         "HFGenerateEngine",
         "RolloutEngine",
         "SamplingParams",
+        "VLLMEngine",
         "make_engine",
     }
     assert set(rollout.__all__) == expected
     assert all(hasattr(rollout, name) for name in rollout.__all__)
-    assert set(rollout.BACKENDS) == {"yatt", "hf"}
+    assert set(rollout.BACKENDS) == {"yatt", "hf", "vllm"}

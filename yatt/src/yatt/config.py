@@ -93,7 +93,12 @@ class RolloutConfig:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _require(self.backend in ("yatt", "hf"), "rollout.backend", self.backend, "'yatt' or 'hf'")
+        _require(
+            self.backend in ("yatt", "hf", "vllm"),
+            "rollout.backend",
+            self.backend,
+            "'yatt', 'hf' or 'vllm'",
+        )
         _require(self.n_samples >= 1, "rollout.n_samples", self.n_samples, "an int >= 1")
         _require(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, ">= 1")
         _require(self.temperature >= 0, "rollout.temperature", self.temperature, ">= 0")

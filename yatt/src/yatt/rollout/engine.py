@@ -2,24 +2,25 @@
 
 Prompts are laid out in a preallocated cache (`kv.py`): identical prompts (a GRPO group) and a
 prefix common to all (a chat template's system prompt) are prefilled once; the engine builds
-position ids and 4D masks itself, samples with per-request uniforms (`sampling.py`) and drops
-finished rows from the batch as they accumulate. The model object is used as is, never copied:
-a colocated trainer that updates it is seen by the next `generate`. On CUDA each decode step
-still syncs once to read the sampled tokens; static shapes and CUDA graphs are a later step.
+position ids and 4D masks itself and samples with per-request uniforms (`sampling.py`).
+Llama-family models run yatt's fused decoder (`decoder.py`), others HF's forward (`forward.py`).
+Two decode loops: dynamic (CPU default) drops finished rows from the batch as they accumulate;
+static (CUDA default, `static.py`) keeps shapes fixed, replays each step as a CUDA graph and reads
+tokens back only every `sync_every` steps. The model object is used as is, never copied: a
+colocated trainer that updates it is seen by the next `generate`.
 """
 
-import inspect
 import logging
 from dataclasses import dataclass, field
 
 import torch
-from torch.func import functional_call
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import Cache
 
 from yatt.errors import ConfigError
-from yatt.rollout.kv import PromptLayout, make_cache
+from yatt.rollout.forward import DecoderForward, make_forward
+from yatt.rollout.kv import PromptLayout
 from yatt.rollout.sampling import SamplingParams, draw_uniforms, sample_next
+from yatt.rollout.static import decode_static
 
 __all__ = ["Completion", "RolloutEngine", "eos_token_ids"]
 
@@ -53,30 +54,6 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-class _CastWeights:
-    """The model's parameters cast to another dtype, recast only when a parameter changed.
-
-    A parameter counts as changed when its in-place version counter or its storage moved, which
-    covers optimizer steps, `load_state_dict` and `param.data = ...`.
-    """
-
-    def __init__(self, model: PreTrainedModel, dtype: torch.dtype) -> None:
-        self.model = model
-        self.dtype = dtype
-        self._cast: dict[str, tuple[tuple[int, int, int], torch.Tensor]] = {}
-
-    def current(self) -> dict[str, torch.Tensor]:
-        weights = {}
-        for name, param in self.model.named_parameters():
-            stamp = (id(param), param._version, param.data_ptr())
-            cached = self._cast.get(name)
-            if cached is None or cached[0] != stamp:
-                cached = (stamp, param.detach().to(self.dtype))
-                self._cast[name] = cached
-            weights[name] = cached[1]
-        return weights
 
 
 @dataclass
@@ -128,6 +105,9 @@ class RolloutEngine(EngineBase):
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        static: bool | None = None,
+        sync_every: int | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         """Args:
         model: the causal LM to sample from; used in place, never copied.
@@ -136,15 +116,37 @@ class RolloutEngine(EngineBase):
         dtype: compute dtype for rollouts (e.g. torch.bfloat16 on a CPU with bf16 support);
             None runs the model's own weights. Another dtype runs a cast copy of the
             weights that is refreshed whenever a parameter changes, so it is never stale.
+        static: decode with fixed shapes (no dropping of finished rows, attention over the
+            whole cache under a mask) so a step can be replayed as a CUDA graph; default on
+            CUDA only. Needs a Llama-family model (`LlamaDecoder.supports`).
+        sync_every: read sampled tokens back to the host every this many steps (stop checks
+            and early exit); default 1 for dynamic decoding, 16 for static.
+        cuda_graphs: replay the static decode step as a CUDA graph; default on for static
+            decoding on CUDA.
+        Raises:
+            ConfigError: static decoding of an unsupported model, CUDA graphs off CUDA or
+                without static decoding, or sync_every < 1.
         """
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else model.device
-        model_dtype = next(model.parameters()).dtype
-        self._cast = _CastWeights(model, dtype) if dtype not in (None, model_dtype) else None
-        params = inspect.signature(model.forward).parameters
-        # transformers >= 5.2x names the cache argument `cache`; older 5.x `past_key_values`.
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._forward = make_forward(model, dtype)
+        on_cuda = self.device.type == "cuda"
+        self.static = on_cuda if static is None else static
+        if self.static and not isinstance(self._forward, DecoderForward):
+            raise ConfigError(
+                f"static decoding needs a Llama-family model, got {model.config.model_type!r}"
+            )
+        self.sync_every = sync_every if sync_every is not None else (16 if self.static else 1)
+        if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int):
+            raise ConfigError(f"sync_every must be an int >= 1, got {self.sync_every!r}")
+        if self.sync_every < 1:
+            raise ConfigError(f"sync_every must be an int >= 1, got {self.sync_every!r}")
+        self.cuda_graphs = (on_cuda and self.static) if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and not (on_cuda and self.static):
+            raise ConfigError(
+                f"cuda_graphs needs static decoding on a CUDA device, got device {self.device}"
+            )
         self._pad_id = _pad_token_id(tokenizer)
 
     def generate(
@@ -183,62 +185,72 @@ class RolloutEngine(EngineBase):
             unique, params.max_new_tokens, self._pad_id, self.device, self.min_shared_prefix
         )
         uniforms = draw_uniforms(seeds, params.max_new_tokens, self.device)  # (B, N)
-        cache = make_cache(self._n_layers(), layout.capacity)
-        weights = self._cast.current() if self._cast is not None else None
-        logits = self._prefill(layout, cache, weights)  # (U, V)
+        self._forward.prepare(layout.capacity, self.device)
+        n_rows = 1 if layout.prefix_len else len(unique)  # a shared prefix fills one row first
+        cache = self._forward.new_cache(n_rows, layout.capacity, self.device)
+        logits = self._prefill(layout, cache)  # (U, V)
         if len(unique) < len(rows):
             expand = torch.tensor(inverse, device=self.device)
-            cache.batch_select_indices(expand)
+            self._forward.select(cache, expand)
             layout.select(expand)
             logits = logits.index_select(0, expand)  # (B, V)
-        active = list(range(len(rows)))  # original row index of each batch row
-        for step in range(params.max_new_tokens):
-            tokens, logps = sample_next(logits, params, uniforms[:, step])
-            for row_index, token, logp in zip(active, tokens.tolist(), logps.tolist()):
-                if rows[row_index].finish_reason is None:  # finished rows await compaction
-                    _append_token(rows[row_index], token, logp, params, eos_ids, self.tokenizer)
-            still = [i for i, r in enumerate(active) if rows[r].finish_reason is None]
-            if not still:
-                break
-            if len(active) - len(still) >= max(1, self.compact_fraction * len(active)):
-                keep = torch.tensor(still, device=self.device)
-                cache.batch_select_indices(keep)
-                layout.select(keep)
-                tokens, uniforms = tokens[keep], uniforms[keep]
-                active = [active[i] for i in still]
-            logits = self._forward(layout.decode_step(tokens), cache, weights)
+        if self.static:
+            decode_static(
+                self._forward.decoder,
+                layout,
+                cache,
+                logits,
+                uniforms,
+                rows,
+                _StopRule(params, eos_ids, self.tokenizer),
+                self.sync_every,
+                self.cuda_graphs,
+            )
+        else:
+            self._decode(layout, cache, logits, uniforms, rows, params, eos_ids)
         assert all(r.finish_reason is not None for r in rows), "a row never finished"
         return rows
 
-    def _prefill(
-        self, layout: PromptLayout, cache: Cache, weights: dict[str, torch.Tensor] | None
-    ) -> torch.Tensor:
+    def _decode(self, layout, cache, logits, uniforms, rows, params, eos_ids) -> None:
+        """Decode with the batch shrinking as rows finish, syncing every `sync_every` steps."""
+        stop_rule = _StopRule(params, eos_ids, self.tokenizer)
+        active = list(range(len(rows)))  # original row index of each batch row
+        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for step in range(params.max_new_tokens):
+            tokens, logps = sample_next(logits, params, uniforms[:, step])
+            pending.append((tokens, logps))
+            last = step == params.max_new_tokens - 1
+            if len(pending) == self.sync_every or last:
+                step_tokens = torch.stack([t for t, _ in pending], dim=1)  # (B, k)
+                step_logps = torch.stack([lp for _, lp in pending], dim=1)
+                stop_rule.feed([rows[i] for i in active], step_tokens, step_logps)
+                pending = []
+                still = [i for i, r in enumerate(active) if rows[r].finish_reason is None]
+                if not still:
+                    break
+                if len(active) - len(still) >= max(1, self.compact_fraction * len(active)):
+                    keep = torch.tensor(still, device=self.device)
+                    self._forward.select(cache, keep)
+                    layout.select(keep)
+                    tokens, uniforms = tokens[keep], uniforms[keep]
+                    active = [active[i] for i in still]
+            logits = self._forward.forward(layout.decode_step(tokens), cache)
+
+    def _prefill(self, layout: PromptLayout, cache) -> torch.Tensor:
         """Fill the cache with the prompts; returns next-token logits (U, V)."""
         if layout.prefix_len:
             # The shared prefix runs for one row, whose cache entries are then copied to all.
-            self._forward(layout.prompt_chunk(layout.prefix_len, rows=1), cache, weights)
+            self._forward.forward(layout.prompt_chunk(layout.prefix_len, rows=1), cache)
             n_rows = layout.input_ids.shape[0]
-            cache.batch_select_indices(torch.zeros(n_rows, dtype=torch.long, device=self.device))
-        return self._forward(layout.prompt_chunk(layout.width), cache, weights)
-
-    def _forward(
-        self, inputs: dict, cache: Cache, weights: dict[str, torch.Tensor] | None
-    ) -> torch.Tensor:
-        """One model call (with `weights` swapped in if given); next-token logits (B, V)."""
-        inputs |= {self._cache_kwarg: cache, "use_cache": True, "logits_to_keep": 1}
-        if weights is None:
-            return self.model(**inputs).logits[:, -1, :]
-        return functional_call(self.model, weights, (), inputs).logits[:, -1, :]
+            rows = torch.zeros(n_rows, dtype=torch.long, device=self.device)
+            self._forward.select(cache, rows)
+        return self._forward.forward(layout.prompt_chunk(layout.width), cache)
 
     def _to_completion(self, row: _Row) -> Completion:
         assert row.finish_reason in ("stop", "length"), row.finish_reason
         assert len(row.token_ids) == len(row.logprobs), "tokens and logprobs out of step"
         text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         return Completion(row.prompt_ids, row.token_ids, text, row.finish_reason, row.logprobs)
-
-    def _n_layers(self) -> int:
-        config = self.model.config.get_text_config()
-        return int(config.num_hidden_layers)
 
 
 def _dedupe(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -254,6 +266,30 @@ def _pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if pad is None:
         raise ConfigError("tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token")
     return int(pad)
+
+
+class _StopRule:
+    """Appends sampled tokens to the host-side rows and decides when each row is finished."""
+
+    def __init__(
+        self, params: SamplingParams, eos_ids: set[int], tokenizer: PreTrainedTokenizerBase
+    ) -> None:
+        self.params = params
+        self.eos_ids = eos_ids
+        self.tokenizer = tokenizer
+
+    def feed(self, rows: list[_Row], tokens: torch.Tensor, logps: torch.Tensor) -> None:
+        """Append k steps of samples; tokens after a row's stop are dropped.
+
+        rows: the batch's rows in batch order; tokens (B, k) int64, logps (B, k) float.
+        """
+        assert tokens.shape == logps.shape, f"{tokens.shape} != {logps.shape}"
+        assert tokens.shape[0] == len(rows), f"{tokens.shape[0]} token rows for {len(rows)} rows"
+        for row, row_tokens, row_logps in zip(rows, tokens.tolist(), logps.tolist()):
+            for token, logp in zip(row_tokens, row_logps):
+                if row.finish_reason is not None:
+                    break
+                _append_token(row, token, logp, self.params, self.eos_ids, self.tokenizer)
 
 
 def _append_token(
