@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from dgcc import cli
+from dgcc.cluster import local_config
 from dgcc.durable import DurableConfig, DurableEngine
+from dgcc.protocols.dist_dgcc import Router
+from dgcc.wal.node_log import LoggedEpochRun, NodeLog
 from dgcc.wal.recovery import Recovered
 from dgcc.wal.writer import list_segments
 from dgcc.workloads import get_workload
@@ -148,3 +151,35 @@ def test_damage_before_the_last_segment_exits_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("dgcc: error: damage before the log's end: ")
+
+
+def test_recover_a_cluster_node_directory_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cluster CONFIG --node N``: one node's log replayed alone equals that node's state."""
+    config = local_config(1, workload="tpcc", workload_options=TPCC, seed=SEED)
+    config_path = tmp_path / "cluster.json"
+    config_path.write_text(json.dumps(config.to_dict()))
+    workload = get_workload("tpcc", **TPCC)
+    router = Router(workload, config.placement())
+    registry = workload.registry()
+    log = NodeLog(
+        tmp_path / "node0", 0, registry, router, lambda: workload.build(SEED), workload.schema
+    )
+    stream = workload.requests(SEED + 1)
+    for _ in range(EPOCHS):
+        batch = list(itertools.islice(stream, BATCH))
+        run = LoggedEpochRun(0, log.db, registry, router, [batch])
+        while not run.finished:
+            run.step(1000)
+        log.record(run, lambda epoch: None)
+    log.close()
+    kept = []
+    real = cli.recover_node
+    monkeypatch.setattr(cli, "recover_node", lambda *a, **k: kept.append(real(*a, **k)) or kept[-1])
+    out = tmp_path / "record.json"
+    argv = ["recover", str(tmp_path / "node0"), "--cluster", str(config_path), "--node", "0"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["epoch"] == EPOCHS
+    assert kept[0].db.dump() == log.db.dump()
+    assert cli.main([*argv[:-1], "3"]) == 2  # not a node of the config

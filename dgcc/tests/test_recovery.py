@@ -147,5 +147,5 @@ def test_partitioned_replay_detects_a_missing_value(tmp_path: Path) -> None:
     db = open_engine(tmp_path / "fresh", "none", SEED).db
     for payload in crossing:
         payload["remote_values"] = {}
-    with pytest.raises(DgccError, match="failed"):
+    with pytest.raises(DgccError, match=r"diverged|failed"):  # here (worker 0) or in a child
         parallel.replay_partitioned(db, registry, payloads, workers=2, partitions=2)

@@ -1,14 +1,17 @@
 """A single-node durable engine: runs a protocol epoch by epoch, logs each epoch, then acks.
 
-``run_epoch`` returns the outcomes only after the epoch's block is on disk (one write, one
-fsync), so a returned outcome is an acknowledged one. The logging mode is a run-time setting:
-``none | command | value | dependency`` (``wal/``). Checkpoints are taken every
+An outcome may be given to its client only once its epoch's block is on disk (one write, one
+fsync). ``submit`` runs an epoch and starts its write in the background, returning the epochs
+that have become durable meanwhile, so the fsync of epoch e overlaps the execution of e + 1;
+``flush`` waits for the last one. ``run_epoch`` does both for one epoch. The logging mode is a
+run-time setting: ``none | command | value | dependency`` (``wal/``). Checkpoints are taken every
 ``checkpoint_every_epochs`` epochs by a forked child; the log is truncated when one completes.
 Opening a directory that holds a checkpoint recovers from it.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -25,7 +28,7 @@ from dgcc.wal.format import BlockKind, encode_block
 from dgcc.wal.recovery import recover
 from dgcc.wal.writer import WalWriter
 
-__all__ = ["LOG_MODES", "DurableConfig", "DurableEngine"]
+__all__ = ["LOG_MODES", "Acked", "DurableConfig", "DurableEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,14 @@ class DurableConfig:
             raise ConfigError(f"recovery_workers must be in 1..1024, got {workers!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """An epoch whose block is durable, with its outcomes: these may now be answered."""
+
+    epoch: int
+    outcomes: list[Outcome]
+
+
 class DurableEngine:
     """One node's engine with durability; see the module docstring.
 
@@ -111,6 +122,7 @@ class DurableEngine:
         else:
             self.recovered = recover(directory, schema, registry, workers=config.recovery_workers)
             self.db, self.epoch = self.recovered.db, self.recovered.epoch
+        gc.freeze()  # as a node does: full collections skip the long-lived loaded rows
         self.protocol = get_protocol(config.protocol)(self.db, registry)
         self._graph: tuple[list[PlannedTxn], Graph] | None = None
         if config.mode == "dependency":
@@ -119,23 +131,41 @@ class DurableEngine:
         self._tracker = value.WriteTracker(self.db) if config.mode == "value" else None
         self.writer = WalWriter(directory, self.epoch + 1, sync=config.sync)
         self.checkpointer = Checkpointer(directory, fork=config.fork_checkpoint)
+        self._pending: Acked | None = None
 
     def _keep_graph(self, txns: list[PlannedTxn], graph: Graph) -> None:
         self._graph = (txns, graph)
 
     def run_epoch(self, batch: Sequence[TxnRequest]) -> list[Outcome]:
         """Run one epoch, make it durable, and return its (now acknowledgeable) outcomes."""
+        acked = self.submit(batch) + self.flush()
+        assert acked[-1].epoch == self.epoch, f"acked {acked[-1].epoch}, ran {self.epoch}"
+        return acked[-1].outcomes
+
+    def submit(self, batch: Sequence[TxnRequest]) -> list[Acked]:
+        """Run one epoch and start its write; returns the earlier epochs now durable."""
         epoch = self.epoch + 1
         outcomes = self.protocol.run_batch(batch)
-        mode = self.config.mode
-        if mode == "none":
+        block = None
+        if self.config.mode != "none":
+            kind, payload = self._payload(batch)
+            block = encode_block(kind, epoch, payload)
+        acked = self.flush()  # the previous epoch's fsync ran while this one executed
+        if block is None:
             self.writer.skip(epoch)
         else:
-            kind, payload = self._payload(batch)
-            self.writer.append(epoch, encode_block(kind, epoch, payload))
+            self.writer.start(epoch, block)
+        self._pending = Acked(epoch, outcomes)
         self.epoch = epoch
         self._maybe_checkpoint()
-        return outcomes
+        return acked
+
+    def flush(self) -> list[Acked]:
+        """Wait until every submitted epoch is durable; returns those not yet returned."""
+        self.writer.wait()
+        acked = [] if self._pending is None else [self._pending]
+        self._pending = None
+        return acked
 
     def _payload(self, batch: Sequence[TxnRequest]) -> tuple[BlockKind, object]:
         mode = self.config.mode
@@ -147,27 +177,26 @@ class DurableEngine:
         assert self._graph is not None, "dgcc did not report the epoch's graph"
         txns, graph = self._graph
         self._graph = None
-        edges = dependency.record_edges(graph)
         partitioning = None
         if self.config.partitions:
-            parts, crossing = parallel.record_partitions(txns, graph, self._partition)
+            parts, crossing = parallel.record_partitions(
+                txns, self._partition, self._partition_cache
+            )
             partitioning = (self.config.partitions, parts, crossing)
-        return BlockKind.DEPENDENCY, dependency.record_epoch(batch, txns, edges, partitioning)
+        return BlockKind.DEPENDENCY, dependency.record_epoch(batch, txns, graph, partitioning)
 
     def _partition(self, key: Hashable) -> int:
-        part = self._partition_cache.get(key)
-        if part is None:
-            assert self._partition_of is not None
-            part = self._partition_of(key, self.config.partitions)
-            self._partition_cache[key] = part
-        return part
+        assert self._partition_of is not None
+        return self._partition_of(key, self.config.partitions)
 
     def _maybe_checkpoint(self) -> None:
         self._finish_checkpoint(self.checkpointer.poll())
         every = self.config.checkpoint_every_epochs
         if not every or self.epoch % every or self.checkpointer.busy:
             return
-        self.writer.roll(self.epoch + 1)  # the log after the checkpoint starts a new segment
+        # The log after the checkpoint starts a new segment (``roll`` first waits for the block
+        # in flight, so no writer thread is alive at the fork).
+        self.writer.roll(self.epoch + 1)
         self._finish_checkpoint(self.checkpointer.start(self.db, self.epoch))
 
     def _finish_checkpoint(self, epoch: int | None) -> None:
@@ -178,6 +207,6 @@ class DurableEngine:
         logger.debug("checkpoint of epoch %d complete", epoch)
 
     def close(self) -> None:
-        """Wait for an in-flight checkpoint and close the log."""
+        """Wait for an in-flight checkpoint and close the log (``flush`` first to get acks)."""
         self._finish_checkpoint(self.checkpointer.poll(wait=True))
         self.writer.close()

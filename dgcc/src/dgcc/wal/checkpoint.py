@@ -21,7 +21,15 @@ from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
 from dgcc.wal.writer import fsync_dir
 
-__all__ = ["MANIFEST", "Checkpointer", "load_snapshot", "read_manifest", "write_checkpoint"]
+__all__ = [
+    "MANIFEST",
+    "Checkpointer",
+    "load_snapshot",
+    "publish",
+    "read_manifest",
+    "write_checkpoint",
+    "write_snapshot",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +52,23 @@ def _write_file(path: Path, data: bytes, crash_name: str | None = None) -> None:
 
 def write_checkpoint(directory: Path, db: Database, epoch: int) -> Path:
     """Write the snapshot of ``db`` after ``epoch`` and point the manifest at it."""
+    write_snapshot(directory, db, epoch)
+    return publish(directory, epoch)
+
+
+def write_snapshot(directory: Path, db: Database, epoch: int) -> None:
+    """Write the snapshot file of ``db`` after ``epoch``; the manifest does not name it yet."""
     name = f"ckpt-{epoch:012d}.snap"
     tmp = directory / (name + ".tmp")
     _write_file(tmp, encode_block(BlockKind.SNAPSHOT, epoch, db.dump()), "ckpt.mid_write")
     os.replace(tmp, directory / name)
+    fsync_dir(directory)
+
+
+def publish(directory: Path, epoch: int) -> Path:
+    """Point the manifest at the (complete) snapshot of ``epoch``: recovery starts there."""
+    name = f"ckpt-{epoch:012d}.snap"
+    assert (directory / name).exists(), f"publishing missing snapshot {name}"
     manifest_tmp = directory / (MANIFEST + ".tmp")
     _write_file(manifest_tmp, json.dumps({"epoch": epoch, "snapshot": name}).encode())
     crashpoint("ckpt.before_rename")
@@ -102,12 +123,15 @@ class Checkpointer:
     """Takes checkpoints in a forked child (or inline when ``fork`` is False).
 
     At most one checkpoint is in flight; ``poll`` reaps it and returns its epoch once it has
-    completed, so the caller can truncate the log.
+    completed, so the caller can truncate the log. With ``publish=False`` the child writes only
+    the snapshot, and the caller ``publish``es it later (a cluster node waits until every node
+    has made the epoch durable, so no node restarts from a state others cannot reach).
     """
 
-    def __init__(self, directory: Path, *, fork: bool = True) -> None:
+    def __init__(self, directory: Path, *, fork: bool = True, publish: bool = True) -> None:
         self.directory = directory
         self.fork = fork
+        self._write = write_checkpoint if publish else write_snapshot
         self._child: tuple[int, int] | None = None  # (pid, epoch)
 
     @property
@@ -118,13 +142,13 @@ class Checkpointer:
         """Begin a checkpoint of ``db`` after ``epoch``; returns the epoch if already done."""
         assert not self.busy, "a checkpoint is already in flight"
         if not self.fork:
-            write_checkpoint(self.directory, db, epoch)
+            self._write(self.directory, db, epoch)
             return epoch
         pid = os.fork()
         if pid == 0:  # the child: the copy-on-write image is the state after ``epoch``
             code = 1
             try:
-                write_checkpoint(self.directory, db, epoch)
+                self._write(self.directory, db, epoch)
                 code = 0
             finally:
                 os._exit(code)

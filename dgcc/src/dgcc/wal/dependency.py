@@ -1,11 +1,16 @@
 """Dependency logging: an epoch's inputs plus the dependency graph DGCC already built for it.
 
 A block holds the requests in global order, each planned transaction's piece count, the graph's
-edges as (source, target) piece ids, the logic-abort decisions, and the values received from
-other nodes (empty on a single node), so a node can recover alone. Replay re-plans the requests
-against the state at the epoch start (the same state as at run time), checks the pieces match
-the log, skips logically aborted transactions outright (they wrote nothing), and runs the rest
-by in-degree over the logged edges: dataflow, no level barriers, no graph construction.
+successor lists, the logic-abort decisions, which transactions wrote nothing, and the values
+received from other partitions or nodes, so a node can recover alone.
+
+Replay does only the work the log leaves open. It plans only the transactions that changed
+state: logically aborted ones wrote nothing and read-only ones change nothing, so neither is
+planned or run. Within a replayed transaction, a piece that writes nothing and feeds no writing
+piece is not run either (its output only went into the client's answer, already given). The
+rest run by in-degree over the logged edges: no graph construction, no level barriers.
+Planning still runs for the replayed transactions, because a piece is code (a closure over its
+parameters and the reconnaissance reads); it sees the same state as at run time.
 """
 
 from __future__ import annotations
@@ -16,29 +21,60 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dgcc.api import PieceContext, PlannedTxn, ProcedureRegistry, TxnRequest, plan_batch, run_piece
+from dgcc.api import (
+    Piece,
+    PieceContext,
+    PlannedTxn,
+    ProcedureRegistry,
+    TxnRequest,
+    plan_batch,
+    run_piece,
+)
 from dgcc.errors import DgccError
 from dgcc.protocols.dgcc import Graph
 from dgcc.storage import Database
 
-__all__ = ["EpochShape", "critical_path", "record_edges", "record_epoch", "replay_epoch"]
+__all__ = [
+    "EpochShape",
+    "critical_path",
+    "needed_pieces",
+    "plan_replayed",
+    "record_epoch",
+    "replay_epoch",
+    "replayed_slots",
+    "successor_lists",
+]
 
 
-def record_edges(graph: Graph) -> bytes:
-    """The graph's edges as packed (source, target) u32 pairs."""
-    edges = array("I")
+def _pack_successors(graph: Graph) -> bytes:
+    """The graph as packed u32 runs ``source, count, target * count`` (one run per source)."""
+    packed = array("I")
+    append, extend = packed.append, packed.extend
     for source, targets in graph.successors.items():
-        for target in targets:
-            edges.append(source)
-            edges.append(target)
-    assert len(edges) == 2 * graph.edges, f"{len(edges) // 2} edges packed of {graph.edges}"
-    return edges.tobytes()
+        append(source)
+        append(len(targets))
+        extend(targets)
+    assert len(packed) == 2 * len(graph.successors) + graph.edges, "edge count mismatch"
+    return packed.tobytes()
+
+
+def successor_lists(payload: dict[str, Any]) -> dict[int, list[int]]:
+    """The logged graph: piece id -> successor piece ids (only pieces that have some)."""
+    packed = array("I")
+    packed.frombytes(payload["successors"])
+    successors: dict[int, list[int]] = {}
+    at, end = 0, len(packed)
+    while at < end:
+        count = packed[at + 1]
+        successors[packed[at]] = packed[at + 2 : at + 2 + count].tolist()
+        at += 2 + count
+    return successors
 
 
 def record_epoch(
     requests: Sequence[TxnRequest],
     txns: Sequence[PlannedTxn],
-    edges: bytes,
+    graph: Graph,
     partitioning: tuple[int, bytes, dict[int, Any]] | None = None,
 ) -> dict[str, Any]:
     """The block payload, taken after the epoch ran (so the abort decisions are known).
@@ -47,13 +83,24 @@ def record_epoch(
         partitioning: (partition count, packed per-piece partitions, crossing values by piece
             id) from ``parallel.record_partitions``, or None when not partitioned.
     """
+    counts, aborted, readonly, errors = [], [], [], []
+    for slot, txn in enumerate(txns):
+        pieces = txn.pieces
+        counts.append(len(pieces))
+        if txn.error is not None:
+            errors.append(slot)
+        elif txn.abort_reason is not None:
+            aborted.append(slot)
+        elif not any(piece.writes for piece in pieces):
+            readonly.append(slot)
     payload = {
         "requests": list(requests),
         "request_slots": [txn.index for txn in txns],
-        "piece_counts": [len(txn.pieces) for txn in txns],
-        "edges": edges,
-        "aborted": [slot for slot, txn in enumerate(txns) if txn.abort_reason is not None],
-        "errors": [slot for slot, txn in enumerate(txns) if txn.error is not None],
+        "piece_counts": counts,
+        "successors": _pack_successors(graph),
+        "aborted": aborted,
+        "readonly": readonly,
+        "errors": errors,
         "remote_values": {},
     }
     if partitioning is not None:
@@ -61,41 +108,64 @@ def record_epoch(
     return payload
 
 
+def replayed_slots(payload: dict[str, Any]) -> list[bool]:
+    """Per planned transaction: does replay run it (not aborted, not read-only)?"""
+    replayed = [True] * len(payload["piece_counts"])
+    for slot in (*payload["aborted"], *payload["readonly"]):
+        replayed[slot] = False
+    return replayed
+
+
+def needed_pieces(pieces: Sequence[Piece]) -> list[bool]:
+    """Per piece of a committed transaction: does it write, or feed (``after``) one that does?"""
+    wanted: set[str] = set()
+    needed = [False] * len(pieces)
+    for k in range(len(pieces) - 1, -1, -1):
+        piece = pieces[k]
+        if piece.writes or piece.name in wanted:
+            needed[k] = True
+            wanted.update(piece.after)
+    return needed
+
+
 @dataclass(frozen=True, slots=True)
 class EpochShape:
-    """Work and span of an epoch's logged graph, in pieces (skipped aborted pieces count 0)."""
+    """Work and span of an epoch's logged graph, in pieces (skipped transactions count 0)."""
 
     pieces: int
     span: int
 
 
-def _edge_array(payload: dict[str, Any]) -> array:
-    edges = array("I")
-    edges.frombytes(payload["edges"])
-    return edges
-
-
-def _skipped(payload: dict[str, Any]) -> list[bool]:
-    counts: list[int] = payload["piece_counts"]
-    aborted = set(payload["aborted"])
-    skipped: list[bool] = []
-    for slot, count in enumerate(counts):
-        skipped.extend([slot in aborted] * count)
-    return skipped
-
-
 def critical_path(payload: dict[str, Any]) -> EpochShape:
     """The longest dependency chain of the replayed pieces: recovery's bound with many workers."""
-    skipped = _skipped(payload)
-    edges = _edge_array(payload)
-    pairs = sorted(zip(edges[0::2], edges[1::2], strict=True))
-    weight = [0 if skip else 1 for skip in skipped]
+    weight: list[int] = []
+    for count, replayed in zip(payload["piece_counts"], replayed_slots(payload), strict=True):
+        weight.extend([int(replayed)] * count)
     depth = list(weight)  # longest chain ending at each piece, itself included
-    for source, target in pairs:  # sources ascend and edges point forward: depth[source] is final
-        candidate = depth[source] + weight[target]
-        if candidate > depth[target]:
-            depth[target] = candidate
+    successors = successor_lists(payload)
+    for source in sorted(successors):  # edges point forward: depth[source] is final here
+        reach = depth[source]
+        for target in successors[source]:
+            if reach + weight[target] > depth[target]:
+                depth[target] = reach + weight[target]
     return EpochShape(sum(weight), max(depth, default=0))
+
+
+def plan_replayed(
+    db: Database, registry: ProcedureRegistry, payload: dict[str, Any], chosen: Sequence[int]
+) -> list[PlannedTxn]:
+    """Re-plan the logged transactions at ``chosen`` slots against the epoch-start state.
+
+    Raises:
+        DgccError: a re-planned transaction does not match its logged piece count.
+    """
+    requests, request_slots = payload["requests"], payload["request_slots"]
+    counts = payload["piece_counts"]
+    planned = plan_batch(registry, db, [requests[request_slots[slot]] for slot in chosen])
+    for slot, txn in zip(chosen, planned, strict=True):
+        if not isinstance(txn, PlannedTxn) or len(txn.pieces) != counts[slot]:
+            raise DgccError(f"replayed transaction {slot} does not match its logged plan: {txn}")
+    return planned  # type: ignore[return-value]
 
 
 def replay_epoch(
@@ -104,29 +174,47 @@ def replay_epoch(
     """Re-execute one logged epoch on ``db`` following its logged graph; returns pieces run.
 
     Args:
-        workers: logical workers taking turns on their own FIFO ready queues.
+        workers: logical workers taking turns on their own FIFO ready queues (any count gives
+            the same state; real parallelism comes from ``parallel``'s processes).
 
     Raises:
-        DgccError: the re-planned transactions do not match the logged graph.
+        DgccError: the re-planned transactions do not match the log, or one now aborts.
     """
-    planned = plan_batch(registry, db, payload["requests"])
-    txns = [item for item in planned if isinstance(item, PlannedTxn)]
-    counts = [len(txn.pieces) for txn in txns]
-    if counts != payload["piece_counts"]:
-        raise DgccError(
-            f"replayed epoch plans {len(counts)} txns / {sum(counts)} pieces, log has "
-            f"{len(payload['piece_counts'])} / {sum(payload['piece_counts'])}"
-        )
-    pieces = [piece for txn in txns for piece in txn.pieces]
-    owners = [slot for slot, txn in enumerate(txns) for _ in txn.pieces]
-    skipped = _skipped(payload)
-    edges = _edge_array(payload)
-    in_degrees = [0] * len(pieces)
-    successors: dict[int, list[int]] = {}
-    for source, target in zip(edges[0::2], edges[1::2], strict=True):
-        successors.setdefault(source, []).append(target)
-        in_degrees[target] += 1
-    contexts = [PieceContext(db, txn) for txn in txns]
+    counts: list[int] = payload["piece_counts"]
+    chosen = [slot for slot, replayed in enumerate(replayed_slots(payload)) if replayed]
+    txns = plan_replayed(db, registry, payload, chosen)
+    errors = set(payload["errors"])
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    jobs: list[tuple[PieceContext, PlannedTxn, Piece] | None] = [None] * offsets[-1]
+    for slot, txn in zip(chosen, txns, strict=True):
+        ctx = PieceContext(db, txn)
+        keep = [True] * len(txn.pieces) if slot in errors else needed_pieces(txn.pieces)
+        for k, piece in enumerate(txn.pieces):
+            if keep[k]:
+                jobs[offsets[slot] + k] = (ctx, txn, piece)
+    ran = _run_by_in_degree(jobs, successor_lists(payload), workers)
+    diverged = [
+        slot
+        for slot, txn in zip(chosen, txns, strict=True)
+        if txn.abort_reason and slot not in errors
+    ]
+    if diverged:
+        raise DgccError(f"replayed transactions {diverged[:5]} aborted; the log has them commit")
+    return ran
+
+
+def _run_by_in_degree(
+    jobs: list[tuple[PieceContext, PlannedTxn, Piece] | None],
+    successors: dict[int, list[int]],
+    workers: int,
+) -> int:
+    """Dataflow over the logged graph: a piece runs once all its predecessors are released."""
+    in_degrees = [0] * len(jobs)
+    for targets in successors.values():
+        for target in targets:
+            in_degrees[target] += 1
     queues: list[deque[int]] = [deque() for _ in range(workers)]
     for piece_id, degree in enumerate(in_degrees):
         if not degree:
@@ -140,14 +228,14 @@ def replay_epoch(
         turn = (turn + 1) % workers
         waiting -= 1
         released += 1
-        if not skipped[piece_id]:
-            slot = owners[piece_id]
-            run_piece(contexts[slot], txns[slot], pieces[piece_id])
+        job = jobs[piece_id]
+        if job is not None:
+            run_piece(*job)
             ran += 1
         for target in successors.get(piece_id, ()):
             in_degrees[target] -= 1
             if not in_degrees[target]:
                 queues[target % workers].append(target)
                 waiting += 1
-    assert released == len(pieces), f"{released} of {len(pieces)} pieces released"
+    assert released == len(jobs), f"{released} of {len(jobs)} pieces released"
     return ran

@@ -2,7 +2,8 @@
 
 ``python -m dgcc.wal.drill DIR MODE EPOCHS [--seed S] [--batch B] [--checkpoint-every K] ...``
 opens (and so recovers) ``DIR``, continues the deterministic request stream after the recovered
-epoch up to epoch ``EPOCHS``, and prints ``ack <epoch>`` (flushed) once each epoch is durable.
+epoch up to epoch ``EPOCHS``, and prints ``ack <epoch>`` (flushed) once each epoch is durable
+(epochs are pipelined: an epoch's fsync overlaps the next one's execution).
 Crash tests run it as a child process and kill it at a crash point (``DGCC_CRASHPOINT``) or with
 SIGKILL.
 """
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dgcc.api import TxnRequest
-from dgcc.durable import LOG_MODES, DurableConfig, DurableEngine
+from dgcc.durable import LOG_MODES, Acked, DurableConfig, DurableEngine
 from dgcc.storage import Database
 from dgcc.workloads.tpcc import TpccWorkload
 from dgcc.workloads.tpcc.schema import create_tables
@@ -56,6 +57,12 @@ def open_engine(directory: Path, mode: str, seed: int, **options: object) -> Dur
     return DurableEngine(config, workload.registry(), create_tables, initial, workload.partition_of)
 
 
+def _print_acks(acked: list[Acked]) -> None:
+    for done in acked:
+        sys.stdout.write(f"ack {done.epoch}\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dgcc.wal.drill")
     parser.add_argument("directory", type=Path)
@@ -81,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     left = max(0, args.epochs - engine.epoch)
     for requests in batches(args.seed, args.batch, engine.epoch + 1, left):
-        engine.run_epoch(requests)
-        sys.stdout.write(f"ack {engine.epoch}\n")
-        sys.stdout.flush()
+        _print_acks(engine.submit(requests))  # pipelined: epoch e's fsync overlaps e + 1
+    _print_acks(engine.flush())
     engine.close()
     return 0
 

@@ -46,6 +46,7 @@ class BlockKind(enum.IntEnum):
     VALUE = 2
     DEPENDENCY = 3
     SNAPSHOT = 4
+    NODE = 5  # a DistDGCC node's epoch: its inputs and the values it received
 
 
 @dataclass(frozen=True, slots=True)

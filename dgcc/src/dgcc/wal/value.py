@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from dgcc.storage import Database
+from dgcc.storage import Database, Table
 
 __all__ = ["WriteTracker", "record_epoch", "replay_epoch"]
-
-Image = tuple[str, Hashable, dict[str, Any] | None]  # (table, primary key, row or None=deleted)
 
 
 class WriteTracker:
@@ -46,21 +44,49 @@ class WriteTracker:
 
 
 def record_epoch(db: Database, touched: set[tuple[str, Hashable]]) -> dict[str, Any]:
-    """After-images of the touched records (distinct records, so any order replays alike)."""
-    images: list[Image] = []
+    """After-images of the touched records, by table (None: the record was deleted)."""
+    images: dict[str, dict[Hashable, dict[str, Any] | None]] = {}
     for table_name, pk in touched:
         row = db.tables[table_name].rows.get(pk)
-        images.append((table_name, pk, None if row is None else dict(row)))
+        images.setdefault(table_name, {})[pk] = None if row is None else dict(row)
     return {"images": images}
 
 
 def replay_epoch(db: Database, payload: dict[str, Any]) -> int:
-    """Install the epoch's after-images (indexes follow); returns how many were applied."""
-    images: list[Image] = payload["images"]
-    for table_name, pk, image in images:
+    """Install the epoch's after-images; returns how many were applied.
+
+    A table without secondary indexes takes its images in one bulk dict update; elsewhere an
+    index is touched only where the image changes one of its fields. The payload's row dicts
+    become the table's rows (a decoded payload is used once).
+    """
+    images: dict[str, dict[Hashable, dict[str, Any] | None]] = payload["images"]
+    for table_name, table_images in images.items():
         table = db.tables[table_name]
-        if pk in table.rows:
+        if not table.indexes:
+            table.rows.update(table_images)
+            for pk in [pk for pk, image in table_images.items() if image is None]:
+                del table.rows[pk]
+            continue
+        for pk, image in table_images.items():
+            _install(table, pk, image)
+    return sum(map(len, images.values()))
+
+
+def _install(table: Table, pk: Hashable, image: dict[str, Any] | None) -> None:
+    row = table.rows.get(pk)
+    if image is None:
+        if row is not None:
             table.delete(pk)
-        if image is not None:
-            table.insert(pk, dict(image))
-    return len(images)
+    elif row is None:
+        table.insert(pk, image)
+    else:
+        moved = [
+            index
+            for index in table.indexes.values()
+            if index.fields is None or any(row.get(f) != image.get(f) for f in index.fields)
+        ]
+        for index in moved:
+            index.remove(pk, row)
+        table.rows[pk] = image
+        for index in moved:
+            index.add(pk, image)

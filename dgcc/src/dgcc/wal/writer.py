@@ -1,5 +1,10 @@
 """Group commit: each epoch's block goes to the log with one write and one fsync.
 
+``start`` hands the block to a background thread that writes and fsyncs it while the caller
+runs the next epoch (both system calls release the GIL); ``wait`` joins it, and only then may
+the epoch's clients be answered. At most one block is in flight, so blocks reach the file in
+epoch order.
+
 The log is a directory of segments ``wal-<first epoch>.log``. A new segment starts at every
 checkpoint, so truncation removes whole files once a checkpoint covers them. Creating, renaming
 or removing a file is followed by an fsync of the directory, so the name itself is durable.
@@ -11,6 +16,8 @@ import itertools
 import logging
 import os
 import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from dgcc.wal.crashpoints import crashpoint
@@ -45,7 +52,7 @@ def fsync_dir(directory: Path) -> None:
 
 
 class WalWriter:
-    """Appends epoch blocks to the current segment; ``append`` returns once they are durable.
+    """Appends epoch blocks to the current segment, one in flight at a time.
 
     Args:
         directory: the node's durability directory (must exist).
@@ -60,37 +67,82 @@ class WalWriter:
         self.bytes_written = 0
         self.fsyncs = 0
         self._fd: int | None = None
+        self._flight: threading.Thread | None = None
+        self._error: OSError | None = None
         segments = list_segments(directory)
         if segments:
             self._open(segments[-1][1], create=False)
         else:
             self.roll(next_epoch)
 
+    @property
+    def durable_epoch(self) -> int:
+        """The newest epoch whose block is on disk (or skipped), once ``wait`` has returned."""
+        return self.next_epoch - 1 - (self._flight is not None)
+
     def append(self, epoch: int, block: bytes) -> None:
         """Write and fsync one epoch's block (the group commit of the whole epoch)."""
+        self.start(epoch, block)
+        self.wait()
+
+    def start(
+        self, epoch: int, block: bytes, on_durable: Callable[[int], None] | None = None
+    ) -> None:
+        """Begin writing ``epoch``'s block in the background; ``wait`` before acknowledging.
+
+        Args:
+            on_durable: called with ``epoch`` on the writer's thread once the block is on
+                disk (e.g. ``loop.call_soon_threadsafe`` to wake an event loop).
+        """
         assert epoch == self.next_epoch, f"appending epoch {epoch}, expected {self.next_epoch}"
         assert self._fd is not None, "writer is closed"
-        half = len(block) // 2
-        written = os.write(self._fd, block[:half])
-        crashpoint("wal.mid_write")
-        written += os.write(self._fd, block[half:])
-        assert written == len(block), f"short write: {written} of {len(block)} bytes"
-        crashpoint("wal.before_fsync")
-        if self.sync:
-            os.fsync(self._fd)
-            self.fsyncs += 1
-        crashpoint("wal.after_fsync")
-        self.bytes_written += written
+        self.wait()
+        args = (epoch, block, on_durable)
+        self._flight = threading.Thread(target=self._write, args=args, daemon=True)
         self.next_epoch = epoch + 1
+        self._flight.start()
+
+    def wait(self) -> None:
+        """Block until the in-flight block (if any) is durable."""
+        if self._flight is None:
+            return
+        self._flight.join()
+        self._flight = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _write(self, epoch: int, block: bytes, on_durable: Callable[[int], None] | None) -> None:
+        fd = self._fd
+        assert fd is not None
+        try:
+            half = len(block) // 2
+            written = os.write(fd, block[:half])
+            crashpoint("wal.mid_write")
+            written += os.write(fd, block[half:])
+            assert written == len(block), f"short write: {written} of {len(block)} bytes"
+            crashpoint("wal.before_fsync")
+            if self.sync:
+                os.fsync(fd)
+                self.fsyncs += 1
+            crashpoint("wal.after_fsync")
+            self.bytes_written += written
+        except OSError as error:  # re-raised by ``wait`` in the caller's thread
+            self._error = error
+            return
+        if on_durable is not None:
+            on_durable(epoch)
 
     def skip(self, epoch: int) -> None:
         """Advance past an epoch that writes no block (logging mode ``none``)."""
         assert epoch == self.next_epoch, f"skipping epoch {epoch}, expected {self.next_epoch}"
+        self.wait()
         self.next_epoch = epoch + 1
 
     def roll(self, first_epoch: int) -> Path:
         """Start a new segment whose first block will be ``first_epoch``."""
         assert first_epoch == self.next_epoch, f"roll at {first_epoch}, next is {self.next_epoch}"
+        self.wait()
         path = self.directory / segment_name(first_epoch)
         self._open(path, create=True)
         fsync_dir(self.directory)
@@ -110,6 +162,7 @@ class WalWriter:
         return removed
 
     def close(self) -> None:
+        self.wait()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

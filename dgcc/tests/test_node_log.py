@@ -1,0 +1,246 @@
+"""Per-node dependency logs of a DistDGCC cluster: a node recovers alone; a cluster restarts.
+
+Goal: a node's log (its inputs and the values it received, one block per epoch) lets that node
+rebuild exactly its state with no peer, while the others keep theirs; after a whole-cluster
+stop with uneven durability, every node replays up to the newest epoch all made durable, and
+the union of the nodes' owned rows equals the serial replay of exactly those epochs. Method:
+N nodes in one process running ``LoggedEpochRun``s, value messages delivered in a seeded
+random order through the wire codec, each node logging to its own directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from dgcc.api import TxnRequest
+from dgcc.errors import DgccError
+from dgcc.net.wire import decode, encode
+from dgcc.protocols.dist_dgcc import Placement, Router, global_batch
+from dgcc.protocols.serial import SerialProtocol
+from dgcc.storage import Database
+from dgcc.wal.format import decode_payload
+from dgcc.wal.node_log import (
+    LoggedEpochRun,
+    NodeDurability,
+    NodeLog,
+    cluster_durable_epoch,
+    recover_node,
+    replay_node_epoch,
+)
+from dgcc.wal.recovery import read_log
+from dgcc.wal.writer import list_segments
+from dgcc.workloads import get_workload
+
+OPTIONS = {
+    "warehouses": 3,
+    "items": 200,
+    "customers_per_district": 30,
+    "orders_per_district": 30,
+    "remote_item_fraction": 0.2,
+    "remote_payment_fraction": 0.3,
+}
+NODES, EPOCHS, PER_NODE, SEED = 3, 4, 25, 4
+
+
+def _wire(message):
+    return decode(encode(("m", message)))[1]
+
+
+def _owned(db: Database, router: Router, node: int) -> dict:
+    return {
+        name: {
+            pk: dict(row)
+            for pk, row in table.rows.items()
+            if router.node_of_key(table.conflict_key(pk)) in (node, -1)
+        }
+        for name, table in db.tables.items()
+    }
+
+
+class Cluster:
+    """N logging nodes in one process (the node server's epoch loop without the network)."""
+
+    def __init__(self, root: Path, upto_epoch: int | None = None, checkpoint_every: int = 0):
+        self.workload = get_workload("tpcc", **OPTIONS)
+        self.registry = self.workload.registry()
+        self.router = Router(self.workload, Placement.round_robin(NODES))
+        self.logs = [
+            NodeLog(
+                root / f"node{n}",
+                n,
+                self.registry,
+                self.router,
+                lambda: self.workload.build(SEED),
+                self.workload.schema,
+                upto_epoch=upto_epoch,
+                checkpoint_every_epochs=checkpoint_every,
+            )
+            for n in range(NODES)
+        ]
+        self.durable: list[list[int]] = [[] for _ in range(NODES)]
+
+    def run_epoch(self, batches: list[list[TxnRequest]], rng: random.Random) -> None:
+        runs = [
+            LoggedEpochRun(n, self.logs[n].db, self.registry, self.router, batches)
+            for n in range(NODES)
+        ]
+        inflight = []
+        while not all(run.finished for run in runs) or inflight:
+            for run in runs:
+                run.step(rng.randint(1, 20))
+                inflight += [(t, _wire(entries)) for t, entries in run.take_outbox().items()]
+            stuck = all(run.finished or not run.has_ready for run in runs)
+            if inflight and (rng.random() < 0.7 or stuck):
+                target, entries = inflight.pop(rng.randrange(len(inflight)))
+                runs[target].deliver(entries)
+        for n, run in enumerate(runs):
+            self.logs[n].record(run, self.durable[n].append)
+        for log in self.logs:
+            log.writer.wait()
+        for log in self.logs:  # what the nodes' durable-epoch messages tell each other
+            log.cluster_durable(min(durable[-1] for durable in self.durable))
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
+
+
+def _stream_batches(epochs: int) -> list[list[list[TxnRequest]]]:
+    stream = get_workload("tpcc", **OPTIONS).requests(SEED + 1)
+    return [
+        [[TxnRequest(*_wire((r.procedure, r.params))) for r in itertools.islice(stream, PER_NODE)]
+         for _ in range(NODES)]
+        for _ in range(epochs)
+    ]  # fmt: skip
+
+
+def _serial(epochs: list[list[list[TxnRequest]]]) -> dict:
+    workload = get_workload("tpcc", **OPTIONS)
+    db = workload.build(SEED)
+    serial = SerialProtocol(db, workload.registry())
+    for batches in epochs:
+        serial.run_batch(global_batch(batches))
+    return db.dump()
+
+
+@pytest.fixture(scope="module")
+def stream() -> list[list[list[TxnRequest]]]:
+    return _stream_batches(EPOCHS)
+
+
+def test_single_node_recovers_alone(tmp_path: Path, stream: list) -> None:
+    cluster = Cluster(tmp_path)
+    rng = random.Random(SEED)
+    for batches in stream:
+        cluster.run_epoch(batches, rng)
+    assert cluster.durable == [list(range(1, EPOCHS + 1))] * NODES  # every block acknowledged
+    cluster.close()
+    live = [log.db.dump() for log in cluster.logs]
+    for node in range(NODES):  # each node alone, from its own directory only
+        recovered = recover_node(
+            tmp_path / f"node{node}",
+            node,
+            cluster.workload.schema,
+            cluster.registry,
+            cluster.router,
+        )
+        assert recovered.epoch == EPOCHS
+        assert recovered.db.dump() == live[node]
+    blocks, _ = read_log(tmp_path / "node1", 0, repair=False)
+    assert any(decode_payload(block)["values"] for block in blocks)  # remote values are logged
+
+
+def test_checkpoints_while_running_then_recover_alone(tmp_path: Path, stream: list) -> None:
+    cluster = Cluster(tmp_path, checkpoint_every=2)
+    rng = random.Random(SEED + 2)
+    for batches in stream:
+        cluster.run_epoch(batches, rng)
+    cluster.close()  # waits for the last forked checkpoint
+    for node, log in enumerate(cluster.logs):
+        directory = tmp_path / f"node{node}"
+        recovered = recover_node(
+            directory, node, cluster.workload.schema, cluster.registry, cluster.router
+        )
+        assert recovered.checkpoint_epoch >= 2
+        assert (recovered.epoch, recovered.db.dump()) == (EPOCHS, log.db.dump())
+        assert list_segments(directory)[0][0] > 1  # the log before a checkpoint is gone
+
+
+def test_whole_cluster_restart_replays_the_epochs_all_made_durable(
+    tmp_path: Path, stream: list
+) -> None:
+    cluster = Cluster(tmp_path)
+    rng = random.Random(SEED + 1)
+    for batches in stream:
+        cluster.run_epoch(batches, rng)
+    cluster.close()
+    _, segment = list_segments(tmp_path / "node2")[-1]  # node 2's last fsync never happened
+    data = segment.read_bytes()
+    segment.write_bytes(data[: len(data) - 5])
+    durable = []
+    for node in range(NODES):
+        blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
+        durable.append(blocks[-1].epoch)
+    assert durable == [EPOCHS, EPOCHS, EPOCHS - 1]
+    upto = cluster_durable_epoch(durable)
+    restarted = Cluster(tmp_path, upto_epoch=upto)
+    assert [log.epoch for log in restarted.logs] == [upto] * NODES
+    merged: dict = {}
+    for node, log in enumerate(restarted.logs):
+        for name, rows in _owned(log.db, restarted.router, node).items():
+            merged.setdefault(name, {}).update(rows)
+    assert merged == _serial(stream[:upto])
+    restarted.run_epoch(stream[upto], random.Random(1))  # the cluster goes on from there
+    restarted.close()
+    for node in range(NODES):
+        blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
+        assert [block.epoch for block in blocks] == list(range(1, upto + 2))
+
+
+def test_a_missing_remote_value_is_detected(tmp_path: Path, stream: list) -> None:
+    """Canary: without the logged remote values a node cannot redo its epoch."""
+    cluster = Cluster(tmp_path)
+    cluster.run_epoch(stream[0], random.Random(SEED))
+    cluster.close()
+    blocks, _ = read_log(tmp_path / "node1", 0, repair=False)
+    payload = decode_payload(blocks[0])
+    assert payload["values"]
+    payload["values"] = []
+    fresh = cluster.workload.build(SEED)
+    with pytest.raises(DgccError, match="wait for values not in the log"):
+        replay_node_epoch(1, fresh, cluster.registry, cluster.router, payload)
+
+
+def test_answers_wait_until_every_node_made_the_epoch_durable(tmp_path: Path) -> None:
+    workload = get_workload("tpcc", **OPTIONS)
+    router = Router(workload, Placement.round_robin(NODES))
+    durability = NodeDurability(tmp_path / "node0", 0, NODES)
+    sent: list[int] = []
+    durability.broadcast = sent.append
+    answered: list[int] = []
+
+    async def scenario() -> int:
+        for peer in range(1, NODES):  # the peers' start-up reports: nothing on their disks
+            durability.peer_durable(peer, 0)
+        _, epoch = await durability.recover(
+            workload.registry(), router, lambda: workload.build(SEED), workload.schema
+        )
+        durability.when_durable(1, lambda: answered.append(1))
+        durability.when_durable(2, lambda: answered.append(2))
+        for node in range(NODES - 1):
+            durability.peer_durable(node, 2)
+        assert answered == []  # the last node has not made epoch 1 durable yet
+        durability.peer_durable(NODES - 1, 1)
+        assert answered == [1]
+        durability.peer_durable(NODES - 1, 2)
+        return epoch
+
+    assert asyncio.run(scenario()) == 0
+    assert answered == [1, 2]
+    assert sent == [0]  # this node told the peers what its disk holds
+    durability.close()
