@@ -1,0 +1,331 @@
+"""A node of a 2PL (NO_WAIT, WAIT_DIE) or OCC cluster: coordinators, participants and 2PC.
+
+It reuses ``Node``'s listening, handshake, peer connections, admin answers and stats, and
+replaces the epochs with one coroutine per client call:
+
+  * The node a client called coordinates the transaction. It plans the call, then walks the
+    pieces in order; each run of consecutive pieces owned by one node (a piece touching only
+    replicated keys runs at the coordinator) executes there: locally, or by one ``pieces``
+    request carrying the inputs those pieces read. Many transactions are in flight per node
+    and interleave whenever one waits on a peer or a lock, so conflicts really happen.
+  * Each participant plans the call itself (plans read only load-time columns, so every node
+    gets the same pieces) and runs the pieces under its ``NodeCC`` as a ``Branch``.
+  * A logic abort or procedure error ends the transaction; a concurrency-control abort (a lock
+    conflict, a WAIT_DIE death, a failed OCC validation or a "no" vote) undoes every branch and
+    restarts the transaction after a randomised exponential backoff, keeping its first-attempt
+    timestamp (WAIT_DIE's age), up to ``RETRIES_MAX`` attempts.
+  * Commit: a transaction that ran only here commits locally; otherwise two-phase commit with
+    the coordinator's own branch as one more participant: ``prepare`` to every branch, then
+    ``commit`` if all voted yes, else ``abort``.
+
+Peer messages are ``(kind, request id, sender, body)`` with kinds ``req`` and ``rep``; they are
+gathered per peer and written once per loop iteration. With ``order_log`` on, every node keeps
+its committed branches and answers ``order`` with them: ``((origin, seq), procedure, params,
+reads, writes)`` per branch, enough to rebuild the conflict graph (``protocols._history``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dgcc.api import Outcome, PlannedTxn, Status, TxnRequest, plan_batch, run_piece
+from dgcc.cluster import ClusterConfig
+from dgcc.errors import ConfigError
+from dgcc.net.node import CALLS_WAITING_MAX, Node
+from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
+from dgcc.net.wire import FrameError, frame, read_frame
+from dgcc.protocols.dist_dgcc import REPLICATED
+
+__all__ = ["TwoPhaseCommitNode"]
+
+logger = logging.getLogger(__name__)
+
+RETRIES_MAX = 1000
+BACKOFF_S_MIN = 0.0002  # first retry waits up to this long; doubling per retry
+BACKOFF_S_MAX = 0.002
+RPC_TIMEOUT_S = 120.0
+
+BranchId = tuple[int, int, int]  # (origin node, sequence, attempt)
+
+
+class TwoPhaseCommitNode(Node):
+    """A node running ``config.protocol`` (``no_wait``, ``wait_die`` or ``occ``)."""
+
+    def __init__(self, config: ClusterConfig, node_id: int) -> None:
+        super().__init__(config, node_id)
+        cc_class = PROTOCOLS.get(config.protocol)
+        if cc_class is None:
+            raise ConfigError(
+                f"protocol {config.protocol!r} is not a 2PC one; use one of {list(PROTOCOLS)}"
+            )
+        if self.durability is not None:
+            raise ConfigError(f"protocol {config.protocol!r} does not log yet; drop data_dir")
+        self.cc: NodeCC = cc_class(self.db)
+        self._branches: dict[BranchId, Branch] = {}
+        self._replies: dict[int, asyncio.Future] = {}
+        self._request_ids = itertools.count()
+        self._seq = itertools.count()
+        self._outgoing: dict[int, list[bytes]] = {}
+        self._backoff = random.Random(config.seed * 1000 + node_id)
+        self._committed: list[tuple] = []
+        self._txn_tasks: set[asyncio.Task] = set()
+        self.stats.update({"txn/attempts": 0, "txn/cc_aborts": 0, "txn/retries": 0})
+
+    async def start(self) -> None:
+        """Listen and connect to every peer; calls then start transactions directly."""
+        self._server = await asyncio.start_server(
+            self._accept, self.address.host, self.address.port, limit=2**20
+        )
+        await asyncio.gather(*(self._connect(peer) for peer in self.peers))
+        self._check_ready()
+
+    def stop(self) -> None:
+        for task in self._txn_tasks:
+            task.cancel()
+        super().stop()
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _post(self, peer: int, message: Any) -> None:
+        """Queue a message to ``peer``; the queue is written once per loop iteration."""
+        queue = self._outgoing.get(peer)
+        if queue is None:
+            queue = self._outgoing[peer] = []
+            asyncio.get_running_loop().call_soon(self._flush, peer)
+        queue.append(frame(message))
+
+    def _flush(self, peer: int) -> None:
+        data = b"".join(self._outgoing.pop(peer, ()))
+        self.stats["net/peer_bytes"] += len(data)
+        writer = self._out[peer]
+        if not writer.is_closing():
+            writer.write(data)
+
+    async def _request(self, peer: int, body: tuple) -> Any:
+        request_id = next(self._request_ids)
+        reply = asyncio.get_running_loop().create_future()
+        self._replies[request_id] = reply
+        self.stats["net/peer_messages"] += 1
+        self._post(peer, ("req", request_id, self.id, body))
+        return await asyncio.wait_for(reply, RPC_TIMEOUT_S)
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
+        limit = self.config.frame_bytes_max
+        while True:
+            message = await read_frame(reader, limit)
+            if len(message) != 4 or not isinstance(message[1], int) or message[2] != peer:
+                raise FrameError(f"ill-shaped peer message {message!r:.80}")
+            kind, request_id, _, body = message
+            if kind == "rep":
+                reply = self._replies.pop(request_id, None)
+                if reply is not None and not reply.done():
+                    reply.set_result(body)
+            elif kind == "req":
+                self._spawn(self._answer(peer, request_id, body))
+            else:
+                raise FrameError(f"unknown peer message kind {kind!r}")
+
+    async def _answer(self, peer: int, request_id: int, body: Sequence[Any]) -> None:
+        op, branch_id = body[0], tuple(body[1])
+        if op == "pieces":
+            _, _, ts, procedure, params, indices, inputs = body
+            result = await self._run_pieces(
+                branch_id, tuple(ts), TxnRequest(procedure, params), indices, inputs
+            )
+        elif op == "prepare":
+            result = self._prepare(branch_id)
+        elif op in ("commit", "abort"):
+            result = self._end(branch_id, commit=op == "commit")
+        else:
+            raise FrameError(f"unknown peer request {op!r}")
+        self.stats["net/peer_messages"] += 1
+        self._post(peer, ("rep", request_id, self.id, result))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._txn_tasks.add(task)
+        task.add_done_callback(self._txn_done)
+
+    def _txn_done(self, task: asyncio.Task) -> None:
+        self._txn_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("node %d: transaction task failed", self.id, exc_info=task.exception())
+            self.stop()
+
+    # -- participant side (also the coordinator's own branch) --------------------------------
+
+    async def _run_pieces(
+        self,
+        branch_id: BranchId,
+        ts: Timestamp,
+        call: TxnRequest | PlannedTxn,
+        indices: Sequence[int],
+        inputs: dict[str, Any],
+    ) -> tuple:
+        """Run pieces of one branch in order: ``("ok", outputs)``, ``("cc", cause)``,
+        ``("aborted", reason)`` or ``("error", reason)``.
+
+        ``call`` is the coordinator's own plan, or a peer's request that this node plans.
+        """
+        branch = self._branches.get(branch_id)
+        if branch is None:
+            planned = call
+            if isinstance(call, TxnRequest):
+                planned = plan_batch(self.registry, self.db, [call])[0]
+            if isinstance(planned, Outcome):
+                return ("error", planned.reason)
+            assert isinstance(planned, PlannedTxn)
+            branch = self._branches[branch_id] = self.cc.branch(ts, planned)
+        txn = branch.txn
+        txn.outputs.update(inputs)
+        outputs = {}
+        for index in indices:
+            piece = txn.pieces[index]
+            keys = dict.fromkeys(piece.reads, "S") | dict.fromkeys(piece.writes, "X")
+            cause = await self.cc.before_piece(branch, keys)
+            if cause is not None:  # release at once; the coordinator's abort finds nothing
+                self._end(branch_id, commit=False)
+                return ("cc", cause)
+            run_piece(branch.ctx, txn, piece)
+            if txn.error is not None:
+                return ("error", txn.error)
+            if txn.abort_reason is not None:
+                return ("aborted", txn.abort_reason)
+            outputs[piece.name] = txn.outputs.get(piece.name)
+        return ("ok", outputs)
+
+    def _prepare(self, branch_id: BranchId) -> bool:
+        branch = self._branches.get(branch_id)
+        return branch is not None and self.cc.prepare(branch)
+
+    def _end(self, branch_id: BranchId, *, commit: bool) -> bool:
+        branch = self._branches.pop(branch_id, None)
+        if branch is None:
+            return False
+        if not commit:
+            self.cc.abort(branch)
+            return True
+        installed = self.cc.commit(branch)
+        if self.config.order_log:
+            txn = branch.txn
+            self._committed.append(
+                (branch_id[:2], txn.procedure.name, dict(txn.params), branch.seen, installed)
+            )
+        return True
+
+    def _answer_order(self, client: Any, call_id: int) -> None:
+        history = tuple(self._committed) if self.config.order_log else None
+        client.send(("order", call_id, history))
+
+    # -- coordinator side -------------------------------------------------------------------
+
+    def _add_call(self, client: Any, call_id: int, procedure: str, params: dict) -> None:
+        if len(self._txn_tasks) >= CALLS_WAITING_MAX:  # bounded: refuse rather than grow
+            reason = f"node {self.id} overloaded: {len(self._txn_tasks)} transactions running"
+            client.result(call_id, Outcome(Status.ERROR, reason=reason))
+            return
+        self.stats["txn/calls"] += 1
+        self._spawn(self._coordinate(client, call_id, TxnRequest(procedure, params)))
+
+    async def _coordinate(self, client: Any, call_id: int, request: TxnRequest) -> None:
+        seq = next(self._seq)
+        ts = (time.time_ns(), self.id, seq)
+        started_s = time.perf_counter()
+        outcome = await self._retry(seq, ts, request)
+        self.stats["timing_s/execute"] += time.perf_counter() - started_s
+        self.stats[f"txn/{outcome.status.value}"] += 1
+        client.result(call_id, outcome)
+
+    def _runs(self, planned: PlannedTxn) -> list[tuple[int, list[int]]]:
+        """Consecutive pieces grouped by the node that runs them: [(node, piece indices)]."""
+        runs: list[tuple[int, list[int]]] = []
+        node_of_key = self.router.node_of_key
+        for index, piece in enumerate(planned.pieces):
+            nodes = {node_of_key(key) for key in piece.reads + piece.writes} - {REPLICATED}
+            if len(nodes) > 1:
+                raise ConfigError(f"piece {piece.name!r} spans nodes {sorted(nodes)}")
+            node = nodes.pop() if nodes else self.id
+            if runs and runs[-1][0] == node:
+                runs[-1][1].append(index)
+            else:
+                runs.append((node, [index]))
+        return runs
+
+    async def _retry(self, seq: int, ts: Timestamp, request: TxnRequest) -> Outcome:
+        """Attempts until one commits or logic-aborts; each plans afresh (reconnaissance)."""
+        for attempt in range(RETRIES_MAX):
+            planned = plan_batch(self.registry, self.db, [request])[0]
+            if isinstance(planned, Outcome):
+                return planned
+            runs = self._runs(planned)
+            if attempt == 0:
+                self.stats["txn/executed"] += 1
+                self.stats["txn/multi_node"] += len({node for node, _ in runs}) > 1
+            self.stats["txn/attempts"] += 1
+            result = await self._attempt((self.id, seq, attempt), ts, planned, runs)
+            if isinstance(result, Outcome):
+                return result
+            self.stats["txn/cc_aborts"] += 1
+            self.stats[f"cc_aborts/{result}"] = self.stats.get(f"cc_aborts/{result}", 0) + 1
+            self.stats["txn/retries"] += 1
+            backoff_s = min(BACKOFF_S_MAX, BACKOFF_S_MIN * 2 ** min(attempt, 16))
+            await asyncio.sleep(self._backoff.uniform(0, backoff_s))  # retry policy, not sync
+        reason = f"retry: {self.config.protocol} gave up after {RETRIES_MAX} attempts"
+        return Outcome(Status.ABORTED, reason=reason)
+
+    async def _attempt(
+        self, branch_id: BranchId, ts: Timestamp, planned: PlannedTxn, runs: list
+    ) -> Outcome | str:
+        """One attempt: an outcome, or the cause of a concurrency-control abort."""
+        outputs: dict[str, Any] = {}
+        touched: list[int] = []
+        pieces = planned.pieces
+        for node, indices in runs:
+            if node not in touched:
+                touched.append(node)
+            needs = {name for k in indices for name in pieces[k].after}
+            inputs = {name: outputs[name] for name in needs if name in outputs}
+            if node == self.id:
+                result = await self._run_pieces(branch_id, ts, planned, indices, inputs)
+            else:
+                procedure, params = planned.procedure.name, planned.params
+                body = ("pieces", branch_id, ts, procedure, params, indices, inputs)
+                result = await self._request(node, body)
+            kind, value = result
+            if kind != "ok":
+                await self._finish(branch_id, touched, commit=False)
+                if kind == "cc":
+                    return value
+                return Outcome(Status(kind), reason=value)
+            outputs.update(value)
+        if touched != [self.id]:
+            votes = await asyncio.gather(*(self._vote(branch_id, node) for node in touched))
+            if not all(votes):
+                await self._finish(branch_id, touched, commit=False)
+                return "vote_no"
+        elif not self._prepare(branch_id):
+            self._end(branch_id, commit=False)
+            return "validation"
+        await self._finish(branch_id, touched, commit=True)
+        build = planned.procedure.result
+        ordered = {p.name: outputs[p.name] for p in pieces if p.name in outputs}
+        return Outcome(Status.COMMITTED, build(ordered) if build else ordered)
+
+    async def _vote(self, branch_id: BranchId, node: int) -> bool:
+        if node == self.id:
+            return self._prepare(branch_id)
+        return bool(await self._request(node, ("prepare", branch_id)))
+
+    async def _finish(self, branch_id: BranchId, nodes: list[int], *, commit: bool) -> None:
+        op = "commit" if commit else "abort"
+        remote = [self._request(node, (op, branch_id)) for node in nodes if node != self.id]
+        if self.id in nodes:
+            self._end(branch_id, commit=commit)
+        if remote:
+            await asyncio.gather(*remote)
