@@ -1,0 +1,111 @@
+"""``dgcc report``: scripts run in order, ``--quick`` is passed on, failures are reported.
+
+Method: a fake checkout in a temp folder whose ``dgcc/bench`` scripts are tiny Python programs
+(print a ``[summary]`` line and their argv, fail, or hang), and whose stitch tool writes a marker
+file; the real report code runs them as real child processes.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dgcc import cli
+from dgcc.errors import ConfigError
+from dgcc.report import SCRIPTS, ReportConfig, repo_root, run_report
+
+OK_SCRIPT = """
+import sys
+print("[summary] name={name} argv=" + ",".join(sys.argv[1:]))
+"""
+FAILING_SCRIPT = """
+import sys
+print("something broke")
+sys.exit(3)
+"""
+HANGING_SCRIPT = """
+import time
+time.sleep(30)
+"""
+STITCH = """
+from pathlib import Path
+Path("docs").mkdir(exist_ok=True)
+Path("docs/benchmarks.md").write_text("stitched")
+print("docs/benchmarks.md: 0 sections")
+"""
+
+
+def _checkout(tmp_path: Path, scripts: dict[str, str]) -> Path:
+    (tmp_path / "dgcc" / "bench").mkdir(parents=True)
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "stitch_benchmarks.py").write_text(STITCH)
+    for name, body in scripts.items():
+        text = textwrap.dedent(body).replace("{name}", name)
+        (tmp_path / "dgcc" / "bench" / f"{name}.py").write_text(text)
+    return tmp_path
+
+
+def test_runs_scripts_in_order_and_stitches(tmp_path: Path) -> None:
+    repo = _checkout(
+        tmp_path, {"postgres": OK_SCRIPT, "engine": OK_SCRIPT, "cluster": FAILING_SCRIPT}
+    )
+    seen: list[str] = []
+    config = ReportConfig(repo=repo, stitch=True, log_dir=tmp_path / "logs")
+    results = run_report(config, lambda name, done, total: seen.append(name))
+    assert [r.name for r in results] == [*SCRIPTS, "stitch"]
+    assert seen == [*SCRIPTS, "stitch", "done"]
+    status = {r.name: r.status for r in results}
+    assert status == {
+        "engine": "ok",
+        "cluster": "failed",
+        "protocols": "skipped",
+        "wal_logging": "skipped",
+        "postgres": "ok",
+        "stitch": "ok",
+    }
+    by_name = {r.name: r for r in results}
+    assert by_name["engine"].summary == ("[summary] name=engine argv=",)
+    assert "exit status 3" in by_name["cluster"].detail
+    assert "something broke" in by_name["cluster"].detail
+    assert (repo / "docs" / "benchmarks.md").read_text() == "stitched"
+
+
+def test_quick_is_passed_through_and_leaves_docs_alone(tmp_path: Path) -> None:
+    repo = _checkout(tmp_path, {"engine": OK_SCRIPT})
+    results = run_report(ReportConfig(repo=repo, quick=True, only=("engine",)))
+    assert [(r.name, r.status) for r in results] == [("engine", "ok")]
+    assert results[0].summary == ("[summary] name=engine argv=--quick",)
+    assert not (repo / "docs" / "benchmarks.md").exists()
+
+
+def test_a_hanging_script_times_out(tmp_path: Path) -> None:
+    repo = _checkout(tmp_path, {"engine": HANGING_SCRIPT})
+    config = ReportConfig(repo=repo, only=("engine",), stitch=False, timeout_s=1.0)
+    (result,) = run_report(config)
+    assert result.status == "timeout"
+
+
+def test_bad_config_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'nope'"):
+        ReportConfig(repo=repo_root(), only=("nope",))
+    with pytest.raises(ConfigError, match="not a dgcc source checkout"):
+        ReportConfig(repo=tmp_path)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        ReportConfig(repo=repo_root(), timeout_s=0)
+
+
+def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = _checkout(tmp_path, {"engine": OK_SCRIPT, "postgres": FAILING_SCRIPT})
+    argv = ["report", "--repo", str(repo), "--only", "engine", "--no-stitch"]
+    assert cli.main(argv) == 0
+    assert "name=engine" in capsys.readouterr().out
+    assert cli.main(["report", "--repo", str(repo), "--only", "postgres", "--no-stitch"]) == 1
+    assert cli.main(["report", "--repo", str(repo), "--only", "bogus"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_repo_root_is_this_checkout() -> None:
+    root = repo_root()
+    assert (root / "dgcc" / "bench" / "engine.py").is_file()
