@@ -14,6 +14,7 @@ and ``dgcc_cluster.png`` to ``docs/bench`` (a temp folder with ``--quick``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -80,6 +81,7 @@ def host() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_average_1m_at_start": os.getloadavg()[0],
+        "uvloop": importlib.util.find_spec("uvloop") is not None,
         "git_commit": commit or "unknown",
     }
 
@@ -116,16 +118,18 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         f"Real node processes on loopback, one closed-loop client process per node with "
         f"{args.inflight} calls in flight, {args.warmup_s:g} s warm-up then a {args.seconds:g} s "
         f"window; {facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
-        f"{facts['load_average_1m_at_start']:.1f} at the start: other work was running). "
+        f"{facts['load_average_1m_at_start']:.1f} at the start), event loop "
+        f"{'uvloop' if facts.get('uvloop') else 'asyncio'}. "
         "`std` = the workload's own mix (TPC-C: 1% remote supply per line, 15% remote paying "
         "customer, 2 warehouses per node); a percentage forces that fraction of transactions "
         "to span two nodes. `multi-node` is what the nodes measured. `node cpu` is the CPU "
-        "share each node process got (1.0 = a whole core); `commits/node-cpu-s` divides "
+        "share each node process got (1.0 = a whole core), `client cpu` the same for each "
+        "client process; `commits/node-cpu-s` divides "
         "throughput by the node processes' CPU time, which is less sensitive to a busy host.",
         "",
         "| run | workload | nodes | distributed | multi-node | commits/s | p50 ms | p99 ms "
-        "| msgs/commit | bytes/commit | node cpu | commits/node-cpu-s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| msgs/commit | bytes/commit | node cpu | client cpu | commits/node-cpu-s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         c, m = r["config"], r["metrics"]
@@ -136,7 +140,7 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
             f"| {m['txn/commits_per_s']:,.0f} | {m['txn/latency_ms_p50']:.1f} "
             f"| {m['txn/latency_ms_p99']:.1f} | {m['net/messages_per_commit']:.3f} "
             f"| {m['net/bytes_per_commit']:,.0f} | {m['node/cpu_s_per_s']:.2f} "
-            f"| {m['txn/commits_per_node_cpu_s']:,.0f} |"
+            f"| {m['client/cpu_s_per_s']:.3f} | {m['txn/commits_per_node_cpu_s']:,.0f} |"
         )
     lines.append("")
     if ratio is not None:

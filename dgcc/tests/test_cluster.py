@@ -190,7 +190,7 @@ _KILLED_CLIENT = textwrap.dedent(
     sock.sendall(frame(("hello", VERSION, "client", None, b"")))
     def call(i):
         params = {"keys": [i, 599 - i], "rmw": [True, True]}
-        sock.sendall(frame(("call", i, "ycsb_txn", params)))
+        sock.sendall(frame(("calls", ((i, "ycsb_txn", params),))))
     call(0)
     length = struct.unpack(">I", sock.recv(4))[0]  # the ready frame
     sock.recv(length)
@@ -210,7 +210,8 @@ def test_hostile_and_dying_clients_do_not_disturb_the_cluster(tmp_path):
             b"\x00\x00\x00\x05garbage",  # not msgpack
             struct.pack(">I", 2**31) + b"x",  # over the frame limit
             frame(("hello", VERSION + 7, "client", None, b"")),  # wrong version
-            frame(("hello", VERSION, "client", None, b"")) + frame(("call", "x", 1, 2)),
+            frame(("hello", VERSION, "client", None, b"")) + frame(("calls", (("x", 1, 2),))),
+            frame(("hello", VERSION, "client", None, b"")) + frame(("calls", 7)),
             frame(("hello", VERSION, "client", None, b"")) + frame({"not": "a tuple"}),
         ]
         for payload in hostile:

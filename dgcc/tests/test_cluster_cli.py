@@ -1,8 +1,8 @@
 """The cluster command line: start, status, stop, and ``bench --nodes`` on real processes.
 
-Method: run ``python -m dgcc.cli_cluster`` as a user would; each command returns only when
-its work is done (start waits for every node's READY line), so the test reads exit codes
-and output, never the clock.
+Method: run ``python -m dgcc`` (the ``dgcc`` entry point) as a user would; each command
+returns only when its work is done (start waits for every node's READY line), so the test
+reads exit codes and output, never the clock.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ TIMEOUT_S = 120
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dgcc.cli_cluster", *args],
+        [sys.executable, "-m", "dgcc", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -57,9 +57,10 @@ def test_bad_flags_are_one_line_errors(tmp_path):
     missing = _cli("cluster", "status", "--dir", str(tmp_path / "nothing"))
     assert missing.returncode == 2
     assert "no cluster in" in missing.stderr
-    bad = _cli("bench", "--workload", "ycsb")
+    bad = _cli("cluster", "start", "--nodes", "0", "--dir", str(tmp_path / "none"))
     assert bad.returncode == 2
-    assert "needs --nodes" in bad.stderr
+    assert "nodes must be an int in 1.." in bad.stderr
+    assert len(bad.stderr.splitlines()) == 1
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ def simulate(workload_name, nodes, epochs, per_node, seed, sparse=False):
     workload = get_workload(workload_name, **WORKLOADS[workload_name])
     registry = workload.registry()
     placement = Placement.round_robin(nodes)
-    router = Router(workload.partition_of, placement)
+    router = Router(workload, placement)
     dbs = [workload.build(seed) for _ in range(nodes)]
     stream = workload.requests(seed + 1)
     rng = random.Random(seed)
@@ -151,7 +151,7 @@ def test_sparse_inputs_equal_serial(workload_name):
 
 def test_multi_node_transactions_happen():
     workload = get_workload("ycsb", **WORKLOADS["ycsb"])
-    router = Router(workload.partition_of, Placement.round_robin(2))
+    router = Router(workload, Placement.round_robin(2))
     request = TxnRequest("ycsb_txn", {"keys": [1, 399], "rmw": [True, True]})
     assert router.route(request) == frozenset({0, 1})
     assert router.route(TxnRequest("nope", {})) is None

@@ -2,23 +2,29 @@
 
 Method: round-trip messages through the codec and an in-memory ``StreamReader``; feed it
 truncated, oversized and garbage frames; build configs with bad values; point clients at a
-closed port and at a server that never answers.
+closed port, at a server that never answers, and at a fake node that batches its answers out
+of order and then hangs up. Also: each workload's ``route_keys`` covers every key its plans use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import json
 import socket
 import struct
 
 import pytest
 
+from dgcc.api import TxnRequest, plan_batch
 from dgcc.cluster import ClusterConfig, NodeAddress, load_config, local_config
 from dgcc.errors import ConfigError
 from dgcc.net import AsyncClient, CallTimeout, Client, ConnectionLost, FrameError
-from dgcc.net.wire import check_mac, decode, encode, frame, mac_of, read_frame
-from dgcc.protocols.dist_dgcc import Placement
+from dgcc.net.client import CALLS_PER_FRAME_MAX
+from dgcc.net.wire import VERSION, check_mac, decode, encode, frame, mac_of, read_frame
+from dgcc.protocols.dist_dgcc import REPLICATED, Placement, Router
+from dgcc.workloads import get_workload
 
 
 def _read(data: bytes, limit: int = 1024) -> tuple:
@@ -138,3 +144,85 @@ def test_clients_time_out_on_a_silent_server():
             Client("127.0.0.1", port, timeout_s=0.2)
         with pytest.raises(CallTimeout):
             asyncio.run(AsyncClient.connect("127.0.0.1", port, timeout_s=0.2))
+
+
+async def _fake_node(
+    batches: list[int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Handshake, then answer each ``calls`` frame with one ``results`` frame, last call first
+    (noting each frame's call count in ``batches``); a ``hang_up`` call closes the connection."""
+    writer.write(frame(("hello", VERSION, 0, b"nonce")))
+    await read_frame(reader, 4096)
+    writer.write(frame(("ready", 0)))
+    while True:
+        message = await read_frame(reader, 2**20)
+        assert message[0] == "calls"
+        batches.append(len(message[1]))
+        if any(procedure == "hang_up" for _, procedure, _ in message[1]):
+            writer.close()
+            return
+        answers = [
+            (call_id, "committed", {"echo": params}, None) for call_id, _, params in message[1]
+        ]
+        writer.write(frame(("results", tuple(reversed(answers)))))
+
+
+def test_async_client_matches_batched_results_and_fails_callbacks_on_loss():
+    batches: list[int] = []
+
+    async def go() -> tuple[list, list, list]:
+        server = await asyncio.start_server(functools.partial(_fake_node, batches), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, await AsyncClient.connect("127.0.0.1", port) as client:
+            outcomes = await asyncio.gather(*(client.call("p", {"i": i}) for i in range(2500)))
+            seen: list = []
+            both = asyncio.Event()
+
+            def done(result: object) -> None:
+                seen.append(result)
+                if len(seen) == 2:
+                    both.set()
+
+            client.submit("p", {"i": -1}, done)
+            client.submit("hang_up", {}, done)
+            await asyncio.wait_for(both.wait(), 10)
+            with pytest.raises(ConnectionLost):
+                client.submit("p", {}, seen.append)
+        return outcomes, seen, [client.in_flight]
+
+    outcomes, seen, in_flight = asyncio.run(go())
+    assert [outcome.result["echo"]["i"] for outcome in outcomes] == list(range(2500))
+    assert max(batches) <= CALLS_PER_FRAME_MAX < 2500, batches  # the calls left in batches
+    assert all(outcome.committed for outcome in outcomes)
+    assert all(isinstance(result, ConnectionLost) for result in seen)
+    assert in_flight == [0]
+
+
+@pytest.mark.parametrize("workload_name", ["tpcc", "ycsb", "smallbank"])
+def test_route_keys_name_every_node_a_call_touches(workload_name):
+    options = {
+        "tpcc": {
+            "warehouses": 4,
+            "items": 200,
+            "customers_per_district": 30,
+            "orders_per_district": 30,
+            "remote_item_fraction": 0.3,
+            "remote_payment_fraction": 0.3,
+        },
+        "ycsb": {"records": 400, "ops_per_txn": 4},
+        "smallbank": {"accounts": 80},
+    }[workload_name]
+    workload = get_workload(workload_name, **options)
+    router = Router(workload, Placement.round_robin(2))
+    requests = list(itertools.islice(workload.requests(5), 300))
+    planned = plan_batch(workload.registry(), workload.build(5), requests)
+    spans = 0
+    for request, txn in zip(requests, planned, strict=True):
+        route = router.route(request)
+        keys = {key for piece in txn.pieces for key in piece.reads + piece.writes}
+        touched = {router.node_of_key(key) for key in keys} - {REPLICATED}
+        assert route is not None and touched <= route, (request, route, touched)
+        spans += len(route) > 1
+    assert spans > 0, "the stream never spans two nodes"
+    assert router.route(TxnRequest("no_such_procedure", {})) is None
+    assert router.route(TxnRequest(requests[0].procedure, {})) is None  # bad params

@@ -2,29 +2,27 @@
 
 ``register(commands)`` adds the ``node`` and ``cluster`` sub-commands to the ``dgcc`` parser,
 ``add_bench_flags(parser)`` adds ``--nodes``/``--distributed-fraction``/``--inflight`` to
-``dgcc bench``, and ``dispatch(args)`` runs them. ``python -m dgcc.cli_cluster ...`` works on
-its own too (the launcher uses it to spawn nodes).
+``dgcc bench``, and ``dispatch(args)`` runs them; the ``dgcc`` entry point (``dgcc.cli``) owns
+the parser, and the launcher spawns nodes through it (``python -m dgcc node ...``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import dataclasses
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from dgcc import debug
 from dgcc.cluster import CONFIG_FILE, STATE_FILE, load_config, local_config, start_local
 from dgcc.cluster import status as cluster_status
 from dgcc.cluster import stop as cluster_stop
 from dgcc.errors import ConfigError
 
-__all__ = ["COMMANDS", "add_bench_flags", "bench_nodes", "dispatch", "main", "register"]
+__all__ = ["COMMANDS", "add_bench_flags", "bench_nodes", "dispatch", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +35,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     node = commands.add_parser("node", help="run one cluster node (one OS process)")
     node.add_argument("--config", type=Path, required=True, help="cluster config (.toml/.json)")
     node.add_argument("--id", type=int, required=True, help="this node's id in the config")
+    node.add_argument(
+        "--data-dir", help="log and recover under DIR/node<id> (overrides the config's data_dir)"
+    )
     node.set_defaults(check_invariants=False)  # the dgcc entry point reads this flag
     cluster = commands.add_parser("cluster", help="start, stop or query a local cluster")
     cluster.set_defaults(check_invariants=False)
@@ -48,6 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     start.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--epoch-ms", type=float, default=5.0)
     start.add_argument("--seed", type=int, default=1)
+    start.add_argument("--protocol", default="dgcc", help="dgcc, calvin, no_wait, wait_die or occ")
     for action in ("start", "stop", "status"):
         parser = start if action == "start" else actions.add_parser(action, help=f"{action}")
         parser.add_argument(
@@ -89,6 +91,7 @@ def bench_nodes(args: argparse.Namespace) -> int:
         inflight=args.inflight,
         epoch_ms=args.epoch_ms,
         seed=args.seed,
+        protocol=server_name(args.protocol),
     )
     console = Console()
     columns = (TextColumn("{task.description}"), BarColumn())
@@ -134,6 +137,14 @@ def results_table(records: list[dict[str, Any]]) -> Any:
     return table
 
 
+def server_name(protocol: str) -> str:
+    """``protocol`` if a cluster can run it (ConfigError naming the choices otherwise)."""
+    from dgcc.net.servers import server_class
+
+    server_class(protocol)
+    return protocol
+
+
 def dispatch(args: argparse.Namespace) -> int:
     """Run a ``node`` or ``cluster`` command parsed by ``register``'s parsers."""
     if args.command == "node":
@@ -152,9 +163,12 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from dgcc.net.node import run_node
+    from dgcc.net.servers import run_server
+    from dgcc.net.wire import run_async
 
     config = load_config(args.config)
+    if args.data_dir is not None:
+        config = dataclasses.replace(config, data_dir=args.data_dir)
     if not 0 <= args.id < len(config.nodes):
         raise ConfigError(
             f"--id {args.id} is not a node of {args.config} (0..{len(config.nodes) - 1})"
@@ -165,13 +179,7 @@ def _node(args: argparse.Namespace) -> int:
         sys.stdout.write(f"READY {args.id} {address.host}:{address.port} pid={os.getpid()}\n")
         sys.stdout.flush()
 
-    try:
-        import uvloop  # type: ignore[import-not-found]
-
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    runner(run_node(config, args.id, ready))
+    run_async(run_server(config, args.id, ready))
     return 0
 
 
@@ -188,6 +196,7 @@ def _start(args: argparse.Namespace) -> int:
             workload_options=options,
             epoch_ms=args.epoch_ms,
             seed=args.seed,
+            protocol=server_name(args.protocol),
         )
     cluster = start_local(config, args.dir)
     for node, process in zip(config.nodes, cluster.processes, strict=True):
@@ -240,37 +249,3 @@ def _status(config: Any) -> int:
         )
     Console().print(table)
     return 1 if down else 0
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"dgcc: error: {message}\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="dgcc", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    register(commands)
-    bench = commands.add_parser("bench", help="closed-loop benchmark on a local cluster")
-    bench.add_argument("--workload", default="ycsb", help="tpcc, ycsb or smallbank")
-    bench.add_argument("--seconds", type=float, default=5.0, help="measured window")
-    bench.add_argument("--warmup-s", type=float, default=1.0)
-    bench.add_argument("--seed", type=int, default=1)
-    bench.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
-    bench.add_argument("--json", type=Path, help="write the result record to this path")
-    add_bench_flags(bench)
-    args = parser.parse_args(argv)
-    if args.command == "bench" and args.nodes is None:
-        parser.error("bench here needs --nodes N")
-    logging.basicConfig(
-        level=debug.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        return dispatch(args)
-    except ConfigError as error:
-        print(f"dgcc: error: {error}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -93,6 +93,11 @@ class ClusterConfig:
         delay_ms_max: test only: delay every peer message by a seeded random 0..max ms.
         delay_seed: seed of those delays.
         order_log: keep the global order of every epoch (for tests checking against serial).
+        protocol: the concurrency control the nodes run (``dgcc.net.servers.SERVERS``).
+        data_dir: dependency logging on: node n logs to and recovers from ``data_dir/node<n>``
+            and answers an epoch's clients only once every node has made it durable.
+        checkpoint_every_epochs: with ``data_dir``, a forked checkpoint every this many
+            epochs (0 = only the initial one).
     """
 
     nodes: tuple[NodeAddress, ...]
@@ -110,6 +115,9 @@ class ClusterConfig:
     delay_ms_max: float = 0.0
     delay_seed: int = 0
     order_log: bool = False
+    protocol: str = "dgcc"
+    data_dir: str | None = None
+    checkpoint_every_epochs: int = 0
 
     def __post_init__(self) -> None:
         if not self.nodes or len(self.nodes) > NODES_MAX:
@@ -122,10 +130,13 @@ class ClusterConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-        for name, low in (("epoch_calls_max", 0), ("pipeline_epochs", 1), ("step_pieces", 1)):
+        ints = ("epoch_calls_max", 0), ("pipeline_epochs", 1), ("step_pieces", 1)
+        for name, low in (*ints, ("checkpoint_every_epochs", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
+            raise ConfigError(f"data_dir must be a non-empty path string, got {self.data_dir!r}")
         if self.epoch_ms == 0 and self.epoch_calls_max == 0:
             raise ConfigError("epoch_ms and epoch_calls_max cannot both be 0 (epochs never close)")
         if not all(node.loopback for node in self.nodes) and not self.shared_secret():
@@ -251,7 +262,7 @@ def start_local(
     processes = []
     for node in config.nodes:
         log = open(directory / f"node{node.id}.log", "ab")  # noqa: SIM115 - the child owns it
-        command = [sys.executable, "-m", "dgcc.cli_cluster", "node"]
+        command = [sys.executable, "-m", "dgcc", "node"]
         command += ["--config", str(config_path), "--id", str(node.id)]
         processes.append(
             subprocess.Popen(
@@ -272,6 +283,8 @@ def start_local(
         for process in processes:
             process.kill()
             process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
         raise
     return cluster
 

@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dgcc.api import Outcome, Status
@@ -25,6 +25,7 @@ from dgcc.net.wire import (
     ConnectionLost,
     FrameError,
     HandshakeError,
+    NetError,
     decode,
     frame,
     mac_of,
@@ -34,11 +35,10 @@ from dgcc.net.wire import (
 __all__ = ["AsyncClient", "Client"]
 
 TIMEOUT_S_DEFAULT = 30.0
+CALLS_PER_FRAME_MAX = 1000  # keeps a calls frame far below any sane frame limit
 
 
-def _outcome(message: tuple) -> Outcome:
-    _, _, status, result, reason = message
-    return Outcome(Status(status), result, reason)
+_STATUSES = {status.value: status for status in Status}
 
 
 def _check_ready(answer: tuple, where: str) -> None:
@@ -57,7 +57,12 @@ def _hello_answer(hello: tuple, secret: str | None, where: str) -> bytes:
 
 
 class AsyncClient:
-    """An asyncio client; create it with ``await AsyncClient.connect(host, port)``."""
+    """An asyncio client; create it with ``await AsyncClient.connect(host, port)``.
+
+    ``call`` awaits one outcome; ``submit`` hands it to a callback instead (no future, no
+    timer: what a load generator with thousands of calls in flight wants). Calls submitted in
+    one loop iteration leave in one ``calls`` frame.
+    """
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: str, limit: int
@@ -67,13 +72,27 @@ class AsyncClient:
         self.where = where
         self._limit = limit
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._callbacks: dict[int, Callable[[Outcome | NetError], None]] = {}
+        self._pending: dict[int, asyncio.Future] = {}  # admin requests by id
         self._closed: BaseException | None = None
-        self._outgoing: list[bytes] = []  # frames written together once per loop iteration
+        self._calls: list[tuple[int, str, dict]] = []  # sent together once per loop iteration
+        self._frames: list[bytes] = []
         self._reader_task = asyncio.create_task(self._read_loop())
 
+    @property
+    def in_flight(self) -> int:
+        """Calls submitted and not yet answered."""
+        return len(self._callbacks)
+
+    def _schedule_flush(self) -> None:
+        if not self._calls and not self._frames:
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
-        data, self._outgoing = b"".join(self._outgoing), []
+        calls, self._calls = self._calls, []
+        for start in range(0, len(calls), CALLS_PER_FRAME_MAX):
+            self._frames.append(frame(("calls", calls[start : start + CALLS_PER_FRAME_MAX])))
+        data, self._frames = b"".join(self._frames), []
         if not self._writer.is_closing():
             self._writer.write(data)
 
@@ -109,6 +128,9 @@ class AsyncClient:
         try:
             while True:
                 message = await read_frame(self._reader, self._limit)
+                if message[0] == "results" and len(message) == 2 and type(message[1]) is tuple:
+                    self._answer_calls(message[1])
+                    continue
                 if len(message) < 2:
                     raise FrameError(f"ill-shaped answer {message!r:.80}")
                 future = self._pending.pop(message[1], None)
@@ -122,27 +144,83 @@ class AsyncClient:
                 if not future.done():
                     future.set_exception(lost)
             self._pending.clear()
+            callbacks, self._callbacks = self._callbacks, {}
+            for callback in callbacks.values():
+                callback(lost)
 
-    async def _request(self, kind: str, *args: Any, timeout_s: float | None) -> tuple:
+    def _answer_calls(self, results: tuple) -> None:
+        callbacks = self._callbacks
+        for result in results:
+            if not isinstance(result, tuple) or len(result) != 4 or type(result[0]) is not int:
+                raise FrameError(f"ill-shaped call result {result!r:.80}")
+            call_id, status, value, reason = result
+            if not isinstance(status, str) or status not in _STATUSES:
+                raise FrameError(f"unknown call status {status!r}")
+            callback = callbacks.pop(call_id, None)
+            if callback is not None:  # None: a call whose caller timed out
+                callback(Outcome(_STATUSES[status], value, reason))
+
+    def _check_open(self) -> None:
         if self._closed is not None or self._reader_task.done():
             raise ConnectionLost(f"connection to {self.where} is closed: {self._closed}")
+
+    def submit(
+        self,
+        procedure: str,
+        params: Mapping[str, Any],
+        done: Callable[[Outcome | NetError], None],
+    ) -> int:
+        """Send ``procedure(params)``; ``done`` gets its outcome once committed (or the
+        ``ConnectionLost`` that ended the wait). Returns the call id.
+
+        Raises:
+            ConnectionLost: the connection is already closed.
+        """
+        self._check_open()
         call_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = future
-        if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outgoing.append(frame((kind, call_id, *args)))
-        try:
-            return await asyncio.wait_for(future, timeout_s or TIMEOUT_S_DEFAULT)
-        except TimeoutError:
-            self._pending.pop(call_id, None)
-            raise CallTimeout(f"{kind} to {self.where} got no answer in {timeout_s} s") from None
+        self._callbacks[call_id] = done
+        self._schedule_flush()
+        self._calls.append((call_id, procedure, params if type(params) is dict else dict(params)))
+        return call_id
 
     async def call(
         self, procedure: str, params: Mapping[str, Any], *, timeout_s: float | None = None
     ) -> Outcome:
-        """Run ``procedure(params)``; returns its outcome once its epoch committed."""
-        return _outcome(await self._request("call", procedure, dict(params), timeout_s=timeout_s))
+        """Run ``procedure(params)``; returns its outcome once its epoch committed.
+
+        Raises:
+            CallTimeout: no outcome within ``timeout_s`` (default 30 s).
+            ConnectionLost: the connection closed before the outcome came.
+        """
+        future = asyncio.get_running_loop().create_future()
+
+        def done(result: Outcome | NetError) -> None:
+            if not future.done():
+                if isinstance(result, Outcome):
+                    future.set_result(result)
+                else:
+                    future.set_exception(result)
+
+        call_id = self.submit(procedure, params, done)
+        timeout_s = timeout_s or TIMEOUT_S_DEFAULT
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            self._callbacks.pop(call_id, None)
+            raise CallTimeout(f"call to {self.where} got no answer in {timeout_s} s") from None
+
+    async def _request(self, kind: str, *, timeout_s: float | None) -> tuple:
+        self._check_open()
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._schedule_flush()
+        self._frames.append(frame((kind, request_id)))
+        try:
+            return await asyncio.wait_for(future, timeout_s or TIMEOUT_S_DEFAULT)
+        except TimeoutError:
+            self._pending.pop(request_id, None)
+            raise CallTimeout(f"{kind} to {self.where} got no answer in {timeout_s} s") from None
 
     async def status(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return (await self._request("status", timeout_s=timeout_s))[2]
@@ -216,17 +294,28 @@ class Client:
             raise FrameError(f"frame of {length} bytes from {self.where} exceeds {self._limit}")
         return decode(self._read_exactly(length))
 
-    def _request(self, kind: str, *args: Any) -> tuple:
-        call_id = next(self._ids)
-        self._sock.sendall(frame((kind, call_id, *args)))
+    def _request(self, kind: str) -> tuple:
+        request_id = next(self._ids)
+        self._sock.sendall(frame((kind, request_id)))
         while True:
             message = self._read()
-            if len(message) >= 2 and message[1] == call_id:
+            if len(message) >= 2 and message[1] == request_id:
                 return message
 
     def call(self, procedure: str, params: Mapping[str, Any]) -> Outcome:
         """Run ``procedure(params)``; returns its outcome once its epoch committed."""
-        return _outcome(self._request("call", procedure, dict(params)))
+        call_id = next(self._ids)
+        self._sock.sendall(frame(("calls", ((call_id, procedure, dict(params)),))))
+        while True:
+            message = self._read()
+            if message[0] != "results" or len(message) != 2:
+                continue
+            for result in message[1]:
+                if isinstance(result, tuple) and len(result) == 4 and result[0] == call_id:
+                    _, status, value, reason = result
+                    if not isinstance(status, str) or status not in _STATUSES:
+                        raise FrameError(f"unknown call status {status!r} from {self.where}")
+                    return Outcome(_STATUSES[status], value, reason)
 
     def status(self) -> dict[str, Any]:
         return self._request("status")[2]

@@ -6,13 +6,15 @@ keys; Smallbank: a payment to a remote customer; TPC-C: a remote supply warehous
 paying customer, which only NewOrder and Payment can have). ``None`` keeps the workload's own
 mix (TPC-C's standard 1% / 15% remote fractions). ``run_bench`` starts the node processes and
 one client process per node, each with ``inflight`` calls always outstanding on one pipelined
-connection, and measures a window after a warm-up.
+connection (answers arrive batched per epoch; each submits the next call from a callback), and
+measures a window after a warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import logging
@@ -30,6 +32,7 @@ from typing import Any
 from dgcc.api import TxnRequest
 from dgcc.cluster import ClusterConfig, load_config, local_config, start_local, wait_ready_lines
 from dgcc.errors import ConfigError
+from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
 from dgcc.workloads.ycsb import ZipfianGenerator
 
@@ -157,47 +160,66 @@ async def _client_loop(args: argparse.Namespace) -> dict[str, Any]:
     pool = request_pool(config, args.node, args.fraction, args.seed)
     address = config.nodes[args.node]
     client = await AsyncClient.connect(address.host, address.port, secret=config.shared_secret())
+    gc.collect()
+    gc.freeze()  # the request pool lives as long as the process
     # Readiness handshake with the driver: say READY, then read the window (unix times).
     sys.stdout.write("READY\n")
     sys.stdout.flush()
     window = sys.stdin.readline().split()
     if len(window) != 2:
         raise ConfigError(f"expected 'measure_from until' on stdin, got {window!r}")
-    args.measure_from, args.until = float(window[0]), float(window[1])
-    latencies_ms: list[float] = []
-    counts = {"committed": 0, "aborted": 0, "error": 0}
-    cursor = itertools.cycle(pool)
-    clock = time.time
+    loop = _ClosedLoop(client, pool, float(window[0]), float(window[1]))
+    return await loop.run(args.inflight) | {"node": args.node}
 
-    async def worker() -> None:
-        while True:
-            request = next(cursor)
-            started_s = clock()
-            if started_s >= args.until:
-                return
-            outcome = await client.call(request.procedure, request.params, timeout_s=60)
-            done_s = clock()
-            if args.measure_from <= started_s and done_s < args.until:
-                counts[outcome.status.value] += 1
-                latencies_ms.append((done_s - started_s) * 1000)
 
-    cpu_s = [0.0, 0.0]
+class _ClosedLoop:
+    """``inflight`` calls always outstanding: each answer submits the next call at once.
 
-    async def cpu_clock() -> None:
-        # CPU time of this process over the measured window (a measurement, not a sync)
-        await asyncio.sleep(max(0.0, args.measure_from - clock()))
-        cpu_s[0] = time.process_time()
-        await asyncio.sleep(max(0.0, args.until - clock()))
-        cpu_s[1] = time.process_time()
+    Callbacks, not a coroutine per call: the client process stays a small share of a core.
+    Counts and latencies cover calls started and answered inside ``[measure_from, until)``.
+    """
 
-    await asyncio.gather(cpu_clock(), *(worker() for _ in range(args.inflight)))
-    await client.close()
-    return {
-        "node": args.node,
-        "counts": counts,
-        "latencies_ms": latencies_ms,
-        "cpu_s": cpu_s[1] - cpu_s[0],
-    }
+    def __init__(self, client: Any, pool: list[TxnRequest], measure_from: float, until: float):
+        self.client = client
+        self.cursor = itertools.cycle([(r.procedure, r.params) for r in pool])
+        self.measure_from = measure_from
+        self.until = until
+        self.counts = {"committed": 0, "aborted": 0, "error": 0}
+        self.latencies_ms: list[float] = []
+        self.lost: BaseException | None = None
+        self.done = asyncio.Event()
+
+    def _submit(self) -> None:
+        procedure, params = next(self.cursor)
+        started_s = time.time()
+        self.client.submit(procedure, params, lambda result: self._answered(started_s, result))
+
+    def _answered(self, started_s: float, result: Any) -> None:
+        done_s = time.time()
+        if isinstance(result, BaseException):
+            self.lost = result
+            self.done.set()
+            return
+        if self.measure_from <= started_s and done_s < self.until:
+            self.counts[result.status.value] += 1
+            self.latencies_ms.append((done_s - started_s) * 1000)
+        if done_s < self.until:
+            self._submit()
+        elif not self.client.in_flight:
+            self.done.set()
+
+    async def run(self, inflight: int) -> dict[str, Any]:
+        for _ in range(inflight):
+            self._submit()
+        await asyncio.sleep(max(0.0, self.measure_from - time.time()))
+        cpu_from_s = time.process_time()  # CPU time of this process over the window
+        await asyncio.sleep(max(0.0, self.until - time.time()))
+        cpu_s = time.process_time() - cpu_from_s
+        await asyncio.wait_for(self.done.wait(), CLIENT_EXIT_TIMEOUT_S)
+        await self.client.close()
+        if self.lost is not None:
+            raise self.lost
+        return {"counts": self.counts, "latencies_ms": self.latencies_ms, "cpu_s": cpu_s}
 
 
 def _client_main(argv: list[str]) -> int:
@@ -209,7 +231,7 @@ def _client_main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    result = asyncio.run(_client_loop(args))
+    result = run_async(_client_loop(args))
     args.out.write_text(json.dumps(result))
     return 0
 
@@ -229,6 +251,9 @@ class ClusterBenchConfig:
         seconds: the measured window; ``warmup_s`` runs before it.
         inflight: calls outstanding per node.
         epoch_ms: epoch length.
+        protocol: the nodes' concurrency control (a key of ``dgcc.net.servers.SERVERS``).
+        durable: dependency logging on every node (in the run's temp folder): calls are
+            answered only once their epoch is durable on every node.
         seed: data and request seed.
     """
 
@@ -241,6 +266,8 @@ class ClusterBenchConfig:
     inflight: int = 400
     epoch_ms: float = 2.0
     seed: int = 1
+    protocol: str = "dgcc"
+    durable: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
@@ -283,6 +310,8 @@ def run_bench(
             epoch_ms=bench.epoch_ms,
             epoch_calls_max=max(1, bench.inflight // 4),
             seed=bench.seed,
+            protocol=bench.protocol,
+            data_dir=str(Path(directory) / "wal") if bench.durable else None,
         )
         if progress:
             progress("loading", 0.0)
@@ -347,6 +376,7 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
         "txn/commits_per_s": counts["committed"] / bench.seconds,
         "txn/txns_per_s": sum(counts.values()) / bench.seconds,
         "txn/abort_rate": counts["aborted"] / max(1, sum(counts.values())),
+        "txn/cc_abort_rate": delta.get("txn/cc_aborts", 0) / max(1, delta.get("txn/attempts", 0)),
         "txn/errors": counts["error"],
         "txn/latency_ms_p50": _percentile(latencies, 0.50),
         "txn/latency_ms_p99": _percentile(latencies, 0.99),

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import logging
 import os
 import random
@@ -30,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dgcc.api import TxnRequest
+from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
 from dgcc.net.wire import (
     VERSION,
@@ -43,6 +45,7 @@ from dgcc.net.wire import (
     read_frame,
 )
 from dgcc.protocols.dist_dgcc import REPLICATED, EpochRun, ResultAssembler, Router
+from dgcc.wal.node_log import LoggedEpochRun, node_durability
 from dgcc.workloads import get_workload
 
 __all__ = ["Node", "run_node"]
@@ -52,31 +55,50 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
+RESULTS_PER_FRAME_MAX = 1000  # keeps a results frame far below any sane frame limit
+GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
+_STATUS_STAT = {status: f"txn/{status.value}" for status in Status}
 
 
 class _Client:
-    """A connected client; answers are gathered and written once per loop iteration."""
+    """A connected client; answers are gathered and written once per loop iteration.
 
-    __slots__ = ("_pending", "name", "writer")
+    Call results go out batched, ``RESULTS_PER_FRAME_MAX`` to a ``results`` frame.
+    """
+
+    __slots__ = ("_frames", "_results", "name", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
         self.writer = writer
         self.name = name
-        self._pending: list[bytes] = []
+        self._frames: list[bytes] = []
+        self._results: list[tuple] = []
 
     def send(self, message: Any) -> None:
-        if not self._pending:
+        """Send one (admin) message."""
+        if not self._frames and not self._results:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(frame(message))
+        self._frames.append(frame(message))
+
+    def result(self, call_id: int, outcome: Outcome) -> None:
+        """Answer call ``call_id``."""
+        if not self._frames and not self._results:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._results.append((call_id, outcome.status.value, outcome.result, outcome.reason))
 
     def _flush(self) -> None:
-        data, self._pending = b"".join(self._pending), []
+        results, self._results = self._results, []
+        for start in range(0, len(results), RESULTS_PER_FRAME_MAX):
+            self._frames.append(frame(("results", results[start : start + RESULTS_PER_FRAME_MAX])))
+        data, self._frames = b"".join(self._frames), []
         if not self.writer.is_closing():  # a client that died mid-call just loses its answers
             self.writer.write(data)
 
 
 class Node:
     """One node of ``config``; ``start`` listens and connects, ``stopped`` ends it."""
+
+    epoch_run = EpochRun  # the Calvin node swaps in its lock-ordered epoch run
 
     def __init__(self, config: ClusterConfig, node_id: int) -> None:
         self.config = config
@@ -86,8 +108,12 @@ class Node:
         self.secret = config.shared_secret()
         self.workload = get_workload(config.workload, **dict(config.workload_options))
         self.registry = self.workload.registry()
-        self.router = Router(self.workload.partition_of, config.placement())
-        self.db = self.workload.build(config.seed)
+        self.router = Router(self.workload, config.placement())
+        self.durability = node_durability(config, node_id)  # None: no --data-dir, no log
+        if self.durability is None:
+            self.db = self.workload.build(config.seed)
+        else:  # recovered in ``start``, once the peers agree on the epoch
+            self.db, self.epoch_run = self.workload.schema(), LoggedEpochRun
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
         self._wake = asyncio.Event()  # any peer message or closed epoch
@@ -95,7 +121,7 @@ class Node:
         self._out: dict[int, asyncio.StreamWriter] = {}
         self._in: set[int] = set()
         self._collect: list[TxnRequest] = []
-        self._callers: list[tuple[_Client, int, float]] = []
+        self._callers: list[tuple[_Client, int]] = []
         self._inputs: dict[int, dict[int, tuple]] = {}
         self._values: dict[int, list] = {}
         self._assemblers: dict[int, tuple[ResultAssembler, list]] = {}
@@ -132,6 +158,14 @@ class Node:
             self._accept, self.address.host, self.address.port, limit=2**20
         )
         await asyncio.gather(*(self._connect(peer) for peer in self.peers))
+        if self.durability is not None:
+            self.durability.broadcast = self._send_durable
+            build = lambda: self.workload.build(self.config.seed)  # noqa: E731
+            recovered = await self.durability.recover(
+                self.registry, self.router, build, self.workload.schema
+            )
+            self.db, self._closed_epochs = recovered
+            self._executed_epochs = self._closed_epochs
         self._check_ready()
         self._tasks = [
             asyncio.create_task(self._collector(), name="collector"),
@@ -154,6 +188,8 @@ class Node:
             self._server.close()
         for writer in self._out.values():
             writer.close()
+        if self.durability is not None:
+            self.durability.close()
         self.stopped.set()
 
     def _check_ready(self) -> None:
@@ -254,6 +290,8 @@ class Node:
                     self._values.setdefault(epoch, []).append(body)
             elif kind == "report":
                 self._on_report(epoch, peer, body)
+            elif kind == "durable" and self.durability is not None:
+                self.durability.peer_durable(peer, epoch)
             else:
                 raise FrameError(f"unknown peer message kind {kind!r}")
             self._wake.set()
@@ -269,14 +307,14 @@ class Node:
         while True:
             message = await read_frame(reader, limit)
             kind = message[0]
-            if kind == "call":
-                if len(message) != 4 or not isinstance(message[1], int):
-                    raise FrameError(f"ill-shaped call {message!r:.80}")
-                if not isinstance(message[2], str) or not isinstance(message[3], dict):
-                    raise FrameError(
-                        f"call needs a procedure name and a params map: {message!r:.80}"
-                    )
-                self._add_call(client, message[1], message[2], message[3])
+            if kind == "calls":
+                if len(message) != 2 or not isinstance(message[1], tuple):
+                    raise FrameError(f"ill-shaped calls message {message!r:.80}")
+                for call in message[1]:  # all checked before any joins the epoch
+                    _check_call(call)
+                add_call = self._add_call
+                for call_id, procedure, params in message[1]:
+                    add_call(client, call_id, procedure, params)
             elif kind in handlers and len(message) == 2 and isinstance(message[1], int):
                 handlers[kind](client, message[1])
             else:
@@ -285,11 +323,11 @@ class Node:
     def _add_call(self, client: _Client, call_id: int, procedure: str, params: dict) -> None:
         if len(self._collect) >= CALLS_WAITING_MAX:  # bounded: refuse rather than grow
             reason = f"node {self.id} overloaded: {len(self._collect)} calls waiting"
-            client.send(("result", call_id, "error", None, reason))
+            client.result(call_id, Outcome(Status.ERROR, reason=reason))
             return
         self.stats["txn/calls"] += 1
         self._collect.append(TxnRequest(procedure, params))
-        self._callers.append((client, call_id, time.perf_counter()))
+        self._callers.append((client, call_id))
         count_max = self.config.epoch_calls_max
         if len(self._collect) == 1 or (count_max and len(self._collect) >= count_max):
             self._collector_wake.set()
@@ -354,6 +392,10 @@ class Node:
             asyncio.get_running_loop().call_later(delay_s, writer.write, data)
         else:
             writer.write(data)
+
+    def _send_durable(self, epoch: int) -> None:
+        for peer in self.peers:
+            self._send(peer, ("durable", epoch, self.id, None))
 
     async def _drain(self) -> None:
         for writer in self._out.values():
@@ -458,7 +500,7 @@ class Node:
 
     async def _executor(self) -> None:
         nodes = len(self.config.nodes)
-        epoch = 0
+        epoch = self._executed_epochs  # 0, or the epoch a restart recovered to
         while True:
             waited_s = time.perf_counter()
             while len(self._inputs.get(epoch, ())) < nodes:
@@ -470,13 +512,15 @@ class Node:
             if self.config.order_log:
                 self._log_order(inputs)
             started_s = time.perf_counter()
-            run = EpochRun(self.id, self.db, self.registry, self.router, batches)
+            run = self.epoch_run(self.id, self.db, self.registry, self.router, batches)
             self.stats["txn/multi_node"] += run.multi_node_by_origin[self.id]
             self.stats["txn/executed"] += len(batches[self.id])
             self._run, self._running_epoch = run, epoch
             for body in self._values.pop(epoch, ()):
                 run.deliver(body)
             await self._execute(run, epoch)
+            if self.durability is not None:
+                self.durability.executed(run)  # group commit of the epoch, in the background
             self.stats["timing_s/execute"] += time.perf_counter() - started_s
             self._run, self._running_epoch = None, -1
             reports = run.reports()
@@ -514,20 +558,64 @@ class Node:
         assembler.add(peer, report)
         if assembler.complete:
             del self._assemblers[epoch]
-            self._complete_epoch(assembler, callers)
+            if self.durability is None:
+                self._complete_epoch(assembler, callers)
+            else:  # answer once every node has made the epoch (log epoch + 1) durable
+                answer = functools.partial(self._complete_epoch, assembler, callers)
+                self.durability.when_durable(epoch + 1, answer)
 
     def _complete_epoch(self, assembler: ResultAssembler, callers: list) -> None:
         """Every node finished the epoch: answer its callers (the durability hook point)."""
-        for (client, call_id, _), outcome in zip(callers, assembler.outcomes(), strict=True):
-            self.stats[f"txn/{outcome.status.value}"] += 1
-            client.send(("result", call_id, outcome.status.value, outcome.result, outcome.reason))
+        stats = self.stats
+        for (client, call_id), outcome in zip(callers, assembler.outcomes(), strict=True):
+            stats[_STATUS_STAT[outcome.status]] += 1
+            client.result(call_id, outcome)
 
 
-async def run_node(config: ClusterConfig, node_id: int, on_ready: Callable[[Node], None]) -> None:
-    """Run node ``node_id`` until a stop request; ``on_ready`` fires once all peers are up."""
-    node = Node(config, node_id)
+def _check_call(call: object) -> None:
+    """One entry of a ``calls`` message: ``(call_id, procedure, params)``."""
+    if not isinstance(call, tuple) or len(call) != 3 or not isinstance(call[0], int):
+        raise FrameError(f"ill-shaped call {call!r:.80}")
+    if not isinstance(call[1], str) or not isinstance(call[2], dict):
+        raise FrameError(f"call needs a procedure name and a params map: {call!r:.80}")
+
+
+async def _collect_garbage() -> None:
+    """Take the cyclic GC off the hot path: collect only what each ``GC_PERIOD_S`` left.
+
+    Rows (loaded or inserted) are long-lived and acyclic, and an epoch's objects die by
+    reference counting (executing epochs leaves no cyclic garbage), yet automatic collections
+    keep rescanning them: a quarter of the node's CPU at TPC-C scale, more with larger epochs.
+    So automatic collection is off; each period's survivors are scanned once for cycles, then
+    frozen out of later scans.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        while True:
+            await asyncio.sleep(GC_PERIOD_S)  # a timer, not a synchronisation
+            gc.collect(0)
+            gc.freeze()
+    finally:
+        gc.enable()
+
+
+async def run_node(
+    config: ClusterConfig,
+    node_id: int,
+    on_ready: Callable[[Node], None],
+    node_class: type[Node] | None = None,
+) -> None:
+    """Run node ``node_id`` until a stop request; ``on_ready`` fires once all peers are up.
+
+    ``node_class`` is the protocol's server (``dgcc.net.servers``); DistDGCC's ``Node`` by default.
+    """
+    node = (node_class or Node)(config, node_id)
     await node.start()
+    collector = asyncio.create_task(_collect_garbage())  # the data is loaded (or recovered)
     await node.ready.wait()
     on_ready(node)
     await node.stopped.wait()
+    collector.cancel()
     await asyncio.sleep(0)  # let the stop answer leave the socket

@@ -11,6 +11,12 @@ Handshake (server speaks first): ``("hello", VERSION, node_id, nonce)``; the pee
 cluster has a secret (required when any node listens beyond loopback), and the server answers
 ``("ready", node_id)`` or an ``("error", reason)`` frame and closes.
 
+Client messages carry calls in batches, since a load generator keeps thousands in flight:
+``("calls", ((call_id, procedure, params), ...))`` in, ``("results", ((call_id, status,
+result, reason), ...))`` out (answers in any order, matched by id), plus the admin requests
+``(kind, request_id)`` for ``status``, ``dump``, ``order`` and ``stop``, answered by
+``(kind, request_id, payload)``.
+
     NetError
      ├── FrameError        bytes off the wire are not a valid frame or message
      ├── HandshakeError    version, role or secret mismatch
@@ -24,7 +30,8 @@ import asyncio
 import hashlib
 import hmac
 import struct
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -43,12 +50,14 @@ __all__ = [
     "frame",
     "mac_of",
     "read_frame",
+    "run_async",
 ]
 
 VERSION = 1
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 ROLES = ("client", "node")
 _HEADER = struct.Struct(">I")
+T = TypeVar("T")
 
 
 class NetError(DgccError):
@@ -110,6 +119,15 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> tupl
     except (asyncio.IncompleteReadError, ConnectionError) as error:
         raise ConnectionLost(f"connection closed: {type(error).__name__}") from None
     return decode(body)
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, on uvloop's faster event loop when it is installed."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def mac_of(secret: str | None, nonce: bytes) -> bytes:

@@ -5,13 +5,14 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Global order. Every node contributes its collected calls as one input batch; the global
     order is (epoch, origin node, sequence), so no sequencer or lock manager is needed.
   * Routing. A node plans only the transactions it takes part in. ``route`` maps a request's
-    parameters to the nodes owning its data (per workload: TPC-C by warehouse, YCSB by key,
-    Smallbank by customer); a request it cannot route is planned by every node, which then
-    agree on the plan or on the planning error. Planning against rows another node owns is
-    only sound for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): every node
-    keeps the whole load-time data, and rows it does not own are a frozen snapshot used for
-    exactly those plan-time reads, never written and never dumped (the price: every node
-    holds a full copy of the initial data; dropping the rows no plan reads is left for later).
+    parameters to the nodes owning its data, through the workload's ``route_keys`` (TPC-C by
+    warehouse, YCSB by key, Smallbank by customer); a request it cannot route is planned by
+    every node, which then agree on the plan or on the planning error. Planning against rows
+    another node owns is only sound for columns no transaction writes (TPC-C's W_NAME, C_LAST
+    ...): every node keeps the whole load-time data, and rows it does not own are a frozen
+    snapshot used for exactly those plan-time reads, never written and never dumped (the
+    price: every node holds a full copy of the initial data; dropping the rows no plan reads
+    is left for later).
     TPC-C's by-last-name customer needs no remote resolution: the plan only checks that the
     name exists (C_LAST never changes), and the piece that picks the customer runs on the
     customer's node under the district key that guards the name index.
@@ -32,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,9 @@ from dgcc.api import (
     run_piece,
 )
 from dgcc.errors import BadRequest, ConfigError, ProcedureError
-from dgcc.protocols.dgcc import build_graph
+from dgcc.protocols.dgcc import Graph, build_graph
 from dgcc.storage import Database
+from dgcc.workloads import Workload
 
 __all__ = [
     "REPLICATED",
@@ -116,13 +118,15 @@ class Router:
     """Maps conflict keys and requests to nodes, for one workload and placement.
 
     Args:
-        partition_of: the workload's ``partition_of(key, partitions)``.
+        workload: its ``partition_of(key, partitions)`` places keys and its
+            ``route_keys(procedure, params)`` names the partitions a call touches.
         placement: the partition -> node map.
     """
 
-    def __init__(self, partition_of: Callable[[Hashable, int], int], placement: Placement) -> None:
+    def __init__(self, workload: Workload, placement: Placement) -> None:
         self.placement = placement
-        self._partition_of = partition_of
+        self._partition_of = workload.partition_of
+        self._route_keys = workload.route_keys
         self._nodes_of_key: dict[Hashable, int] = {}
 
     def node_of_key(self, key: Hashable) -> int:
@@ -140,58 +144,14 @@ class Router:
         """The nodes that own a request's data, or None when every node must plan it."""
         if not isinstance(request, TxnRequest):
             return None
-        keys_of = _ROUTE_KEYS.get(request.procedure)
-        if keys_of is None:
-            return None
         try:
-            nodes = frozenset(self.node_of_key(key) for key in keys_of(request.params))
+            keys = self._route_keys(request.procedure, request.params)
+            if keys is None:
+                return None
+            nodes = frozenset(self.node_of_key(key) for key in keys)
         except (KeyError, TypeError, IndexError, ValueError, ConfigError):
             return None  # a bad request: every node plans it and reports the same error
         return nodes - {REPLICATED} or None
-
-
-def _tpcc_new_order(params: Mapping[str, Any]) -> list[tuple]:
-    return [("warehouse", params["w_id"])] + [("warehouse", line[1]) for line in params["lines"]]
-
-
-def _tpcc_payment(params: Mapping[str, Any]) -> list[tuple]:
-    return [("warehouse", params["w_id"]), ("warehouse", params["c_w_id"])]
-
-
-def _tpcc_home(params: Mapping[str, Any]) -> list[tuple]:
-    return [("warehouse", params["w_id"])]
-
-
-def _ycsb(params: Mapping[str, Any]) -> list[tuple]:
-    return [("usertable", key) for key in params["keys"]]
-
-
-def _smallbank(params: Mapping[str, Any]) -> list[tuple]:
-    return [("checking", params[n]) for n in ("customer", "source", "target") if n in params]
-
-
-# Route keys per procedure name, from the parameters alone: one representative conflict key
-# per partition the transaction touches. A wrong entry is caught under check_invariants (a
-# piece lands on a node the route left out).
-_ROUTE_KEYS: dict[str, Callable[[Mapping[str, Any]], list[tuple]]] = {
-    "new_order": _tpcc_new_order,
-    "payment": _tpcc_payment,
-    "order_status": _tpcc_home,
-    "delivery": _tpcc_home,
-    "stock_level": _tpcc_home,
-    "ycsb_txn": _ycsb,
-    **{
-        name: _smallbank
-        for name in (
-            "amalgamate",
-            "balance",
-            "deposit_checking",
-            "send_payment",
-            "transact_savings",
-            "write_check",
-        )
-    },
-}
 
 
 def global_batch(batches: Sequence[Sequence[TxnRequest]]) -> list[TxnRequest]:
@@ -337,7 +297,7 @@ class EpochRun:
                     )
                 view.append(piece)
             local_txns.append(dataclasses.replace(sub.txn, pieces=view))
-        self._graph = build_graph(local_txns)
+        self._graph = self.local_graph(local_txns)
         self._pieces = originals
         self._piece_index = piece_index
         self._contexts = [PieceContext(self._db, sub.txn) for sub in self._subs]
@@ -352,8 +312,10 @@ class EpochRun:
             base += len(sub.local)
         assert base == len(self._graph.pieces), f"{base} != {len(self._graph.pieces)} pieces"
         # Transactions whose values other nodes wait for run first (oldest first among them),
-        # so the peers' executors are not left idle at the end of the epoch.
+        # and so do the local pieces they wait on, so the peers' executors are not left idle
+        # at the end of the epoch.
         urgent = self._urgent_pids
+        _add_ancestors(urgent, self._graph.successors)
         in_degrees = self._graph.in_degrees
         self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid]]
         self._ready = [
@@ -386,6 +348,10 @@ class EpochRun:
             if targets:
                 self._sends[local_pid[pred]] = tuple(sorted(targets))
                 self._urgent_pids.update(local_pid.values())
+
+    def local_graph(self, txns: list[PlannedTxn]) -> Graph:
+        """The order of this node's pieces: DGCC's piece-level dependency graph."""
+        return build_graph(txns)
 
     # -- execution -------------------------------------------------------------------------
 
@@ -492,6 +458,18 @@ class EpochRun:
             entry = (sub.slot, outputs, sub.local_abort, txn.error)
             reports.setdefault(sub.origin, []).append(entry)
         return reports
+
+
+def _add_ancestors(pids: set[int], successors: dict[int, list[int]]) -> None:
+    """Add to ``pids`` every piece with a path to one of them (edges only point forward)."""
+    if not pids:
+        return
+    get = successors.get
+    for pid in range(max(pids) - 1, -1, -1):
+        if pid not in pids:
+            targets = get(pid)
+            if targets is not None and not pids.isdisjoint(targets):
+                pids.add(pid)
 
 
 class ResultAssembler:

@@ -8,7 +8,7 @@ generates a deterministic request stream from a seed, and checks its consistency
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from dgcc.api import Outcome, ProcedureRegistry, TxnRequest
@@ -64,6 +64,16 @@ class Workload(ABC):
     def partition_of(self, key: Hashable, partitions: int) -> int:
         """The partition owning a conflict key (used when the data is spread over nodes)."""
         raise NotImplementedError(f"{self.name} does not define partitioning yet")
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:
+        """Conflict keys naming every partition a call touches, from its parameters alone.
+
+        One key per partition suffices; the cluster routes the call to the nodes owning them.
+        None (the default) means the workload cannot tell, and every node plans the call. Bad
+        parameters may raise anything; the call is then planned everywhere and fails alike.
+        """
+        del procedure, params
+        return None
 
     def describe(self) -> dict[str, Any]:
         """The options this instance was built with, for reports."""

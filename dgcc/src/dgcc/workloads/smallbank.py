@@ -35,6 +35,7 @@ MIX = (
     ("transact_savings", 15),
     ("write_check", 15),
 )
+_PROCEDURES = frozenset(name for name, _ in MIX)
 
 
 def _savings(customer: int) -> tuple[str, int]:
@@ -217,6 +218,12 @@ class SmallbankWorkload(Workload):
         if not isinstance(key, tuple) or len(key) != 2 or not isinstance(key[1], int):
             raise ConfigError(f"smallbank: not a customer conflict key: {key!r}")
         return key[1] * partitions // self.accounts
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:
+        """The customers a call names (one, or source and target)."""
+        if procedure not in _PROCEDURES:
+            return None
+        return [_checking(params[n]) for n in ("customer", "source", "target") if n in params]
 
 
 def _total_cents(db: Database) -> int:

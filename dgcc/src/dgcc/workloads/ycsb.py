@@ -239,6 +239,12 @@ class YcsbWorkload(Workload):
             raise ConfigError(f"ycsb: not a usertable conflict key: {key!r}")
         return key[1] * partitions // self.records
 
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:
+        """Every record key the transaction reads or writes."""
+        if procedure != "ycsb_txn":
+            return None
+        return [(TABLE, key) for key in params["keys"]]
+
 
 def _distinct_keys(zipf: ZipfianGenerator, count: int, records: int) -> list[int]:
     keys: list[int] = []

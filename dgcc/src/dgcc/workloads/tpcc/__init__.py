@@ -19,7 +19,7 @@ plan time and reads the stock in its serial position; see ``procedures``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 from dgcc.api import ProcedureRegistry, TxnRequest
@@ -74,6 +74,18 @@ class TpccWorkload(Workload):
             if key[0] == "item":
                 return REPLICATED
         raise ConfigError(f"not a tpcc conflict key: {key!r}")
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:
+        """The warehouses a call touches: its home, remote supply and remote customer ones."""
+        if procedure == "new_order":
+            return [("warehouse", params["w_id"])] + [
+                ("warehouse", line[1]) for line in params["lines"]
+            ]
+        if procedure == "payment":
+            return [("warehouse", params["w_id"]), ("warehouse", params["c_w_id"])]
+        if procedure in PROCEDURES:
+            return [("warehouse", params["w_id"])]
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"workload": self.name, **self.config.describe()}
