@@ -148,3 +148,19 @@ def test_batch_packing_select_and_concat_keep_rows_intact(prompt_lengths, respon
         real = merged.input_ids[out_row][merged.attention_mask[out_row].bool()].tolist()
         assert real == prompts[in_row] + responses[in_row]
         assert int(merged.response_mask[out_row].sum()) == len(responses[in_row])
+
+
+def test_a_rollout_engine_sharing_the_policy_sees_every_update() -> None:
+    """Regression: fused AdamW leaves version counters alone, so the engine's fused weight
+    copies went stale after the first update of a colocated run."""
+    from yatt.rollout import RolloutEngine
+
+    model, tokenizer = tiny_model(seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    decoder = engine._forward.decoder
+    policy = _policy(model)
+    for _ in range(2):
+        policy.update(_batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.25, -0.25]))
+        decoder.refresh()
+        q_proj = model.model.layers[0].self_attn.q_proj.weight
+        assert torch.equal(decoder.layers[0]["qkv"][: q_proj.shape[0]], q_proj.detach())

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import increment_version
 
 from yatt.algos.kl import kl_loss
 from yatt.algos.losses import loss_normalizer, policy_loss
@@ -164,6 +165,9 @@ class PolicyRole(Role):
         sums["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         sums["actor/trained_rows_frac"] = len(rows) / max(batch.size, 1)
         self.optimizer.step()
+        # The fused AdamW kernel writes the weights without bumping their autograd version
+        # counters; a rollout engine sharing this module detects weight changes by them.
+        increment_version(params)
         return sums
 
     def _micro_step(self, micro: RolloutBatch, normalizer: float) -> dict[str, float]:
