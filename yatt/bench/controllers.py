@@ -2,7 +2,7 @@
 data-parallel groups and the per-sample payload grow.
 
 Usage: ``python yatt/bench/controllers.py [--quick] [--groups 1,2,4,8]
-[--payloads 1024,32768,1048576] [--steps 3] [--out-dir DIR]``
+[--payloads 1024,32768,1048576,4194304] [--steps 3] [--out-dir DIR]``
 
 Each (mode, groups) cell runs in a fresh process (so peak RSS is that cell's own), starts Ray
 with one CPU "device" per group (oversubscribed: groups share this machine's cores), spawns
@@ -186,8 +186,12 @@ def _reading(rows: list[dict]) -> str:
         f"linearly; each parallel controller stays within {min(par_rss):.0f}-{max(par_rss):.0f} "
         f"MiB (its own model and shard) and the driver only sees metrics. Step-time speed-up of "
         f"parallel over single: {min(speedups):.2f}x-{max(speedups):.2f}x (target 1.5x: "
-        f"{'met' if min(speedups[1:] or speedups) >= 1.5 else 'not met on this machine'}; with "
-        f"more groups than cores, compute dominates and hides the driver's serialisation)."
+        + (
+            "met)."
+            if min(speedups[1:] or speedups) >= 1.5
+            else "not met on this machine; with more groups than cores, compute dominates "
+            "and hides the driver's serialisation)."
+        )
     )
 
 
@@ -262,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1-2 groups, small payloads")
     parser.add_argument("--groups", default="1,2,4,8")
-    parser.add_argument("--payloads", default="1024,32768,1048576")
+    parser.add_argument("--payloads", default="1024,32768,1048576,4194304")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--cell", nargs=2, metavar=("MODE", "GROUPS"), help=argparse.SUPPRESS)
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows))
         return 0
     if args.quick:
-        args.groups, args.payloads, args.steps = [1, 2], [1024, 65536], 2
+        args.groups, args.payloads, args.steps = [1, 2], [1024, 4194304], 2
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs/bench")
     _write(_run_cells(args), out_dir)
     return 0

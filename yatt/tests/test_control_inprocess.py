@@ -60,6 +60,6 @@ def test_in_process_backend_refuses_several_policy_ranks():
     with pytest.raises(ConfigError, match="needs 2"):
         make_controller(config, _control(n_devices=2, oversubscribe=True))
     with pytest.raises(ConfigError, match="multiple of the 3"):
-        from yatt.control.shards import plan_shards
+        from yatt.control.async_rollout import ShardQueue
 
-        plan_shards([0, 1], 0, 3, 4, 0)
+        ShardQueue(16, 0, prompts_per_step=2, world=3, rank=0)

@@ -4,11 +4,12 @@ model and its decisions, the simulator and timelines. No Ray, no models."""
 import pytest
 import torch
 
+from yatt.control.async_rollout import ShardQueue
 from yatt.control.config import ControlConfig, load_callable
 from yatt.control.devices import Device, discover_devices
 from yatt.control.placement import PLACEMENTS, candidate_placements, make_placement
 from yatt.control.replacement import PhaseCosts, Replanner, costs_from_spans, predict_step_s
-from yatt.control.shards import make_features, plan_shards
+from yatt.control.shards import make_features
 from yatt.control.sim import Task, best_static, project_costs, run_tasks, simulate
 from yatt.control.timeline import Span, idle_fractions, plot_timeline, spans_from_events
 from yatt.control.workers import InProcessBackend, WorkerGroup, make_backend, payload_nbytes
@@ -53,22 +54,25 @@ def test_placement_errors_name_the_value():
 def test_control_config_validation():
     with pytest.raises(ConfigError, match=r"control\.mode"):
         ControlConfig(mode="central")
-    with pytest.raises(ConfigError, match=r"control\.max_staleness"):
-        ControlConfig(max_staleness=3)
+    with pytest.raises(ConfigError, match=r"control\.async_staleness"):
+        ControlConfig(async_staleness=99)
+    with pytest.raises(ConfigError, match=r"control\.over_dispatch"):
+        ControlConfig(over_dispatch=-0.5)
     with pytest.raises(ConfigError, match="nope:fn"):
         load_callable("nope:fn")
     assert load_callable("yatt.control.workload:char_mix_reward")("", "aab") == pytest.approx(2 / 3)
 
 
-def test_shard_plan_partitions_the_step():
-    indices = list(range(10, 18))
-    plan = plan_shards(indices, step=3, n_groups=4, n_samples=2, seed=5)
-    assert [r.prompt_indices for r in plan] == [(10, 11), (12, 13), (14, 15), (16, 17)]
-    seeds = [s for r in plan for s in r.seeds]
-    assert len(set(seeds)) == 16 and seeds == sorted(seeds)
-    assert plan_shards(indices, 3, 1, 2, 5)[0].seeds == tuple(seeds)  # same seeds, any split
+def test_shard_queues_partition_each_draw_and_reclaim_at_the_front():
+    queues = [ShardQueue(100, seed=5, prompts_per_step=8, world=4, rank=r) for r in range(4)]
+    whole = ShardQueue(100, seed=5, prompts_per_step=8, world=1, rank=0).take(16)
+    slices = [q.take(4) for q in queues]  # two draws: each rank's slice of both
+    assert sorted(p for s in slices for p in s) == sorted(whole)
+    assert [s[:2] for s in slices] == [whole[2 * r : 2 * r + 2] for r in range(4)]
+    queues[0].reclaim([7, 8])
+    assert queues[0].take(3)[:2] == [7, 8]
     with pytest.raises(ConfigError, match="prompts_per_step=8"):
-        plan_shards(indices, 3, 3, 2, 5)
+        ShardQueue(100, 5, 8, 3, 0)
     features = make_features((1, 2), 16)
     assert features.shape == (2, 16) and int(features[1, 0]) == 2
 
@@ -175,3 +179,23 @@ def test_timeline_spans_and_plot(tmp_path):
     path = plot_timeline(spans, 2, tmp_path / "t.png")
     assert path.stat().st_size > 1000
     assert costs_from_spans(spans, steps=2, gen_floor_s=0.5).gen_s == pytest.approx(0.75)
+
+
+def test_replanner_trusts_measured_step_times_and_knows_async_overlap():
+    costs = PhaseCosts(gen_s=1.0, reward_s=0.0, train_s=2.0, gen_floor_s=1.0)
+    split = make_placement("disaggregated", 2, 1)
+    colocate = make_placement("colocate", 2)
+    # async: gen on 1 device overlaps train on the other (max); synchronous: they add up
+    assert predict_step_s(costs, split) == pytest.approx(2.0)
+    assert predict_step_s(costs, split, overlap=False) == pytest.approx(4.0)
+    planner = Replanner(2, every_steps=2, move_cost_s=0.1, overlap=True)
+    planner.observe(costs)
+    assert planner.predict(colocate, 2) == pytest.approx(1.0 + 3.0 / 2)
+    planner.observe_step(1, colocate, 4.0)  # measured: slower than the model thought
+    planner.observe_step(2, colocate, 5.0)
+    assert planner.predict(colocate, 2) == pytest.approx(4.5)
+    # unmeasured plans: the model's guess times the measured plans' calibration (4.5 / 2.5)
+    assert planner.predict(split, 2) == pytest.approx(2.0 * 4.5 / 2.5)
+    decision = planner.decide(2, colocate, 10)
+    assert decision.switch and decision.chosen == split.label()
+    assert planner.predict(colocate, 9) == pytest.approx(2.5)  # stale measurement: model again

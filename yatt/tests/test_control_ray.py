@@ -33,7 +33,7 @@ def ray_session():
     ray.shutdown()
 
 
-def _run_both(placement: str, payload_bytes: int = 0):
+def _run_both(placement: str, payload_bytes: int = 0, **changes):
     config = load_config("tiny_test", OVERRIDES)
     control = ControlConfig(
         mode="single",
@@ -43,6 +43,7 @@ def _run_both(placement: str, payload_bytes: int = 0):
         device_kind="cpu",
         payload_bytes=payload_bytes,
         extra_rewards=REWARD,
+        **changes,
     )
     cluster = build_cluster(config, control, ParallelRank)
     try:
@@ -74,8 +75,14 @@ def _assert_same(single, parallel):
 @pytest.mark.parametrize("placement", ["colocate", "disaggregated", "partial"])
 def test_single_and_parallel_controllers_agree(ray_session, placement):
     payload = 4096 if placement == "colocate" else 0
-    single, parallel = _run_both(placement, payload)
+    # the disaggregated run is async (k = 1) and over-dispatches: one group per sampler call,
+    # waited for in completion order, the surplus cancelled (ray.cancel) and reclaimed
+    changes = {"async_staleness": 1, "over_dispatch": 1.0} if placement == "disaggregated" else {}
+    single, parallel = _run_both(placement, payload, **changes)
     _assert_same(single, parallel)
+    if changes:
+        assert [row["control/staleness"] for row in parallel[0].history] == [0.0, 1.0]
+        assert all(row["control/aborted_groups"] == 2 for row in parallel[0].history)
     run = parallel[0]
     assert {"timing_s/gen", "timing_s/update_actor", "timing_s/update_weights"} <= set(
         run.history[-1]

@@ -1,10 +1,13 @@
 """Runtime re-placement in a real run: parallel controllers whose device split changes mid-run.
 
 Every step, the phase spans the workers recorded become measured costs (replacement.py) for the
-`Replanner`. When it decides to move, rank 0 exports weights and optimizer state, the workers of
-the old plan are released, the new plan's workers are spawned and import that state at the
-current step (their prompt order and sample seeds continue exactly), and the measured move time
-becomes the planner's new move cost. The timeline keeps every plan's spans plus the moves.
+`Replanner`, and the step's wall time becomes the measured step time of the plan it ran on.
+When it decides to move, rank 0 exports weights and optimizer state, the workers of the old plan
+are released, the new plan's workers are spawned and import that state at the current step
+(their prompt order and sample seeds continue exactly; async batches in flight are dropped and
+sampled again by the new plan, from the same prompts when over-dispatch and dynamic sampling are
+off), and the measured move time becomes the planner's new move cost. The timeline keeps every
+plan's spans plus the moves.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class AdaptiveController:
         self.plan: Placement = self.cluster.placement
         self.controller = ParallelController(config, control, self.cluster)
         spawn_s = time.perf_counter() - start_s
-        self.replanner = Replanner(self.plan.n_devices, control.replace_every, spawn_s)
+        self.replanner = Replanner(self.plan.n_devices, control.replace_every, spawn_s,
+                                   overlap=control.async_staleness > 0)  # fmt: skip
         self.decisions: list[Decision] = []
         self._spans: list[tuple[int, str, str, float, float]] = []
         self._workers: dict[str, dict[str, float]] = {}
@@ -104,6 +108,8 @@ class AdaptiveController:
             self.replanner.observe(
                 costs_from_spans(spans, 1, gen_floor_s=self.decode_step_s * budget), move_s
             )
+            if not move_s:  # a step right after a move refills the async pipeline: not typical
+                self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)

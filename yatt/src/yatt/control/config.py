@@ -6,9 +6,18 @@ from dataclasses import dataclass
 
 from yatt.errors import ConfigError
 
-__all__ = ["MODES", "ControlConfig", "load_callable", "make_reward_role", "max_new_tokens_at"]
+__all__ = [
+    "MAX_STALENESS",
+    "MODES",
+    "ControlConfig",
+    "load_callable",
+    "make_reward_role",
+    "max_new_tokens_at",
+]
 
 MODES = ("single", "parallel")
+# Bound on rollout/training staleness (every queue of in-flight batches is bounded by it).
+MAX_STALENESS = 8
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -27,7 +36,13 @@ class ControlConfig:
     placement: "colocate", "disaggregated" or "partial" (see placement.py).
     n_devices: devices to use (0 = all); device_kind: "auto", "cpu" or "cuda".
     n_sampler: sampler devices for disaggregated/partial (0 = half).
-    max_staleness: policy versions generation may lag in overlapped (disaggregated) plans: 0 or 1.
+    async_staleness: k, the policy versions generation may lag behind training when the sampler
+        runs in its own workers (disaggregated, partial): samplers generate the batches of steps
+        t+1..t+k with weights at most k updates old while the trainers train on step t (0 =
+        synchronous). Colocated samplers share the policy's module and always sample in sync.
+    over_dispatch: r, dispatch ~(1 + r) x the groups a step needs, one group per sampler call;
+        once enough groups are back (and valid, under algo.dynamic_sampling) the rest are
+        aborted and their prompts go back to the front of the shard's queue (0 = off).
     payload_bytes: extra per-sample features (e.g. image embeddings) carried from sampler to
         trainer, to measure data movement; 0 = none.
     replace_every: runtime re-placement considers a new plan every K steps (0 = off).
@@ -45,7 +60,8 @@ class ControlConfig:
     n_devices: int = 0
     device_kind: str = "auto"
     n_sampler: int = 0
-    max_staleness: int = 1
+    async_staleness: int = 0
+    over_dispatch: float = 0.0
     payload_bytes: int = 0
     replace_every: int = 0
     oversubscribe: bool = False
@@ -74,7 +90,13 @@ class ControlConfig:
         _require(self.n_devices >= 0, "control.n_devices", self.n_devices, ">= 0 (0 = all)")
         _require(self.n_sampler >= 0, "control.n_sampler", self.n_sampler, ">= 0 (0 = half)")
         _require(
-            self.max_staleness in (0, 1), "control.max_staleness", self.max_staleness, "0 or 1"
+            0 <= self.async_staleness <= MAX_STALENESS,
+            "control.async_staleness",
+            self.async_staleness,
+            f"0..{MAX_STALENESS}",
+        )
+        _require(
+            0.0 <= self.over_dispatch <= 4.0, "control.over_dispatch", self.over_dispatch, "0..4"
         )
         _require(self.payload_bytes >= 0, "control.payload_bytes", self.payload_bytes, ">= 0")
         _require(self.replace_every >= 0, "control.replace_every", self.replace_every, ">= 0")

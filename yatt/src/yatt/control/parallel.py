@@ -15,18 +15,13 @@ from typing import Any
 
 import torch
 
+from yatt.control.async_rollout import RolloutStats, StepDispatch, make_group_rollout
 from yatt.control.cluster import Cluster, build_cluster
-from yatt.control.config import ControlConfig, max_new_tokens_at
+from yatt.control.config import ControlConfig
 from yatt.control.controller import Controller
 from yatt.control.rank import RankWorker, effective_staleness, sample_version
-from yatt.control.shards import (
-    Shard,
-    ShardRequest,
-    batch_sums,
-    plan_shards,
-    set_advantages,
-    sums_to_metrics,
-)
+from yatt.control.shards import Shard, ShardRequest, batch_sums, set_advantages, sums_to_metrics
+from yatt.control.workers import Future, call_now
 
 __all__ = ["ParallelController", "ParallelRank"]
 
@@ -36,40 +31,38 @@ logger = logging.getLogger(__name__)
 class ParallelRank(RankWorker):
     """A policy rank that is also the controller of its data-parallel group."""
 
-    def _request(self, step: int) -> ShardRequest:
-        """This group's shard of `step` (plans steps in order: the prompt order is shared)."""
-        assert step >= self._plan_step - 1, f"step {step} was planned and consumed already"
-        while step not in self._planned:
-            indices = self.prompt_sampler.take(self.config.algo.prompts_per_step)
-            budget = max_new_tokens_at(self.control, self._plan_step, 0)
-            plan = plan_shards(
-                indices,
-                self._plan_step,
-                self.world,
-                self.config.rollout.n_samples,
-                self.config.train.seed,
-                budget,
-            )
-            self._planned[self._plan_step] = plan[self.rank]
-            self._plan_step += 1
-        return self._planned.pop(step)
+    def connect(self, sampler: Any, reward_service: Any, owns_sampler: bool) -> None:
+        """Parallel mode: the sampler and reward handles this group calls (None = self), and
+        this group's prompt queue and rollout (async_rollout.py)."""
+        super().connect(sampler, reward_service, owns_sampler)
+        self.group = make_group_rollout(self.config, self.control, self.world, self.rank,
+                                        self.first_step, self.staleness)  # fmt: skip
+        self._inflight: dict[int, StepDispatch] = {}
+
+    @property
+    def staleness(self) -> int:
+        return effective_staleness(self.control) if self.sampler is not None else 0
 
     def _call(self, handle: Any, method: str, *args: Any) -> Any:
         return getattr(self, method)(*args) if handle is None else handle.call(method, *args)
 
-    def _shard(self, step: int, last_step: int) -> Shard:
-        """The samples of `step`: prefetched one step ahead when the sampler runs elsewhere."""
-        staleness = effective_staleness(self.control) if self.sampler is not None else 0
-        if self._pending is not None:
-            shard, self._pending = self._pending.result(), None
-        else:
-            version = sample_version(step, staleness, self.first_step)
-            shard = self._call(self.sampler, "generate", self._request(step), version)
-        assert shard.step == step, f"got samples of step {shard.step} at step {step}"
-        if staleness and step < last_step:
-            version = sample_version(step + 1, staleness, self.first_step)
-            self._pending = self.sampler.submit("generate", self._request(step + 1), version)
-        return shard
+    def _submit_gen(self, request: ShardRequest, version: int) -> Future:
+        if self.sampler is None:
+            return call_now(self.generate, request, version)
+        return self.sampler.submit("generate", request, version)
+
+    def _score(self, shard: Shard) -> torch.Tensor:
+        return self._call(self.reward_service, "score", shard)
+
+    def _shard(self, step: int, last_step: int) -> tuple[Shard, RolloutStats]:
+        """The samples of `step`; steps up to step + k are dispatched before it is trained."""
+        for ahead in range(step, min(step + self.staleness, last_step) + 1):
+            if ahead not in self._inflight:
+                version = sample_version(ahead, self.staleness, self.first_step)
+                self._inflight[ahead] = self.group.dispatch(ahead, version, self._submit_gen)
+        assert len(self._inflight) <= self.staleness + 1, f"{len(self._inflight)} in flight"
+        dispatch = self._inflight.pop(step)
+        return self.group.collect(dispatch, self._submit_gen, self._score, time.perf_counter)
 
     def run_step(self, step: int, last_step: int) -> dict[str, float]:
         """One step of this group; every rank returns the same globally reduced metrics."""
@@ -82,18 +75,19 @@ class ParallelRank(RankWorker):
             timings[f"timing_s/{name}"] = now - clock
             clock = now
 
-        shard = self._shard(step, last_step)
+        shard, stats = self._shard(step, last_step)
         lap("gen")
-        shard.batch.rewards = self._call(self.reward_service, "score", shard)
-        lap("reward")
+        timings["timing_s/gen"] -= stats.score_s
+        timings["timing_s/reward"] = stats.score_s
         set_advantages(shard.batch, self.config.algo.name, self.config.algo.norm_std)
         lap("adv")
         actor = self.update(shard)
         lap("update_actor")
         self._sync_weights(step)
         lap("update_weights")
-        metrics = self._reduce(batch_sums(shard), actor)
+        metrics = self._reduce(batch_sums(shard), stats.metrics(), actor)
         lap("reduce")
+        metrics["control/staleness"] = float(stats.staleness)
         return {**metrics, **timings}
 
     def _sync_weights(self, step: int) -> None:
@@ -102,14 +96,19 @@ class ParallelRank(RankWorker):
         if self.collective is not None:
             self.collective.barrier()  # every sampler holds version step+1 before anyone asks
 
-    def _reduce(self, sums: torch.Tensor, actor: dict[str, float]) -> dict[str, float]:
-        keys = sorted(actor)
-        vector = torch.cat([sums, torch.tensor([actor[k] for k in keys], dtype=torch.float64)])
+    def _reduce(self, sums: torch.Tensor, counts: dict[str, float],
+                actor: dict[str, float]) -> dict[str, float]:  # fmt: skip
+        """Global metrics: batch sums and rollout counts add up, actor metrics average."""
+        count_keys, keys = sorted(counts), sorted(actor)
+        extra = [counts[k] for k in count_keys] + [actor[k] for k in keys]
+        vector = torch.cat([sums, torch.tensor(extra, dtype=torch.float64)])
         if self.collective is not None:
             vector = self.collective.sum_tensor(vector)
-        n_sums = sums.numel()
+        n_sums, n_counts = sums.numel(), len(count_keys)
         metrics = sums_to_metrics(vector[:n_sums])
-        metrics.update({k: float(v) / self.world for k, v in zip(keys, vector[n_sums:])})
+        metrics.update({k: float(v) for k, v in zip(count_keys, vector[n_sums:])})
+        tail = vector[n_sums + n_counts :]
+        metrics.update({k: float(v) / self.world for k, v in zip(keys, tail)})
         return metrics
 
 

@@ -23,11 +23,7 @@ import torch
 from yatt.config import Config
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.devices import Device
-from yatt.control.shards import (
-    Shard,
-    ShardRequest,
-    make_features,
-)
+from yatt.control.shards import Shard, ShardRequest, make_features
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
 
@@ -46,9 +42,18 @@ def sample_version(step: int, staleness: int, first_step: int = 0) -> int:
 
 
 def effective_staleness(control: ControlConfig) -> int:
-    """Generation overlaps training (one version behind) only in the disaggregated placement;
-    colocated and partially colocated plans sample with the latest weights."""
-    return control.max_staleness if control.placement == "disaggregated" else 0
+    """Generation may run up to `control.async_staleness` versions behind training when the
+    samplers are workers of their own (disaggregated, partial); colocated samplers share the
+    policy's module and sample with the latest weights."""
+    return control.async_staleness if control.placement != "colocate" else 0
+
+
+def _moved(tensor: torch.Tensor, target: torch.device) -> torch.Tensor:
+    """`tensor` on `target`; host copies are pinned so the copies back are asynchronous."""
+    if target.type == "cpu":
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return host.copy_(tensor, non_blocking=True)
+    return tensor.to(target, non_blocking=True)
 
 
 class Collective:
@@ -120,18 +125,12 @@ class RankWorker:
         """(Re)build model, roles and plans from `config`, keeping the process and its process
         group: a test or benchmark can run several configurations on the same workers."""
         from yatt.builders import build_data, build_model
-        from yatt.trainer import PromptSampler
 
         self.config, self.control = config, control
         model, self.tokenizer = build_model(config.model)
         model = model.to(self.device.torch_device()).eval()
         self.train_set, _ = build_data(config.data)
-        self.prompt_sampler = PromptSampler(
-            len(self.train_set), config.data.seed + config.train.seed
-        )
         self._rendered: dict[int, str] = {}
-        self._planned: dict[int, ShardRequest] = {}
-        self._plan_step = 0
         self._staged: dict[int, dict[str, torch.Tensor]] = {}
         self.policy = self._build_policy(model) if "policy" in self.roles else None
         if self.policy is not None and self.collective is not None:
@@ -142,7 +141,6 @@ class RankWorker:
         self.sampler: Any = None  # handles used in parallel mode (None = this worker)
         self.reward_service: Any = None
         self.owns_sampler = False
-        self._pending: Any = None
         self.first_step = 0
 
     # ------------------------------------------------------------------ set-up
@@ -235,7 +233,21 @@ class RankWorker:
                 list(request.group_ids), list(request.seeds),
             )  # fmt: skip
             features = make_features(request.seeds, self.control.payload_bytes)
+        if request.behaviour_logp:
+            with self._phase("sampler", "behaviour_logp"):
+                batch.old_logp = self._behaviour_logprobs(batch)
         return Shard(rank=request.rank, step=request.step, batch=batch, features=features)
+
+    def _behaviour_logprobs(self, batch: Any) -> torch.Tensor:
+        """(B, R) log-probs of the sampled tokens under the weights that sampled them."""
+        from yatt.roles.policy import compute_logprobs
+
+        assert self.rollout is not None, f"{self.name} hosts no sampler"
+        cfg = self.config
+        return compute_logprobs(
+            self.rollout.engine.model, batch, cfg.algo.micro_batch_size,
+            cfg.rollout.temperature or 1.0, shared_prefix=cfg.train.shared_prefix,
+        )  # fmt: skip
 
     def score(self, shard: Shard) -> torch.Tensor:
         """Reward service: (B,) rewards of the shard's completions."""
@@ -246,10 +258,12 @@ class RankWorker:
 
     def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
         """Sampler: stage the policy weights of `version` (weight sync). A request names the
-        version it needs, so the order in which pushes and requests arrive does not matter."""
+        version it needs, so the order in which pushes and requests arrive does not matter;
+        the versions an in-flight async request may still name (k + 1 back) are kept."""
         assert self.rollout is not None, f"{self.name} hosts no sampler"
         self._staged[version] = state
-        for old in [v for v in self._staged if v < version - 1]:
+        keep_from = version - effective_staleness(self.control) - 1
+        for old in [v for v in self._staged if v < keep_from]:
             del self._staged[old]
         return version
 
@@ -264,13 +278,33 @@ class RankWorker:
         assert self.policy is not None, f"{self.name} hosts no policy"
         if self.rollout is not None:  # colocated sampler shares the module: it moves on too
             self.weights_version += 1
+        swap_s = self._swap_optimizer(onto_device=True)
         with self._phase("policy", "update_actor"):
-            batch = shard.batch
-            if self.config.algo.ppo_passes > 1:
+            batch = shard.batch  # async shards carry the sampler's behaviour log-probs
+            if self.config.algo.ppo_passes > 1 and batch.old_logp is None:
                 batch.old_logp = self.policy.logprobs(batch)
             metrics = self.policy.update(batch)
             metrics["batch/feature_checksum"] = float(shard.features.sum(dtype=torch.int64))
+        metrics["timing_s/swap"] = swap_s + self._swap_optimizer(onto_device=False)
         return metrics
+
+    def _swap_optimizer(self, onto_device: bool) -> float:
+        """Where the device is time-shared (every placement but disaggregated), the optimizer
+        state waits in pinned host memory while others use the device, and comes back for the
+        update. On CPU devices host memory is the device: a timed no-op. Returns seconds."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        if self.control.placement == "disaggregated":
+            return 0.0
+        start_s = time.perf_counter()
+        with self._phase("policy", "swap"):
+            if self.device.kind == "cuda":
+                target = self.device.torch_device() if onto_device else torch.device("cpu")
+                for state in self.policy.optimizer.state.values():
+                    for key, value in state.items():  # moments move; the step count stays
+                        if torch.is_tensor(value) and value.dim() and value.device != target:
+                            state[key] = _moved(value, target)
+                torch.cuda.synchronize(self.device.torch_device())
+        return time.perf_counter() - start_s
 
     def export_state(self) -> dict[str, Any]:
         """Weights and optimizer/scheduler state of this policy rank (for a re-placement)."""
@@ -279,10 +313,8 @@ class RankWorker:
 
     def import_state(self, state: dict[str, Any], step: int) -> int:
         """Continue a run at `step` from `export_state` output: load weights (and optimizer
-        state on policy ranks), and skip the prompts of the steps already done."""
-        for _ in range(step):
-            self.prompt_sampler.take(self.config.algo.prompts_per_step)
-        self._plan_step = self.first_step = self.weights_version = step
+        state on policy ranks); a policy rank's prompt queue starts after the steps done."""
+        self.first_step = self.weights_version = step
         if self.policy is not None:
             self.policy.model.load_state_dict(state["weights"])
             self.policy.load_state_dict(state["policy"])

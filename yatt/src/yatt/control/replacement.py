@@ -7,12 +7,19 @@ decoding the longest response takes one model call per token whatever the batch,
 k devices takes floor + gen / k. A step is predicted as:
 
     colocate(n):          floor + (gen + reward + train) / n + 2 swap        (phases in series)
-    disaggregated(k, n):  max(floor + (gen + reward) / k, train / (n - k) + sync)  (1 stale)
+    disaggregated(k, n):  max(floor + (gen + reward) / k, train / (n - k) + sync)  (async, k >= 1)
+                          floor + (gen + reward) / k + train / (n - k) + sync       (synchronous)
     partial(k, n):        floor + gen / k + reward / (n - k) + train / n + sync + swap
 
 Short responses make the floor small and colocation wins (no device waits); long responses make
 it large, and overlapping it with training on other devices wins. (A group's controller scores
 its shard after sampling it, so partial colocation runs gen and reward one after the other.)
+
+The model is a prior. A plan that ran recently has a *measured* step time (the floor of a
+CPU's memory-bound decode, contention and overheads included), and the `Replanner` uses it
+instead of the model's guess. Plans not measured in the current regime get the model's guess
+times the calibration of the measured ones (measured / modelled), so a model that is off by
+a common factor (a slower machine, a mis-estimated decode floor) still ranks them fairly.
 
 Every `every_steps` steps the `Replanner` compares the predicted step time of the current plan
 with the best candidate; it moves when the time saved over the look-ahead (the steps left, at
@@ -62,16 +69,17 @@ class PhaseCosts:
         })  # fmt: skip
 
 
-def predict_step_s(costs: PhaseCosts, placement: Placement) -> float:
-    """Predicted seconds per step of `placement` (see the module docstring)."""
+def predict_step_s(costs: PhaseCosts, placement: Placement, overlap: bool = True) -> float:
+    """Predicted seconds per step of `placement` (see the module docstring); `overlap`: the
+    run is async (bounded staleness >= 1), so disjoint sampler and trainer devices overlap."""
     n, floor = placement.n_devices, costs.gen_floor_s
     if placement.kind == "colocate":
         return floor + (costs.gen_s + costs.reward_s + costs.train_s) / n + 2 * costs.swap_s
     k = placement.n_sampler
     if placement.kind == "disaggregated":
-        return max(
-            floor + (costs.gen_s + costs.reward_s) / k, costs.train_s / (n - k) + costs.sync_s
-        )
+        rollout_s = floor + (costs.gen_s + costs.reward_s) / k
+        train_s = costs.train_s / (n - k) + costs.sync_s
+        return max(rollout_s, train_s) if overlap else rollout_s + train_s
     rollout_s = floor + costs.gen_s / k + costs.reward_s / (n - k)
     return rollout_s + costs.train_s / n + costs.sync_s + costs.swap_s
 
@@ -84,10 +92,15 @@ def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync
     work = {"gen": 0.0, "reward": 0.0, "update_actor": 0.0}
     gen_spans = 0
     for span in spans:
-        if span.phase in work:
-            work[span.phase] += span.end_s - span.start_s
+        phase = "gen" if span.phase == "behaviour_logp" else span.phase  # sampler-side work
+        if phase in work:
+            work[phase] += span.end_s - span.start_s
             gen_spans += span.phase == "gen"
     gen_s = max(work["gen"] - gen_spans * gen_floor_s, 0.0)
+    swaps = [span for span in spans if span.phase == "swap"]
+    if swaps and not swap_s:  # measured offload/onload: seconds per step on each device
+        n_swapping = len({span.device for span in swaps})
+        swap_s = sum(span.end_s - span.start_s for span in swaps) / (steps * n_swapping * 2)
     return PhaseCosts(gen_s / steps, work["reward"] / steps, work["update_actor"] / steps,
                       sync_s, swap_s, gen_floor_s)  # fmt: skip
 
@@ -117,6 +130,7 @@ class Replanner:
         smoothing: float = 0.5,
         candidates: list[Placement] | None = None,
         lookahead_steps: int = 0,
+        overlap: bool = True,
     ) -> None:
         if every_steps < 1:
             raise ConfigError(f"re-placement interval {every_steps} must be >= 1 step")
@@ -127,8 +141,11 @@ class Replanner:
         self.lookahead_steps = lookahead_steps or 4 * every_steps
         self.move_cost_s = move_cost_s
         self.smoothing = smoothing
+        self.overlap = overlap
         self.costs: PhaseCosts | None = None
         self.decisions: list[Decision] = []
+        # plan label -> (plan, step last measured, smoothed s/step)
+        self.measured: dict[str, tuple[Placement, int, float]] = {}
 
     def observe(self, costs: PhaseCosts, move_cost_s: float | None = None) -> None:
         """Feed one step's measured costs (and a measured move, when one just happened)."""
@@ -136,13 +153,40 @@ class Replanner:
         if move_cost_s is not None:
             self.move_cost_s = move_cost_s
 
+    def observe_step(self, step: int, plan: Placement, step_s: float) -> None:
+        """Feed the measured wall time of `step`, run on `plan`."""
+        assert step_s >= 0 and math.isfinite(step_s), f"step_s={step_s}"
+        last = self.measured.get(plan.label())
+        fresh = last is not None and step - last[1] <= self.every_steps
+        smoothed = (1 - self.smoothing) * last[2] + self.smoothing * step_s if fresh else step_s
+        self.measured[plan.label()] = (plan, step, smoothed)
+
+    def _fresh(self, step: int) -> dict[str, tuple[Placement, float]]:
+        return {label: (plan, s) for label, (plan, at, s) in self.measured.items()
+                if step - at <= self.every_steps}  # fmt: skip
+
+    def predict(self, plan: Placement, step: int) -> float:
+        """Seconds per step of `plan`: measured within the last `every_steps` steps, else the
+        cost model's prediction times the measured plans' mean calibration."""
+        assert self.costs is not None, "predict before any observed costs"
+        fresh = self._fresh(step)
+        if plan.label() in fresh:
+            return fresh[plan.label()][1]
+        ratios = [
+            measured_s / modelled_s
+            for other, measured_s in fresh.values()
+            if (modelled_s := predict_step_s(self.costs, other, self.overlap)) > 0
+        ]
+        calibration = sum(ratios) / len(ratios) if ratios else 1.0
+        return predict_step_s(self.costs, plan, self.overlap) * calibration
+
     def decide(self, step: int, current: Placement, steps_left: int) -> Decision | None:
         """At decision steps, the plan to run next (logged); None between decision steps."""
         if step == 0 or step % self.every_steps or self.costs is None or steps_left <= 0:
             return None
-        now_s = predict_step_s(self.costs, current)
-        best = min(self.candidates, key=lambda p: predict_step_s(self.costs, p))
-        best_s = predict_step_s(self.costs, best)
+        now_s = self.predict(current, step)
+        best = min(self.candidates, key=lambda p: self.predict(p, step))
+        best_s = self.predict(best, step)
         horizon = min(self.lookahead_steps, steps_left)
         gain_s = (now_s - best_s) * horizon
         switch = best != current and gain_s > self.move_cost_s

@@ -1,10 +1,11 @@
 """The per-step data plan both controllers share, so their results match for the same seed.
 
 Every process can rebuild the same plan: the prompt order is a seeded permutation, the sample
-seeds and group ids are pure functions of (run seed, step, global row). Data-parallel group r
-owns the r-th contiguous slice of the step's prompts (its shard). A `Shard` is what flows from a
-sampler to a trainer: the RolloutBatch plus optional per-sample features (the payload standing in
-for images or long traces, which is what makes a single controller the bottleneck).
+seeds and group ids are pure functions of (run seed, step, group, slot) (async_rollout.py).
+Data-parallel group r owns the r-th contiguous slice of each draw of prompts (its shard). A
+`Shard` is what flows from a sampler to a trainer: the RolloutBatch plus optional per-sample
+features (the payload standing in for images or long traces, which is what makes a single
+controller the bottleneck).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ __all__ = [
     "ShardRequest",
     "batch_sums",
     "make_features",
-    "plan_shards",
     "set_advantages",
     "sums_to_metrics",
 ]
@@ -38,7 +38,8 @@ _SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_
 @dataclass(frozen=True)
 class ShardRequest:
     """What data-parallel group `rank` samples at `step`: prompts, group ids, one seed per row,
-    and the response budget (0 = the sampler's configured one)."""
+    the response budget (0 = the sampler's configured one), and whether the sampler records
+    the behaviour log-probs (async runs: the update's importance-sampling denominator)."""
 
     rank: int
     step: int
@@ -46,6 +47,7 @@ class ShardRequest:
     group_ids: tuple[int, ...]
     seeds: tuple[int, ...]
     max_new_tokens: int = 0
+    behaviour_logp: bool = False
 
 
 @dataclass
@@ -56,41 +58,6 @@ class Shard:
     step: int
     batch: RolloutBatch
     features: Tensor
-
-
-def plan_shards(
-    prompt_indices: list[int],
-    step: int,
-    n_groups: int,
-    n_samples: int,
-    seed: int,
-    max_new_tokens: int = 0,
-) -> list[ShardRequest]:
-    """Split one step's prompts into `n_groups` equal contiguous shards.
-
-    Raises:
-        ConfigError: the prompt count is not a multiple of `n_groups`.
-    """
-    n_prompts = len(prompt_indices)
-    if n_groups < 1 or n_prompts % n_groups:
-        raise ConfigError(
-            f"algo.prompts_per_step={n_prompts} must be a multiple of the "
-            f"{n_groups} data-parallel groups"
-        )
-    per_group = n_prompts // n_groups
-    base = (seed * 1_000_003 + step * 1009) * 4099
-    requests = []
-    for rank in range(n_groups):
-        first = rank * per_group
-        prompts = range(first, first + per_group)
-        rows = range(first * n_samples, (first + per_group) * n_samples)
-        requests.append(ShardRequest(
-            rank=rank, step=step,
-            prompt_indices=tuple(prompt_indices[p] for p in prompts),
-            group_ids=tuple(step * n_prompts + p for p in prompts),
-            seeds=tuple(base + row for row in rows), max_new_tokens=max_new_tokens,
-        ))  # fmt: skip
-    return requests
 
 
 def make_features(seeds: tuple[int, ...], payload_bytes: int) -> Tensor:

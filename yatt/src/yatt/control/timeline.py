@@ -14,6 +14,7 @@ __all__ = ["Span", "idle_fractions", "plot_timeline", "spans_from_events"]
 
 PHASE_COLORS = {
     "gen": "tab:blue",
+    "behaviour_logp": "tab:cyan",
     "reward": "tab:orange",
     "update_actor": "tab:green",
     "train": "tab:green",

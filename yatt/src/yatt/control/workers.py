@@ -30,8 +30,10 @@ __all__ = [
     "RayBackend",
     "WorkerGroup",
     "WorkerHandle",
+    "call_now",
     "make_backend",
     "payload_nbytes",
+    "wait_first",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,38 @@ class Future(ABC):
 
     @abstractmethod
     def result(self) -> Any: ...
+
+    def done(self) -> bool:
+        """True when `result` would not block."""
+        return True
+
+    def cancel(self) -> None:  # noqa: B027 - a finished call has nothing to cancel
+        """Drop a call that has not started yet (a running one finishes; its result is unused)."""
+
+
+def call_now(function: Any, *args: Any) -> Future:
+    """`function(*args)` run here and now, as a finished Future (errors re-raised by result)."""
+    try:
+        return _DoneFuture(function(*args))
+    except Exception as exc:  # re-raised by result(), as Ray does
+        return _DoneFuture(error=exc)
+
+
+def wait_first(futures: list[Future]) -> int:
+    """Index of the earliest-submitted future among those finished, blocking until one is
+    (other kinds of future: the oldest). Calls to one worker finish in submission order, so
+    with one sampler per group the order is fixed."""
+    assert futures, "wait_first needs at least one future"
+    ready = [i for i, f in enumerate(futures) if f.done()]
+    if ready:
+        return ready[0]
+    refs = [f._ref for f in futures if isinstance(f, _RayFuture)]
+    if len(refs) < len(futures):
+        return 0
+    import ray
+
+    ray.wait(refs, num_returns=1)
+    return next(i for i, f in enumerate(futures) if f.done())
 
 
 class _DoneFuture(Future):
@@ -95,15 +129,23 @@ class _LocalHandle(WorkerHandle):
         self.worker = worker
 
     def submit(self, method: str, *args: Any) -> Future:
-        try:
-            return _DoneFuture(getattr(self.worker, method)(*args))
-        except Exception as exc:  # re-raised by result(), as Ray does
-            return _DoneFuture(error=exc)
+        return call_now(getattr(self.worker, method), *args)
 
 
 class _RayFuture(Future):
     def __init__(self, ref: Any, handle: WorkerHandle) -> None:
         self._ref, self._handle = ref, handle
+
+    def done(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait([self._ref], num_returns=1, timeout=0)
+        return bool(ready)
+
+    def cancel(self) -> None:
+        import ray
+
+        ray.cancel(self._ref)
 
     def result(self) -> Any:
         import ray

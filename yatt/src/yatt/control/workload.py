@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["char_mix_reward"]
+__all__ = ["char_mix_reward", "parity_reward"]
 
 _VOWELS = frozenset("aeiouAEIOU")
 
@@ -20,3 +20,9 @@ def char_mix_reward(prompt: str, completion: str, **_fields: Any) -> float:
     if not completion:
         return 0.0
     return sum(ch in _VOWELS for ch in completion) / len(completion)
+
+
+def parity_reward(prompt: str, completion: str, **_fields: Any) -> float:
+    """1 when the completion has an odd number of characters, else 0: a binary reward, so some
+    GRPO groups score all-equal and DAPO dynamic sampling has groups to drop and refill."""
+    return float(len(completion) % 2)

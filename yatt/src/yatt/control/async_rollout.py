@@ -1,0 +1,284 @@
+"""One data-parallel group's rollout: its prompt queue, over-dispatch, straggler abort, prompt
+reclaim and DAPO refills. Both controller modes run it (the parallel rank for its own group,
+the single driver once per group), so their results match for the same seed.
+
+A step needs `need` groups (prompts x n_samples rows). `dispatch` takes ceil(need * (1 + r))
+prompts from the front of the group's `ShardQueue` and submits them to the sampler (one call
+per group when r > 0, so groups come back one by one). `collect` takes results in completion
+order (ties: submission order), scores them, keeps the groups with a learning signal (all of
+them unless dynamic sampling is on), refills with new prompts while too few are valid (at most
+`max_refills` times), and as soon as `need` groups are kept aborts every call still pending
+and puts its prompts, and those of surplus groups, back at the front of the queue. Every
+prompt drawn is therefore trained on, dropped by the DAPO filter, or back in the queue: none
+is lost or duplicated (tested).
+
+With bounded staleness the controller dispatches steps t+1..t+k before training step t; their
+calls carry the policy version they must be sampled with (at most k behind) and ask the
+sampler for behaviour log-probs, which the update uses as the importance-sampling denominator.
+Refills are sampled when they are needed, with the newest weights (staleness 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from yatt.algos.advantages import group_all_equal
+from yatt.batch import RolloutBatch
+from yatt.control.shards import Shard, ShardRequest
+from yatt.control.workers import Future, wait_first
+from yatt.errors import ConfigError
+
+__all__ = [
+    "GROUP_STRIDE",
+    "GroupRollout",
+    "RolloutStats",
+    "ShardQueue",
+    "StepDispatch",
+    "make_group_rollout",
+]
+
+# Group ids per step: room for every initial, over-dispatched and refilled group.
+GROUP_STRIDE = 1 << 16
+
+Submit = Callable[[ShardRequest, int], Future]
+Score = Callable[[Shard], torch.Tensor]
+
+
+class ShardQueue:
+    """The prompts data-parallel group `rank` samples next, front first.
+
+    Each refill pulls this group's slice of the next global draw of `prompts_per_step` prompts
+    from its own copy of the seeded prompt order, so every process that builds the queue of
+    `rank` sees the same prompts. `reclaim` puts aborted prompts back at the front, in order.
+    """
+
+    def __init__(self, n_prompts: int, seed: int, prompts_per_step: int, world: int,
+                 rank: int) -> None:  # fmt: skip
+        from yatt.trainer import PromptSampler
+
+        if prompts_per_step < 1 or prompts_per_step % world:
+            raise ConfigError(
+                f"algo.prompts_per_step={prompts_per_step} must be a multiple of the "
+                f"{world} data-parallel groups"
+            )
+        assert 0 <= rank < world, f"rank {rank} outside world {world}"
+        self.source = PromptSampler(n_prompts, seed)
+        self.prompts_per_step, self.world, self.rank = prompts_per_step, world, rank
+        self.per_group = prompts_per_step // world
+        self._queue: deque[int] = deque()
+        self.drawn = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def skip_draws(self, draws: int) -> None:
+        """Advance the prompt order by `draws` global draws (resuming at a later step)."""
+        assert not self._queue and self.drawn == 0, "skip_draws only before the first take"
+        for _ in range(draws):
+            self.source.take(self.prompts_per_step)
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` prompts (front of the queue, then fresh draws)."""
+        while len(self._queue) < count:
+            first = self.rank * self.per_group
+            self._queue.extend(self.source.take(self.prompts_per_step)[first:][: self.per_group])
+            self.drawn += self.per_group
+        return [self._queue.popleft() for _ in range(count)]
+
+    def reclaim(self, prompts: list[int]) -> None:
+        """Put `prompts` back at the front (their order kept): they are sampled next."""
+        self._queue.extendleft(reversed(prompts))
+
+    def contents(self) -> list[int]:
+        return list(self._queue)
+
+
+@dataclass
+class StepDispatch:
+    """The calls in flight for one step of one group, oldest first."""
+
+    step: int
+    version: int
+    calls: list[tuple[ShardRequest, Future]]
+    next_slot: int
+
+
+@dataclass
+class RolloutStats:
+    """What a step's collection did; prompt lists are for bookkeeping checks."""
+
+    dispatched: int = 0
+    kept: int = 0
+    dropped: int = 0
+    aborted: int = 0
+    refills: int = 0
+    staleness: int = 0
+    score_s: float = 0.0
+    trained_prompts: list[int] = field(default_factory=list)
+    dropped_prompts: list[int] = field(default_factory=list)
+    reclaimed_prompts: list[int] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        """Counters that add up over groups (the controllers sum them)."""
+        return {
+            "batch/kept_groups": float(self.kept),
+            "batch/dropped_groups": float(self.dropped),
+            "control/dispatched_groups": float(self.dispatched),
+            "control/aborted_groups": float(self.aborted),
+            "control/refills": float(self.refills),
+        }
+
+
+class GroupRollout:
+    """Dispatch and collection for data-parallel group `queue.rank` (see the module docstring).
+
+    need: groups per step; n_samples: rows per group; over_dispatch: r; dynamic: DAPO filter;
+    max_refills: refill rounds allowed per step; budget: step -> response budget (0 = default);
+    behaviour_logp: ask samplers for the behaviour log-probs (async runs).
+    """
+
+    def __init__(self, queue: ShardQueue, n_samples: int, seed: int, over_dispatch: float,
+                 dynamic: bool, max_refills: int, budget: Callable[[int], int],
+                 behaviour_logp: bool) -> None:  # fmt: skip
+        self.queue, self.need = queue, queue.per_group
+        self.n_samples, self.seed = n_samples, seed
+        self.over_dispatch, self.dynamic = over_dispatch, dynamic
+        self.max_refills = max_refills if dynamic else 0
+        self.budget, self.behaviour_logp = budget, behaviour_logp
+
+    def _extra(self, groups: int) -> int:
+        return math.ceil(groups * (1 + self.over_dispatch) - 1e-9)
+
+    def _submit(self, dispatch: StepDispatch, groups: int, submit: Submit, version: int) -> None:
+        """Take `groups` prompts and submit them (one call per group when over-dispatching)."""
+        prompts = self.queue.take(groups)
+        per_call = 1 if self.over_dispatch > 0 else groups
+        for first in range(0, groups, per_call):
+            chunk = prompts[first : first + per_call]
+            request = self._request(dispatch.step, dispatch.next_slot, chunk)
+            dispatch.next_slot += len(chunk)
+            dispatch.calls.append((request, submit(request, version)))
+
+    def _global_slot(self, slot: int) -> int:
+        """The step-wide position of this group's `slot`: the step's planned prompts first, in
+        global order (so seeds do not depend on the split), then extras, interleaved."""
+        queue = self.queue
+        if slot < self.need:
+            return queue.rank * self.need + slot
+        return queue.prompts_per_step + (slot - self.need) * queue.world + queue.rank
+
+    def _request(self, step: int, slot: int, prompts: list[int]) -> ShardRequest:
+        n = self.n_samples
+        slots = [self._global_slot(slot + i) for i in range(len(prompts))]
+        assert slots[-1] < GROUP_STRIDE, f"{slots[-1]} groups in step {step}"
+        base = (self.seed * 1_000_003 + step * 1009) * 4099
+        return ShardRequest(
+            rank=self.queue.rank, step=step, prompt_indices=tuple(prompts),
+            group_ids=tuple(step * GROUP_STRIDE + g for g in slots),
+            seeds=tuple(base + g * n + j for g in slots for j in range(n)),
+            max_new_tokens=self.budget(step), behaviour_logp=self.behaviour_logp,
+        )  # fmt: skip
+
+    def dispatch(self, step: int, version: int, submit: Submit) -> StepDispatch:
+        """Submit the first wave of `step`: ceil(need * (1 + r)) groups."""
+        dispatch = StepDispatch(step, version, [], 0)
+        self._submit(dispatch, self._extra(self.need), submit, version)
+        return dispatch
+
+    def collect(self, dispatch: StepDispatch, submit: Submit, score: Score,
+                clock: Callable[[], float]) -> tuple[Shard, RolloutStats]:  # fmt: skip
+        """The step's shard of exactly `need` groups (fewer only if refills ran out)."""
+        stats = RolloutStats(staleness=dispatch.step - dispatch.version)
+        prompt_of = {}
+        kept: list[Shard] = []
+        last = None
+        while dispatch.calls and stats.kept < self.need:
+            index = wait_first([future for _, future in dispatch.calls])
+            request, future = dispatch.calls.pop(index)
+            prompt_of.update(zip(request.group_ids, request.prompt_indices))
+            shard = future.result()
+            assert shard.step == dispatch.step, f"samples of step {shard.step} at {dispatch.step}"
+            start_s = clock()
+            shard.batch.rewards = score(shard)
+            stats.score_s += clock() - start_s
+            last = shard
+            keep = self._valid_rows(shard.batch)
+            for gid in request.group_ids:
+                valid = bool(keep[shard.batch.group_ids == gid].any())
+                (stats.trained_prompts if valid else stats.dropped_prompts).append(prompt_of[gid])
+            if bool(keep.any()):
+                kept.append(_select(shard, keep.nonzero().flatten()))
+            stats.kept = len(stats.trained_prompts)
+            if not dispatch.calls and stats.kept < self.need and stats.refills < self.max_refills:
+                stats.refills += 1
+                # refills are sampled now, with the newest weights (version = step)
+                self._submit(dispatch, self._extra(self.need - stats.kept), submit, dispatch.step)
+        stats.dispatched = dispatch.next_slot
+        self._abort(dispatch, stats)
+        assert last is not None, f"step {dispatch.step}: nothing was dispatched"
+        # No valid group anywhere: train on the last batch (all-equal rewards: a no-op update).
+        shard = self._first_groups(kept, stats) if kept else last
+        self.queue.reclaim(stats.reclaimed_prompts)
+        stats.kept = len(stats.trained_prompts)
+        stats.dropped = len(stats.dropped_prompts)
+        return shard, stats
+
+    def _valid_rows(self, batch: RolloutBatch) -> torch.Tensor:
+        """(B,) bool: rows of groups with a learning signal (every row unless dynamic)."""
+        if not self.dynamic:
+            return torch.ones(batch.size, dtype=torch.bool)
+        _, inverse = torch.unique(batch.group_ids, return_inverse=True)
+        assert batch.rewards is not None, "dynamic sampling needs rewards"
+        return ~group_all_equal(batch.rewards, batch.group_ids)[inverse]
+
+    def _abort(self, dispatch: StepDispatch, stats: RolloutStats) -> None:
+        """Cancel the calls still pending and reclaim their prompts (front of the queue)."""
+        for request, future in dispatch.calls:
+            future.cancel()
+            stats.reclaimed_prompts.extend(request.prompt_indices)
+            stats.aborted += len(request.prompt_indices)
+        dispatch.calls = []
+
+    def _first_groups(self, kept: list[Shard], stats: RolloutStats) -> Shard:
+        """The first `need` kept groups; surplus groups' prompts are reclaimed."""
+        surplus = stats.trained_prompts[self.need :]
+        del stats.trained_prompts[self.need :]
+        stats.reclaimed_prompts = surplus + stats.reclaimed_prompts
+        shard = _concat(kept)
+        gids = list(dict.fromkeys(shard.batch.group_ids.tolist()))[: self.need]
+        rows = torch.isin(shard.batch.group_ids, torch.tensor(gids)).nonzero().flatten()
+        return _select(shard, rows)
+
+
+def _select(shard: Shard, rows: torch.Tensor) -> Shard:
+    return Shard(shard.rank, shard.step, shard.batch.select(rows), shard.features[rows])
+
+
+def _concat(shards: list[Shard]) -> Shard:
+    if len(shards) == 1:
+        return shards[0]
+    batch = RolloutBatch.concat([s.batch for s in shards])
+    return Shard(shards[0].rank, shards[0].step, batch, torch.cat([s.features for s in shards]))
+
+
+def make_group_rollout(config, control, world: int, rank: int, first_step: int,
+                       staleness: int) -> GroupRollout:  # fmt: skip
+    """Group `rank`'s rollout for `config` and `control`, its queue starting at `first_step`."""
+    from yatt.builders import build_data
+    from yatt.control.config import max_new_tokens_at
+
+    train_set, _ = build_data(config.data)
+    algo = config.algo
+    queue = ShardQueue(len(train_set), config.data.seed + config.train.seed,
+                       algo.prompts_per_step, world, rank)  # fmt: skip
+    queue.skip_draws(first_step)
+    return GroupRollout(
+        queue, config.rollout.n_samples, config.train.seed, control.over_dispatch,
+        algo.dynamic_sampling, algo.max_refill_batches,
+        lambda step: max_new_tokens_at(control, step, 0), behaviour_logp=staleness > 0,
+    )  # fmt: skip

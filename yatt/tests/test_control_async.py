@@ -1,0 +1,153 @@
+"""Async rollout: bounded staleness, over-dispatch with straggler abort and prompt reclaim, and
+DAPO dynamic sampling, first on fake samplers (exact bookkeeping), then on a tiny model with the
+in-process backend (a sampler worker and a policy rank on 2 CPU devices)."""
+
+import torch
+
+from yatt.batch import RolloutBatch
+from yatt.config import load_config
+from yatt.control import ControlConfig, make_controller
+from yatt.control.async_rollout import GroupRollout, ShardQueue
+from yatt.control.shards import Shard, ShardRequest, make_features
+from yatt.control.workers import Future, call_now
+
+N_SAMPLES = 2
+
+
+class _Lazy(Future):
+    """A sampler call that is 'still running' (not done) when its prompt is a straggler."""
+
+    def __init__(self, shard: Shard, straggler: bool, cancelled: list[int]) -> None:
+        self.shard, self.straggler, self.cancelled = shard, straggler, cancelled
+
+    def done(self) -> bool:
+        return not self.straggler
+
+    def result(self) -> Shard:
+        return self.shard
+
+    def cancel(self) -> None:
+        self.cancelled.append(self.shard.batch.rows[0]["prompt"])
+
+
+def _fake_shard(request: ShardRequest) -> Shard:
+    rows = len(request.prompt_indices) * N_SAMPLES
+    batch = RolloutBatch.from_token_lists([[1, 2]] * rows, [[3, 4, 5]] * rows)
+    batch.group_ids = torch.tensor([g for g in request.group_ids for _ in range(N_SAMPLES)])
+    batch.rows = [{"prompt": p} for p in request.prompt_indices for _ in range(N_SAMPLES)]
+    return Shard(request.rank, request.step, batch, make_features(request.seeds, 4))
+
+
+def _score(shard: Shard) -> torch.Tensor:
+    """Prompts divisible by 3 score all-equal (no signal); others score 0, 1 within the group."""
+    return torch.tensor([
+        0.0 if row["prompt"] % 3 == 0 else float(i % N_SAMPLES)
+        for i, row in enumerate(shard.batch.rows)
+    ])  # fmt: skip
+
+
+def test_over_dispatch_aborts_stragglers_and_loses_no_prompt():
+    queue = ShardQueue(10_000, seed=3, prompts_per_step=8, world=2, rank=1)
+    rollout = GroupRollout(queue, N_SAMPLES, seed=1, over_dispatch=1.0, dynamic=True,
+                           max_refills=8, budget=lambda step: 0, behaviour_logp=False)  # fmt: skip
+    stragglers: set[int] = set()  # group ids whose sampling runs slow (one call in five)
+    cancelled: list[int] = []
+
+    def submit(request: ShardRequest, version: int) -> Future:
+        straggler = request.seeds[0] % 5 == 0
+        stragglers.update(request.group_ids if straggler else ())
+        return _Lazy(_fake_shard(request), straggler, cancelled)
+
+    trained, dropped, aborted, trained_stragglers = [], [], 0, 0
+    inflight = rollout.dispatch(0, 0, submit)
+    for step in range(12):
+        nxt = rollout.dispatch(step + 1, step, submit)  # async: next step already in flight
+        shard, stats = rollout.collect(inflight, submit, _score, lambda: 0.0)
+        inflight = nxt
+        assert stats.staleness == min(step, 1) and stats.kept == rollout.need == 4
+        groups = shard.batch.group_ids.unique()
+        trained_stragglers += len(set(groups.tolist()) & stragglers)
+        assert len(groups) == 4 and shard.batch.size == 4 * N_SAMPLES
+        assert all(p % 3 for p in stats.trained_prompts)  # only groups with a signal train
+        trained += stats.trained_prompts
+        dropped += stats.dropped_prompts
+        aborted += stats.aborted
+    assert aborted > 0 and dropped and cancelled
+    # a straggler is waited for only when nothing else is left: it trains less than its share
+    assert trained_stragglers < 0.1 * len(trained) < 0.5 * len(stragglers)
+    in_flight = [p for request, _ in inflight.calls for p in request.prompt_indices]
+    accounted = trained + dropped + queue.contents() + in_flight
+    assert len(accounted) == len(set(accounted)) == queue.drawn  # none lost, none twice
+    assert sorted(accounted) == sorted(ShardQueue(10_000, 3, 8, 2, 1).take(queue.drawn))
+
+
+def test_reclaimed_prompts_go_to_the_front_of_the_queue():
+    queue = ShardQueue(100, seed=0, prompts_per_step=2, world=1, rank=0)
+    rollout = GroupRollout(queue, N_SAMPLES, seed=1, over_dispatch=1.0, dynamic=False,
+                           max_refills=0, budget=lambda step: 0, behaviour_logp=True)  # fmt: skip
+
+    def submit(request: ShardRequest, version: int) -> Future:
+        assert request.behaviour_logp and version == 0
+        return call_now(_fake_shard, request)
+
+    dispatch = rollout.dispatch(0, 0, submit)
+    assert len(dispatch.calls) == 4  # (1 + r) x 2 groups, one call each
+    _, stats = rollout.collect(dispatch, submit, _score, lambda: 0.0)
+    assert stats.aborted == 2 and stats.dispatched == 4
+    assert queue.contents()[:2] == stats.reclaimed_prompts
+
+
+OVERRIDES = ["train.steps=4", "algo.prompts_per_step=2", f"rollout.n_samples={N_SAMPLES}",
+             "optim.lr=1e-2", "rollout.max_new_tokens=6", "data.n_train=64",
+             "data.n_heldout=0"]  # fmt: skip
+
+
+def _run(config_overrides=(), **changes):
+    config = load_config("tiny_test", [*OVERRIDES, *config_overrides])
+    control = ControlConfig(**{"backend": "inprocess", "n_devices": 2, "device_kind": "cpu",
+                               "placement": "disaggregated", "n_sampler": 1,
+                               "extra_rewards": ("yatt.control.workload:char_mix_reward",),
+                               **changes})  # fmt: skip
+    controller = make_controller(config, control)
+    try:
+        run = controller.fit()
+        return run, controller.weights()
+    finally:
+        controller.close()
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_staleness_zero_is_the_synchronous_run_and_k_is_a_bound():
+    sync_run, sync_w = _run(placement="colocate", n_devices=1)
+    zero_run, zero_w = _run(async_staleness=0)
+    assert _same(sync_w, zero_w)
+    assert [h["control/staleness"] for h in zero_run.history] == [0.0] * 4
+    async_run, async_w = _run(async_staleness=2)
+    staleness = [h["control/staleness"] for h in async_run.history]
+    assert staleness == [0.0, 1.0, 2.0, 2.0]  # never above k; k once the pipeline is full
+    assert any(e[2] == "behaviour_logp" for e in async_run.events)
+    assert async_run.history[0]["critic/score/mean"] == sync_run.history[0]["critic/score/mean"]
+    assert not _same(sync_w, async_w)  # later steps trained on samples of older weights
+    # colocated: optimizer offload/onload around each update (timed; a no-op on CPU devices)
+    assert sum(e[2] == "swap" for e in sync_run.events) == 2 * 4
+    assert all(h["timing_s/swap"] >= 0 for h in sync_run.history)
+    assert not any(e[2] == "swap" for e in async_run.events)  # disaggregated: nothing shared
+
+
+def test_dynamic_sampling_with_over_dispatch_in_async_mode_agrees_across_modes():
+    dapo = ("algo.dynamic_sampling=true", "algo.max_refill_batches=6")
+    changes = {"async_staleness": 1, "over_dispatch": 0.5,
+               "extra_rewards": ("yatt.control.workload:parity_reward",)}  # fmt: skip
+    single_run, single_w = _run(dapo, mode="single", **changes)
+    parallel_run, parallel_w = _run(dapo, mode="parallel", **changes)
+    assert _same(single_w, parallel_w)
+    for row in parallel_run.history:
+        assert row["batch/kept_groups"] == 2 and row["batch/rows"] == 2 * N_SAMPLES
+    assert sum(h["batch/dropped_groups"] for h in parallel_run.history) > 0
+    assert sum(h["control/aborted_groups"] for h in parallel_run.history) > 0
+    assert [h["batch/dropped_groups"] for h in single_run.history] == [
+        h["batch/dropped_groups"] for h in parallel_run.history
+    ]
