@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench bench-gpu drill clean
 
 $(STAMP): dgcc/pyproject.toml yatt/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,12 +43,23 @@ bench: install
 	$(PY) -O dgcc/bench/engine.py
 	$(PY) -O dgcc/bench/cluster.py
 	$(PY) -O dgcc/bench/wal_logging.py
+	$(PY) -O dgcc/bench/protocols.py
+	$(PY) -O dgcc/bench/postgres.py
 	$(PY) yatt/bench/rollout.py
 	$(PY) yatt/bench/step.py --threads 1
 	$(PY) yatt/bench/controllers.py
 	$(PY) yatt/bench/placement.py
 	$(PY) yatt/bench/trl_compare.py --steps 30 --threads 2
 	$(PY) tools/stitch_benchmarks.py
+
+# On a machine with a CUDA GPU: rollout and training throughput against HF at 0.5B/1.5B shapes.
+bench-gpu: install
+	$(PY) yatt/bench/gpu.py
+
+# Long crash-recovery drill (CI runs a few dozen trials of the same harness).
+drill: install
+	$(VENV)/bin/dgcc drill --trials 200
+	$(VENV)/bin/dgcc drill --trials 40 --cluster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
