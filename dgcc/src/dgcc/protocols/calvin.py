@@ -6,6 +6,12 @@ come from the plan's reconnaissance (Calvin's OLLP). A transaction runs, all pie
 it holds all of its locks: it is at the head of every queue, or shares the head run of shared
 requests. Conflicting transactions thus run in batch order, so the result equals the serial
 executor's whatever order the ready ones are picked in (seeded, to show it).
+
+This engine is one process over one partition, so it has no multi-partition transactions and
+no read exchange between participants: every transaction is local, takes all its locks before
+it runs and holds them until it is done, which is the whole rule here. The cluster's Calvin
+(``dgcc.net.servers.calvin``) adds the rest: participants of a multi-node transaction send their
+reads, and one that writes waits for all of them while holding its locks.
 """
 
 from __future__ import annotations
