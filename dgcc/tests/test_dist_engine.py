@@ -82,6 +82,9 @@ def simulate(workload_name, nodes, epochs, per_node, seed, sparse=False):
             [_wire_request(r) for r in itertools.islice(stream, per_node)] for _ in range(nodes)
         ]
         order.append(global_batch(batches))
+        if sparse:  # as a node does: route its batch once, for its peers and its own plan
+            for batch in batches:
+                router.routes(batch, keep=True)
         inputs = [_sparse(batches, router, n) if sparse else batches for n in range(nodes)]
         runs = [EpochRun(n, dbs[n], registry, router, inputs[n]) for n in range(nodes)]
         inflight = []  # (destination, entries)
@@ -155,6 +158,24 @@ def test_multi_node_transactions_happen():
     request = TxnRequest("ycsb_txn", {"keys": [1, 399], "rmw": [True, True]})
     assert router.route(request) == frozenset({0, 1})
     assert router.route(TxnRequest("nope", {})) is None
+
+
+def test_routes_computed_once_per_kept_batch(monkeypatch):
+    """A batch routed with keep=True is not routed again when planned; others are."""
+    workload = get_workload("ycsb", **WORKLOADS["ycsb"])
+    router = Router(workload, Placement.round_robin(2))
+    batch = [TxnRequest("ycsb_txn", {"keys": [k, 399], "rmw": [True, False]}) for k in (1, 2)]
+    routed = []
+    real_route = router.route
+    monkeypatch.setattr(
+        router, "route", lambda request: routed.append(request) or real_route(request)
+    )
+    kept = router.routes(batch, keep=True)
+    assert kept == [frozenset({0, 1})] * 2 and len(routed) == 2
+    assert router.routes(batch, keep=False) == kept and len(routed) == 2  # taken back
+    assert router.routes(batch, keep=False) == kept and len(routed) == 4  # computed again
+    assert router.routes(list(batch), keep=False) == kept and len(routed) == 6  # another list
+    assert router.routes([None, batch[0]], keep=False) == [None, frozenset({0, 1})]
 
 
 @pytest.mark.parametrize("workload_name", sorted(WORKLOADS))

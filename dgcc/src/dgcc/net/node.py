@@ -464,9 +464,8 @@ class Node:
         if not self.peers:
             return {}
         sparse: dict[int, list[tuple]] = {peer: [] for peer in self.peers}
-        route = self.router.route
-        for slot, request in enumerate(batch):
-            nodes = route(request)
+        routes = self.router.routes(batch, keep=True)  # planning this epoch takes them back
+        for slot, (request, nodes) in enumerate(zip(batch, routes, strict=True)):
             for peer in self.peers if nodes is None else nodes:
                 if peer != self.id:
                     sparse[peer].append((slot, request.procedure, request.params))

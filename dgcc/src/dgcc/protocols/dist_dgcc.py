@@ -7,12 +7,13 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Routing. A node plans only the transactions it takes part in. ``route`` maps a request's
     parameters to the nodes owning its data, through the workload's ``route_keys`` (TPC-C by
     warehouse, YCSB by key, Smallbank by customer); a request it cannot route is planned by
-    every node, which then agree on the plan or on the planning error. Planning against rows
-    another node owns is only sound for columns no transaction writes (TPC-C's W_NAME, C_LAST
-    ...): every node keeps the whole load-time data, and rows it does not own are a frozen
-    snapshot used for exactly those plan-time reads, never written and never dumped (the
-    price: every node holds a full copy of the initial data; dropping the rows no plan reads
-    is left for later).
+    every node, which then agree on the plan or on the planning error. An origin routes each
+    of its calls once (``Router.routes``): the routes that pick what each peer gets are kept
+    for its own planning of the epoch. Planning against rows another node owns is only sound
+    for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): every node keeps the
+    whole load-time data, and rows it does not own are a frozen snapshot used for exactly
+    those plan-time reads, never written and never dumped (the price: every node holds a full
+    copy of the initial data; dropping the rows no plan reads is left for later).
     TPC-C's by-last-name customer needs no remote resolution: the plan only checks that the
     name exists (C_LAST never changes), and the piece that picks the customer runs on the
     customer's node under the district key that guards the name index.
@@ -128,6 +129,10 @@ class Router:
         self._partition_of = workload.partition_of
         self._route_keys = workload.route_keys
         self._nodes_of_key: dict[Hashable, int] = {}
+        # Routes of origin batches routed before planning (a node routes its own batch to
+        # pick what each peer gets, then plans it): id(batch) -> (batch, routes), kept until
+        # planned, so each call is routed once.
+        self._batch_routes: dict[int, tuple[Sequence[Any], list[frozenset[int] | None]]] = {}
 
     def node_of_key(self, key: Hashable) -> int:
         """The node owning ``key``, or ``REPLICATED``."""
@@ -152,6 +157,23 @@ class Router:
         except (KeyError, TypeError, IndexError, ValueError, ConfigError):
             return None  # a bad request: every node plans it and reports the same error
         return nodes - {REPLICATED} or None
+
+    def routes(self, batch: Sequence[Any], keep: bool) -> list[frozenset[int] | None]:
+        """``route`` of each call of ``batch``, computed once per batch object.
+
+        ``keep``: remember the routes for a later call with the same batch (which takes them
+        back with ``keep=False``); the batch must not change in between.
+        """
+        kept = self._batch_routes.pop(id(batch), None)
+        if kept is not None and kept[0] is batch:
+            routes = kept[1]
+            assert len(routes) == len(batch), f"batch changed: {len(batch)} != {len(routes)}"
+        else:
+            route = self.route
+            routes = [None if request is None else route(request) for request in batch]
+        if keep:
+            self._batch_routes[id(batch)] = (batch, routes)
+        return routes
 
 
 def global_batch(batches: Sequence[Sequence[TxnRequest]]) -> list[TxnRequest]:
@@ -219,11 +241,12 @@ class EpochRun:
         requests: list[TxnRequest] = []
         index = 0
         for origin, batch in enumerate(batches):
-            for slot, request in enumerate(batch):
+            for slot, (request, routed) in enumerate(
+                zip(batch, self.router.routes(batch, keep=False), strict=True)
+            ):
                 if request is None:  # another origin's call this node neither plans nor runs
                     index += 1
                     continue
-                routed = self.router.route(request)
                 if routed is not None and len(routed) > 1:
                     self.multi_node_by_origin[origin] += 1
                 if routed is None or self.node in routed:
