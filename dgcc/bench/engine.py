@@ -112,6 +112,29 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _configs(
+    workload: str,
+    options: dict[str, Any],
+    protocols: tuple[str, ...],
+    seconds: float,
+    warmup_s: float,
+    args: argparse.Namespace,
+) -> list[BenchConfig]:
+    """One run configuration per protocol, identical but for the protocol."""
+    return [
+        BenchConfig(
+            workload=workload,
+            protocol=protocol,
+            seconds=seconds,
+            warmup_s=warmup_s,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            workload_options=options,
+        )
+        for protocol in protocols
+    ]
+
+
 def _compare(
     label: str,
     workload: str,
@@ -123,18 +146,7 @@ def _compare(
 ) -> dict[str, Any]:
     """Run dgcc and serial side by side on one configuration; their records and the ratio."""
     warmup_s = args.warmup_s if args.warmup_s is not None else (0.3 if args.quick else 2.0)
-    configs = [
-        BenchConfig(
-            workload=workload,
-            protocol=protocol,
-            seconds=seconds,
-            warmup_s=warmup_s,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            workload_options=options,
-        )
-        for protocol in PROTOCOLS
-    ]
+    configs = _configs(workload, options, PROTOCOLS, seconds, warmup_s, args)
     steps = len(PROTOCOLS) * (rounds + 1)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{label}: loading", total=steps)
@@ -196,18 +208,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
         for workload, knob, value in points:
             scale = QUICK_SCALE[workload] if args.quick else SWEEP_SCALE[workload]
             options = {**scale, knob: value}
-            configs = [
-                BenchConfig(
-                    workload=workload,
-                    protocol=protocol,
-                    seconds=seconds,
-                    warmup_s=warmup_s,
-                    batch_size=args.batch_size,
-                    seed=args.seed,
-                    workload_options=options,
-                )
-                for protocol in protocols
-            ]
+            configs = _configs(workload, options, protocols, seconds, warmup_s, args)
 
             def report(step: str, label=f"{workload} {knob}={value}") -> None:
                 progress.update(task, description=f"sweep {label}: {step}", advance=1)

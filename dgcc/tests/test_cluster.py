@@ -22,7 +22,7 @@ import pytest
 
 from dgcc.api import Outcome, TxnRequest
 from dgcc.cluster import LocalCluster, local_config, start_local
-from dgcc.net import AsyncClient, Client, HandshakeError
+from dgcc.net import Client, HandshakeError, call_each_in_order
 from dgcc.net.wire import VERSION, decode, encode, frame
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
@@ -67,18 +67,8 @@ def _start(tmp_path, nodes, workload, **options) -> LocalCluster:
 
 async def _drive(cluster: LocalCluster, requests: list[list[TxnRequest]]) -> list[list[Outcome]]:
     """Send node n's requests over one pipelined connection; outcomes in send order."""
-    clients = [await AsyncClient.connect(n.host, n.port) for n in cluster.config.nodes]
-    try:
-        calls = [
-            asyncio.gather(
-                *(c.call(r.procedure, r.params, timeout_s=CALL_TIMEOUT_S) for r in batch)
-            )
-            for c, batch in zip(clients, requests, strict=True)
-        ]
-        return list(await asyncio.gather(*calls))
-    finally:
-        for client in clients:
-            await client.close()
+    addresses = [(n.host, n.port) for n in cluster.config.nodes]
+    return await call_each_in_order(addresses, requests, timeout_s=CALL_TIMEOUT_S)
 
 
 def _collect(cluster: LocalCluster) -> tuple[tuple, dict]:

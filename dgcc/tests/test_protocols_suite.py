@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from dgcc import get_protocol
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import local_config, start_local
-from dgcc.net import AsyncClient, Client
+from dgcc.net import Client, call_each_in_order
 from dgcc.net.servers import SERVERS
 from dgcc.net.servers.cc import OccCC
 from dgcc.net.servers.twopc import TwoPhaseCommitNode
@@ -120,18 +120,8 @@ def test_property_small_streams(protocol: str, workload_name: str, seed: int, si
 
 async def _drive(nodes, requests: list[list[TxnRequest]]) -> list[list[Outcome]]:
     """All calls of node n over one pipelined connection, sent in order; outcomes in order."""
-    clients = [await AsyncClient.connect(n.host, n.port) for n in nodes]
-    try:
-        calls = [
-            asyncio.gather(
-                *(c.call(r.procedure, r.params, timeout_s=CALL_TIMEOUT_S) for r in batch)
-            )
-            for c, batch in zip(clients, requests, strict=True)
-        ]
-        return list(await asyncio.gather(*calls))
-    finally:
-        for client in clients:
-            await client.close()
+    addresses = [(n.host, n.port) for n in nodes]
+    return await call_each_in_order(addresses, requests, timeout_s=CALL_TIMEOUT_S)
 
 
 def _cluster_run(tmp_path, protocol: str, workload_name: str):

@@ -1,6 +1,6 @@
 """The network layer of DistDGCC: wire format, node server, and client library."""
 
-from dgcc.net.client import AsyncClient, Client
+from dgcc.net.client import AsyncClient, Client, call_each_in_order
 from dgcc.net.wire import CallTimeout, ConnectionLost, FrameError, HandshakeError, NetError
 
 __all__ = [
@@ -11,4 +11,5 @@ __all__ = [
     "FrameError",
     "HandshakeError",
     "NetError",
+    "call_each_in_order",
 ]

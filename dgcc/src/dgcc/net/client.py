@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import socket
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dgcc.api import Outcome, Status
@@ -32,7 +32,7 @@ from dgcc.net.wire import (
     read_frame,
 )
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = ["AsyncClient", "Client", "call_each_in_order"]
 
 TIMEOUT_S_DEFAULT = 30.0
 CALLS_PER_FRAME_MAX = 1000  # keeps a calls frame far below any sane frame limit
@@ -245,6 +245,27 @@ class AsyncClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def call_each_in_order(
+    addresses: Sequence[tuple[str, int]],
+    requests: Sequence[Sequence[Any]],
+    *,
+    secret: str | None = None,
+    timeout_s: float = TIMEOUT_S_DEFAULT,
+) -> list[list[Outcome]]:
+    """Send ``requests[n]`` (objects with ``procedure`` and ``params``) to ``addresses[n]``, each
+    node's calls pipelined on one connection in order; the outcomes, per node, in send order."""
+    clients = [await AsyncClient.connect(host, port, secret=secret) for host, port in addresses]
+    try:
+        calls = [
+            asyncio.gather(*(c.call(r.procedure, r.params, timeout_s=timeout_s) for r in batch))
+            for c, batch in zip(clients, requests, strict=True)
+        ]
+        return list(await asyncio.gather(*calls))
+    finally:
+        for client in clients:
+            await client.close()
 
 
 class Client:
