@@ -15,7 +15,14 @@ import pytest
 from dgcc.api import TxnRequest
 from dgcc.net.servers.calvin import GRANT, CalvinEpochRun
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import EpochRun, Placement, ResultAssembler, Router, global_batch
+from dgcc.protocols.dist_dgcc import (
+    EpochRun,
+    Placement,
+    ResultAssembler,
+    Router,
+    global_batch,
+    owned_rows,
+)
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
 
@@ -103,17 +110,6 @@ def _simulate(run_class, workload_name, options, nodes, epochs, per_node, seed):
     return workload, router, dbs, order, outcomes
 
 
-def _owned(db, router, node):
-    return {
-        name: {
-            pk: dict(row)
-            for pk, row in table.rows.items()
-            if router.node_of_key(table.conflict_key(pk)) in (node, -1)
-        }
-        for name, table in db.tables.items()
-    }
-
-
 @pytest.mark.parametrize(("name", "options"), [("ycsb", YCSB), ("tpcc", TPCC)])
 def test_simulated_calvin_cluster_equals_serial(name, options) -> None:
     workload, router, dbs, order, outcomes = _simulate(
@@ -127,6 +123,6 @@ def test_simulated_calvin_cluster_equals_serial(name, options) -> None:
     ]
     merged: dict = {}
     for node, db in enumerate(dbs):
-        for table, rows in _owned(db, router, node).items():
+        for table, rows in owned_rows(db, router, node).items():
             merged.setdefault(table, {}).update(rows)
     assert merged == _wire(serial_db.dump())

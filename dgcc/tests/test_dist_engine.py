@@ -19,9 +19,15 @@ from hypothesis import strategies as st
 from dgcc import debug
 from dgcc.api import Outcome, TxnRequest
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import EpochRun, Placement, ResultAssembler, Router, global_batch
+from dgcc.protocols.dist_dgcc import (
+    EpochRun,
+    Placement,
+    ResultAssembler,
+    Router,
+    global_batch,
+    owned_rows,
+)
 from dgcc.protocols.serial import SerialProtocol
-from dgcc.storage import Database
 from dgcc.workloads import get_workload
 
 WORKLOADS = {
@@ -40,19 +46,6 @@ WORKLOADS = {
 
 def _wire(message):
     return decode(encode(("m", message)))[1]
-
-
-def owned_dump(db: Database, router: Router, node: int) -> dict:
-    """The rows of ``db`` whose conflict key this node owns (replicated rows included)."""
-    dump = {}
-    for name, table in db.tables.items():
-        rows = {}
-        for pk, row in table.rows.items():
-            owner = router.node_of_key(table.conflict_key(pk))
-            if owner in (node, -1):
-                rows[pk] = dict(row)
-        dump[name] = rows
-    return dump
 
 
 def _sparse(batches, router: Router, node: int) -> list:
@@ -106,7 +99,7 @@ def simulate(workload_name, nodes, epochs, per_node, seed, sparse=False):
             all_outcomes.extend(assembler.outcomes())
     merged = {}
     for n in range(nodes):
-        for name, rows in owned_dump(dbs[n], router, n).items():
+        for name, rows in owned_rows(dbs[n], router, n).items():
             merged.setdefault(name, {}).update(rows)
     return workload, order, all_outcomes, merged
 

@@ -20,9 +20,8 @@ import pytest
 from dgcc.api import TxnRequest
 from dgcc.errors import DgccError
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import Placement, Router, global_batch
+from dgcc.protocols.dist_dgcc import Placement, Router, global_batch, owned_rows
 from dgcc.protocols.serial import SerialProtocol
-from dgcc.storage import Database
 from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import (
     LoggedEpochRun,
@@ -49,17 +48,6 @@ NODES, EPOCHS, PER_NODE, SEED = 3, 4, 25, 4
 
 def _wire(message):
     return decode(encode(("m", message)))[1]
-
-
-def _owned(db: Database, router: Router, node: int) -> dict:
-    return {
-        name: {
-            pk: dict(row)
-            for pk, row in table.rows.items()
-            if router.node_of_key(table.conflict_key(pk)) in (node, -1)
-        }
-        for name, table in db.tables.items()
-    }
 
 
 class Cluster:
@@ -192,7 +180,7 @@ def test_whole_cluster_restart_replays_the_epochs_all_made_durable(
     assert [log.epoch for log in restarted.logs] == [upto] * NODES
     merged: dict = {}
     for node, log in enumerate(restarted.logs):
-        for name, rows in _owned(log.db, restarted.router, node).items():
+        for name, rows in owned_rows(log.db, restarted.router, node).items():
             merged.setdefault(name, {}).update(rows)
     assert merged == _serial(stream[:upto])
     restarted.run_epoch(stream[upto], random.Random(1))  # the cluster goes on from there

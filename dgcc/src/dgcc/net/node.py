@@ -44,7 +44,7 @@ from dgcc.net.wire import (
     mac_of,
     read_frame,
 )
-from dgcc.protocols.dist_dgcc import REPLICATED, EpochRun, ResultAssembler, Router
+from dgcc.protocols.dist_dgcc import EpochRun, ResultAssembler, Router, owned_rows
 from dgcc.wal.node_log import LoggedEpochRun, node_durability
 from dgcc.workloads import get_workload
 
@@ -357,16 +357,7 @@ class Node:
 
     def owned_dump(self) -> dict[str, dict]:
         """This node's rows: those whose conflict key it owns, plus replicated rows."""
-        dump: dict[str, dict] = {}
-        node_of_key = self.router.node_of_key
-        for name, table in self.db.tables.items():
-            key_of = table.conflict_key
-            dump[name] = {
-                pk: dict(row)
-                for pk, row in table.rows.items()
-                if node_of_key(key_of(pk)) in (self.id, REPLICATED)
-            }
-        return dump
+        return owned_rows(self.db, self.router, self.id)
 
     def _answer_order(self, client: _Client, call_id: int) -> None:
         if not self.config.order_log:

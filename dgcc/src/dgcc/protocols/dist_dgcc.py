@@ -62,6 +62,7 @@ __all__ = [
     "ResultAssembler",
     "Router",
     "global_batch",
+    "owned_rows",
 ]
 
 logger = logging.getLogger(__name__)
@@ -174,6 +175,20 @@ class Router:
         if keep:
             self._batch_routes[id(batch)] = (batch, routes)
         return routes
+
+
+def owned_rows(db: Database, router: Router, node: int) -> dict[str, dict]:
+    """Copies of the rows of ``db`` that ``node`` owns: its conflict keys plus replicated ones."""
+    node_of_key = router.node_of_key
+    dump: dict[str, dict] = {}
+    for name, table in db.tables.items():
+        key_of = table.conflict_key
+        dump[name] = {
+            pk: dict(row)
+            for pk, row in table.rows.items()
+            if node_of_key(key_of(pk)) in (node, REPLICATED)
+        }
+    return dump
 
 
 def global_batch(batches: Sequence[Sequence[TxnRequest]]) -> list[TxnRequest]:
