@@ -23,7 +23,8 @@ ORDER = [
     "yatt_gpu",
     "yatt_trl",
     "yatt_demo",
-    "yatt_control",
+    "yatt_control_controllers",
+    "yatt_control_placement",
 ]
 HEADER = """# Benchmarks
 

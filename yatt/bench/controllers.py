@@ -250,16 +250,6 @@ def _write(rows: list[dict], out_dir: Path) -> None:
         )
     Console().print(table)
     print(f"wrote {json_path}")
-    stitch_sections(out_dir)
-
-
-def stitch_sections(out_dir: Path) -> Path:
-    """docs section yatt_control.md = the controllers section + the placement section."""
-    parts = [out_dir / f"yatt_control_{name}.md" for name in ("controllers", "placement")]
-    text = "\n".join(p.read_text() for p in parts if p.is_file())
-    path = out_dir / "yatt_control.md"
-    path.write_text(text)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -383,15 +383,6 @@ def _plots(runs: dict, out_dir: Path) -> None:
     )
 
 
-def stitch_sections(out_dir: Path) -> Path:
-    """docs section yatt_control.md = the controllers section + the placement section."""
-    parts = [out_dir / f"yatt_control_{name}.md" for name in ("controllers", "placement")]
-    text = "\n".join(p.read_text() for p in parts if p.is_file())
-    path = out_dir / "yatt_control.md"
-    path.write_text(text)
-    return path
-
-
 def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     """Re-run the simulations from the costs stored by the last measured run (no Ray)."""
     from types import SimpleNamespace
@@ -415,7 +406,6 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     )
     (out_dir / "yatt_control_placement.md").write_text(text)
     json_path.write_text(json.dumps(data, indent=1, default=str))
-    stitch_sections(out_dir)
     print(text)
     return 0
 
@@ -487,7 +477,6 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args) | {"out_dir": str(out_dir)},
     }
     json_path.write_text(json.dumps(data, indent=1, default=str))
-    stitch_sections(out_dir)
     console.print((out_dir / "yatt_control_placement.md").read_text())
     return 0
 
