@@ -1,7 +1,7 @@
 """DistDGCC against 2PL NO_WAIT, 2PL WAIT_DIE, OCC and Calvin on one cluster harness.
 
 Usage: ``python dgcc/bench/protocols.py [--quick] [--seconds S] [--inflight 25,100,400]
-[--scenarios tpcc-1wh,ycsb-0.99]``
+[--scenarios tpcc-1wh,ycsb-0.99] [--fractions 0.1,0.2,0.5]``
 
 Every protocol runs on the same transport, client loop (``dgcc.net.loadgen``), workloads,
 data and seeded request pools: 2 node processes on loopback plus one closed-loop client
@@ -10,7 +10,9 @@ process per node, warm-up then a measured window. Scenarios: high contention (TP
 warehouses per node; uniform YCSB), each with 10% of transactions forced to span both nodes.
 Each protocol is tuned over the same calls-in-flight candidates and reported at its best
 (epochs close after 2 ms or inflight/4 calls for DistDGCC and Calvin; the 2PC baselines retry
-after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). Writes
+after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The high-contention
+scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs are the headline
+ones), every protocol at every point. Writes
 ``protocols.json`` (every record), ``protocols.md`` (a section for docs/benchmarks.md) and
 ``protocols.png`` to ``docs/bench`` (a temp folder with ``--quick``).
 """
@@ -49,7 +51,9 @@ QUICK_SCENARIOS = ("tpcc-1wh", "ycsb-uniform")
 TARGETS = {"high": 2.0, "low": 1.0}  # DistDGCC over the best baseline (issue 9)
 NODES = 2
 CPU_METRIC = "txn/commits_per_node_cpu_s"
-FRACTION = 0.1
+FRACTION = 0.1  # the headline table's distributed fraction
+SWEEP_FRACTIONS = (0.1, 0.2, 0.5)  # at high contention; includes FRACTION
+QUICK_FRACTIONS = (0.1, 0.5)
 
 
 def _options(name: str, quick: bool) -> dict[str, Any]:
@@ -60,10 +64,15 @@ def _options(name: str, quick: bool) -> dict[str, Any]:
     return options | (small if workload == "tpcc" else {"records": 10_000})
 
 
-def best_by_protocol(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(scenario, protocol) -> the record with the most commits/s over the inflight sweep."""
+def best_by_protocol(
+    records: list[dict[str, Any]], fraction: float = FRACTION
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """(scenario, protocol) -> the record with the most commits/s over the inflight sweep, among
+    the runs with ``fraction`` distributed."""
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records:
+        if record["config"]["distributed_fraction"] != fraction:
+            continue
         key = (record["scenario"], record["config"]["protocol"])
         rate = record["metrics"]["txn/commits_per_s"]
         if key not in best or rate > best[key]["metrics"]["txn/commits_per_s"]:
@@ -170,11 +179,47 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
             f"{versus_2pc:.2f}x; per node CPU second, over the best baseline "
             f"({per_cpu[scenario][1]}) {per_cpu[scenario][0]:.2f}x"
         )
+    lines += sweep_markdown(records, args.fractions)
     lines += ["", "![protocols side by side](protocols.png)", ""]
     return "\n".join(lines)
 
 
-def plot(records: list[dict[str, Any]], path: Path) -> None:
+def high_scenarios(records: list[dict[str, Any]]) -> list[str]:
+    return [s for s in dict.fromkeys(r["scenario"] for r in records) if SCENARIOS[s][2] == "high"]
+
+
+def sweep_markdown(records: list[dict[str, Any]], fractions: tuple[float, ...]) -> list[str]:
+    """The distributed-fraction sweep at high contention: every protocol at its best inflight."""
+    scenarios = high_scenarios(records)
+    if not scenarios or len(fractions) < 2:
+        return []
+    lines = [
+        "",
+        f"### Distributed fraction at high contention ({', '.join(f'{f:.0%}' for f in fractions)})",
+        "",
+        "Same runs as above, with the share of transactions forced to span both nodes varied "
+        f"(the {FRACTION:.0%} rows are the headline runs); commits/s at each protocol's best "
+        "calls-in-flight, and DistDGCC over the best baseline at each point.",
+        "",
+        "| scenario | distributed | " + " | ".join(PROTOCOLS) + " | DistDGCC / best baseline |",
+        "|---|---:|" + "---:|" * (len(PROTOCOLS) + 1),
+    ]
+    for scenario in scenarios:
+        for fraction in fractions:
+            best = best_by_protocol(records, fraction)
+            if not all((scenario, p) in best for p in PROTOCOLS):
+                continue
+            rates = [best[(scenario, p)]["metrics"]["txn/commits_per_s"] for p in PROTOCOLS]
+            ratio, rival = ratios(best)[scenario]
+            lines.append(
+                f"| {scenario} | {fraction:.0%} | "
+                + " | ".join(f"{rate:,.0f}" for rate in rates)
+                + f" | {ratio:.2f}x ({rival}) |"
+            )
+    return lines
+
+
+def plot(records: list[dict[str, Any]], fractions: tuple[float, ...], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,20 +227,34 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     best = best_by_protocol(records)
     scenarios = list(dict.fromkeys(s for s, _ in best))
-    figure, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    swept = high_scenarios(records) if len(fractions) > 1 else []
+    rows = 2 if swept else 1
+    figure, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows), squeeze=False)
     width = 0.8 / len(PROTOCOLS)
     for k, protocol in enumerate(PROTOCOLS):
         xs = [i + (k - len(PROTOCOLS) / 2 + 0.5) * width for i in range(len(scenarios))]
         metrics = [best[(s, protocol)]["metrics"] for s in scenarios]
-        axes[0].bar(xs, [m["txn/commits_per_s"] for m in metrics], width, label=protocol)
-        axes[1].bar(xs, [m["txn/cc_abort_rate"] * 100 for m in metrics], width, label=protocol)
+        axes[0][0].bar(xs, [m["txn/commits_per_s"] for m in metrics], width, label=protocol)
+        axes[0][1].bar(xs, [m["txn/cc_abort_rate"] * 100 for m in metrics], width, label=protocol)
     for axis, title, unit in (
-        (axes[0], "throughput (best inflight)", "commits/s"),
-        (axes[1], "concurrency-control aborts", "% of attempts"),
+        (axes[0][0], f"throughput (best inflight, {FRACTION:.0%} distributed)", "commits/s"),
+        (axes[0][1], "concurrency-control aborts", "% of attempts"),
     ):
         axis.set_xticks(range(len(scenarios)), scenarios)
         axis.set(title=title, ylabel=unit)
         axis.legend(fontsize=8)
+    for axis, scenario in zip(axes[1] if swept else (), swept, strict=False):
+        for protocol in PROTOCOLS:
+            points = [
+                (f, best_by_protocol(records, f).get((scenario, protocol))) for f in fractions
+            ]
+            points = [(f * 100, r["metrics"]["txn/commits_per_s"]) for f, r in points if r]
+            axis.plot(*zip(*points, strict=True), marker="o", label=protocol)
+        axis.set(title=f"{scenario}: vs distributed fraction", xlabel="% distributed")
+        axis.set(ylabel="commits/s (best inflight)", yscale="log")
+        axis.legend(fontsize=8)
+    for axis in axes[1][len(swept) :] if swept else ():
+        axis.set_visible(False)  # one high-contention scenario only
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -205,6 +264,18 @@ def _inflights(text: str) -> list[int]:
     values = [int(part) for part in text.split(",") if part]
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"inflight needs positive ints, got {text!r}")
+    return values
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"fractions must be numbers, got {text!r}") from None
+    if FRACTION not in values or not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"fractions must lie in [0, 1] and include the headline {FRACTION}, got {text!r}"
+        )
     return values
 
 
@@ -226,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scenarios", type=_scenarios, default=None, help=f"subset of {','.join(SCENARIOS)}"
     )
+    parser.add_argument(
+        "--fractions",
+        type=_fractions,
+        default=None,
+        help=f"distributed fractions swept at high contention (default {SWEEP_FRACTIONS})",
+    )
     args = parser.parse_args(argv)
+    args.fractions = args.fractions or (QUICK_FRACTIONS if args.quick else SWEEP_FRACTIONS)
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
     args.inflight = args.inflight or ([100] if args.quick else [25, 100, 400])
@@ -236,16 +314,24 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     facts = host()
     scenarios = args.scenarios or (QUICK_SCENARIOS if args.quick else tuple(SCENARIOS))
-    runs = [(s, p, n) for s in scenarios for n in args.inflight for p in PROTOCOLS]
+    runs = [
+        (s, f, p, n)
+        for s in scenarios
+        for f in (args.fractions if SCENARIOS[s][2] == "high" else (FRACTION,))
+        for n in args.inflight
+        for p in PROTOCOLS
+    ]
     records = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("protocol runs", total=len(runs))
-        for scenario, protocol, inflight in runs:
-            progress.update(task, description=f"{scenario} {protocol} inflight={inflight}")
+        for scenario, fraction, protocol, inflight in runs:
+            progress.update(
+                task, description=f"{scenario} {fraction:.0%} {protocol} inflight={inflight}"
+            )
             bench = ClusterBenchConfig(
                 SCENARIOS[scenario][0],
                 NODES,
-                FRACTION,
+                fraction,
                 _options(scenario, args.quick),
                 seconds=args.seconds,
                 warmup_s=args.warmup_s,
@@ -261,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps({"host": facts, "records": records}, indent=1, sort_keys=True) + "\n"
     )
     (out_dir / "protocols.md").write_text(markdown(records, facts, args))
-    plot(records, out_dir / "protocols.png")
+    plot(records, args.fractions, out_dir / "protocols.png")
     best = best_by_protocol(records)
     per_cpu = ratios(best, metric=CPU_METRIC)
     for scenario, (ratio, rival) in ratios(best).items():
@@ -270,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{scenario}: DistDGCC / {rival} = {ratio:.2f}x commits/s, "
             f"/ {cpu_rival} = {cpu_ratio:.2f}x commits per node CPU second"
         )
+    for fraction in args.fractions if len(args.fractions) > 1 else ():
+        for scenario in high_scenarios(records):
+            ratio, rival = ratios(best_by_protocol(records, fraction))[scenario]
+            console.print(
+                f"{scenario} at {fraction:.0%} distributed: DistDGCC / {rival} = {ratio:.2f}x"
+            )
     console.print(f"wrote {out_dir}/protocols.{{json,md,png}}")
     return 0
 

@@ -17,7 +17,7 @@ import struct
 
 import pytest
 
-from dgcc.api import TxnRequest, plan_batch
+from dgcc.api import Outcome, TxnRequest, plan_batch
 from dgcc.cluster import ClusterConfig, NodeAddress, load_config, local_config
 from dgcc.errors import ConfigError
 from dgcc.net import AsyncClient, CallTimeout, Client, ConnectionLost, FrameError
@@ -226,3 +226,30 @@ def test_route_keys_name_every_node_a_call_touches(workload_name):
     assert spans > 0, "the stream never spans two nodes"
     assert router.route(TxnRequest("no_such_procedure", {})) is None
     assert router.route(TxnRequest(requests[0].procedure, {})) is None  # bad params
+
+
+class _Answers:
+    """Stands in for a connected client: records the answers a node gives."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, Outcome]] = []
+
+    def result(self, call_id: int, outcome: Outcome) -> None:
+        self.answers.append((call_id, outcome))
+
+
+def test_calls_join_the_epoch_in_order_and_overflow_is_refused(monkeypatch):
+    from dgcc.net import node as node_module
+
+    config = local_config(1, workload="ycsb", workload_options={"records": 100})
+    node = node_module.Node(config, 0)
+    monkeypatch.setattr(node_module, "CALLS_WAITING_MAX", 3)
+    client = _Answers()
+    calls = tuple((k, "ycsb_txn", {"keys": [k], "rmw": [False]}) for k in range(5))
+    node._add_calls(client, calls[:2])
+    node._add_calls(client, calls[2:])
+    assert [request.params["keys"] for request in node._collect] == [[0], [1], [2]]
+    assert [call_id for _, call_id in node._callers] == [0, 1, 2]
+    assert [call_id for call_id, _ in client.answers] == [3, 4]
+    assert all("overloaded: 3 calls waiting" in o.reason for _, o in client.answers)
+    assert node.stats["txn/calls"] == 3

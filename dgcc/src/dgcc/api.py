@@ -137,15 +137,18 @@ class ProcedureRegistry:
 
 
 def _check_params(procedure: Procedure, params: object) -> None:
-    if not isinstance(params, Mapping):
+    # Every call of every protocol is checked here: exact types and plain dicts skip the slow
+    # paths (an ABC isinstance, per-name list building) that only a bad call needs.
+    if type(params) is not dict and not isinstance(params, Mapping):
         raise BadParams(f"{procedure.name}: params must be a mapping, got {type(params).__name__}")
-    missing = [name for name in procedure.params if name not in params]
-    extra = [name for name in params if name not in procedure.params]
-    if missing or extra:
+    types = procedure.params
+    if len(params) != len(types) or not types.keys() <= params.keys():
+        missing = [name for name in types if name not in params]
+        extra = [name for name in params if name not in types]
         raise BadParams(f"{procedure.name}: missing params {missing}, unexpected params {extra}")
-    for name, expected in procedure.params.items():
+    for name, expected in types.items():
         value = params[name]
-        if not _type_ok(value, expected):
+        if type(value) is not expected and not _type_ok(value, expected):
             raise BadParams(
                 f"{procedure.name}: param {name!r} must be {expected.__name__}, "
                 f"got {type(value).__name__} {value!r}"

@@ -262,7 +262,8 @@ def start_local(
     processes = []
     for node in config.nodes:
         log = open(directory / f"node{node.id}.log", "ab")  # noqa: SIM115 - the child owns it
-        command = [sys.executable, "-m", "dgcc", "node"]
+        optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
+        command = [sys.executable, *optimize, "-m", "dgcc", "node"]
         command += ["--config", str(config_path), "--id", str(node.id)]
         processes.append(
             subprocess.Popen(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Hashable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["Database", "Index", "ReadView", "Table"]
@@ -161,8 +162,9 @@ class ReadView:
         self._db = db
 
     def get(self, table: str, pk: Any) -> Mapping[str, Any] | None:
+        """A read-only view of the live row (no copy: plans read it before the batch runs)."""
         row = self._db.tables[table].rows.get(pk)
-        return None if row is None else dict(row)
+        return None if row is None else MappingProxyType(row)
 
     def lookup(self, table: str, index: str, index_key: Hashable) -> list[Any]:
         return self._db.tables[table].indexes[index].lookup(index_key)

@@ -312,25 +312,27 @@ class Node:
                     raise FrameError(f"ill-shaped calls message {message!r:.80}")
                 for call in message[1]:  # all checked before any joins the epoch
                     _check_call(call)
-                add_call = self._add_call
-                for call_id, procedure, params in message[1]:
-                    add_call(client, call_id, procedure, params)
+                self._add_calls(client, message[1])
             elif kind in handlers and len(message) == 2 and isinstance(message[1], int):
                 handlers[kind](client, message[1])
             else:
                 raise FrameError(f"unknown or ill-shaped client message {message!r:.80}")
 
-    def _add_call(self, client: _Client, call_id: int, procedure: str, params: dict) -> None:
-        if len(self._collect) >= CALLS_WAITING_MAX:  # bounded: refuse rather than grow
+    def _add_calls(self, client: _Client, calls: tuple) -> None:
+        """Calls ``(call_id, procedure, params)`` join the open epoch, in order."""
+        room = max(0, CALLS_WAITING_MAX - len(self._collect))  # bounded: refuse, not grow
+        taken, refused = calls[:room], calls[room:]
+        if taken:
+            self.stats["txn/calls"] += len(taken)
+            first = not self._collect
+            self._collect.extend([TxnRequest(procedure, params) for _, procedure, params in taken])
+            self._callers.extend([(client, call_id) for call_id, _, _ in taken])
+            count_max = self.config.epoch_calls_max
+            if first or (count_max and len(self._collect) >= count_max):
+                self._collector_wake.set()
+        for call_id, _, _ in refused:
             reason = f"node {self.id} overloaded: {len(self._collect)} calls waiting"
             client.result(call_id, Outcome(Status.ERROR, reason=reason))
-            return
-        self.stats["txn/calls"] += 1
-        self._collect.append(TxnRequest(procedure, params))
-        self._callers.append((client, call_id))
-        count_max = self.config.epoch_calls_max
-        if len(self._collect) == 1 or (count_max and len(self._collect) >= count_max):
-            self._collector_wake.set()
 
     # -- admin answers ----------------------------------------------------------------------
 
@@ -556,10 +558,12 @@ class Node:
 
     def _complete_epoch(self, assembler: ResultAssembler, callers: list) -> None:
         """Every node finished the epoch: answer its callers (the durability hook point)."""
-        stats = self.stats
+        counts = dict.fromkeys(_STATUS_STAT, 0)
         for (client, call_id), outcome in zip(callers, assembler.outcomes(), strict=True):
-            stats[_STATUS_STAT[outcome.status]] += 1
+            counts[outcome.status] += 1
             client.result(call_id, outcome)
+        for status, count in counts.items():
+            self.stats[_STATUS_STAT[status]] += count
 
 
 def _check_call(call: object) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,12 +139,19 @@ class Router:
         """The node owning ``key``, or ``REPLICATED``."""
         node = self._nodes_of_key.get(key)
         if node is None:
-            partition = self._partition_of(key, self.placement.partitions)
-            node = (
-                REPLICATED if partition == REPLICATED else self.placement.partition_nodes[partition]
-            )
+            owners = self.placement.partition_nodes
+            partition = self._partition_of(key, len(owners))
+            node = REPLICATED if partition == REPLICATED else owners[partition]
             self._nodes_of_key[key] = node
         return node
+
+    def nodes_of(self, keys: Iterable[Hashable]) -> set[int]:
+        """The nodes owning ``keys`` (``REPLICATED`` among them for replicated keys)."""
+        known, nodes = self._nodes_of_key.get, set()
+        for key in keys:  # every call routes and places here: a cache hit per key
+            node = known(key)
+            nodes.add(self.node_of_key(key) if node is None else node)
+        return nodes
 
     def route(self, request: object) -> frozenset[int] | None:
         """The nodes that own a request's data, or None when every node must plan it."""
@@ -154,10 +161,11 @@ class Router:
             keys = self._route_keys(request.procedure, request.params)
             if keys is None:
                 return None
-            nodes = frozenset(self.node_of_key(key) for key in keys)
+            nodes = self.nodes_of(keys)
         except (KeyError, TypeError, IndexError, ValueError, ConfigError):
             return None  # a bad request: every node plans it and reports the same error
-        return nodes - {REPLICATED} or None
+        nodes.discard(REPLICATED)
+        return frozenset(nodes) or None
 
     def routes(self, batch: Sequence[Any], keep: bool) -> list[frozenset[int] | None]:
         """``route`` of each call of ``batch``, computed once per batch object.
@@ -289,8 +297,9 @@ class EpochRun:
     ) -> list[tuple[int, ...]]:
         """Piece index -> the nodes that run it (one owner, or every participant)."""
         owners: list[int] = []
+        nodes_of = self.router.nodes_of
         for piece in planned.pieces:
-            nodes = {self.router.node_of_key(key) for key in piece.reads + piece.writes}
+            nodes = nodes_of(piece.reads + piece.writes)
             nodes.discard(REPLICATED)
             if len(nodes) > 1:
                 raise ProcedureError(
@@ -334,11 +343,14 @@ class EpochRun:
                         piece, after=tuple(n for n in piece.after if n in names)
                     )
                 view.append(piece)
-            local_txns.append(dataclasses.replace(sub.txn, pieces=view))
+            # The graph reads only the pieces: a fresh view, not dataclasses.replace (slow).
+            txn = sub.txn
+            local_txns.append(PlannedTxn(txn.index, txn.procedure, txn.params, view))
         self._graph = self.local_graph(local_txns)
         self._pieces = originals
         self._piece_index = piece_index
-        self._contexts = [PieceContext(self._db, sub.txn) for sub in self._subs]
+        self._txns = [sub.txn for sub in self._subs]  # per graph owner slot, for ``step``
+        self._contexts = [PieceContext(self._db, txn) for txn in self._txns]
         self._waiters: dict[tuple[int, int], list[int]] = {}
         self._sends: dict[int, tuple[int, ...]] = {}
         self._urgent_pids: set[int] = set()  # local pieces of txns other nodes wait on
@@ -410,28 +422,36 @@ class EpochRun:
         value messages.
         """
         graph, pieces, ready, urgent = self._graph, self._pieces, self._ready, self._urgent
-        owners, in_degrees = graph.owners, graph.in_degrees
-        successors_of, sends = graph.successors.get, self._urgent_pids
+        owners, in_degrees, contexts = graph.owners, graph.in_degrees, self._contexts
+        txns, successors_of, sends = self._txns, graph.successors.get, self._urgent_pids
+        sends_of, outbox = self._sends.get, self.outbox
+        pop, push = heapq.heappop, heapq.heappush
         ran = 0
-        while (urgent or ready) and ran < budget:
-            pid = heapq.heappop(urgent if urgent else ready)
+        while ran < budget:
+            if urgent:
+                pid = pop(urgent)
+            elif ready:
+                pid = pop(ready)
+            else:
+                break
             slot = owners[pid]
-            sub = self._subs[slot]
-            txn = sub.txn
-            aborted_before = txn.abort_reason is not None
-            run_piece(self._contexts[slot], txn, pieces[pid])
-            if not aborted_before and txn.abort_reason is not None:
-                assert pieces[pid].may_abort, f"{pieces[pid].name} aborted without may_abort"
-                sub.local_abort = (self._piece_index[pid], txn.abort_reason)
+            txn = txns[slot]
+            if txn.abort_reason is None:
+                run_piece(contexts[slot], txn, pieces[pid])
+                if txn.abort_reason is not None:
+                    assert pieces[pid].may_abort, f"{pieces[pid].name} aborted without may_abort"
+                    self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
             ran += 1
-            targets = self._sends.get(pid)
+            targets = sends_of(pid)
             if targets is not None:
-                self._post(sub, self._piece_index[pid], targets)
-            for target in successors_of(pid, ()):
-                in_degrees[target] -= 1
-                if not in_degrees[target]:
-                    heapq.heappush(urgent if target in sends else ready, target)
-            if self.outbox and not urgent:
+                self._post(self._subs[slot], self._piece_index[pid], targets)
+            successors = successors_of(pid)
+            if successors is not None:
+                for target in successors:
+                    in_degrees[target] -= 1
+                    if not in_degrees[target]:
+                        push(urgent if target in sends else ready, target)
+            if outbox and not urgent:
                 break  # peers wait on these values: send them before the local-only pieces
         self.remaining -= ran
         assert self.remaining >= 0, f"{self.remaining} pieces remaining"
@@ -523,7 +543,7 @@ class ResultAssembler:
         self._registry = registry
         self._batch = batch
         self._waiting = set(range(nodes))
-        self._outputs: list[dict[str, Any]] = [{} for _ in batch]
+        self._outputs: list[dict[str, Any] | None] = [None] * len(batch)
         self._aborts: list[tuple[int, str] | None] = [None] * len(batch)
         self._errors: list[str | None] = [None] * len(batch)
 
@@ -532,16 +552,25 @@ class ResultAssembler:
         return not self._waiting
 
     def add(self, node: int, entries: Sequence[Sequence[Any]]) -> None:
-        """Take one node's report (exactly once per node)."""
+        """Take one node's report (exactly once per node).
+
+        The report's output dicts are taken over, not copied: a node's report is built for
+        this assembler alone (a finished run's, or a decoded message's).
+        """
         if node not in self._waiting:
             raise ProcedureError(f"second or unknown report from node {node}")
         self._waiting.discard(node)
+        all_outputs, aborts = self._outputs, self._aborts
         for slot, outputs, abort, error in entries:
-            self._outputs[slot].update(outputs)
+            current = all_outputs[slot]
+            if current is None:
+                all_outputs[slot] = outputs
+            elif outputs:
+                current.update(outputs)
             if abort is not None:
-                current = self._aborts[slot]
-                if current is None or abort[0] < current[0]:
-                    self._aborts[slot] = (abort[0], abort[1])
+                current_abort = aborts[slot]
+                if current_abort is None or abort[0] < current_abort[0]:
+                    aborts[slot] = (abort[0], abort[1])
             if error is not None and self._errors[slot] is None:
                 self._errors[slot] = error
 
@@ -549,6 +578,7 @@ class ResultAssembler:
         """One outcome per request of the origin's batch, in order."""
         assert self.complete, f"reports missing from nodes {sorted(self._waiting)}"
         outcomes = []
+        builders: dict[str, Any] = {}  # procedure name -> its result builder (or None)
         for slot, request in enumerate(self._batch):
             if self._errors[slot] is not None:
                 outcomes.append(Outcome(Status.ERROR, reason=self._errors[slot]))
@@ -557,11 +587,15 @@ class ResultAssembler:
             if abort is not None:
                 outcomes.append(Outcome(Status.ABORTED, reason=abort[1]))
                 continue
-            try:
-                build = self._registry.get(request.procedure).result
-            except BadRequest as error:  # every planner failed the same way; keep its message
-                outcomes.append(Outcome(Status.ERROR, reason=str(error)))
-                continue
-            outputs = self._outputs[slot]
+            name = request.procedure
+            if name not in builders:
+                try:
+                    builders[name] = self._registry.get(name).result
+                except BadRequest as error:  # every planner failed the same way; keep it
+                    outcomes.append(Outcome(Status.ERROR, reason=str(error)))
+                    continue
+            build, outputs = builders[name], self._outputs[slot]
+            if outputs is None:
+                outputs = {}
             outcomes.append(Outcome(Status.COMMITTED, build(outputs) if build else dict(outputs)))
         return outcomes

@@ -176,11 +176,13 @@ class YcsbWorkload(Workload):
             if type(key) is not int or not 0 <= key < records:  # bool is not int here
                 raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {key!r}")
             write = rmw[position]
+            # Positional Piece(name, run, reads, writes): every call of every protocol plans here.
             if write is True:
                 field = fields[position % len(fields)]
-                pieces.append(Piece(f"w{position}", _rmw_piece(key, field), writes=((TABLE, key),)))
+                run = _rmw_piece(key, field)
+                pieces.append(Piece(f"w{position}", run, (), ((TABLE, key),)))
             elif write is False:
-                pieces.append(Piece(f"r{position}", _read_piece(key), reads=((TABLE, key),)))
+                pieces.append(Piece(f"r{position}", _read_piece(key), ((TABLE, key),)))
             else:
                 raise BadParams(f"ycsb_txn: rmw flags must be bools, got {write!r}")
         return pieces
@@ -280,9 +282,11 @@ def _rmw_piece(key: int, field: str):
 def _ycsb_result(outputs: dict[str, Any]) -> dict[str, Any]:
     """Counters read and keys incremented (with new counters), in access order.
 
-    Sorted by position: a protocol may fill ``outputs`` in any topological order.
+    Put back in position order: a protocol may fill ``outputs`` in any topological order.
     """
-    ordered = sorted(outputs.items(), key=lambda item: int(item[0][1:]))
-    read = [value for name, value in ordered if name[0] == "r"]
-    written = [value for name, value in ordered if name[0] == "w"]
+    ordered: list[tuple[str, Any]] = [("", None)] * len(outputs)  # pieces r<p> / w<p>, p < n
+    for name, value in outputs.items():
+        ordered[int(name[1:])] = (name[0], value)
+    read = [value for kind, value in ordered if kind == "r"]
+    written = [value for kind, value in ordered if kind == "w"]
     return {"read": read, "incremented": [key for key, _ in written], "counters": written}

@@ -225,13 +225,14 @@ class TwoPhaseCommitNode(Node):
 
     # -- coordinator side -------------------------------------------------------------------
 
-    def _add_call(self, client: Any, call_id: int, procedure: str, params: dict) -> None:
-        if len(self._txn_tasks) >= CALLS_WAITING_MAX:  # bounded: refuse rather than grow
-            reason = f"node {self.id} overloaded: {len(self._txn_tasks)} transactions running"
-            client.result(call_id, Outcome(Status.ERROR, reason=reason))
-            return
-        self.stats["txn/calls"] += 1
-        self._spawn(self._coordinate(client, call_id, TxnRequest(procedure, params)))
+    def _add_calls(self, client: Any, calls: tuple) -> None:
+        for call_id, procedure, params in calls:
+            if len(self._txn_tasks) >= CALLS_WAITING_MAX:  # bounded: refuse rather than grow
+                reason = f"node {self.id} overloaded: {len(self._txn_tasks)} transactions running"
+                client.result(call_id, Outcome(Status.ERROR, reason=reason))
+                continue
+            self.stats["txn/calls"] += 1
+            self._spawn(self._coordinate(client, call_id, TxnRequest(procedure, params)))
 
     async def _coordinate(self, client: Any, call_id: int, request: TxnRequest) -> None:
         seq = next(self._seq)

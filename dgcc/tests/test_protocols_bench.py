@@ -1,0 +1,87 @@
+"""The protocols bench's bookkeeping: best runs per distributed fraction, the sweep table, plot.
+
+Method: synthetic run records (no cluster) fed to ``dgcc/bench/protocols.py``'s helpers, loaded
+from the script file; the numbers are made up so that each check has one right answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCH))  # the script imports its neighbour ``cluster``
+    spec = importlib.util.spec_from_file_location("protocols_bench", BENCH / "protocols.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _record(scenario: str, protocol: str, fraction: float, inflight: int, rate: float) -> dict:
+    metrics = {
+        "txn/commits_per_s": rate,
+        "txn/cc_abort_rate": 0.0,
+        "txn/commits_per_node_cpu_s": rate / 2,
+    }
+    config = {"protocol": protocol, "distributed_fraction": fraction, "inflight": inflight}
+    return {"scenario": scenario, "config": config, "metrics": metrics}
+
+
+def _records(bench: ModuleType) -> list[dict]:
+    """tpcc-1wh at 10/20/50%: DistDGCC 1000/900/800, Calvin 400/300/200, 2PC 100 or less;
+    each protocol also has a worse run at another inflight."""
+    records = []
+    for fraction, dgcc, calvin in ((0.1, 1000, 400), (0.2, 900, 300), (0.5, 800, 200)):
+        rates = {"dgcc": dgcc, "calvin": calvin, "no_wait": 100, "wait_die": 90, "occ": 80}
+        for protocol, rate in rates.items():
+            records.append(_record("tpcc-1wh", protocol, fraction, 100, rate))
+            records.append(_record("tpcc-1wh", protocol, fraction, 400, rate / 2))
+    records += [_record("ycsb-uniform", p, 0.1, 100, 50.0) for p in bench.PROTOCOLS]
+    return records
+
+
+def test_best_runs_are_taken_per_fraction(bench: ModuleType) -> None:
+    records = _records(bench)
+    headline = bench.best_by_protocol(records)
+    assert headline[("tpcc-1wh", "dgcc")]["metrics"]["txn/commits_per_s"] == 1000
+    assert headline[("tpcc-1wh", "dgcc")]["config"]["inflight"] == 100
+    half = bench.best_by_protocol(records, 0.5)
+    assert ("ycsb-uniform", "dgcc") not in half  # swept at high contention only
+    assert bench.ratios(half)["tpcc-1wh"] == (4.0, "calvin")
+
+
+def test_sweep_table_has_every_fraction_and_ratio(bench: ModuleType) -> None:
+    lines = bench.sweep_markdown(_records(bench), (0.1, 0.2, 0.5))
+    rows = [line for line in lines if line.startswith("| tpcc-1wh")]
+    assert [row.split(" | ")[1] for row in rows] == ["10%", "20%", "50%"]
+    assert rows[0].endswith("| 2.50x (calvin) |")
+    assert rows[2].endswith("| 4.00x (calvin) |")
+    assert not any(line.startswith("| ycsb-uniform") for line in lines)
+    assert bench.sweep_markdown(_records(bench), (0.1,)) == []  # nothing swept
+
+
+def test_plot_writes_a_png_with_the_sweep(bench: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "protocols.png"
+    bench.plot(_records(bench), (0.1, 0.2, 0.5), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text", ["0.2,0.5", "0.1,1.5", "0.1,x"])
+def test_fractions_must_be_valid_and_include_the_headline(bench: ModuleType, text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="fractions"):
+        bench._fractions(text)
+    assert bench._fractions("0.5,0.1") == (0.5, 0.1)
