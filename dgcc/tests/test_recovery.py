@@ -149,3 +149,19 @@ def test_partitioned_replay_detects_a_missing_value(tmp_path: Path) -> None:
         payload["remote_values"] = {}
     with pytest.raises(DgccError, match=r"diverged|failed"):  # here (worker 0) or in a child
         parallel.replay_partitioned(db, registry, payloads, workers=2, partitions=2)
+
+
+@pytest.mark.parametrize("mode", ["command", "dependency"])
+def test_a_malformed_request_replays_as_the_error_it_was(tmp_path: Path, mode: str) -> None:
+    """A call that is no ``TxnRequest`` (here a look-alike tuple) is logged as None: it never
+    ran, and must not run at replay either."""
+    requests = batches(SEED, BATCH, 1, 1)[0]
+    look_alike = (requests[0].procedure, requests[0].params)
+    engine = open_engine(tmp_path, mode, SEED)
+    outcomes = engine.run_epoch([look_alike, *requests])  # type: ignore[list-item]
+    engine.close()
+    assert outcomes[0].status.value == "error"
+    blocks, _ = read_log(tmp_path, 0, repair=False)
+    assert decode_payload(blocks[0])["requests"][0] is None
+    recovered = recover(tmp_path, create_tables, TpccWorkload(**DRILL_TPCC).registry())
+    assert recovered.db.dump() == engine.db.dump()

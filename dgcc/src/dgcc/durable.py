@@ -96,6 +96,8 @@ class DurableEngine:
         initial: returns the initial database, used only when the directory is new.
         partition_of: ``partition_of(key, partitions)`` (a workload's), when
             ``config.partitions`` is set.
+        route_keys: the workload's ``route_keys(procedure, params)``: with partitions, a
+            transaction it routes to one partition is logged without looking at its pieces.
     """
 
     def __init__(
@@ -105,12 +107,14 @@ class DurableEngine:
         schema: Callable[[], Database],
         initial: Callable[[], Database],
         partition_of: Callable[[Hashable, int], int] | None = None,
+        route_keys: parallel.RouteKeys | None = None,
     ) -> None:
         if config.partitions and partition_of is None:
             raise ConfigError(f"partitions={config.partitions} needs a partition_of function")
         self.config = config
         self._partition_of = partition_of
         self._partition_cache: dict[Hashable, int] = {}
+        self._route_keys = route_keys
         self.registry = registry
         directory = Path(config.directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -179,10 +183,12 @@ class DurableEngine:
         self._graph = None
         partitioning = None
         if self.config.partitions:
-            parts, crossing = parallel.record_partitions(
-                txns, self._partition, self._partition_cache
+            partitioning = (
+                self.config.partitions,
+                *parallel.record_partitions(
+                    txns, self._partition, self._partition_cache, self._route_keys
+                ),
             )
-            partitioning = (self.config.partitions, parts, crossing)
         return BlockKind.DEPENDENCY, dependency.record_epoch(batch, txns, graph, partitioning)
 
     def _partition(self, key: Hashable) -> int:

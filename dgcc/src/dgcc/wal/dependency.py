@@ -1,20 +1,23 @@
 """Dependency logging: an epoch's inputs plus the dependency graph DGCC already built for it.
 
-A block holds the requests in global order, each planned transaction's piece count, the graph's
-successor lists, the logic-abort decisions, which transactions wrote nothing, and the values
-received from other partitions or nodes, so a node can recover alone.
+A block holds the requests in global order (packed as command logging packs them), each
+planned transaction's piece count, the graph's successor lists, the logic-abort decisions,
+which transactions wrote nothing, and the values received from other partitions or nodes, so
+a node can recover alone.
 
 Replay does only the work the log leaves open. It plans only the transactions that changed
 state: logically aborted ones wrote nothing and read-only ones change nothing, so neither is
 planned or run. Within a replayed transaction, a piece that writes nothing and feeds no writing
 piece is not run either (its output only went into the client's answer, already given). The
-rest run by in-degree over the logged edges: no graph construction, no level barriers.
+rest run by in-degree over the logged edges (no graph construction, no level barriers), or, with
+one worker, in ascending piece id: every logged edge points forward.
 Planning still runs for the replayed transactions, because a piece is code (a closure over its
 parameters and the reconnaissance reads); it sees the same state as at run time.
 """
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -27,12 +30,12 @@ from dgcc.api import (
     PlannedTxn,
     ProcedureRegistry,
     TxnRequest,
-    plan_batch,
     run_piece,
 )
-from dgcc.errors import DgccError
+from dgcc.errors import BadRequest, DgccError
 from dgcc.protocols.dgcc import Graph
 from dgcc.storage import Database
+from dgcc.wal import command
 
 __all__ = [
     "EpochShape",
@@ -75,28 +78,31 @@ def record_epoch(
     requests: Sequence[TxnRequest],
     txns: Sequence[PlannedTxn],
     graph: Graph,
-    partitioning: tuple[int, bytes, dict[int, Any]] | None = None,
+    partitioning: tuple[int, bytes, dict[int, bytes], dict[int, Any]] | None = None,
 ) -> dict[str, Any]:
     """The block payload, taken after the epoch ran (so the abort decisions are known).
 
     Args:
-        partitioning: (partition count, packed per-piece partitions, crossing values by piece
-            id) from ``parallel.record_partitions``, or None when not partitioned.
+        partitioning: the partition count and ``parallel.record_partitions``'s three results
+            (per-transaction partitions, per-piece ones of multi-partition transactions,
+            crossing values by piece id), or None when not partitioned.
     """
-    counts, aborted, readonly, errors = [], [], [], []
+    aborted, readonly, errors = [], [], []
     for slot, txn in enumerate(txns):
-        pieces = txn.pieces
-        counts.append(len(pieces))
         if txn.error is not None:
             errors.append(slot)
         elif txn.abort_reason is not None:
             aborted.append(slot)
-        elif not any(piece.writes for piece in pieces):
-            readonly.append(slot)
+        else:
+            for piece in txn.pieces:
+                if piece.writes:
+                    break
+            else:
+                readonly.append(slot)
     payload = {
-        "requests": list(requests),
+        "requests": command.pack_requests(requests),
         "request_slots": [txn.index for txn in txns],
-        "piece_counts": counts,
+        "piece_counts": [len(txn.pieces) for txn in txns],
         "successors": _pack_successors(graph),
         "aborted": aborted,
         "readonly": readonly,
@@ -104,7 +110,8 @@ def record_epoch(
         "remote_values": {},
     }
     if partitioning is not None:
-        payload["partitions"], payload["parts"], payload["remote_values"] = partitioning
+        partitions, payload["txn_parts"], payload["piece_parts"], crossing = partitioning
+        payload["partitions"], payload["remote_values"] = partitions, crossing
     return payload
 
 
@@ -156,16 +163,29 @@ def plan_replayed(
 ) -> list[PlannedTxn]:
     """Re-plan the logged transactions at ``chosen`` slots against the epoch-start state.
 
+    The parameters are not checked again: these requests planned at run time (the log holds
+    their piece counts), and the piece-count check below catches a plan that changed.
+
     Raises:
         DgccError: a re-planned transaction does not match its logged piece count.
     """
     requests, request_slots = payload["requests"], payload["request_slots"]
     counts = payload["piece_counts"]
-    planned = plan_batch(registry, db, [requests[request_slots[slot]] for slot in chosen])
-    for slot, txn in zip(chosen, planned, strict=True):
-        if not isinstance(txn, PlannedTxn) or len(txn.pieces) != counts[slot]:
-            raise DgccError(f"replayed transaction {slot} does not match its logged plan: {txn}")
-    return planned  # type: ignore[return-value]
+    view, procedure_of = db.read_view(), registry.get
+    planned = []
+    for slot in chosen:
+        name, params = requests[request_slots[slot]]  # planned at run time: never None
+        try:
+            procedure = procedure_of(name)
+            pieces = tuple(procedure.plan(params, view))
+        except BadRequest as error:
+            raise DgccError(f"replayed transaction {slot} no longer plans: {error}") from None
+        if len(pieces) != counts[slot]:
+            raise DgccError(
+                f"replayed transaction {slot} has {len(pieces)} pieces; the log has {counts[slot]}"
+            )
+        planned.append(PlannedTxn(slot, procedure, params, pieces))
+    return planned
 
 
 def replay_epoch(
@@ -175,26 +195,28 @@ def replay_epoch(
 
     Args:
         workers: logical workers taking turns on their own FIFO ready queues (any count gives
-            the same state; real parallelism comes from ``parallel``'s processes).
+            the same state; real parallelism comes from ``parallel``'s processes). One worker
+            runs the pieces in ascending id, a topological order of the logged graph (every
+            edge points forward), with no in-degree bookkeeping; an epoch with a procedure
+            error is walked by in-degree as at run time, since which pieces of a failing
+            transaction ran depends on the order.
 
     Raises:
         DgccError: the re-planned transactions do not match the log, or one now aborts.
     """
-    counts: list[int] = payload["piece_counts"]
     chosen = [slot for slot, replayed in enumerate(replayed_slots(payload)) if replayed]
     txns = plan_replayed(db, registry, payload, chosen)
     errors = set(payload["errors"])
-    offsets = [0]
-    for count in counts:
-        offsets.append(offsets[-1] + count)
-    jobs: list[tuple[PieceContext, PlannedTxn, Piece] | None] = [None] * offsets[-1]
-    for slot, txn in zip(chosen, txns, strict=True):
-        ctx = PieceContext(db, txn)
-        keep = [True] * len(txn.pieces) if slot in errors else needed_pieces(txn.pieces)
-        for k, piece in enumerate(txn.pieces):
-            if keep[k]:
-                jobs[offsets[slot] + k] = (ctx, txn, piece)
-    ran = _run_by_in_degree(jobs, successor_lists(payload), workers)
+    if workers == 1 and not errors:
+        ran = 0
+        for txn in txns:
+            ctx = PieceContext(db, txn)
+            for piece, keep in zip(txn.pieces, needed_pieces(txn.pieces), strict=True):
+                if keep:
+                    run_piece(ctx, txn, piece)
+                    ran += 1
+    else:
+        ran = _run_by_in_degree(_jobs(db, payload, chosen, txns), successor_lists(payload), workers)
     diverged = [
         slot
         for slot, txn in zip(chosen, txns, strict=True)
@@ -203,6 +225,22 @@ def replay_epoch(
     if diverged:
         raise DgccError(f"replayed transactions {diverged[:5]} aborted; the log has them commit")
     return ran
+
+
+def _jobs(
+    db: Database, payload: dict[str, Any], chosen: Sequence[int], txns: Sequence[PlannedTxn]
+) -> list[tuple[PieceContext, PlannedTxn, Piece] | None]:
+    """What each piece id runs (None: skipped), for the in-degree walk."""
+    errors = set(payload["errors"])
+    offsets = [0, *itertools.accumulate(payload["piece_counts"])]
+    jobs: list[tuple[PieceContext, PlannedTxn, Piece] | None] = [None] * offsets[-1]
+    for slot, txn in zip(chosen, txns, strict=True):
+        ctx = PieceContext(db, txn)
+        keep = [True] * len(txn.pieces) if slot in errors else needed_pieces(txn.pieces)
+        for k, piece in enumerate(txn.pieces):
+            if keep[k]:
+                jobs[offsets[slot] + k] = (ctx, txn, piece)
+    return jobs
 
 
 def _run_by_in_degree(

@@ -54,7 +54,14 @@ def open_engine(directory: Path, mode: str, seed: int, **options: object) -> Dur
     workload = TpccWorkload(**DRILL_TPCC)
     config = DurableConfig(directory=directory, mode=mode, **options)  # type: ignore[arg-type]
     initial = lambda: workload.build(seed)  # noqa: E731
-    return DurableEngine(config, workload.registry(), create_tables, initial, workload.partition_of)
+    return DurableEngine(
+        config,
+        workload.registry(),
+        create_tables,
+        initial,
+        workload.partition_of,
+        workload.route_keys,
+    )
 
 
 def _print_acks(acked: list[Acked]) -> None:

@@ -117,6 +117,24 @@ def _partitioned_payloads(blocks: list[Block]) -> list[dict] | None:
     return payloads
 
 
+def _replay(
+    db: Database, registry: ProcedureRegistry, blocks: list[Block], workers: int
+) -> list[float]:
+    """Replay the blocks into ``db``; the partitioned workers' CPU seconds, if they ran."""
+    payloads = _partitioned_payloads(blocks) if workers > 1 else None
+    if payloads:
+        crashpoint("recovery.mid_replay")
+        partitions = payloads[0]["partitions"]
+        return parallel.replay_partitioned(
+            db, registry, payloads, workers=workers, partitions=partitions
+        )
+    for count, block in enumerate(blocks, 1):
+        replay_block(db, registry, block, workers=workers)
+        if count == len(blocks) // 2:
+            crashpoint("recovery.mid_replay")
+    return []
+
+
 def recover(
     directory: Path,
     schema: Callable[[], Database],
@@ -146,18 +164,13 @@ def recover(
     loaded_s = time.perf_counter()
     blocks, dropped = read_log(directory, checkpoint_epoch, repair=repair)
     read_s, read_cpu_s = time.perf_counter(), time.process_time()
-    payloads = _partitioned_payloads(blocks) if workers > 1 else None
-    worker_cpu_s: list[float] = []
-    if payloads:
-        crashpoint("recovery.mid_replay")
-        partitions = payloads[0]["partitions"]
-        worker_cpu_s = parallel.replay_partitioned(
-            db, registry, payloads, workers=workers, partitions=partitions
-        )
-    for count, block in enumerate(blocks if payloads is None else (), 1):
-        replay_block(db, registry, block, workers=workers)
-        if count == len(blocks) // 2:
-            crashpoint("recovery.mid_replay")
+    collecting = gc.isenabled()
+    gc.disable()  # replay's short-lived objects hold no cycles: reference counts free them
+    try:
+        worker_cpu_s = _replay(db, registry, blocks, workers)
+    finally:
+        if collecting:
+            gc.enable()
     done_s = time.perf_counter()
     epoch = blocks[-1].epoch if blocks else checkpoint_epoch
     logger.info(

@@ -65,7 +65,7 @@ def replay_epoch(db: Database, payload: dict[str, Any]) -> int:
         if not table.indexes:
             table.rows.update(table_images)
             for pk in [pk for pk, image in table_images.items() if image is None]:
-                del table.rows[pk]
+                table.rows.pop(pk, None)  # inserted and deleted within the epoch: never there
             continue
         for pk, image in table_images.items():
             _install(table, pk, image)
