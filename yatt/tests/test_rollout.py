@@ -5,7 +5,8 @@ equal HF `generate` token for token on ragged batches, including rows that stop 
 strings, which also exercises dropping finished rows from the batch). Sampling is checked by the
 empirical first-token distribution over many seeds against softmax(logits / T) filtered with HF's
 own top-k/top-p warpers, by seed reproducibility across batch orders, and by recomputing the
-reported log-probs with a plain full forward pass.
+reported log-probs with a plain full forward pass. The oneDNN-prepacked matmuls are checked
+against plain `F.linear` ones, before and after an in-place weight update.
 """
 
 import math
@@ -17,6 +18,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from yatt.errors import ConfigError
 from yatt.models import tiny_model
 from yatt.rollout import HFGenerateEngine, RolloutEngine, SamplingParams, make_engine
+from yatt.rollout.forward import DecoderForward
 from yatt.rollout.kv import PromptLayout
 from yatt.rollout.sampling import filtered_logprobs
 
@@ -290,6 +292,44 @@ def test_bf16_rollout_follows_live_fp32_weights(model_and_tokenizer):
             model.lm_head.weight.copy_(saved)
     assert [c.token_ids for c in after] == [c.token_ids for c in flipped]
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
+
+
+def _prompt_logits(forward: DecoderForward, prompt: list[int]) -> torch.Tensor:
+    cpu = torch.device("cpu")
+    layout = PromptLayout.build([prompt], 1, 0, cpu, min_shared_prefix=10**9)
+    forward.prepare(layout.capacity, cpu)
+    cache = forward.new_cache(1, layout.capacity, cpu)
+    with torch.inference_mode():
+        return forward.forward(layout.prompt_chunk(layout.width), cache).float()  # (1, V)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_matmuls_match_dense_ones_and_follow_updates(model_and_tokenizer, dtype):
+    model, tokenizer = model_and_tokenizer
+    packed, dense = DecoderForward(model, dtype, prepack=True), DecoderForward(model, dtype, False)
+    prompt = _prompts(tokenizer)[3]
+    tolerance = (
+        {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0, "atol": 0.05}
+    )
+    before = _prompt_logits(packed, prompt)
+    torch.testing.assert_close(before, _prompt_logits(dense, prompt), **tolerance)
+    assert packed.decoder.packed and not dense.decoder.packed  # the two paths really differ
+    with torch.no_grad():
+        saved = model.model.layers[0].mlp.down_proj.weight.clone()
+        model.model.layers[0].mlp.down_proj.weight.mul_(-3.0)  # as an optimizer step would
+    try:
+        after = _prompt_logits(packed, prompt)
+        torch.testing.assert_close(after, _prompt_logits(dense, prompt), **tolerance)
+    finally:
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight.copy_(saved)
+    assert not torch.allclose(after, before, **tolerance)
+
+
+def test_prepack_where_it_cannot_run_is_a_config_error(model_and_tokenizer):
+    model, _ = model_and_tokenizer
+    with pytest.raises(ConfigError, match="prepacked weights need oneDNN on a CPU"):
+        DecoderForward(model, torch.float16, prepack=True)  # oneDNN linear: fp32/bf16 only
 
 
 def test_duplicate_prompts_are_prefilled_once_without_changing_results(model_and_tokenizer):

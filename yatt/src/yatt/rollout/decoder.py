@@ -5,6 +5,10 @@ matmul), keeps keys/values in one preallocated cache (layers, B, kv heads, capac
 written in place, takes rotary cos/sin from a precomputed table and runs grouped-query attention
 through `F.scaled_dot_product_attention` without repeating keys. The arithmetic follows HF's
 modeling_llama op for op (RMSNorm in fp32, rotate-half rotary), so fp32 greedy outputs match HF.
+On CPU the matmuls run on oneDNN copies of the weights reordered once per refresh into the
+kernels' blocked layout ("prepacked", as inductor's weight freezing does): matmuls take about
+85% of a decode step, and these ran 1.1-1.6x faster per step than `F.linear` (SmolLM2-135M,
+batch 1-32, fp32 and bf16, one thread), with fp32 logits within rounding of `F.linear`'s.
 """
 
 import logging
@@ -13,12 +17,16 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from yatt.errors import ConfigError
+
 __all__ = ["LlamaDecoder", "StaticCache"]
 
 logger = logging.getLogger(__name__)
 
 _MODEL_TYPES = ("llama", "qwen2", "mistral")
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_MATMULS = ("qkv", "o", "gate_up", "down")  # layer weights that prepacking reorders
+_PACK_BATCH_HINT = 32
 
 
 class StaticCache:
@@ -54,10 +62,15 @@ class LlamaDecoder:
     (optimizer step, `load_state_dict`, `param.data = ...`), so rollouts never see stale weights.
     """
 
-    def __init__(self, model: PreTrainedModel, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, model: PreTrainedModel, dtype: torch.dtype | None = None, prepack: bool | None = None
+    ) -> None:
         """Args:
         model: a Llama/Qwen2/Mistral causal LM (see `supports`); used in place, never copied.
         dtype: compute dtype; None keeps the model's own.
+        prepack: run the matmuls on oneDNN copies of the weights reordered once per refresh
+            into the kernels' blocked layout (measured 1.3-2.5x less matmul CPU time than
+            `F.linear` on a Zen 4 for batch 1-32); default on wherever `can_prepack` allows.
         """
         assert self.supports(model), f"unsupported model type {model.config.model_type!r}"
         config = model.config
@@ -71,6 +84,9 @@ class LlamaDecoder:
         self._stamp: tuple | None = None
         self._rope_cos = self._rope_sin = torch.empty(0)
         self.layers: list[dict[str, torch.Tensor | None]] = []
+        self.prepack = prepack
+        self.packed: dict[int, torch.Tensor] = {}  # id of a dense weight -> its reordered copy
+        self._use_prepack()  # a prepack=True that cannot work fails here, not at the first call
 
     @staticmethod
     def supports(model: PreTrainedModel) -> bool:
@@ -97,32 +113,58 @@ class LlamaDecoder:
             self._pack()
         self._stamp = stamp
 
+    def can_prepack(self) -> bool:
+        """Whether oneDNN can run this decoder's matmuls on prepacked weights (CPU only)."""
+        device = next(self.model.parameters()).device
+        if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return False
+        if self.dtype == torch.bfloat16:
+            return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return self.dtype == torch.float32
+
+    def _use_prepack(self) -> bool:
+        """`prepack` if set (ConfigError where it cannot work), else whether it can work."""
+        possible = self.can_prepack()
+        if self.prepack and not possible:
+            device = next(self.model.parameters()).device
+            raise ConfigError(f"prepacked weights need oneDNN on a CPU, got {device} {self.dtype}")
+        return possible if self.prepack is None else self.prepack
+
     def _pack(self) -> None:
-        cast = lambda t: None if t is None else t.detach().to(self.dtype)  # noqa: E731
+        """Build the fused weights; a rebuild overwrites the previous copies in place."""
+        previous = {(i, k): v for i, layer in enumerate(self.layers) for k, v in layer.items()}
+        for key in ("embed", "norm", "lm_head", "lm_head_bias"):
+            previous[(-1, key)] = getattr(self, key, None)
+
+        def fuse(index: int, key: str, *params: torch.Tensor | None) -> torch.Tensor | None:
+            return _fuse(previous.get((index, key)), params, self.dtype)
+
         base = self.model.model
         self.layers = []
-        for layer in base.layers:
+        for index, layer in enumerate(base.layers):
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-            qkv_bias = None
-            if attn.q_proj.bias is not None:
-                qkv_bias = torch.cat([cast(p.bias) for p in projections])
             self.layers.append(
                 {
-                    "norm_attn": cast(layer.input_layernorm.weight),
-                    "qkv": torch.cat([cast(p.weight) for p in projections]),
-                    "qkv_bias": qkv_bias,
-                    "o": cast(attn.o_proj.weight),
-                    "o_bias": cast(attn.o_proj.bias),
-                    "norm_mlp": cast(layer.post_attention_layernorm.weight),
-                    "gate_up": torch.cat([cast(mlp.gate_proj.weight), cast(mlp.up_proj.weight)]),
-                    "down": cast(mlp.down_proj.weight),
+                    "norm_attn": fuse(index, "norm_attn", layer.input_layernorm.weight),
+                    "qkv": fuse(index, "qkv", *(p.weight for p in projections)),
+                    "qkv_bias": fuse(index, "qkv_bias", *(p.bias for p in projections)),
+                    "o": fuse(index, "o", attn.o_proj.weight),
+                    "o_bias": fuse(index, "o_bias", attn.o_proj.bias),
+                    "norm_mlp": fuse(index, "norm_mlp", layer.post_attention_layernorm.weight),
+                    "gate_up": fuse(index, "gate_up", mlp.gate_proj.weight, mlp.up_proj.weight),
+                    "down": fuse(index, "down", mlp.down_proj.weight),
                 }
             )
-        self.embed = cast(base.embed_tokens.weight)
-        self.norm = cast(base.norm.weight)
-        self.lm_head = cast(self.model.lm_head.weight)
-        self.lm_head_bias = cast(getattr(self.model.lm_head, "bias", None))
+        self.embed = fuse(-1, "embed", base.embed_tokens.weight)
+        self.norm = fuse(-1, "norm", base.norm.weight)
+        tied = self.model.lm_head.weight is base.embed_tokens.weight
+        self.lm_head = self.embed if tied else fuse(-1, "lm_head", self.model.lm_head.weight)
+        self.lm_head_bias = fuse(-1, "lm_head_bias", getattr(self.model.lm_head, "bias", None))
+        self.packed = {}
+        if self._use_prepack():
+            dense = [layer[name] for layer in self.layers for name in _MATMULS]
+            self.packed = {id(w): _reorder(w) for w in [*dense, self.lm_head]}
 
     def new_cache(self, batch_size: int, capacity: int, device: torch.device) -> StaticCache:
         """An empty cache for `batch_size` rows of `capacity` positions each."""
@@ -167,13 +209,13 @@ class LlamaDecoder:
         for index, weights in enumerate(self.layers):
             hidden = self._layer(hidden, weights, cache, index, (cos, sin, mask, slots, span))
         last = _rms_norm(hidden[:, -1, :], self.norm, self.eps)  # (B, E)
-        return F.linear(last, self.lm_head, self.lm_head_bias)  # (B, V)
+        return self._linear(last, self.lm_head, self.lm_head_bias)  # (B, V)
 
     def _layer(self, hidden, weights, cache: StaticCache, index: int, context) -> torch.Tensor:
         cos, sin, mask, slots, span = context
         batch, n_new, _ = hidden.shape
         normed = _rms_norm(hidden, weights["norm_attn"], self.eps)
-        qkv = F.linear(normed, weights["qkv"], weights["qkv_bias"])  # (B, T, (H + 2Hkv) D)
+        qkv = self._linear(normed, weights["qkv"], weights["qkv_bias"])  # (B, T, (H + 2Hkv) D)
         qkv = qkv.view(batch, n_new, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
         qkv = qkv.transpose(1, 2)  # (B, H + 2Hkv, T, D)
         query, key, value = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
@@ -184,10 +226,17 @@ class LlamaDecoder:
         keys = cache.keys[index, :, :, :span]  # (B, Hkv, S, D)
         values = cache.values[index, :, :, :span]
         attended = self._attention(query, keys, values, mask)  # (B, T, H D)
-        hidden = hidden + F.linear(attended, weights["o"], weights["o_bias"])
+        hidden = hidden + self._linear(attended, weights["o"], weights["o_bias"])
         normed = _rms_norm(hidden, weights["norm_mlp"], self.eps)
-        gate, up = F.linear(normed, weights["gate_up"]).chunk(2, dim=-1)  # (B, T, I) each
-        return hidden + F.linear(F.silu(gate) * up, weights["down"])
+        gate, up = self._linear(normed, weights["gate_up"]).chunk(2, dim=-1)  # (B, T, I) each
+        return hidden + self._linear(F.silu(gate) * up, weights["down"])
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+        """`F.linear(x, weight, bias)`, through the prepacked copy of `weight` if there is one."""
+        packed = self.packed.get(id(weight))
+        if packed is None:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     def _attention(self, query, keys, values, mask) -> torch.Tensor:
         """Grouped-query attention; query (B, H, T, D) -> (B, T, H D)."""
@@ -203,6 +252,36 @@ class LlamaDecoder:
         )  # (B, Hkv, G T, D)
         out = out.view(batch, self.n_heads, n_new, self.head_dim).transpose(1, 2)
         return out.reshape(batch, n_new, self.n_heads * self.head_dim)
+
+
+def _fuse(
+    existing: torch.Tensor | None, params: tuple[torch.Tensor | None, ...], dtype: torch.dtype
+) -> torch.Tensor | None:
+    """`params` concatenated on dim 0 in `dtype` (None if they are None). A lone parameter
+    already in `dtype` is used as is; otherwise `existing`, the previous build, is overwritten in
+    place when it fits: a refresh after every optimizer step then allocates nothing (measured
+    6x less CPU than casting anew for SmolLM2-135M in bf16)."""
+    if params[0] is None:
+        assert all(p is None for p in params), "some fused parameters lack a bias"
+        return None
+    tensors = [p.detach() for p in params if p is not None]
+    if len(tensors) == 1 and tensors[0].dtype == dtype:
+        return tensors[0]
+    shape = (sum(t.shape[0] for t in tensors), *tensors[0].shape[1:])
+    fits = existing is not None and existing.shape == shape and existing.dtype == dtype
+    if not (fits and existing.device == tensors[0].device):
+        return torch.cat([t.to(dtype) for t in tensors])
+    offset = 0
+    for tensor in tensors:
+        existing[offset : offset + tensor.shape[0]].copy_(tensor)
+        offset += tensor.shape[0]
+    return existing
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of a (out, in) weight; any batch size may use it (the hint only
+    picks the layout: hints 8 and 32 measured equally fast for batch 1-32, hint 1 slower)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

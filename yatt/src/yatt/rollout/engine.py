@@ -108,6 +108,7 @@ class RolloutEngine(EngineBase):
         static: bool | None = None,
         sync_every: int | None = None,
         cuda_graphs: bool | None = None,
+        prepack: bool | None = None,
     ) -> None:
         """Args:
         model: the causal LM to sample from; used in place, never copied.
@@ -123,6 +124,9 @@ class RolloutEngine(EngineBase):
             and early exit); default 1 for dynamic decoding, 16 for static.
         cuda_graphs: replay the static decode step as a CUDA graph; default on for static
             decoding on CUDA.
+        prepack: run the fused decoder's matmuls on oneDNN-reordered weight copies (CPU);
+            default on where supported. Costs a reorder per weight refresh (measured 0.2-0.5 CPU-s
+            fp32, 0.15 bf16 for SmolLM2-135M) and saves 1.1-1.6x of every decode step.
         Raises:
             ConfigError: static decoding of an unsupported model, CUDA graphs off CUDA or
                 without static decoding, or sync_every < 1.
@@ -130,7 +134,7 @@ class RolloutEngine(EngineBase):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else model.device
-        self._forward = make_forward(model, dtype)
+        self._forward = make_forward(model, dtype, prepack)
         on_cuda = self.device.type == "cuda"
         self.static = on_cuda if static is None else static
         if self.static and not isinstance(self._forward, DecoderForward):

@@ -21,8 +21,10 @@ __all__ = ["DecoderForward", "HFForward", "make_forward"]
 class DecoderForward:
     """yatt's fused Llama-family forward over a `StaticCache`."""
 
-    def __init__(self, model: PreTrainedModel, dtype: torch.dtype | None) -> None:
-        self.decoder = LlamaDecoder(model, dtype)
+    def __init__(
+        self, model: PreTrainedModel, dtype: torch.dtype | None, prepack: bool | None = None
+    ) -> None:
+        self.decoder = LlamaDecoder(model, dtype, prepack)
 
     def prepare(self, capacity: int, device: torch.device) -> None:
         """Refresh fused weights if the model changed; make rotary tables cover `capacity`."""
@@ -77,10 +79,15 @@ class HFForward:
         cache.batch_select_indices(rows)
 
 
-def make_forward(model: PreTrainedModel, dtype: torch.dtype | None) -> DecoderForward | HFForward:
-    """yatt's decoder where it reproduces the model (Llama family), else HF's forward."""
+def make_forward(
+    model: PreTrainedModel, dtype: torch.dtype | None, prepack: bool | None = None
+) -> DecoderForward | HFForward:
+    """yatt's decoder where it reproduces the model (Llama family), else HF's forward.
+
+    `prepack` (see `LlamaDecoder`) applies to yatt's decoder only.
+    """
     if LlamaDecoder.supports(model):
-        return DecoderForward(model, dtype)
+        return DecoderForward(model, dtype, prepack)
     return HFForward(model, dtype)
 
 
