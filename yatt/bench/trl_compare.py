@@ -4,11 +4,12 @@
     .venv/bin/python yatt/bench/trl_compare.py --steps 30           # SmolLM2-135M-Instruct
 
 Installs `trl` (pinned, with torch held at its installed version) when it is absent, then runs
-yatt's GRPO and TRL's GRPOTrainer, each in its own subprocess, on the same model, prompts (in the
-same order), reward, group size, lengths, optimiser, schedule, threads and number of steps. Both
-models are scored by yatt's greedy held-out evaluator on the same 200 problems every
---eval-every steps (accuracy curves). Writes docs/bench/yatt_trl.{json,md,png}. The settings
-that make the comparison fair are in FAIRNESS.
+three GRPO runs, each in its own subprocess: yatt with fp32 rollouts, yatt with bf16 rollouts
+(fp32 training), and TRL's GRPOTrainer, on the same model, prompts (in the same order), reward,
+group size, lengths, optimiser, schedule, threads and number of steps. Every model is scored by
+yatt's greedy fp32 held-out evaluator on the same 200 problems every --eval-every steps
+(accuracy curves). Writes docs/bench/yatt_trl.{json,md,png}. The settings that make the
+comparison fair are in FAIRNESS.
 """
 
 from __future__ import annotations
@@ -36,10 +37,18 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "docs" / "bench"
 TRL_VERSION = "1.16.0"
-FRAMEWORKS = ("yatt", "trl")
+# One subprocess per run, in this order; the yatt runs differ only in the sampler's dtype.
+RUNS = ("yatt", "yatt_bf16", "trl")
+RUN_LABELS = {"yatt": "yatt fp32", "yatt_bf16": "yatt bf16 rollouts", "trl": "TRL"}
+ROLLOUT_DTYPES = {"yatt": "float32", "yatt_bf16": "bfloat16"}
 FAIRNESS = {
     "model": "same weights: SmolLM2-135M-Instruct from yatt.models.prepare_model (or the same "
-    "tiny random-init Llama with --tiny), fp32, no bf16 autocast, gradient checkpointing off",
+    "tiny random-init Llama with --tiny), trained in fp32 by all three runs, no bf16 autocast, "
+    "gradient checkpointing off",
+    "rollout dtype": "yatt fp32 and TRL sample in fp32. 'yatt bf16 rollouts' samples with bf16 "
+    "copies of the fp32 weights (rebuilt after every update) and corrects the sampler/trainer "
+    "mismatch with a truncated importance weight min(p_fp32 / p_bf16, 2) per token on the loss "
+    "(rollout.dtype=bfloat16, algo.tis_cap=2); everything else equals the fp32 yatt run",
     "prompts": "yatt generate_task('addition') split into 5000 train / 200 held-out; both see the "
     "same train prompts in the same order (yatt's PromptSampler order, TRL shuffle_dataset=False), "
     "rendered by the tokenizer chat template with the generation prompt",
@@ -59,13 +68,13 @@ FAIRNESS = {
     "in-memory models at step 0 and every --eval-every steps, timed apart from the steps (TRL's "
     "final model is also saved, reloaded and scored again as a check); step 0 is the shared "
     "initial model",
-    "isolation": "each framework runs in its own subprocess, one after the other",
+    "isolation": "each run has its own subprocess, one after the other",
 }
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """The shared run shape; both frameworks are configured from this one object."""
+    """The shared run shape; every run is configured from this one object."""
 
     model: str = "smollm2"
     steps: int = 30
@@ -103,9 +112,12 @@ class BenchSettings:
 # ---------------------------------------------------------------- config building (no torch)
 
 
-def yatt_overrides(settings: BenchSettings, run_dir: str) -> list[str]:
+def yatt_overrides(
+    settings: BenchSettings, run_dir: str, rollout_dtype: str = "float32"
+) -> list[str]:
     """Dotted overrides on the `grpo_addition` preset that give the shared shape."""
     return [
+        f"rollout.dtype={rollout_dtype}", "algo.tis_cap=2.0",
         f"model.path={settings.model}", "model.dtype=float32",
         f"data.n_train={settings.n_train}", f"data.n_heldout={settings.n_heldout}",
         f"data.seed={settings.seed}", "data.use_chat_template=true",
@@ -166,12 +178,12 @@ def trl_config_kwargs(settings: BenchSettings, output_dir: str) -> dict[str, Any
     }
 
 
-def worker_command(framework: str, settings: BenchSettings, result_path: Path) -> list[str]:
-    """The subprocess command line that runs one framework and writes its result JSON."""
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+def worker_command(run: str, settings: BenchSettings, result_path: Path) -> list[str]:
+    """The subprocess command line that does one run (a name in RUNS) and writes its JSON."""
+    if run not in RUNS:
+        raise ValueError(f"run must be one of {RUNS}, got {run!r}")
     return [
-        sys.executable, str(Path(__file__).resolve()), "--worker", framework,
+        sys.executable, str(Path(__file__).resolve()), "--worker", run,
         "--result", str(result_path), "--steps", str(settings.steps),
         "--threads", str(settings.threads), "--seed", str(settings.seed),
         "--eval-every", str(settings.eval_every), *(["--tiny"] if settings.model == "tiny" else []),
@@ -180,7 +192,7 @@ def worker_command(framework: str, settings: BenchSettings, result_path: Path) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps for each framework")
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps for each run")
     parser.add_argument("--tiny", action="store_true", help="tiny random-init model (smoke run)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--seed", type=int, default=0)
@@ -193,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--no-install", action="store_true", help="fail if trl is missing")
     parser.add_argument("--report-only", type=Path, help="rebuild md/png/table from this JSON")
-    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=RUNS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -278,7 +290,7 @@ def _load_model(settings: BenchSettings) -> tuple[Any, Any]:
 
 
 def heldout_accuracy(model: Any, tokenizer: Any, heldout: list[Any], batch_size: int) -> float:
-    """yatt's greedy held-out accuracy (the one measure used for both frameworks)."""
+    """yatt's greedy fp32 held-out accuracy (the one measure used for every run)."""
     import torch
 
     from yatt.evaluate import evaluate_engine
@@ -320,12 +332,13 @@ def _step_record(
 # ---------------------------------------------------------------- yatt worker
 
 
-def run_yatt(settings: BenchSettings) -> dict[str, Any]:
+def run_yatt(settings: BenchSettings, run: str) -> dict[str, Any]:
     from yatt.config import load_config
     from yatt.trainer import Trainer
 
     run_dir = tempfile.mkdtemp(prefix="yatt_trl_compare_")
-    trainer = Trainer(load_config("grpo_addition", yatt_overrides(settings, run_dir)))
+    overrides = yatt_overrides(settings, run_dir, ROLLOUT_DTYPES[run])
+    trainer = Trainer(load_config("grpo_addition", overrides))
     heldout = trainer.heldout_set
     curve = _AccuracyCurve(settings, heldout)
     curve.measure(0, trainer.policy.model, trainer.tokenizer)
@@ -342,13 +355,15 @@ def run_yatt(settings: BenchSettings) -> dict[str, Any]:
             cpu_s=metrics["perf/step_cpu_s"],
             zero_signal_frac=1.0 - metrics["actor/trained_rows_frac"],
         ))  # fmt: skip
-        logger.warning("yatt step %d/%d: %.2f s, reward %.2f", trainer.step, settings.steps,
+        logger.warning("%s step %d/%d: %.2f s, reward %.2f", run, trainer.step, settings.steps,
                        steps[-1]["step_s"], steps[-1]["reward"])  # fmt: skip
         if settings.evaluates_after(trainer.step):
             curve.measure(trainer.step, trainer.policy.model, trainer.tokenizer)
     train_wall_s = time.perf_counter() - train_start_s - curve.spent_s
     return {
+        "run": run,
         "framework": "yatt",
+        "rollout_dtype": ROLLOUT_DTYPES[run],
         "version": _version("yatt"),
         "steps": steps,
         "train_wall_s": train_wall_s,
@@ -476,7 +491,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
         tokens = log["completions/mean_length"] * settings.batch_completions
         steps.append(_step_record(step_s[index], log["reward"], tokens, phases, cpu_s=cpu_s[index],
                                   zero_signal_frac=log["frac_reward_zero_std"]))  # fmt: skip
-    return {"framework": "trl", "version": _version("trl"), "steps": steps,
+    return {"run": "trl", "framework": "trl", "version": _version("trl"), "steps": steps,
             "train_wall_s": train_wall_s, **curve.result(),
             "torch_threads": _threads(), "accuracy_saved_model": saved,
             "final_model_dir": str(final_dir),
@@ -502,11 +517,12 @@ def _threads() -> int:
 
 
 def summarize(result: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
-    """Throughput and timing summary of one framework's step records."""
+    """Throughput and timing summary of one run's step records."""
     steps = result["steps"]
     total_s = sum(s["step_s"] for s in steps)
     phase_names = sorted({name for s in steps for name in s["phases_s"]})
     return {
+        "run": result.get("run", result["framework"]),
         "framework": result["framework"],
         "version": result["version"],
         "samples_per_s": settings.batch_completions * len(steps) / total_s,
@@ -565,35 +581,25 @@ def _cpu_model() -> str:
 
 
 def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -> str:
-    yatt, trl = summaries["yatt"], summaries["trl"]
-    ratio = yatt["samples_per_s"] / trl["samples_per_s"]
+    trl = summaries["trl"]
     model = "SmolLM2-135M-Instruct" if settings.model == "smollm2" else "tiny random-init Llama"
+    ratios = "; ".join(
+        f"{_label(name)} is **{s['samples_per_s'] / trl['samples_per_s']:.2f}x** TRL"
+        for name, s in summaries.items()
+        if name != "trl"
+    )
     lines = [
         "## yatt vs TRL: GRPO side by side",
         "",
         f"{model}, two-digit addition, {settings.prompts_per_step} prompts x "
         f"{settings.n_samples} completions per step, {settings.max_new_tokens} new tokens, "
         f"{settings.steps} steps each, {settings.threads} torch threads, one run "
-        f"(`yatt/bench/trl_compare.py`). yatt is **{ratio:.2f}x** TRL in completions/s.",
+        f"(`yatt/bench/trl_compare.py`). In completions/s: {ratios}. All runs train in fp32; "
+        "'yatt bf16 rollouts' only samples in bf16 (see the fairness settings).",
         "",
-        "| | yatt | TRL |",
-        "|---|---|---|",
-        f"| version | {yatt['version']} | {trl['version']} |",
-        f"| completions/s | {yatt['samples_per_s']:.2f} | {trl['samples_per_s']:.2f} |",
-        f"| completion tokens/s | {yatt['tokens_per_s']:.1f} | {trl['tokens_per_s']:.1f} |",
-        f"| step s (median) | {yatt['step_s_median']:.2f} | {trl['step_s_median']:.2f} |",
-        f"| step s (mean) | {yatt['step_s_mean']:.2f} | {trl['step_s_mean']:.2f} |",
-        f"| process CPU s per step (median) | {_fmt(yatt['cpu_s_median'], '.2f')} "
-        f"| {_fmt(trl['cpu_s_median'], '.2f')} |",
-        f"| groups with all-equal rewards | {_fmt(yatt['zero_signal_frac'], '.0%')} "
-        f"| {_fmt(trl['zero_signal_frac'], '.0%')} |",
-        f"| mean train reward | {yatt['reward_mean']:.3f} | {trl['reward_mean']:.3f} |",
-        f"| held-out acc. before | {100 * yatt['accuracy_before']:.1f}% "
-        f"| {100 * trl['accuracy_before']:.1f}% |",
-        f"| held-out acc. after | {100 * yatt['accuracy_after']:.1f}% "
-        f"| {100 * trl['accuracy_after']:.1f}% |",
+        *_summary_rows(summaries),
         "",
-        *_curve_table(yatt["accuracy_curve"], trl["accuracy_curve"]),
+        *_curve_table({name: s["accuracy_curve"] for name, s in summaries.items()}),
         "Median phase times (s) per step. yatt: its own phase timers; TRL: `gen` is "
         "`model.generate`, `gen_and_score` is `_generate_and_score_completions` (generation, "
         "reward, advantages), `update` = step - gen_and_score (forward, backward, AdamW), "
@@ -604,7 +610,7 @@ def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -
         phases = ", ".join(
             f"{k} {v:.2f}" for k, v in summary["phase_s_median"].items() if v >= 0.005
         )
-        lines.append(f"- {name}: {phases}")
+        lines.append(f"- {_label(name)}: {phases}")
     match = {True: "yes", False: "NO", None: "not checked"}[trl["prompt_ids_match_yatt"]]
     lines += ["", f"TRL's prompt token ids equal yatt's (checked on the first prompt): {match}."]
     lines += ["", "Fairness settings:", ""]
@@ -614,7 +620,7 @@ def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -
         f"Machine: {host['cpus']} CPUs ({host['processor']}), python {host['python']}, torch "
         f"{host['torch']}, transformers {host['transformers']}, trl {host['trl']}; 1-min load "
         f"average at the end {host['load_avg_1m_end']:.1f} (other work on a shared machine "
-        "slows both runs and makes the ratio noisy).",
+        "slows every run and makes the ratios noisy).",
         "",
         "![reward curves and accuracy](yatt_trl.png)",
         "",
@@ -622,22 +628,49 @@ def _markdown(summaries: dict[str, dict], settings: BenchSettings, host: dict) -
     return "\n".join(lines)
 
 
-def _curve_table(yatt_curve: list, trl_curve: list) -> list[str]:
-    """Markdown rows of held-out accuracy by step for both frameworks (empty without curves)."""
-    if not yatt_curve or not trl_curve:
+def _label(run: str) -> str:
+    return RUN_LABELS.get(run, run)
+
+
+def _summary_rows(summaries: dict[str, dict]) -> list[str]:
+    """The markdown table of the runs' summaries, one column per run."""
+    rows = [
+        ("version", lambda s: s["version"]),
+        ("completions/s", lambda s: f"{s['samples_per_s']:.2f}"),
+        ("completion tokens/s", lambda s: f"{s['tokens_per_s']:.1f}"),
+        ("step s (median)", lambda s: f"{s['step_s_median']:.2f}"),
+        ("step s (mean)", lambda s: f"{s['step_s_mean']:.2f}"),
+        ("process CPU s per step (median)", lambda s: _fmt(s["cpu_s_median"], ".2f")),
+        ("groups with all-equal rewards", lambda s: _fmt(s["zero_signal_frac"], ".0%")),
+        ("mean train reward", lambda s: f"{s['reward_mean']:.3f}"),
+        ("held-out acc. before", lambda s: f"{100 * s['accuracy_before']:.1f}%"),
+        ("held-out acc. after", lambda s: f"{100 * s['accuracy_after']:.1f}%"),
+    ]
+    lines = ["| | " + " | ".join(_label(name) for name in summaries) + " |",
+             "|---" * (len(summaries) + 1) + "|"]  # fmt: skip
+    for label, cell in rows:
+        lines.append(f"| {label} | " + " | ".join(cell(s) for s in summaries.values()) + " |")
+    return lines
+
+
+def _curve_table(curves: dict[str, list]) -> list[str]:
+    """Markdown rows of held-out accuracy by step, one column per run (empty if one lacks it)."""
+    if not curves or not all(curves.values()):
         return []
-    trl_at = dict((int(step), accuracy) for step, accuracy in trl_curve)
+    by_step = {name: {int(step): accuracy for step, accuracy in curve}
+               for name, curve in curves.items()}  # fmt: skip
+    steps = sorted({step for points in by_step.values() for step in points})
     lines = [
         "Held-out greedy accuracy (200 problems) during training; evaluation time is not "
         "counted in the step times.",
         "",
-        "| step | yatt | TRL |",
-        "|---:|---:|---:|",
+        "| step | " + " | ".join(_label(name) for name in curves) + " |",
+        "|---:" * (len(curves) + 1) + "|",
     ]
-    for step, accuracy in yatt_curve:
-        other = trl_at.get(int(step))
-        lines.append(f"| {int(step)} | {100 * accuracy:.1f}% | "
-                     f"{'n/a' if other is None else f'{100 * other:.1f}%'} |")  # fmt: skip
+    for step in steps:
+        cells = [by_step[name].get(step) for name in curves]
+        text = ["n/a" if value is None else f"{100 * value:.1f}%" for value in cells]
+        lines.append(f"| {step} | " + " | ".join(text) + " |")
     return [*lines, ""]
 
 
@@ -655,7 +688,7 @@ def _plot(results: dict[str, dict], path: Path) -> None:
                   for i in range(len(rewards))]  # fmt: skip
         line = curve.plot(range(1, len(rewards) + 1), rewards, alpha=0.3)[0]
         curve.plot(range(1, len(rewards) + 1), smooth, color=line.get_color(),
-                   label=f"{name} ({window}-step mean)")  # fmt: skip
+                   label=f"{_label(name)} ({window}-step mean)")  # fmt: skip
     curve.set(xlabel="step", ylabel="mean reward of the step's completions", title="train reward",
               ylim=(-0.02, 1.02))  # fmt: skip
     curve.legend()
@@ -664,7 +697,8 @@ def _plot(results: dict[str, dict], path: Path) -> None:
             (0, result["accuracy_before"]),
             (len(result["steps"]), result["accuracy_after"]),
         ]
-        bars.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=name)
+        bars.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o",
+                  label=_label(name))  # fmt: skip
     bars.set(xlabel="step", ylabel="held-out greedy accuracy (%)", title="200 held-out problems",
              ylim=(0, 100))  # fmt: skip
     bars.legend()
@@ -680,7 +714,7 @@ def _print_table(summaries: dict[str, dict]) -> None:
     table = Table(title="yatt vs TRL (GRPO, same settings)")
     table.add_column("metric")
     for name in summaries:
-        table.add_column(name, justify="right")
+        table.add_column(_label(name), justify="right")
     rows = [
         ("completions/s", "samples_per_s", "{:.2f}"),
         ("tokens/s", "tokens_per_s", "{:.1f}"),
@@ -691,8 +725,10 @@ def _print_table(summaries: dict[str, dict]) -> None:
     ]
     for label, key, fmt in rows:
         table.add_row(label, *(fmt.format(s[key]) for s in summaries.values()))
-    ratio = summaries["yatt"]["samples_per_s"] / summaries["trl"]["samples_per_s"]
-    table.caption = f"yatt / TRL completions/s = {ratio:.2f}x"
+    trl_rate = summaries["trl"]["samples_per_s"]
+    table.caption = ", ".join(f"{_label(name)} / TRL completions/s = "
+                              f"{s['samples_per_s'] / trl_rate:.2f}x"
+                              for name, s in summaries.items() if name != "trl")  # fmt: skip
     Console().print(table)
 
 
@@ -705,7 +741,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(settings.threads)
-    result = run_yatt(settings) if args.worker == "yatt" else run_trl(settings)
+    result = run_trl(settings) if args.worker == "trl" else run_yatt(settings, args.worker)
     result["settings"] = dataclasses.asdict(settings)
     args.result.write_text(json.dumps(result, indent=2))
     return 0
@@ -722,17 +758,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = settings_from_args(args)
     trl_version = ensure_trl(allow_install=not args.no_install)
-    logger.warning("trl %s; running yatt then TRL, %d steps each", trl_version, settings.steps)
+    logger.warning("trl %s; runs %s, %d steps each", trl_version, RUNS, settings.steps)
     env = {**os.environ, "OMP_NUM_THREADS": str(settings.threads),
            "MKL_NUM_THREADS": str(settings.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="trl_compare_") as scratch:
-        for framework in FRAMEWORKS:
-            result_path = Path(scratch) / f"{framework}.json"
+        for run in RUNS:
+            result_path = Path(scratch) / f"{run}.json"
             start_s = time.perf_counter()
-            subprocess.run(worker_command(framework, settings, result_path), env=env, check=True)
-            results[framework] = json.loads(result_path.read_text())
-            print(f"[summary] framework={framework} wall_s={time.perf_counter() - start_s:.0f}",
+            subprocess.run(worker_command(run, settings, result_path), env=env, check=True)
+            results[run] = json.loads(result_path.read_text())
+            print(f"[summary] run={run} wall_s={time.perf_counter() - start_s:.0f}",
                   flush=True)  # fmt: skip
     _write_report(args.out_dir, settings, results)
     return 0

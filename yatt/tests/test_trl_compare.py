@@ -1,5 +1,6 @@
-"""The TRL comparison script's argument parsing and config building (no TRL, no network)."""
+"""The TRL comparison script's argument parsing, config building and report (no TRL, no network)."""
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import sys
@@ -128,7 +129,45 @@ def test_accuracy_is_measured_every_n_steps_and_at_the_end():
         bench.BenchSettings(eval_every=0)
 
 
-def test_curve_table_lines_up_both_frameworks_by_step():
-    rows = bench._curve_table([(0, 0.1), (10, 0.5)], [(0, 0.1), (10, 0.25)])
-    assert "| 10 | 50.0% | 25.0% |" in rows
-    assert bench._curve_table([], [(0, 0.1)]) == []
+def test_curve_table_lines_up_every_run_by_step():
+    curves = {"yatt": [(0, 0.1), (10, 0.5)], "yatt_bf16": [(0, 0.1), (10, 0.4)],
+              "trl": [(0, 0.1), (10, 0.25)]}  # fmt: skip
+    rows = bench._curve_table(curves)
+    assert "| step | yatt fp32 | yatt bf16 rollouts | TRL |" in rows
+    assert "| 10 | 50.0% | 40.0% | 25.0% |" in rows
+    assert bench._curve_table({"yatt": [], "trl": [(0, 0.1)]}) == []
+
+
+def test_bf16_run_differs_from_the_fp32_run_only_in_the_rollout_dtype(tmp_path):
+    settings = bench.BenchSettings(model="tiny", steps=3)
+    fp32 = load_config("grpo_addition", bench.yatt_overrides(settings, str(tmp_path)))
+    bf16 = load_config(
+        "grpo_addition",
+        bench.yatt_overrides(settings, str(tmp_path), bench.ROLLOUT_DTYPES["yatt_bf16"]),
+    )
+    assert (fp32.rollout.dtype, bf16.rollout.dtype) == ("float32", "bfloat16")
+    assert bf16.model.dtype == "float32" and not bf16.train.bf16_autocast  # training stays fp32
+    assert bf16.algo.tis_cap == 2.0
+    assert dataclasses.replace(bf16, rollout=fp32.rollout) == fp32
+    assert bench.RUNS == ("yatt", "yatt_bf16", "trl")
+    command = bench.worker_command("yatt_bf16", settings, tmp_path / "r.json")
+    assert bench.parse_args(command[2:]).worker == "yatt_bf16"
+
+
+def test_report_has_one_column_and_one_ratio_per_run():
+    settings = bench.BenchSettings(steps=1, eval_every=1)
+    summaries = {}
+    for run, step_s in (("yatt", 2.0), ("yatt_bf16", 1.0), ("trl", 4.0)):
+        result = {"run": run, "framework": run.split("_")[0], "version": "0",
+                  "steps": [{"step_s": step_s, "reward": 0.5, "completion_tokens": 80.0,
+                             "phases_s": {"gen": 1.0}}],
+                  "accuracy_before": 0.1, "accuracy_after": 0.3,
+                  "accuracy_curve": [(0, 0.1), (1, 0.3)], "torch_threads": 2}  # fmt: skip
+        summaries[run] = bench.summarize(result, settings)
+    host = {"cpus": 2, "processor": "x", "python": "3", "torch": "t", "transformers": "5",
+            "trl": "1", "load_avg_1m_end": 0.0}  # fmt: skip
+    text = bench._markdown(summaries, settings, host)
+    assert "| | yatt fp32 | yatt bf16 rollouts | TRL |" in text
+    assert "| completions/s | 4.00 | 8.00 | 2.00 |" in text
+    assert "yatt fp32 is **2.00x** TRL" in text and "yatt bf16 rollouts is **4.00x** TRL" in text
+    assert "| 1 | 30.0% | 30.0% | 30.0% |" in text

@@ -17,7 +17,9 @@ from torch import Tensor
 
 __all__ = ["RolloutBatch"]
 
-_TOKEN_FIELDS = ("old_logp", "ref_logp", "values", "advantages", "returns", "token_rewards")
+_TOKEN_FIELDS = (
+    "old_logp", "behaviour_logp", "ref_logp", "values", "advantages", "returns", "token_rewards"
+)  # fmt: skip
 
 
 @dataclass
@@ -32,6 +34,8 @@ class RolloutBatch:
         group_ids: (B,) long, rows sampled from the same prompt share an id.
         rewards: (B,) float sequence scores (after penalties), or None before scoring.
         old_logp, ref_logp, values, advantages, returns, token_rewards: (B, R) float or None.
+        behaviour_logp: (B, R) float log-probs the sampler drew the tokens with, set only when
+            its distribution differs from the trainer's (bf16 rollouts); None otherwise.
         prompts, completions: the texts, B each; rows: the dataset fields per row (for rewards).
     """
 
@@ -46,6 +50,7 @@ class RolloutBatch:
     finish_reasons: list[str] = field(default_factory=list)
     rewards: Tensor | None = None
     old_logp: Tensor | None = None
+    behaviour_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     values: Tensor | None = None
     advantages: Tensor | None = None

@@ -43,6 +43,7 @@ PRESET_DIR = Path(__file__).parent / "configs"
 ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+ROLLOUT_DTYPES = ("float32", "bfloat16")
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -82,7 +83,14 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Sampling: `n_samples` completions per prompt (the group size)."""
+    """Sampling: `n_samples` completions per prompt (the group size).
+
+    `dtype` is the sampler's compute dtype. "bfloat16" samples with bf16 copies of the fp32
+    policy weights (refreshed after every update; yatt backend only) while training stays fp32;
+    the sampler's log-probs then differ from the trainer's, so the batch carries them as
+    behaviour log-probs and the policy loss applies a truncated importance-sampling weight
+    min(p_train / p_sampler, algo.tis_cap) per token.
+    """
 
     backend: str = "yatt"
     n_samples: int = 4
@@ -91,6 +99,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     stop: tuple[str, ...] = ()
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         _require(
@@ -104,6 +113,20 @@ class RolloutConfig:
         _require(self.temperature >= 0, "rollout.temperature", self.temperature, ">= 0")
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
         _require(self.top_k >= 0, "rollout.top_k", self.top_k, ">= 0")
+        _require(
+            self.dtype in ROLLOUT_DTYPES, "rollout.dtype", self.dtype, f"one of {ROLLOUT_DTYPES}"
+        )
+        _require(
+            self.dtype == "float32" or self.backend == "yatt",
+            "rollout.dtype",
+            self.dtype,
+            "'float32' unless rollout.backend is 'yatt'",
+        )
+
+    @property
+    def samples_off_policy(self) -> bool:
+        """True when the sampler's distribution differs from the trainer's (bf16 rollouts)."""
+        return self.dtype != "float32"
 
 
 @dataclass(frozen=True)
@@ -130,6 +153,7 @@ class AlgoConfig:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     skip_zero_adv: bool = True
+    tis_cap: float = 2.0  # truncated IS weight cap C (used when rollouts carry behaviour log-probs)
 
     def __post_init__(self) -> None:
         _require(self.name in ALGOS, "algo.name", self.name, f"one of {ALGOS}")
@@ -147,6 +171,7 @@ class AlgoConfig:
             self.max_refill_batches >= 0, "algo.max_refill_batches", self.max_refill_batches, ">= 0"
         )
         _require(self.overlong_buffer >= 0, "algo.overlong_buffer", self.overlong_buffer, ">= 0")
+        _require(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, ">= 1")
         token_level = ("ppo", "reinforce_pp")
         _require(
             not self.kl_in_reward or self.name in token_level,

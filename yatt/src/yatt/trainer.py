@@ -1,7 +1,8 @@
 """The single-process RL trainer: `Trainer(config).fit()` runs GRPO, PPO, RLOO or REINFORCE++.
 
 One step is a list of named, timed phases: gen (+ reward, with DAPO refills), old_logp (skipped
-for one on-policy pass: the detached current log-probs are the old ones), ref (only with KL),
+for one on-policy pass: the detached current log-probs are the old ones; with bf16 rollouts the
+sampler's own log-probs ride along for truncated importance weights), ref (only with KL),
 values (PPO), adv, update (policy, critic), weight_sync. Each step emits a flat metrics dict
 (`critic/score/mean`, `timing_s/gen`, `perf/throughput`, ...) to JSONL and optional TensorBoard.
 """
@@ -124,8 +125,6 @@ class Trainer:
         return render_prompt(example, self.tokenizer, self.config.data.use_chat_template)
 
     def _build_roles(self, model: torch.nn.Module, reward: Any) -> None:
-        from yatt.rollout import make_engine
-
         cfg = self.config
         model.eval()
         self.policy = PolicyRole(
@@ -147,8 +146,8 @@ class Trainer:
                 model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps
             )
         self.reward = reward if reward is not None else RewardRole(cfg.reward)
-        engine = make_engine(cfg.rollout.backend, model, self.tokenizer)
-        self.rollout = RolloutRole(engine, self.tokenizer, cfg.rollout)
+        self.rollout = RolloutRole.build(model, self.tokenizer, cfg.rollout)
+        self._eval_engine: Any = None if cfg.rollout.samples_off_policy else self.rollout.engine
 
     def _resume(self, checkpoint: Path) -> None:
         state = load_trainer_state(checkpoint)
@@ -351,9 +350,14 @@ class Trainer:
     ) -> float:
         cfg = self.config.eval
         examples = self.heldout_set[:n_examples]
+        if self._eval_engine is None:  # held-out accuracy is the trained (fp32) model's own
+            from yatt.rollout import make_engine
+
+            self._eval_engine = make_engine(self.config.rollout.backend, self.policy.model,
+                                            self.tokenizer)  # fmt: skip
         with self.timer.phase("eval"):
             accuracy, _ = evaluate_engine(
-                self.rollout.engine, self.tokenizer, examples, batch_size=cfg.batch_size,
+                self._eval_engine, self.tokenizer, examples, batch_size=cfg.batch_size,
                 max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn,
                 use_chat_template=self.config.data.use_chat_template,
             )  # fmt: skip

@@ -23,6 +23,7 @@ from yatt.algos.losses import (
     overlong_penalty,
     policy_loss,
     sft_loss,
+    truncated_is_weights,
     value_loss,
 )
 
@@ -46,5 +47,6 @@ __all__ = [
     "position_ids_from_mask",
     "sft_loss",
     "token_logprobs",
+    "truncated_is_weights",
     "value_loss",
 ]

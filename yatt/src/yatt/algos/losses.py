@@ -5,8 +5,12 @@ Shapes: B rows, T response positions, mask (B, T) marks valid tokens. Every aggr
 `numerator / normaliser`; pass the normaliser of the whole mini-batch (`loss_normalizer`) to each
 micro-batch and sum the micro-batch losses to get exactly the full-batch loss and gradient.
 References: PPO (Schulman et al. 2017), dual-clip (Ye et al. 2020), DAPO (Yu et al. 2025),
-Dr. GRPO (Liu et al. 2025).
+Dr. GRPO (Liu et al. 2025), truncated importance sampling for a sampler whose numerics differ
+from the trainer's (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
+RL training").
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +27,7 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "sft_loss",
+    "truncated_is_weights",
     "value_loss",
 ]
 
@@ -91,11 +96,13 @@ def policy_loss(
     agg: str = "token_mean",
     normalizer: float | None = None,
     norm_len: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate with separate low/high clip (DAPO clip-higher) -> (loss, metrics).
 
     Per token: ratio = exp(logp - old_logp); loss = max(-A ratio, -A clip(ratio, 1-clip_low,
-    1+clip_high)); with dual_clip = c > 1 the loss of tokens with A < 0 is capped at -A c.
+    1+clip_high)); with dual_clip = c > 1 the loss of tokens with A < 0 is capped at -A c;
+    `is_weights` (B, T), constants (e.g. `truncated_is_weights`), multiply each token's loss.
     All of logp, old_logp, advantages, mask are (B, T). Metrics: actor/pg_clipfrac (tokens where
     the clipped branch is active), actor/pg_clipfrac_lower (dual clip active), actor/ppo_kl
     (mean old_logp - logp), actor/ratio_mean.
@@ -115,6 +122,10 @@ def policy_loss(
         cap = -advantages * dual_clip
         dual_active = (advantages < 0) & (loss_mat > cap)
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, cap), loss_mat)
+    if is_weights is not None:
+        assert is_weights.shape == mask.shape, f"is_weights {is_weights.shape} != {mask.shape}"
+        assert not is_weights.requires_grad, "importance weights must be constants"
+        loss_mat = loss_mat * is_weights
     loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer, norm_len=norm_len)
     with torch.no_grad():
         metrics = {
@@ -124,6 +135,32 @@ def policy_loss(
             "actor/ratio_mean": float(masked_mean(ratio, mask)),
         }
     return loss, metrics
+
+
+def truncated_is_weights(
+    old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance-sampling weights min(p_old / p_behaviour, cap) -> (weights, metrics).
+
+    old_logp: (B, T) log-probs of the sampled tokens under the trainer's (fp32) old policy;
+    behaviour_logp: (B, T) under the distribution that actually sampled them (e.g. bf16 weights).
+    Weights are detached and 0 on padding. Metrics: actor/tis_mean (mean weight over valid
+    tokens), actor/tis_capped_frac (tokens whose weight was capped).
+    Raises ConfigError for cap < 1.
+    """
+    if not cap >= 1.0:
+        raise ConfigError(f"importance-sampling cap must be >= 1, got {cap}")
+    assert old_logp.shape == behaviour_logp.shape == mask.shape, (
+        f"shapes {old_logp.shape} {behaviour_logp.shape} {mask.shape}"
+    )
+    with torch.no_grad():
+        log_ratio = (old_logp - behaviour_logp).clamp(max=math.log(cap))  # exp overflow guard
+        weights = torch.exp(log_ratio) * mask.to(log_ratio.dtype)
+        metrics = {
+            "actor/tis_mean": float(masked_mean(weights, mask)),
+            "actor/tis_capped_frac": float(masked_mean((log_ratio >= math.log(cap)).float(), mask)),
+        }
+    return weights, metrics
 
 
 def value_loss(

@@ -5,6 +5,9 @@ normaliser of the whole batch (`loss_normalizer`), so the gradient equals the fu
 Rows whose advantages are all exactly zero carry exactly zero policy gradient when there is no KL
 or entropy term in the loss; they are skipped (no forward, no backward) while the normaliser still
 counts them, so the result is unchanged (tested in test_roles_policy.py).
+When the batch carries behaviour log-probs (a sampler whose numerics differ, e.g. bf16 rollouts),
+each token's loss is weighted by min(p_old / p_behaviour, algo.tis_cap), p_old being the fp32
+policy's (`old_logp`, or the detached current log-probs for one on-policy pass).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from torch import Tensor
 from torch.autograd.graph import increment_version
 
 from yatt.algos.kl import kl_loss
-from yatt.algos.losses import loss_normalizer, policy_loss
+from yatt.algos.losses import loss_normalizer, policy_loss, truncated_is_weights
 from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.roles._forward import (
@@ -144,16 +147,24 @@ class PolicyRole(Role):
             normalizer = self.collective.sum_scalar(normalizer)
         total_tokens = max(float(mask.sum()), 1.0)
         rows = self._trained_rows(batch)
-        sums = {"actor/pg_loss": 0.0, "actor/clipfrac": 0.0, "actor/ppo_kl": 0.0}
+        trained_tokens = max(float(mask[rows].sum()), 1.0)
+        # Reported key -> (micro-step metric, tokens it is a mean over): clip metrics count the
+        # skipped rows (ratio 1); importance weights exist only on trained rows (if any).
+        weighted = {"actor/clipfrac": ("actor/pg_clipfrac", total_tokens),
+                    "actor/ppo_kl": ("actor/ppo_kl", total_tokens)}  # fmt: skip
+        if batch.behaviour_logp is not None and rows:
+            for key in ("actor/tis_mean", "actor/tis_capped_frac"):
+                weighted[key] = (key, trained_tokens)
+        sums = {"actor/pg_loss": 0.0, **dict.fromkeys(weighted, 0.0)}
         for param_group in self.optimizer.param_groups:
             for param in param_group["params"]:
                 param.grad.zero_()
         for micro_rows in chunks(rows, self.algo.micro_batch_size):
             micro_metrics = self._micro_step(batch.select(micro_rows), normalizer)
-            weight = float(batch.response_mask[micro_rows].sum()) / total_tokens
+            micro_tokens = float(batch.response_mask[micro_rows].sum())
             sums["actor/pg_loss"] += micro_metrics["pg_loss"]
-            sums["actor/clipfrac"] += micro_metrics["actor/pg_clipfrac"] * weight
-            sums["actor/ppo_kl"] += micro_metrics["actor/ppo_kl"] * weight
+            for key, (source, tokens) in weighted.items():
+                sums[key] += micro_metrics[source] * micro_tokens / tokens
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.collective is not None:
             self.collective.sum_grads(params)
@@ -182,11 +193,17 @@ class PolicyRole(Role):
         logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], self.temperature, False)
         old_logp = logp.detach() if micro.old_logp is None else micro.old_logp[:, :width]
         assert micro.advantages is not None
+        is_weights, is_metrics = None, {}
+        if micro.behaviour_logp is not None:
+            is_weights, is_metrics = truncated_is_weights(
+                old_logp, micro.behaviour_logp[:, :width], mask, self.algo.tis_cap
+            )
         loss, metrics = policy_loss(
             logp, old_logp, micro.advantages[:, :width], mask,
             clip_low=self.algo.clip_low, clip_high=self.algo.clip_high, agg=self.algo.loss_agg,
-            normalizer=normalizer, norm_len=self.norm_len,
+            normalizer=normalizer, norm_len=self.norm_len, is_weights=is_weights,
         )  # fmt: skip
+        metrics.update(is_metrics)
         metrics["pg_loss"] = float(loss.detach())
         if self.algo.kl_coef > 0 and not self.algo.kl_in_reward:
             assert micro.ref_logp is not None, "KL loss needs reference log-probs"

@@ -1,7 +1,9 @@
 """Rollout role: wraps a RolloutEngine and turns completions into a RolloutBatch.
 
 When the engine samples from the policy's own module (in-process colocation), weight sync is a
-no-op; it is still timed so placements can be compared.
+no-op; it is still timed so placements can be compared. With `rollout.dtype: bfloat16` the engine
+samples with bf16 copies of the policy's weights (rebuilt whenever a parameter changed) and the
+batch carries the sampler's log-probs as `behaviour_logp`, for the policy's importance weights.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from yatt.config import RolloutConfig
 from yatt.roles.base import Role
 
 __all__ = ["RolloutRole"]
+
+_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}  # None: the model's own weights
 
 
 class RolloutRole(Role):
@@ -34,16 +38,28 @@ class RolloutRole(Role):
         )  # fmt: skip
         self.last_entropy_estimate = float("nan")
 
+    @classmethod
+    def build(cls, model: torch.nn.Module, tokenizer: Any, config: RolloutConfig) -> RolloutRole:
+        """The role over a `config.backend` engine sampling `model` in `config.dtype`."""
+        from yatt.rollout import make_engine
+
+        dtype = _DTYPES[config.dtype]
+        kwargs = {} if dtype is None else {"dtype": dtype}  # only the yatt backend takes a dtype
+        return cls(make_engine(config.backend, model, tokenizer, **kwargs), tokenizer, config)
+
     def encode(self, prompts: list[str]) -> list[list[int]]:
         """Token ids of rendered prompt texts (the chat template already added its tokens)."""
         return [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
 
     def generate(
-        self, prompts: list[str], rows: list[dict], group_ids: list[int], seeds: list[int]
-    ) -> RolloutBatch:
+        self, prompts: list[str], rows: list[dict], group_ids: list[int], seeds: list[int],
+        sampler_logprobs: bool = False,
+    ) -> RolloutBatch:  # fmt: skip
         """`n_samples` completions for each prompt; row i*n+j is sample j of prompt i.
 
         seeds: one per output row (B = len(prompts) * n_samples).
+        sampler_logprobs: carry the engine's log-probs as `behaviour_logp` even when sampling
+            is on-policy (async controllers use them as the behaviour policy's log-probs).
         """
         n_samples = self.config.n_samples
         assert len(prompts) == len(rows) == len(group_ids), "prompts/rows/group_ids differ"
@@ -60,6 +76,8 @@ class RolloutRole(Role):
         batch.rows = [r for r in rows for _ in range(n_samples)]
         batch.completions = [c.text for c in completions]
         batch.finish_reasons = [c.finish_reason for c in completions]
+        if self.config.samples_off_policy or sampler_logprobs:
+            batch.behaviour_logp = _padded([c.logprobs for c in completions], batch.response_width)
         return batch.check()
 
     def sync_weights(self, policy_model: torch.nn.Module) -> None:
@@ -67,3 +85,12 @@ class RolloutRole(Role):
         if self.engine.model is policy_model:
             return
         self.engine.load_state_dict(policy_model.state_dict())
+
+
+def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    """Per-token values of each row, right-padded with 0 to (B, width) float32."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for index, values in enumerate(rows):
+        assert len(values) <= width, f"row {index}: {len(values)} values > width {width}"
+        out[index, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
