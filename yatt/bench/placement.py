@@ -1,20 +1,24 @@
 """Placements under a workload whose response lengths grow: colocate vs disaggregated vs partial
 vs runtime re-placement, measured on CPU "devices", then simulated and projected to 8-1024 devices.
 
-Usage: ``python yatt/bench/placement.py [--quick] [--model smollm2] [--steps 16] [--short 8]
-[--long 96] [--every 2] [--staleness 1] [--repeats 1] [--out-dir DIR] [--resim]``
+Usage: ``python yatt/bench/placement.py [--quick] [--model smollm2] [--steps 30] [--shift 20]
+[--short 8] [--long 96] [--prompts 2] [--samples 2] [--every 1] [--staleness 1] [--repeats 1]
+[--out-dir DIR] [--resim]``
 
 Real part (Ray, 2 CPU devices, parallel controllers): each static plan and the adaptive
 controller (starting colocated, re-planning every ``--every`` steps) run the same GRPO steps;
-the response budget jumps from ``--short`` to ``--long`` tokens half-way. Plans with their own
-sampler workers run async with bounded staleness ``--staleness`` (generation of step t+1
-overlaps training of step t). The model is SmolLM2-135M (``--quick``: a tiny random-init one):
-on a CPU its small-batch decode is memory-bandwidth bound, so generation barely speeds up on 2
-devices while training splits well, and which plan is best flips as responses grow. Runs are
-interleaved ``--repeats`` times and the fastest of each plan is kept (the machine is shared).
-Reported: wall time, step time per half, idle fraction per device (from the recorded phase
+the response budget jumps from ``--short`` to ``--long`` tokens at step ``--shift`` (default:
+two thirds in). Plans with their own sampler workers run async with bounded staleness
+``--staleness`` (generation of step t+1 overlaps training of step t on the other device). The
+model is SmolLM2-135M (``--quick``: a tiny random-init one): on a CPU its small-batch decode is
+memory-bandwidth bound, so generation does not speed up on 2 devices (two decoders share the
+memory bus) while training splits evenly. Short responses: colocate wins (training split over
+both devices, generation short). Long responses: generation about as long as training, and
+overlapping them on separate devices wins. Runs are interleaved ``--repeats`` times and the
+fastest of each plan is kept (the machine is shared).
+Reported: wall time, step time per phase, idle fraction per device (from the recorded phase
 spans; moves count as idle), the re-placement decisions with their reasons, a Gantt PNG.
-Simulated part: the phase costs measured in the colocated run (per half) drive the
+Simulated part: the phase costs measured in the colocated run (per phase) drive the
 discrete-event simulator; it is checked against the measured static runs at 2 devices, then
 projects static-best vs re-placement to 8..1024 devices (weak scaling). Writes section
 "placement" of ``yatt_control.json`` and ``yatt_control_placement.md`` / ``yatt_control.png``
@@ -60,7 +64,7 @@ def _config(args: argparse.Namespace):
 def _control(args: argparse.Namespace, placement: str, replace_every: int = 0):
     from yatt.control.config import ControlConfig
 
-    schedule = (f"0:{args.short}", f"{args.steps // 2}:{args.long}")
+    schedule = (f"0:{args.short}", f"{args.shift}:{args.long}")
     return ControlConfig(
         mode="parallel",
         backend="ray",
@@ -104,7 +108,7 @@ def decode_step_s(config, rows: int, tokens: int = 32) -> tuple[float, float, fl
     return per_step[1] - per_row, per_row, param_bytes
 
 
-def _summarise(label: str, run, half_step: int) -> dict:
+def _summarise(label: str, run, shift: int) -> dict:
     from yatt.control.timeline import idle_fractions, spans_from_events
 
     spans = spans_from_events(run.events)
@@ -114,8 +118,8 @@ def _summarise(label: str, run, half_step: int) -> dict:
         "label": label,
         "wall_s": run.wall_s,
         "total_step_s": sum(steps),
-        "step_s_short": sum(steps[1:half_step]) / max(half_step - 1, 1),
-        "step_s_long": sum(steps[half_step:]) / max(len(steps) - half_step, 1),
+        "step_s_short": sum(steps[1:shift]) / max(shift - 1, 1),
+        "step_s_long": sum(steps[shift:]) / max(len(steps) - shift, 1),
         "idle": idle_fractions(busy, 2),
         "moves": sum(h.get("control/move_s", 0) > 0 for h in run.history),
         "step_ends": [h["control/step_end_s"] for h in run.history],
@@ -133,7 +137,7 @@ def _run_static(args: argparse.Namespace, placement: str) -> dict:
         run = controller.fit()
     finally:
         controller.cluster.shutdown()
-    return _summarise(controller.cluster.placement.label(), run, args.steps // 2)
+    return _summarise(controller.cluster.placement.label(), run, args.shift)
 
 
 def _run_adaptive(args: argparse.Namespace, decode_s: float) -> tuple[dict, list]:
@@ -144,7 +148,7 @@ def _run_adaptive(args: argparse.Namespace, decode_s: float) -> tuple[dict, list
         run = controller.fit()
     finally:
         controller.close()
-    summary = _summarise("runtime re-placement", run, args.steps // 2)
+    summary = _summarise("runtime re-placement", run, args.shift)
     summary["move_cost_s"] = controller.replanner.move_cost_s
     return summary, controller.decisions
 
@@ -167,7 +171,7 @@ def _simulate(args, runs: dict, decode_s: float, move_s: float, param_bytes: flo
     from yatt.control.placement import candidate_placements
     from yatt.control.sim import simulate
 
-    half = args.steps // 2
+    half = args.shift
     colocate = runs["colocate"]
     short = _measured_costs(colocate, 1, half, decode_s, args.short)
     long = _measured_costs(colocate, half, args.steps, decode_s, args.long)
@@ -189,8 +193,9 @@ def _simulate(args, runs: dict, decode_s: float, move_s: float, param_bytes: flo
 def _project(
     short, long, measured_devices: int, move_s: float, args, *, param_bytes: float
 ) -> list[dict]:
-    """Static-best (hindsight) vs re-placement at `args.project` devices: 50 short then 50 long
-    steps, re-planning every `args.every` steps."""
+    """Static-best (hindsight) vs re-placement at `args.project` devices: 100 steps, the
+    lengths shifting at the measured run's fraction of steps, re-planning every `args.every`
+    steps."""
     from yatt.control.placement import candidate_placements, make_placement
     from yatt.control.replacement import Replanner
     from yatt.control.sim import best_static, project_costs, simulate
@@ -201,7 +206,8 @@ def _project(
             project_costs(c, measured_devices, n, param_bytes=param_bytes, respawn_s=move_s)
             for c in (short, long)
         ]
-        steps = [scaled[0][0]] * 50 + [scaled[1][0]] * 50
+        n_short = round(100 * args.shift / args.steps)
+        steps = [scaled[0][0]] * n_short + [scaled[1][0]] * (100 - n_short)
         plan, static = best_static(steps, candidate_placements(n))
         replanner = Replanner(n, args.every, scaled[0][1])
         adaptive = simulate(steps, make_placement("colocate", n), replanner)
@@ -269,7 +275,8 @@ def _markdown(
         "",
         f"GRPO on `{args.model}`, {args.prompts} prompts x {args.samples} samples per "
         f"step, {args.steps} steps; the response budget jumps from {args.short} to {args.long} "
-        'tokens half-way. Ray, parallel controllers, 2 CPU "devices" (cores); disaggregated, '
+        f'tokens at step {args.shift}. Ray, parallel controllers, 2 CPU "devices" (cores); '
+        "disaggregated, "
         f"partial and re-placement runs are async (staleness {args.staleness}). Decode step "
         f"on one core: {1000 * decode_s:.1f} ms + {1000 * decode_row_s:.2f} ms per row.",
         "",
@@ -293,8 +300,8 @@ def _markdown(
     lines += [f"- {label}: {total:.1f} s" for label, total in sim["sim_total_s_at_2"].items()]
     lines += [
         "",
-        "Projection (weak scaling of the measured costs, 100 steps, lengths jump "
-        "half-way; best static plan chosen in hindsight):",
+        "Projection (weak scaling of the measured costs, 100 steps, lengths jump after "
+        f"{round(100 * args.shift / args.steps)}; best static plan chosen in hindsight):",
         "",
         "| devices | best static plan | static s | idle | re-placement s | idle | moves |"
         " speed-up |",
@@ -394,6 +401,7 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     stored = data["placement"]
     for key in ("steps", "short", "long", "every", "prompts", "samples", "model", "staleness"):
         setattr(args, key, stored["args"][key])
+    args.shift = stored["args"].get("shift", args.steps // 2)
     sim = stored["sim"]
     short, long = (PhaseCosts(**sim[key]) for key in ("costs_short", "costs_long"))
     move_s = stored["runs"]["adaptive"]["move_cost_s"]
@@ -414,13 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--model", default="smollm2", help="model.path (quick: tiny)")
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--shift", type=int, default=0, help="step the budget jumps (0: 2/3)")
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=96)
-    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument(
@@ -436,8 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.resim:
         return _resim(args, args.out_dir or REPO / "docs/bench")
     if args.quick:
-        args.model, args.steps, args.long, args.every, args.repeats = "tiny", 6, 16, 2, 1
+        args.model, args.steps, args.long, args.repeats, args.shift = "tiny", 8, 16, 1, 5
         args.project = QUICK_PROJECT_DEVICES
+    args.shift = args.shift or 2 * args.steps // 3
+    if not 1 < args.shift < args.steps:
+        parser.error(f"--shift {args.shift} must leave short and long steps in 1..{args.steps}")
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)

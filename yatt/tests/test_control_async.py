@@ -61,9 +61,8 @@ def test_over_dispatch_aborts_stragglers_and_loses_no_prompt():
     trained, dropped, aborted, trained_stragglers = [], [], 0, 0
     inflight = rollout.dispatch(0, 0, submit)
     for step in range(12):
-        nxt = rollout.dispatch(step + 1, step, submit)  # async: next step already in flight
         shard, stats = rollout.collect(inflight, submit, _score, lambda: 0.0)
-        inflight = nxt
+        inflight = rollout.dispatch(step + 1, step, submit)  # async: in flight while training
         assert stats.staleness == min(step, 1) and stats.kept == rollout.need == 4
         groups = shard.batch.group_ids.unique()
         trained_stragglers += len(set(groups.tolist()) & stragglers)
@@ -79,6 +78,47 @@ def test_over_dispatch_aborts_stragglers_and_loses_no_prompt():
     accounted = trained + dropped + queue.contents() + in_flight
     assert len(accounted) == len(set(accounted)) == queue.drawn  # none lost, none twice
     assert sorted(accounted) == sorted(ShardQueue(10_000, 3, 8, 2, 1).take(queue.drawn))
+
+
+def test_a_replacement_hands_over_every_pending_prompt_to_the_new_groups():
+    """Two groups over-dispatch (async, DAPO) for a few steps, hand over at a re-placement to
+    one group, which runs on: every prompt of the global stream is trained, dropped, queued
+    or in flight exactly once."""
+    cancelled: list[int] = []
+
+    def submit(request: ShardRequest, version: int) -> Future:
+        return _Lazy(_fake_shard(request), request.seeds[0] % 5 == 0, cancelled)
+
+    def rollout(world: int, rank: int) -> GroupRollout:
+        return GroupRollout(ShardQueue(10_000, 3, 8, world, rank), N_SAMPLES, seed=1,
+                            over_dispatch=1.0, dynamic=True, max_refills=8,
+                            budget=lambda step: 0, behaviour_logp=False)  # fmt: skip
+
+    def run(groups: list[GroupRollout], steps: range) -> list:
+        inflight = [g.dispatch(steps[0], steps[0], submit) for g in groups]
+        for step in steps:
+            for index, group in enumerate(groups):
+                _, stats = group.collect(inflight[index], submit, _score, lambda: 0.0)
+                accounted.extend(stats.trained_prompts + stats.dropped_prompts)
+                inflight[index] = group.dispatch(step + 1, step, submit)
+        return inflight
+
+    accounted: list[int] = []
+    old = [rollout(2, 0), rollout(2, 1)]
+    inflight = run(old, range(3))
+    old[1].queue.catch_up(old[1].queue.draws + 2)  # group 1 drew ahead; group 0 lags behind
+    draws = max(g.queue.draws for g in old)
+    pending = [g.handover([d], draws) for g, d in zip(old, inflight)]
+    assert all(not d.calls for d in inflight) and old[0].queue.draws == draws
+    new = rollout(1, 0)
+    new.resume(draws, pending[0] + pending[1])
+    assert new.queue.contents() == pending[0] + pending[1]
+    inflight = run([new], range(3, 6))
+    accounted += [p for request, _ in inflight[0].calls for p in request.prompt_indices]
+    accounted += new.queue.contents()
+    total = new.queue.draws * 8
+    assert len(accounted) == len(set(accounted)) == total  # none lost, none twice
+    assert sorted(accounted) == sorted(ShardQueue(10_000, 3, 8, 1, 0).take(total))
 
 
 def test_reclaimed_prompts_go_to_the_front_of_the_queue():
@@ -128,7 +168,7 @@ def test_staleness_zero_is_the_synchronous_run_and_k_is_a_bound():
     async_run, async_w = _run(async_staleness=2)
     staleness = [h["control/staleness"] for h in async_run.history]
     assert staleness == [0.0, 1.0, 2.0, 2.0]  # never above k; k once the pipeline is full
-    assert any(e[2] == "behaviour_logp" for e in async_run.events)
+    assert not any(e[2] == "behaviour_logp" for e in async_run.events)  # engine log-probs
     assert async_run.history[0]["critic/score/mean"] == sync_run.history[0]["critic/score/mean"]
     assert not _same(sync_w, async_w)  # later steps trained on samples of older weights
     # colocated: optimizer offload/onload around each update (timed; a no-op on CPU devices)
@@ -151,3 +191,28 @@ def test_dynamic_sampling_with_over_dispatch_in_async_mode_agrees_across_modes()
     assert [h["batch/dropped_groups"] for h in single_run.history] == [
         h["batch/dropped_groups"] for h in parallel_run.history
     ]
+
+
+def test_async_samples_carry_the_sampling_log_probs_a_forward_pass_would_give():
+    """The sampler's behaviour log-probs come from the engine when its distribution is the
+    trainer's (fp32, no top-p/top-k); with a filter they are recomputed by a forward pass."""
+    from yatt.control.devices import Device
+    from yatt.control.rank import RankWorker
+    from yatt.roles.policy import compute_logprobs
+
+    request = ShardRequest(0, 0, (0, 1), (0, 1), (11, 12, 13, 14), behaviour_logp=True)
+    for extra, phases in ((), 0), (("rollout.top_p=0.9",), 1):
+        config = load_config("tiny_test", [*OVERRIDES, *extra])
+        control = ControlConfig(backend="inprocess", device_kind="cpu", n_devices=1)
+        worker = RankWorker(config, control, Device("cpu", 0), ("sampler",), "sampler0")
+        batch = worker.generate(request, 0).batch
+        assert batch.old_logp is not None and batch.behaviour_logp is None
+        assert sum(e[2] == "behaviour_logp" for e in worker.events) == phases
+        forward = compute_logprobs(worker.rollout.engine.model, batch, 4,
+                                   config.rollout.temperature or 1.0)  # fmt: skip
+        mask = batch.response_mask.bool()
+        assert mask.sum() > 4
+        if phases:  # the filtered distribution differs from the trainer's: recomputed
+            assert torch.equal(batch.old_logp[mask], forward[mask])
+        else:
+            assert torch.allclose(batch.old_logp[mask], forward[mask], atol=1e-4)

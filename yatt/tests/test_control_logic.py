@@ -199,3 +199,19 @@ def test_replanner_trusts_measured_step_times_and_knows_async_overlap():
     decision = planner.decide(2, colocate, 10)
     assert decision.switch and decision.chosen == split.label()
     assert planner.predict(colocate, 9) == pytest.approx(2.5)  # stale measurement: model again
+
+
+def test_replanner_weighs_the_steps_left_and_waits_for_a_measured_step_after_a_move():
+    costs = PhaseCosts(gen_s=1.0, reward_s=0.0, train_s=2.0, gen_floor_s=1.0)
+    colocate, split = make_placement("colocate", 2), make_placement("disaggregated", 2, 1)
+    planner = Replanner(2, every_steps=1, move_cost_s=7.0)
+    planner.observe(costs)
+    planner.observe_step(0, colocate, 4.0)  # split: model 2.0 x calibration 4.0 / 2.5 = 3.2
+    keep = planner.decide(1, colocate, 8)  # saves 0.8 s/step x 8 steps < 7 s
+    assert not keep.switch and keep.chosen == colocate.label()
+    planner.observe_step(1, colocate, 4.0)
+    move = planner.decide(2, colocate, 9)  # 0.8 x 9 > 7
+    assert move.switch and move.chosen == split.label() and "9 steps left" in move.reason
+    assert planner.decide(3, split, 8) is None  # split has not run a measured step yet
+    planner.observe_step(3, split, 2.5)
+    assert planner.decide(4, split, 7) is not None

@@ -124,29 +124,34 @@ def test_data_parallel_update_equals_the_full_batch_update(ray_session):
 
 
 def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatch):
-    """A move from colocate(2) to partial(1/2) after step 1 hands over weights, optimizer state
-    and the prompt order: both plans sample synchronously, so the run equals an unmoved one."""
+    """Moves colocate(2) -> partial(1/2) -> colocate(2) before steps 1 and 2 hand over weights,
+    optimizer state and the prompt order in the same worker processes (re-roled, not
+    respawned): every plan samples synchronously, so the run equals an unmoved one."""
     from yatt.control.adaptive import AdaptiveController
     from yatt.control.placement import make_placement
     from yatt.control.replacement import Decision, Replanner
 
-    config = load_config("tiny_test", OVERRIDES)
+    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
     control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
                             device_kind="cpu", extra_rewards=REWARD, replace_every=1)  # fmt: skip
+    targets = {1: make_placement("partial", 2, 1), 2: make_placement("colocate", 2)}
 
-    def decide(self, step, current, steps_left):  # a scripted planner: move once, at step 1
-        if step != 1:
+    def decide(self, step, current, steps_left):  # a scripted planner
+        if step not in targets:
             return None
-        target = make_placement("partial", 2, 1)
+        target = targets[step]
         return Decision(step, current.label(), target.label(), True, 1.0, 0.5, 0.0, "scripted")
 
     monkeypatch.setattr(Replanner, "decide", decide)
     controller = AdaptiveController(config, control, decode_step_s=0.001)
+    first_actors = {h.actor for h in controller.cluster.all_handles()}
     try:
         run = controller.fit()
         weights = controller.cluster.ranks.handles[0].call("weights")
+        last_actors = {h.actor for h in controller.cluster.all_handles()}
     finally:
         controller.close()
-    assert run.history[1]["control/move_s"] > 0 and controller.plan.kind == "partial"
-    assert any(e[2] == "move" for e in run.events)
+    assert [h["control/move_s"] > 0 for h in run.history] == [False, True, True]
+    assert controller.plan.kind == "colocate" and last_actors == first_actors
+    assert sum(e[2] == "move" for e in run.events) == 2 * 2  # two moves, on both devices
     _assert_close(weights, _inprocess_weights(config))

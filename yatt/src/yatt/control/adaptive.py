@@ -2,12 +2,16 @@
 
 Every step, the phase spans the workers recorded become measured costs (replacement.py) for the
 `Replanner`, and the step's wall time becomes the measured step time of the plan it ran on.
-When it decides to move, rank 0 exports weights and optimizer state, the workers of the old plan
-are released, the new plan's workers are spawned and import that state at the current step
-(their prompt order and sample seeds continue exactly; async batches in flight are dropped and
-sampled again by the new plan, from the same prompts when over-dispatch and dynamic sampling are
-off), and the measured move time becomes the planner's new move cost. The timeline keeps every
-plan's spans plus the moves.
+When it decides to move, rank 0 exports weights and optimizer state, the worker processes take
+on their roles in the new plan (no process is restarted; see build_cluster) and import that
+state at the current step. Prompt bookkeeping carries over: the old groups cancel their
+in-flight steps and hand over every prompt they took but neither trained nor dropped (in
+flight, reclaimed after over-dispatch aborts) plus their slices of the global draws up to
+the furthest group's; old group g's prompts go to the front of new group g mod n's queue,
+which then draws on from there. No prompt is lost or sampled twice (tested); with the same
+number of groups, or when no group holds a prompt (synchronous, no over-dispatch), the
+prompt order continues exactly as in an unmoved run. The measured move time becomes the
+planner's new move cost. The timeline keeps every plan's spans plus the moves.
 """
 
 from __future__ import annotations
@@ -66,19 +70,27 @@ class AdaptiveController:
     def _move(self, step: int, plan: Placement) -> float:
         """Re-place the workers onto `plan` at `step`; returns the seconds it took."""
         start_s = time.time()
+        draws = max(self.cluster.ranks.call_all("queue_draws"))
+        pending = self.cluster.ranks.call_all("handover", draws)
         state = self.cluster.ranks.handles[0].call("export_state")
         self._drain()
         for handle, stats in zip(
             self.cluster.all_handles(), [h.submit("stats") for h in self.cluster.all_handles()]
         ):
             self._workers[f"{self.plan.label()}/{handle.name}"] = stats.result()
-        self.cluster.shutdown()
         kind_split = 0 if plan.kind == "colocate" else plan.n_sampler
         self.control = dataclasses.replace(self.control, placement=plan.kind, n_sampler=kind_split)
-        self.cluster = build_cluster(self.config, self.control, ParallelRank)
-        for future in [h.submit("import_state", state, step) for h in self.cluster.all_handles()]:
+        self.cluster = build_cluster(self.config, self.control, ParallelRank, self.cluster)
+        ranks = self.cluster.ranks.handles
+        weights_only = {"weights": state["weights"]}  # samplers and rewards need no optimizer
+        for future in [h.submit("import_state", state if h in ranks else weights_only, step)
+                       for h in self.cluster.all_handles()]:  # fmt: skip
             future.result()
         self.controller = ParallelController(self.config, self.control, self.cluster)
+        n_ranks = len(self.cluster.ranks)
+        shares = [[p for old, prompts in enumerate(pending) if old % n_ranks == rank
+                   for p in prompts] for rank in range(n_ranks)]  # fmt: skip
+        self.cluster.ranks.call_each("resume_queue", [(draws, share) for share in shares])
         self.plan = plan
         end_s = time.time()
         self._spans += [(d, "driver", "move", start_s, end_s) for d in range(plan.n_devices)]

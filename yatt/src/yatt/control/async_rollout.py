@@ -10,7 +10,7 @@ them unless dynamic sampling is on), refills with new prompts while too few are 
 `max_refills` times), and as soon as `need` groups are kept aborts every call still pending
 and puts its prompts, and those of surplus groups, back at the front of the queue. Every
 prompt drawn is therefore trained on, dropped by the DAPO filter, or back in the queue: none
-is lost or duplicated (tested).
+is lost or duplicated (tested), also across a runtime re-placement (`handover`, `resume`).
 
 With bounded staleness the controller dispatches steps t+1..t+k before training step t; their
 calls carry the policy version they must be sampled with (at most k behind) and ask the
@@ -72,6 +72,7 @@ class ShardQueue:
         self.per_group = prompts_per_step // world
         self._queue: deque[int] = deque()
         self.drawn = 0
+        self.draws = 0  # global draws of `prompts_per_step` consumed (skipped ones included)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -81,14 +82,25 @@ class ShardQueue:
         assert not self._queue and self.drawn == 0, "skip_draws only before the first take"
         for _ in range(draws):
             self.source.take(self.prompts_per_step)
+        self.draws += draws
+
+    def _pull(self) -> None:
+        """This group's slice of the next global draw, at the back of the queue."""
+        first = self.rank * self.per_group
+        self._queue.extend(self.source.take(self.prompts_per_step)[first:][: self.per_group])
+        self.drawn += self.per_group
+        self.draws += 1
 
     def take(self, count: int) -> list[int]:
         """The next `count` prompts (front of the queue, then fresh draws)."""
         while len(self._queue) < count:
-            first = self.rank * self.per_group
-            self._queue.extend(self.source.take(self.prompts_per_step)[first:][: self.per_group])
-            self.drawn += self.per_group
+            self._pull()
         return [self._queue.popleft() for _ in range(count)]
+
+    def catch_up(self, draws: int) -> None:
+        """Pull this group's slices of the global draws before `draws` into the queue."""
+        while self.draws < draws:
+            self._pull()
 
     def reclaim(self, prompts: list[int]) -> None:
         """Put `prompts` back at the front (their order kept): they are sampled next."""
@@ -243,6 +255,28 @@ class GroupRollout:
             stats.reclaimed_prompts.extend(request.prompt_indices)
             stats.aborted += len(request.prompt_indices)
         dispatch.calls = []
+
+    def handover(self, dispatches: list[StepDispatch], draws: int) -> list[int]:
+        """A re-placement: cancel `dispatches` (steps in flight, oldest first) and return every
+        prompt this group took but neither trained nor dropped, plus its slices of the global
+        draws before `draws` (the most any group consumed), in the order they were due."""
+        prompts = []
+        for dispatch in dispatches:
+            for request, future in dispatch.calls:
+                future.cancel()
+                prompts.extend(request.prompt_indices)
+            dispatch.calls = []
+        self.queue.catch_up(draws)
+        return prompts + self.queue.take(len(self.queue))
+
+    def resume(self, draws: int, pending: list[int]) -> None:
+        """Continue after a re-placement: fresh draws from global draw `draws` on, after the
+        `pending` prompts the previous plan's groups handed over (front first)."""
+        queue = self.queue
+        self.queue = ShardQueue(queue.source.n_prompts, queue.source.seed,
+                                queue.prompts_per_step, queue.world, queue.rank)  # fmt: skip
+        self.queue.skip_draws(draws)
+        self.queue.reclaim(pending)
 
     def _first_groups(self, kept: list[Shard], stats: RolloutStats) -> Shard:
         """The first `need` kept groups; surplus groups' prompts are reclaimed."""

@@ -6,6 +6,9 @@
 - partial: samplers on the sampler devices, reward services on the rest, policy ranks on all.
 Data-parallel group r uses sampler `r % n_samplers` (and the reward service beside it); the
 lowest such rank owns the sampler and pushes weights to it.
+A runtime re-placement builds the new plan's cluster from the old one: each device's worker
+processes take on their new roles in place (model rebuilt, process group joined anew), so a
+move costs a state hand-over, not process start-ups.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from yatt.control.config import ControlConfig
 from yatt.control.devices import Device, discover_devices
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import RankWorker
-from yatt.control.workers import Backend, WorkerGroup, WorkerHandle, make_backend
+from yatt.control.workers import Backend, Future, WorkerGroup, WorkerHandle, make_backend
 from yatt.errors import ConfigError
 
 __all__ = ["Cluster", "build_cluster"]
@@ -61,17 +64,30 @@ class Cluster:
         self.backend.shutdown()
 
 
-def _spawn(backend: Backend, cls: type, config: Config, control: ControlConfig,
-           devices: list[Device], roles: tuple[str, ...], prefix: str) -> WorkerGroup:  # fmt: skip
-    handles = [
-        backend.spawn(cls, device, f"{prefix}{i}", config, control, device, roles, f"{prefix}{i}")
-        for i, device in enumerate(devices)
-    ]
+def _place(backend: Backend, pool: dict[int, list[WorkerHandle]], cls: type, config: Config,
+           control: ControlConfig, devices: list[Device], roles: tuple[str, ...], prefix: str,
+           pending: list[Future]) -> WorkerGroup:  # fmt: skip
+    """One worker per device in `devices`: a process from `pool` (on that device) takes on
+    `roles` (its reset is appended to `pending`), else a new one is spawned."""
+    handles = []
+    for i, device in enumerate(devices):
+        name = f"{prefix}{i}"
+        if pool.get(device.index):
+            handle = pool[device.index].pop(0)
+            handle.name = name
+            pending.append(handle.submit("reset", config, control, roles, name))
+        else:
+            handle = backend.spawn(cls, device, name, config, control, device, roles, name)
+        handles.append(handle)
     return WorkerGroup(prefix, handles)
 
 
-def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankWorker) -> Cluster:
+def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankWorker,
+                  previous: Cluster | None = None) -> Cluster:  # fmt: skip
     """Spawn every worker of `control.placement` and join the policy ranks' process group.
+    Every worker is a `rank_cls`. `previous`: a cluster on the same devices whose worker
+    processes are reused (each takes on its new roles in place: a runtime re-placement costs
+    no process start-up); those the new plan does not need are released.
 
     Raises:
         ConfigError: an unusable split, or several policy ranks on the in-process backend.
@@ -84,37 +100,42 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
             f"backend 'inprocess' runs one policy rank, but placement "
             f"{placement.label()} needs {n_ranks}; use control.backend=ray"
         )
-    backend = make_backend(control.backend, devices)
-    on = {role: [devices[i] for i in idx] for role, idx in placement.devices.items()}
-    samplers = rewards = None
-    if placement.kind == "colocate":
-        ranks = _spawn(
-            backend,
-            rank_cls,
-            config,
-            control,
-            on["policy"],
-            ("policy", "sampler", "reward"),
-            "rank",
-        )
-    elif placement.kind == "disaggregated":
-        samplers = _spawn(
-            backend, RankWorker, config, control, on["sampler"], ("sampler", "reward"), "sampler"
-        )
-        ranks = _spawn(backend, rank_cls, config, control, on["policy"], ("policy",), "rank")
+    pool: dict[int, list[WorkerHandle]] = {}
+    if previous is not None:
+        assert previous.devices == devices, f"devices {previous.devices} -> {devices}"
+        backend = previous.backend
+        for handle in previous.all_handles():
+            pool.setdefault(handle.device.index, []).append(handle)
     else:
-        samplers = _spawn(
-            backend, RankWorker, config, control, on["sampler"], ("sampler",), "sampler"
-        )
-        rewards = _spawn(backend, RankWorker, config, control, on["reward"], ("reward",), "reward")
-        ranks = _spawn(backend, rank_cls, config, control, on["policy"], ("policy",), "rank")
+        backend = make_backend(control.backend, devices)
+    on = {role: [devices[i] for i in idx] for role, idx in placement.devices.items()}
+    pending: list[Future] = []
+
+    def place(role: str, roles: tuple[str, ...], prefix: str) -> WorkerGroup:
+        return _place(backend, pool, rank_cls, config, control, on[role], roles, prefix, pending)
+
+    samplers = rewards = None  # policy ranks first: they take over the previous ranks' processes
+    if placement.kind == "colocate":
+        ranks = place("policy", ("policy", "sampler", "reward"), "rank")
+    elif placement.kind == "disaggregated":
+        ranks = place("policy", ("policy",), "rank")
+        samplers = place("sampler", ("sampler", "reward"), "sampler")
+    else:
+        ranks = place("policy", ("policy",), "rank")
+        samplers = place("sampler", ("sampler",), "sampler")
+        rewards = place("reward", ("reward",), "reward")
+    for handle in [h for left in pool.values() for h in left]:
+        backend.release(handle)
+    for future in pending:
+        future.result()
     address = ranks.handles[0].call("rendezvous_address")
     ranks.call_each("init_collective", [(address, r, n_ranks) for r in range(n_ranks)])
     logger.info(
-        "cluster: %s on %d %s devices, %d policy ranks",
+        "cluster: %s on %d %s devices, %d policy ranks (%d processes reused)",
         placement.label(),
         len(devices),
         devices[0].kind,
         n_ranks,
+        len(pending),
     )
     return Cluster(backend, placement, devices, ranks, samplers, rewards)

@@ -54,15 +54,38 @@ class ParallelRank(RankWorker):
     def _score(self, shard: Shard) -> torch.Tensor:
         return self._call(self.reward_service, "score", shard)
 
-    def _shard(self, step: int, last_step: int) -> tuple[Shard, RolloutStats]:
-        """The samples of `step`; steps up to step + k are dispatched before it is trained."""
-        for ahead in range(step, min(step + self.staleness, last_step) + 1):
+    def _dispatch(self, steps: range) -> None:
+        for ahead in steps:
             if ahead not in self._inflight:
                 version = sample_version(ahead, self.staleness, self.first_step)
                 self._inflight[ahead] = self.group.dispatch(ahead, version, self._submit_gen)
-        assert len(self._inflight) <= self.staleness + 1, f"{len(self._inflight)} in flight"
+
+    def _shard(self, step: int, last_step: int) -> tuple[Shard, RolloutStats]:
+        """The samples of `step`, collected and scored; then steps step+1..step+k are
+        dispatched, so their generation overlaps this step's training. (Dispatching them
+        first would queue this step's scoring, and refills, behind their generation on a
+        sampler worker that is also the reward service: generation and training in series.)"""
+        self._dispatch(range(step, step + 1))
         dispatch = self._inflight.pop(step)
-        return self.group.collect(dispatch, self._submit_gen, self._score, time.perf_counter)
+        collected = self.group.collect(dispatch, self._submit_gen, self._score, time.perf_counter)
+        self._dispatch(range(step + 1, min(step + self.staleness, last_step) + 1))
+        assert len(self._inflight) <= self.staleness, f"{len(self._inflight)} in flight"
+        return collected
+
+    def queue_draws(self) -> int:
+        """Global prompt draws this group's queue has consumed (for a re-placement)."""
+        return self.group.queue.draws
+
+    def handover(self, draws: int) -> list[int]:
+        """Re-placement: cancel the steps in flight; this group's prompts still due, in order
+        (see GroupRollout.handover)."""
+        dispatches = [self._inflight.pop(step) for step in sorted(self._inflight)]
+        return self.group.handover(dispatches, draws)
+
+    def resume_queue(self, draws: int, pending: list[int]) -> None:
+        """Re-placement: sample `pending` first, then fresh draws from global draw `draws`."""
+        assert not self._inflight, f"{len(self._inflight)} steps in flight at a resume"
+        self.group.resume(draws, pending)
 
     def run_step(self, step: int, last_step: int) -> dict[str, float]:
         """One step of this group; every rank returns the same globally reduced metrics."""

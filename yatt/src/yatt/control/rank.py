@@ -121,11 +121,19 @@ class RankWorker:
         self.rank, self.world = 0, 1
         self.reset(config, control)
 
-    def reset(self, config: Config, control: ControlConfig) -> None:
+    def reset(self, config: Config, control: ControlConfig, roles: tuple[str, ...] = (),
+              name: str = "") -> None:  # fmt: skip
         """(Re)build model, roles and plans from `config`, keeping the process and its process
-        group: a test or benchmark can run several configurations on the same workers."""
+        group: a test or benchmark can run several configurations on the same workers. With
+        `roles`, the process takes on those roles (and `name`) instead and leaves its process
+        group (a runtime re-placement reuses worker processes; `init_collective` joins anew)."""
         from yatt.builders import build_data, build_model
 
+        if roles:
+            if self.collective is not None:
+                self.collective.close()
+            self.collective, self.rank, self.world = None, 0, 1
+            self.roles, self.name = roles, name or self.name
         self.config, self.control = config, control
         model, self.tokenizer = build_model(config.model)
         model = model.to(self.device.torch_device()).eval()
@@ -157,10 +165,8 @@ class RankWorker:
 
     def _build_rollout(self, model: torch.nn.Module) -> Any:
         from yatt.roles.rollout import RolloutRole
-        from yatt.rollout import make_engine
 
-        engine = make_engine(self.config.rollout.backend, model, self.tokenizer)
-        return RolloutRole(engine, self.tokenizer, self.config.rollout)
+        return RolloutRole.build(model, self.tokenizer, self.config.rollout)
 
     def rendezvous_address(self) -> str:
         """A tcp:// address on this worker's host with a free port, for the process group."""
@@ -225,18 +231,30 @@ class RankWorker:
             self.rollout.params = dataclasses.replace(
                 self.rollout.params, max_new_tokens=request.max_new_tokens
             )
+        engine_logp = request.behaviour_logp and self._engine_logp_is_behaviour()
         with self._phase("sampler", "gen"):
             examples = [self.train_set[i] for i in request.prompt_indices]
             batch = self.rollout.generate(
                 [self._prompt(i) for i in request.prompt_indices],
                 [{"answer": e.answer, **e.fields} for e in examples],
-                list(request.group_ids), list(request.seeds),
+                list(request.group_ids), list(request.seeds), sampler_logprobs=engine_logp,
             )  # fmt: skip
             features = make_features(request.seeds, self.control.payload_bytes)
-        if request.behaviour_logp:
+        if engine_logp:  # the sampling distribution is the trainer's: no second forward pass
+            batch.old_logp, batch.behaviour_logp = batch.behaviour_logp, None
+        elif request.behaviour_logp:
             with self._phase("sampler", "behaviour_logp"):
                 batch.old_logp = self._behaviour_logprobs(batch)
         return Shard(rank=request.rank, step=request.step, batch=batch, features=features)
+
+    def _engine_logp_is_behaviour(self) -> bool:
+        """True when the engine's per-token log-probs are those the trainer would compute for
+        the sampling weights: yatt engine, fp32, temperature-only sampling (no top-k/top-p
+        filter), so they serve as the async batch's behaviour log-probs (up to fp32 rounding
+        between a KV-cached decode and a full forward)."""
+        rollout = self.config.rollout
+        plain = rollout.top_p == 1.0 and rollout.top_k == 0
+        return rollout.backend == "yatt" and not rollout.samples_off_policy and plain
 
     def _behaviour_logprobs(self, batch: Any) -> torch.Tensor:
         """(B, R) log-probs of the sampled tokens under the weights that sampled them."""

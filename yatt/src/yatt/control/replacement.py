@@ -22,9 +22,9 @@ times the calibration of the measured ones (measured / modelled), so a model tha
 a common factor (a slower machine, a mis-estimated decode floor) still ranks them fairly.
 
 Every `every_steps` steps the `Replanner` compares the predicted step time of the current plan
-with the best candidate; it moves when the time saved over the look-ahead (the steps left, at
-most `lookahead_steps`: costs measured now are assumed to hold that long) exceeds the measured
-cost of moving (respawning workers and handing over weights and optimizer state).
+with the best candidate; it moves when the time saved over the steps left (costs measured now
+are assumed to hold that long; a later shift is met by a later decision) exceeds the measured
+cost of moving (re-roling the workers and handing over weights and optimizer state).
 Each decision is logged with its numbers.
 """
 
@@ -129,7 +129,6 @@ class Replanner:
         move_cost_s: float,
         smoothing: float = 0.5,
         candidates: list[Placement] | None = None,
-        lookahead_steps: int = 0,
         overlap: bool = True,
     ) -> None:
         if every_steps < 1:
@@ -138,7 +137,6 @@ class Replanner:
             raise ConfigError(f"smoothing {smoothing} must be in (0, 1]")
         self.candidates = candidates or candidate_placements(n_devices)
         self.every_steps = every_steps
-        self.lookahead_steps = lookahead_steps or 4 * every_steps
         self.move_cost_s = move_cost_s
         self.smoothing = smoothing
         self.overlap = overlap
@@ -181,19 +179,23 @@ class Replanner:
         return predict_step_s(self.costs, plan, self.overlap) * calibration
 
     def decide(self, step: int, current: Placement, steps_left: int) -> Decision | None:
-        """At decision steps, the plan to run next (logged); None between decision steps."""
+        """At decision steps, the plan to run next (logged); None between decision steps and
+        while the current plan has no measured step (right after a move: no flapping on the
+        model's guess alone)."""
+        others = [plan for plan in self.candidates if plan != current]
         if step == 0 or step % self.every_steps or self.costs is None or steps_left <= 0:
             return None
+        if not others or (self.measured and current.label() not in self._fresh(step)):
+            return None  # nothing to choose, or the current plan has no measured step yet
         now_s = self.predict(current, step)
-        best = min(self.candidates, key=lambda p: self.predict(p, step))
+        best = min(others, key=lambda p: self.predict(p, step))
         best_s = self.predict(best, step)
-        horizon = min(self.lookahead_steps, steps_left)
-        gain_s = (now_s - best_s) * horizon
-        switch = best != current and gain_s > self.move_cost_s
+        gain_s = (now_s - best_s) * steps_left
+        switch = gain_s > self.move_cost_s
         verdict = "move to" if switch else "keep; best alternative"
         reason = (
             f"{verdict} {best.label()}: {now_s:.3f} -> {best_s:.3f} s/step over "
-            f"{horizon} steps saves {gain_s:.2f} s vs move cost {self.move_cost_s:.2f} s "
+            f"{steps_left} steps left saves {gain_s:.2f} s vs move cost {self.move_cost_s:.2f} s "
             f"(gen floor {self.costs.gen_floor_s:.2f} s, work gen {self.costs.gen_s:.2f}, "
             f"reward {self.costs.reward_s:.2f}, train {self.costs.train_s:.2f} device-s)"
         )

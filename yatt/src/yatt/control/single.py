@@ -59,18 +59,23 @@ class SingleController(Controller):
         rewards, _ = self.reward.score(shard.batch)  # on the driver, as verl's reward manager
         return rewards
 
-    def _gather(self, step: int) -> tuple[list[Shard], list[RolloutStats]]:
-        """Every group's shard of `step`; steps up to step + k are dispatched before it."""
-        for ahead in range(step, min(step + self.staleness, self._last_step) + 1):
+    def _dispatch(self, steps: range) -> None:
+        for ahead in steps:
             if ahead not in self._inflight:
                 version = sample_version(ahead, self.staleness)
                 self._inflight[ahead] = [g.dispatch(ahead, version, self._submit_gen)
                                          for g in self.groups]  # fmt: skip
-        assert len(self._inflight) <= self.staleness + 1, f"{len(self._inflight)} in flight"
+
+    def _gather(self, step: int) -> tuple[list[Shard], list[RolloutStats]]:
+        """Every group's shard of `step`; then steps step+1..step+k are dispatched (in the
+        parallel controllers' order, so both modes draw the same prompts)."""
+        self._dispatch(range(step, step + 1))
         collected = [
             group.collect(dispatch, self._submit_gen, self._score, time.perf_counter)
             for group, dispatch in zip(self.groups, self._inflight.pop(step))
         ]
+        self._dispatch(range(step + 1, min(step + self.staleness, self._last_step) + 1))
+        assert len(self._inflight) <= self.staleness, f"{len(self._inflight)} in flight"
         return [shard for shard, _ in collected], [stats for _, stats in collected]
 
     def step(self, step: int) -> dict[str, float]:

@@ -179,6 +179,9 @@ class Backend(ABC):
     def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release the workers and resources this backend created."""
 
+    def release(self, handle: WorkerHandle) -> None:  # noqa: B027 - nothing held by default
+        """Release one worker (its device stays reserved for the backend's other workers)."""
+
 
 class InProcessBackend(Backend):
     """Workers are plain objects in this process (no pinning: the caller's threads are shared)."""
@@ -229,6 +232,13 @@ class RayBackend(Backend):
         actor = ray.remote(cls).options(**options).remote(*args)
         self._actors.append(actor)
         return _RayHandle(actor, device, name)
+
+    def release(self, handle: WorkerHandle) -> None:
+        import ray
+
+        assert isinstance(handle, _RayHandle), f"{handle.name} is not a Ray worker"
+        ray.kill(handle.actor)
+        self._actors.remove(handle.actor)
 
     def shutdown(self) -> None:
         import ray
