@@ -1,4 +1,5 @@
-"""Shared test set-up for dgcc: a fixture that turns invariants on.
+"""Shared test set-up for dgcc: a fixture that turns invariants on, and an in-process cluster
+simulator shared by the DistDGCC and Calvin node-schedule tests.
 
 The hypothesis profiles ("ci" by default, HYPOTHESIS_PROFILE=dev for a longer random search)
 live in the repository's root conftest.py, shared with yatt's suite.
@@ -6,11 +7,23 @@ live in the repository's root conftest.py, shared with yatt's suite.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from dgcc import debug
+from dgcc.api import TxnRequest
+from dgcc.net.wire import decode, encode
+from dgcc.protocols.dist_dgcc import (
+    Placement,
+    ResultAssembler,
+    Router,
+    global_batch,
+    owned_rows,
+)
 
 
 @pytest.fixture
@@ -18,3 +31,79 @@ def invariants() -> Iterator[None]:
     """Run the test with ``debug.check_invariants`` on (piece contract and graph checks)."""
     with debug.invariants():
         yield
+
+
+def _wire(message: Any) -> Any:
+    return decode(encode(("m", message)))[1]
+
+
+def _routed_only(batches: list[list[TxnRequest]], router: Router, node: int) -> list:
+    """What ``node`` receives as a node sends inputs: peers' calls not routed to it are None."""
+    out = []
+    for origin, batch in enumerate(batches):
+        if origin == node:
+            out.append(batch)
+            continue
+        routes = [router.route(request) for request in batch]
+        out.append([r if n is None or node in n else None for r, n in zip(batch, routes)])
+    return out
+
+
+def simulate_cluster(
+    run_class: type, workload: Any, nodes: int, epochs: int, per_node: int, seed: int,
+    *, sparse: bool = False,
+) -> tuple[list, list, dict]:  # fmt: skip
+    """N nodes' epoch runs (``EpochRun`` or ``CalvinEpochRun``) in one process.
+
+    Value messages and reports go through the real wire codec and are delivered in a seeded
+    random order, so a node often runs out of ready pieces and waits. ``sparse``: each node gets
+    only the peers' calls routed to it. Returns (global order per epoch, every outcome in that
+    order, the union of the nodes' owned rows).
+    """
+    registry = workload.registry()
+    router = Router(workload, Placement.round_robin(nodes))
+    dbs = [workload.build(seed) for _ in range(nodes)]
+    stream = workload.requests(seed + 1)
+    rng = random.Random(seed)
+    outcomes: list = []
+    order: list = []
+    for _ in range(epochs):
+        batches = []
+        for _ in range(nodes):
+            wired = [_wire((r.procedure, r.params)) for r in itertools.islice(stream, per_node)]
+            batches.append([TxnRequest(procedure, dict(params)) for procedure, params in wired])
+        order.append(global_batch(batches))
+        if sparse:  # as a node does: route its batch once, for its peers and its own plan
+            for batch in batches:
+                router.routes(batch, keep=True)
+        inputs = [_routed_only(batches, router, n) if sparse else batches for n in range(nodes)]
+        runs = [run_class(n, dbs[n], registry, router, inputs[n]) for n in range(nodes)]
+        inflight: list = []  # (destination, entries)
+        while not all(run.finished for run in runs) or inflight:
+            for run in runs:
+                run.step(rng.randint(1, 20))
+                inflight.extend((t, _wire(e)) for t, e in run.take_outbox().items())
+            stuck = all(run.finished or not run.has_ready for run in runs)
+            done = all(run.finished for run in runs)
+            assert inflight or done or not stuck, "every node waits and no message is in flight"
+            if inflight and (rng.random() < 0.7 or stuck):
+                target, entries = inflight.pop(rng.randrange(len(inflight)))
+                runs[target].deliver(entries)
+        assemblers = [ResultAssembler(registry, batches[n], nodes) for n in range(nodes)]
+        for source in rng.sample(range(nodes), nodes):
+            reports = runs[source].reports()
+            for origin in range(nodes):
+                assemblers[origin].add(source, _wire(reports.get(origin, [])))
+        for assembler in assemblers:
+            outcomes.extend(assembler.outcomes())
+    merged: dict = {}
+    for node in range(nodes):
+        for table, rows in owned_rows(dbs[node], router, node).items():
+            merged.setdefault(table, {}).update(rows)
+    return order, outcomes, merged
+
+
+@pytest.fixture(scope="session")
+def cluster_sim() -> Callable[..., tuple[list, list, dict]]:
+    """``simulate_cluster``, for the tests of DistDGCC's and Calvin's node schedules."""
+    return simulate_cluster

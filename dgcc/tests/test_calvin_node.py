@@ -7,9 +7,6 @@ not; and a simulated 3-node cluster with shuffled messages must equal the serial
 
 from __future__ import annotations
 
-import itertools
-import random
-
 import pytest
 
 from dgcc.api import TxnRequest
@@ -18,10 +15,7 @@ from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import (
     EpochRun,
     Placement,
-    ResultAssembler,
     Router,
-    global_batch,
-    owned_rows,
 )
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
@@ -72,48 +66,11 @@ def test_active_participant_waits_for_every_remote_read_and_blocks_later_conflic
             assert all(not name.startswith(GRANT) for entry in entries for name in entry[1])
 
 
-def _simulate(run_class, workload_name, options, nodes, epochs, per_node, seed):
-    workload = get_workload(workload_name, **options)
-    registry = workload.registry()
-    router = Router(workload, Placement.round_robin(nodes))
-    dbs = [workload.build(seed) for _ in range(nodes)]
-    stream = workload.requests(seed + 1)
-    rng = random.Random(seed)
-    outcomes, order = [], []
-    for _ in range(epochs):
-        batches = [
-            [
-                TxnRequest(*_wire((r.procedure, r.params)))
-                for r in itertools.islice(stream, per_node)
-            ]
-            for _ in range(nodes)
-        ]
-        order.append(global_batch(batches))
-        runs = [run_class(n, dbs[n], registry, router, batches) for n in range(nodes)]
-        inflight = []
-        while not all(run.finished for run in runs) or inflight:
-            for run in runs:
-                run.step(rng.randint(1, 20))
-                inflight.extend((t, _wire(e)) for t, e in run.take_outbox().items())
-            stuck = all(run.finished or not run.has_ready for run in runs)
-            done = all(run.finished for run in runs)
-            assert inflight or done or not stuck, "every node waits and no message is in flight"
-            if inflight and (rng.random() < 0.7 or stuck):
-                target, entries = inflight.pop(rng.randrange(len(inflight)))
-                runs[target].deliver(entries)
-        assemblers = [ResultAssembler(registry, batches[n], nodes) for n in range(nodes)]
-        for source in range(nodes):
-            reports = runs[source].reports()
-            for origin in range(nodes):
-                assemblers[origin].add(source, _wire(reports.get(origin, [])))
-        outcomes.extend(o for assembler in assemblers for o in assembler.outcomes())
-    return workload, router, dbs, order, outcomes
-
-
 @pytest.mark.parametrize(("name", "options"), [("ycsb", YCSB), ("tpcc", TPCC)])
-def test_simulated_calvin_cluster_equals_serial(name, options) -> None:
-    workload, router, dbs, order, outcomes = _simulate(
-        CalvinEpochRun, name, options, nodes=3, epochs=3, per_node=25, seed=5
+def test_simulated_calvin_cluster_equals_serial(cluster_sim, name, options) -> None:
+    workload = get_workload(name, **options)
+    order, outcomes, merged = cluster_sim(
+        CalvinEpochRun, workload, nodes=3, epochs=3, per_node=25, seed=5
     )
     serial_db = workload.build(5)
     serial = SerialProtocol(serial_db, workload.registry())
@@ -121,8 +78,4 @@ def test_simulated_calvin_cluster_equals_serial(name, options) -> None:
     assert [(o.status, _wire(o.result)) for o in outcomes] == [
         (o.status, _wire(o.result)) for o in expected
     ]
-    merged: dict = {}
-    for node, db in enumerate(dbs):
-        for table, rows in owned_rows(db, router, node).items():
-            merged.setdefault(table, {}).update(rows)
     assert merged == _wire(serial_db.dump())

@@ -9,9 +9,6 @@ same global order, epoch by epoch.
 
 from __future__ import annotations
 
-import itertools
-import random
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,10 +19,7 @@ from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import (
     EpochRun,
     Placement,
-    ResultAssembler,
     Router,
-    global_batch,
-    owned_rows,
 )
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
@@ -48,65 +42,13 @@ def _wire(message):
     return decode(encode(("m", message)))[1]
 
 
-def _sparse(batches, router: Router, node: int) -> list:
-    """What ``node`` receives (as the node sends inputs): other origins' calls it is not
-    routed to are None."""
-    out = []
-    for origin, batch in enumerate(batches):
-        if origin == node:
-            out.append(batch)
-            continue
-        routes = [router.route(request) for request in batch]
-        out.append([r if n is None or node in n else None for r, n in zip(batch, routes)])
-    return out
-
-
-def simulate(workload_name, nodes, epochs, per_node, seed, sparse=False):
+def simulate(cluster_sim, workload_name, nodes, epochs, per_node, seed, sparse=False):
+    """``EpochRun`` nodes simulated by conftest's ``simulate_cluster``."""
     workload = get_workload(workload_name, **WORKLOADS[workload_name])
-    registry = workload.registry()
-    placement = Placement.round_robin(nodes)
-    router = Router(workload, placement)
-    dbs = [workload.build(seed) for _ in range(nodes)]
-    stream = workload.requests(seed + 1)
-    rng = random.Random(seed)
-    all_outcomes, order = [], []
-    for _ in range(epochs):
-        batches = [
-            [_wire_request(r) for r in itertools.islice(stream, per_node)] for _ in range(nodes)
-        ]
-        order.append(global_batch(batches))
-        if sparse:  # as a node does: route its batch once, for its peers and its own plan
-            for batch in batches:
-                router.routes(batch, keep=True)
-        inputs = [_sparse(batches, router, n) if sparse else batches for n in range(nodes)]
-        runs = [EpochRun(n, dbs[n], registry, router, inputs[n]) for n in range(nodes)]
-        inflight = []  # (destination, entries)
-        while not all(run.finished for run in runs) or inflight:
-            for run in runs:
-                run.step(rng.randint(1, 20))
-                for target, entries in run.take_outbox().items():
-                    inflight.append((target, _wire(entries)))
-            stuck = all(run.finished or not run.has_ready for run in runs)
-            if inflight and (rng.random() < 0.7 or stuck):
-                target, entries = inflight.pop(rng.randrange(len(inflight)))
-                runs[target].deliver(entries)
-        assemblers = [ResultAssembler(registry, batches[n], nodes) for n in range(nodes)]
-        for source in rng.sample(range(nodes), nodes):
-            reports = runs[source].reports()
-            for origin in range(nodes):
-                assemblers[origin].add(source, _wire(reports.get(origin, [])))
-        for assembler in assemblers:
-            all_outcomes.extend(assembler.outcomes())
-    merged = {}
-    for n in range(nodes):
-        for name, rows in owned_rows(dbs[n], router, n).items():
-            merged.setdefault(name, {}).update(rows)
-    return workload, order, all_outcomes, merged
-
-
-def _wire_request(request: TxnRequest) -> TxnRequest:
-    procedure, params = _wire((request.procedure, request.params))
-    return TxnRequest(procedure, dict(params))
+    order, outcomes, merged = cluster_sim(
+        EpochRun, workload, nodes, epochs, per_node, seed, sparse=sparse
+    )
+    return workload, order, outcomes, merged
 
 
 def serial_run(workload, order, seed):
@@ -124,9 +66,11 @@ def _normal(outcome: Outcome):
 
 @pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
 @pytest.mark.parametrize("nodes", [1, 2, 3])
-def test_simulated_cluster_equals_serial(workload_name, nodes):
+def test_simulated_cluster_equals_serial(cluster_sim, workload_name, nodes):
     with debug.invariants():
-        workload, order, outcomes, merged = simulate(workload_name, nodes, 3, 40, seed=nodes)
+        workload, order, outcomes, merged = simulate(
+            cluster_sim, workload_name, nodes, 3, 40, seed=nodes
+        )
         expected, dump = serial_run(workload, order, seed=nodes)
     assert [_normal(o) for o in outcomes] == [_normal(o) for o in expected]
     assert _wire(merged) == _wire(dump)
@@ -135,11 +79,13 @@ def test_simulated_cluster_equals_serial(workload_name, nodes):
 
 
 @pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
-def test_sparse_inputs_equal_serial(workload_name):
+def test_sparse_inputs_equal_serial(cluster_sim, workload_name):
     """Nodes given only the peers' calls routed to them (None elsewhere) still match serial."""
     for checks in (True, False):
         with debug.invariants(checks):
-            workload, order, outcomes, merged = simulate(workload_name, 3, 3, 40, 11, sparse=True)
+            workload, order, outcomes, merged = simulate(
+                cluster_sim, workload_name, 3, 3, 40, 11, sparse=True
+            )
             expected, dump = serial_run(workload, order, seed=11)
         assert [_normal(o) for o in outcomes] == [_normal(o) for o in expected]
         assert _wire(merged) == _wire(dump)
@@ -172,20 +118,20 @@ def test_routes_computed_once_per_kept_batch(monkeypatch):
 
 
 @pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
-def test_fast_path_without_invariant_checks_equals_serial(workload_name):
+def test_fast_path_without_invariant_checks_equals_serial(cluster_sim, workload_name):
     """Single-node transactions skip placement when checks are off; still equal to serial."""
     with debug.invariants(False):
-        workload, order, outcomes, merged = simulate(workload_name, 2, 3, 40, seed=7)
+        workload, order, outcomes, merged = simulate(cluster_sim, workload_name, 2, 3, 40, seed=7)
         expected, dump = serial_run(workload, order, seed=7)
     assert [_normal(o) for o in outcomes] == [_normal(o) for o in expected]
     assert _wire(merged) == _wire(dump)
 
 
-def test_canary_without_cross_node_abort_edges_diverges(monkeypatch):
+def test_canary_without_cross_node_abort_edges_diverges(cluster_sim, monkeypatch):
     """A planted bug (remote writes not waiting for abort decisions) must be caught."""
     monkeypatch.setattr(EpochRun, "abort_edges", False)
     with debug.invariants():
-        workload, order, outcomes, merged = simulate("smallbank", 2, 3, 40, seed=5)
+        workload, order, outcomes, merged = simulate(cluster_sim, "smallbank", 2, 3, 40, seed=5)
         expected, dump = serial_run(workload, order, seed=5)
     same_outcomes = [_normal(o) for o in outcomes] == [_normal(o) for o in expected]
     assert not (same_outcomes and _wire(merged) == _wire(dump))
@@ -193,10 +139,10 @@ def test_canary_without_cross_node_abort_edges_diverges(monkeypatch):
 
 @settings(max_examples=12)
 @given(seed=st.integers(0, 2**20), nodes=st.integers(2, 4), name=st.sampled_from(sorted(WORKLOADS)))
-def test_any_message_order_equals_serial(seed, nodes, name):
+def test_any_message_order_equals_serial(cluster_sim, seed, nodes, name):
     """Property: for any seed (stream, message order, slices), state and results match."""
     with debug.invariants():
-        workload, order, outcomes, merged = simulate(name, nodes, 2, 15, seed=seed)
+        workload, order, outcomes, merged = simulate(cluster_sim, name, nodes, 2, 15, seed=seed)
         expected, dump = serial_run(workload, order, seed=seed)
     assert [_normal(o) for o in outcomes] == [_normal(o) for o in expected]
     assert _wire(merged) == _wire(dump)
