@@ -2,30 +2,38 @@
 
 Goal: the cheap run-time record (one partition per transaction from the workload's routing)
 says exactly what looking at every piece's keys says; a workload whose routing lies is caught
-with invariants on; a child's chunks of changes rebuild its writes (rows and indexes) in the
-parent; and for any seed, batch size, partition count and worker count, recovery in worker
-processes equals the serial replay of exactly the logged epochs. Method: the drill's small
-TPC-C, planned and run by DGCC in-process, the durable engine in a temp directory, and random
-write sequences on a toy table.
+with invariants on; a child's changes rebuild its writes (rows and indexes) in the parent;
+for any seed, batch size, partition count and worker count, recovery in worker processes
+equals the serial replay of exactly the logged epochs; and recovery through the procedures'
+replay entry points (TPC-C) or without them (Smallbank) equals it too, while a wrong entry
+point is caught. Method: the drill's small TPC-C and a small Smallbank, planned
+and run by DGCC in-process, the durable engine in a temp directory, and random write
+sequences on a toy table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dgcc.api import PlannedTxn
+from dgcc.api import Piece, PlannedTxn, Procedure, ProcedureRegistry
+from dgcc.durable import DurableConfig, DurableEngine
 from dgcc.errors import DgccError
 from dgcc.protocols.dgcc import DgccProtocol, Graph
-from dgcc.storage import Database, Index, Table
+from dgcc.protocols.serial import SerialProtocol
+from dgcc.storage import Database, Index, ReadView, Table
 from dgcc.wal import command, dependency, parallel
 from dgcc.wal.drill import DRILL_TPCC, batches, open_engine, reference_state
 from dgcc.wal.recovery import recover
+from dgcc.workloads.smallbank import SmallbankWorkload
 from dgcc.workloads.tpcc import TpccWorkload
 from dgcc.workloads.tpcc.schema import create_tables
 
@@ -122,16 +130,16 @@ def _toy_db(rows: dict[int, dict]) -> Database:
 
 
 _ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "update", "delete", "chunk"]), st.integers(0, 5),
+    st.tuples(st.sampled_from(["insert", "update", "delete"]), st.integers(0, 5),
               st.integers(0, 3)),
     max_size=40,
 )  # fmt: skip
 
 
 @given(_ops)
-def test_a_childs_chunks_rebuild_its_writes(ops: list[tuple[str, int, int]]) -> None:
-    """Whatever a child inserts, updates and deletes, chunk by chunk, the parent that applies
-    the chunks ends with the child's rows and indexes."""
+def test_a_childs_changes_rebuild_its_writes(ops: list[tuple[str, int, int]]) -> None:
+    """Whatever a child inserts, updates and deletes, the parent that applies its changes
+    ends with the child's rows and indexes."""
     start = {pk: {"g": 0, "n": pk} for pk in range(3)}
     child, parent = _toy_db(start), _toy_db(start)
     changes = parallel._Changes(child)
@@ -144,10 +152,117 @@ def test_a_childs_chunks_rebuild_its_writes(ops: list[tuple[str, int, int]]) -> 
                 table.update(pk, {"g": number} if number % 2 else {"n": number})
             elif op == "delete" and exists:
                 table.delete(pk)
-        if op == "chunk":
-            parallel._apply(parent, changes.take())
     parallel._apply(parent, changes.take())
     assert parent.dump() == child.dump()
     for name in ("t",):
         index, mirror = child.tables[name].indexes["by_g"], parent.tables[name].indexes["by_g"]
         assert {g: index.lookup(g) for g in range(4)} == {g: mirror.lookup(g) for g in range(4)}
+
+
+# -- replay entry points ------------------------------------------------------------------------
+
+REDONE = ("new_order", "payment", "delivery")  # TPC-C procedures with a replay entry point
+
+
+def _counting(registry: ProcedureRegistry, planned: list[str]) -> ProcedureRegistry:
+    """``registry`` with every plan call recorded in ``planned`` (by procedure name)."""
+
+    def counted(procedure: Procedure) -> Procedure:
+        def plan(params: Mapping[str, Any], view: ReadView) -> Sequence[Piece]:
+            planned.append(procedure.name)
+            return procedure.plan(params, view)
+
+        return dataclasses.replace(procedure, plan=plan)
+
+    return ProcedureRegistry([counted(registry.get(name)) for name in registry.names()])
+
+
+def _recover_tpcc(seed: int, batch: int, epochs: int, workers: int, registry: ProcedureRegistry):
+    directory = Path(tempfile.mkdtemp(prefix="dgcc_redo_"))
+    try:
+        engine = open_engine(directory, "dependency", seed, partitions=2 if workers > 1 else 0)
+        for requests in batches(seed, batch, 1, epochs):
+            engine.run_epoch(requests)
+        engine.close()
+        return recover(directory, create_tables, registry, workers=workers).db
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@settings(max_examples=5)
+@given(
+    seed=st.integers(0, 1000),
+    batch=st.integers(5, 30),
+    epochs=st.integers(1, 3),
+    workers=st.integers(1, 2),
+)
+def test_tpcc_recovery_through_replay_entry_points_equals_serial_replay(
+    seed: int, batch: int, epochs: int, workers: int
+) -> None:
+    """Committed NewOrder, Payment and Delivery calls are redone by their procedures' replay
+    entry points (never re-planned with one worker), and the state is the serial replay's."""
+    planned: list[str] = []
+    registry = _counting(TpccWorkload(**DRILL_TPCC).registry(), planned)
+    assert all(registry.get(name).replay is not None for name in REDONE)
+    recovered = _recover_tpcc(seed, batch, epochs, workers, registry)
+    assert recovered.dump() == reference_state(seed, batch, epochs).dump()
+    if workers == 1:
+        assert not set(planned) & set(REDONE), f"re-planned {sorted(set(planned))}"
+
+
+def test_a_wrong_replay_entry_point_is_caught() -> None:
+    """Canary: a NewOrder replay that forgets the stock updates leaves a different state."""
+    registry = TpccWorkload(**DRILL_TPCC).registry()
+    right = registry.get("new_order")
+
+    def forgetful(db: Database, params: Mapping[str, Any]) -> None:
+        stock = db.tables["stock"]
+        saved = {key: dict(stock.rows[key]) for key in stock.rows}
+        assert right.replay is not None
+        right.replay(db, params)
+        stock.rows.update(saved)
+
+    procedures = [registry.get(name) for name in registry.names() if name != "new_order"]
+    wrong = ProcedureRegistry([*procedures, dataclasses.replace(right, replay=forgetful)])
+    recovered = _recover_tpcc(SEED, BATCH, 1, 1, wrong)
+    assert recovered.dump() != reference_state(SEED, BATCH, 1).dump()
+
+
+@settings(max_examples=5)
+@given(
+    seed=st.integers(0, 1000),
+    batch=st.integers(5, 40),
+    epochs=st.integers(1, 3),
+    workers=st.integers(1, 2),
+)
+def test_smallbank_recovery_without_entry_points_equals_serial_replay(
+    seed: int, batch: int, epochs: int, workers: int
+) -> None:
+    """A workload whose procedures have no replay entry point is re-planned piece by piece
+    (overdraft aborts included), in one process or split over partitions."""
+    workload = SmallbankWorkload(accounts=40, hot_accounts=8, hot_fraction=0.5)
+    stream = workload.requests(seed)
+    epoch_batches = [[next(stream) for _ in range(batch)] for _ in range(epochs)]
+    directory = Path(tempfile.mkdtemp(prefix="dgcc_smallbank_"))
+    try:
+        config = DurableConfig(directory=directory, partitions=2 if workers > 1 else 0)
+        engine = DurableEngine(
+            config,
+            workload.registry(),
+            workload.schema,
+            lambda: workload.build(seed),
+            workload.partition_of,
+            workload.route_keys,
+        )
+        for requests in epoch_batches:
+            engine.run_epoch(requests)
+        engine.close()
+        recovered = recover(directory, workload.schema, workload.registry(), workers=workers)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    reference = workload.build(seed)
+    serial = SerialProtocol(reference, workload.registry())
+    for requests in epoch_batches:
+        serial.run_batch(requests)
+    assert recovered.db.dump() == reference.dump()
+    assert ("timing_s/replay_worker_cpu_max" in recovered.timing_s) == (workers > 1)

@@ -144,11 +144,11 @@ def test_partitioned_replay_detects_a_missing_value(tmp_path: Path) -> None:
     payloads = [decode_payload(block) for block in blocks]
     crossing = [payload for payload in payloads if payload["remote_values"]]
     registry = TpccWorkload(**DRILL_TPCC).registry()
-    db = open_engine(tmp_path / "fresh", "none", SEED).db
+    initial = lambda: TpccWorkload(**DRILL_TPCC).build(SEED)  # noqa: E731
     for payload in crossing:
         payload["remote_values"] = {}
     with pytest.raises(DgccError, match=r"diverged|failed"):  # here (worker 0) or in a child
-        parallel.replay_partitioned(db, registry, payloads, workers=2, partitions=2)
+        parallel.replay_partitioned(initial, registry, payloads, workers=2, partitions=2)
 
 
 @pytest.mark.parametrize("mode", ["command", "dependency"])

@@ -81,7 +81,8 @@ class Outcome:
 class Piece:
     """One action of a transaction: a function and the conflict keys it declares.
 
-    Treated as immutable once planned; protocols only read it.
+    Treated as immutable once planned; protocols only read it, so a workload may hand the same
+    piece to many calls (YCSB reuses its hot keys' pieces).
     """
 
     name: str
@@ -105,12 +106,17 @@ class Procedure:
             call.
         result: builds the client's result from the piece outputs (name -> value); by default
             the outputs dict itself.
+        replay: ``replay(db, params)`` redoes the writes of a call that committed, straight on
+            ``db`` at its serial position, with no plan, pieces or result: dependency-log
+            recovery knows the decision from the log. It must leave the state the plan's pieces
+            leave. None: recovery re-plans the call and runs its writing pieces.
     """
 
     name: str
     params: Mapping[str, type]
     plan: Callable[[Mapping[str, Any], ReadView], Sequence[Piece]]
     result: Callable[[dict[str, Any]], Any] | None = None
+    replay: Callable[[Database, Mapping[str, Any]], None] | None = None
 
 
 class ProcedureRegistry:
@@ -248,10 +254,11 @@ class PieceContext:
     record's conflict key must be one the piece declared, and rows come back read-only.
     """
 
-    __slots__ = ("_db", "_piece", "_txn", "_wrote")
+    __slots__ = ("_db", "_piece", "_tables", "_txn", "_wrote")
 
     def __init__(self, db: Database, txn: PlannedTxn) -> None:
         self._db = db
+        self._tables = db.tables  # every record access starts here
         self._txn = txn
         self._piece: Piece | None = None
         self._wrote = False
@@ -279,29 +286,29 @@ class PieceContext:
     # -- record access -------------------------------------------------------------------
 
     def get(self, table: str, pk: Hashable) -> Mapping[str, Any] | None:
-        t = self._db.tables[table]
         if debug.check_invariants:
+            t = self._tables[table]
             self._check_declared(t.conflict_key(pk), write=False)
             row = t.rows.get(pk)
             return None if row is None else debug.frozen(row)
-        return t.rows.get(pk)
+        return self._tables[table].rows.get(pk)
 
     def update(self, table: str, pk: Hashable, changes: Mapping[str, Any]) -> None:
-        t = self._db.tables[table]
+        t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
         self._wrote = True
         t.update(pk, changes)
 
     def insert(self, table: str, pk: Hashable, row: dict[str, Any]) -> None:
-        t = self._db.tables[table]
+        t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
         self._wrote = True
         t.insert(pk, row)
 
     def delete(self, table: str, pk: Hashable) -> None:
-        t = self._db.tables[table]
+        t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
         self._wrote = True
@@ -325,7 +332,7 @@ class PieceContext:
         return self._index(table, index, index_key).last(index_key)
 
     def _index(self, table: str, index: str, index_key: Hashable) -> Index:
-        t = self._db.tables[table]
+        t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.index_conflict_key(index, index_key), write=False)
         return t.indexes[index]

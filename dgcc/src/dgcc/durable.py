@@ -46,7 +46,8 @@ class DurableConfig:
         checkpoint_every_epochs: take a checkpoint after every this many epochs; 0 = never
             (besides the initial one written when the directory is new).
         fork_checkpoint: write checkpoints from a forked child without stopping epochs.
-        recovery_workers: logical workers for dependency replay.
+        recovery_workers: dependency replay workers: processes, one per group of partitions,
+            when the log recorded partitions, else logical workers in this process.
         sync: fsync each block (off only to measure fsync's share of the cost).
         partitions: with ``dependency``, also log each piece's partition (of this many) and the
             values crossing partitions, so recovery can replay partitions in parallel

@@ -13,6 +13,8 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from dgcc import debug
+
 __all__ = ["Database", "Index", "ReadView", "Table"]
 
 Row = dict[str, Any]
@@ -89,6 +91,7 @@ class Table:
             lambda index, ik: (name, index, ik)
         )
         self.indexes = {index.name: index for index in indexes}
+        self._indexes = tuple(indexes)  # every write walks them: a tuple, not dict values
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -97,17 +100,21 @@ class Table:
         return self.rows.get(pk)
 
     def insert(self, pk: Any, row: Row) -> None:
-        if pk in self.rows:
+        rows = self.rows
+        if pk in rows:
             raise KeyError(f"{self.name}: duplicate primary key {pk!r}")
-        self.rows[pk] = row
-        for index in self.indexes.values():
+        rows[pk] = row
+        for index in self._indexes:
             index.add(pk, row)
 
     def update(self, pk: Any, changes: Mapping[str, Any]) -> None:
         row = self.rows[pk]
+        if not self._indexes:  # most tables and writes: nothing to keep in step
+            row.update(changes)
+            return
         touched = [
             index
-            for index in self.indexes.values()
+            for index in self._indexes
             if index.fields is None or not index.fields.isdisjoint(changes)
         ]
         for index in touched:
@@ -118,7 +125,7 @@ class Table:
 
     def delete(self, pk: Any) -> None:
         row = self.rows.pop(pk)
-        for index in self.indexes.values():
+        for index in self._indexes:
             index.remove(pk, row)
 
     def items(self) -> Iterator[tuple[Any, Row]]:
@@ -162,9 +169,12 @@ class ReadView:
         self._db = db
 
     def get(self, table: str, pk: Any) -> Mapping[str, Any] | None:
-        """A read-only view of the live row (no copy: plans read it before the batch runs)."""
+        """The live row, not a copy (plans read it before the batch runs); a read-only view of
+        it under ``debug.check_invariants``, as pieces get."""
         row = self._db.tables[table].rows.get(pk)
-        return None if row is None else MappingProxyType(row)
+        if row is None or not debug.check_invariants:
+            return row
+        return MappingProxyType(row)
 
     def lookup(self, table: str, index: str, index_key: Hashable) -> list[Any]:
         return self._db.tables[table].indexes[index].lookup(index_key)

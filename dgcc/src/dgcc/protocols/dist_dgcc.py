@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,12 +145,12 @@ class Router:
             self._nodes_of_key[key] = node
         return node
 
-    def nodes_of(self, keys: Iterable[Hashable]) -> set[int]:
+    def nodes_of(self, keys: Sequence[Hashable]) -> set[int]:
         """The nodes owning ``keys`` (``REPLICATED`` among them for replicated keys)."""
-        known, nodes = self._nodes_of_key.get, set()
-        for key in keys:  # every call routes and places here: a cache hit per key
-            node = known(key)
-            nodes.add(self.node_of_key(key) if node is None else node)
+        known = self._nodes_of_key.get
+        nodes = {known(key) for key in keys}  # every call routes and places here: cache hits
+        if None in nodes:  # a key seen for the first time
+            nodes = {self.node_of_key(key) for key in keys}
         return nodes
 
     def route(self, request: object) -> frozenset[int] | None:
@@ -550,6 +550,10 @@ class ResultAssembler:
     @property
     def complete(self) -> bool:
         return not self._waiting
+
+    def waits_for(self, node: int) -> bool:
+        """Whether node ``node``'s report is still missing."""
+        return node in self._waiting
 
     def add(self, node: int, entries: Sequence[Sequence[Any]]) -> None:
         """Take one node's report (exactly once per node).

@@ -5,14 +5,16 @@ planned transaction's piece count, the graph's successor lists, the logic-abort 
 which transactions wrote nothing, and the values received from other partitions or nodes, so
 a node can recover alone.
 
-Replay does only the work the log leaves open. It plans only the transactions that changed
-state: logically aborted ones wrote nothing and read-only ones change nothing, so neither is
-planned or run. Within a replayed transaction, a piece that writes nothing and feeds no writing
-piece is not run either (its output only went into the client's answer, already given). The
-rest run by in-degree over the logged edges (no graph construction, no level barriers), or, with
-one worker, in ascending piece id: every logged edge points forward.
-Planning still runs for the replayed transactions, because a piece is code (a closure over its
-parameters and the reconnaissance reads); it sees the same state as at run time.
+Replay does only the work the log leaves open. It runs only the transactions that changed
+state: logically aborted ones wrote nothing and read-only ones change nothing. With one worker
+(or one process per partition group, ``parallel``) a replayed transaction's pieces run back to
+back, so a procedure with a ``replay`` entry point redoes its writes in one call: the log holds
+its commit decision, so there is no plan, no piece and no result to build. Other procedures,
+and every transaction of an in-degree walk, are re-planned against the epoch-start state (a
+piece is code closing over its plan); then a piece that writes nothing and feeds no writing
+piece is skipped (its output only went into the client's answer, already given), and the rest
+run by in-degree over the logged edges (no graph construction, no level barriers), or, with one
+worker, in ascending piece id: every logged edge points forward.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import itertools
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +41,14 @@ from dgcc.wal import command
 
 __all__ = [
     "EpochShape",
+    "Redo",
     "critical_path",
     "needed_pieces",
     "plan_replayed",
     "record_epoch",
+    "redo",
     "replay_epoch",
+    "replay_jobs",
     "replayed_slots",
     "successor_lists",
 ]
@@ -188,35 +193,101 @@ def plan_replayed(
     return planned
 
 
+@dataclass(frozen=True, slots=True)
+class Redo:
+    """A committed transaction replayed whole through its procedure's ``replay``."""
+
+    slot: int
+    replay: Callable[[Database, Mapping[str, Any]], None]
+    params: Mapping[str, Any]
+
+
+def replay_jobs(
+    db: Database,
+    registry: ProcedureRegistry,
+    payload: dict[str, Any],
+    chosen: Sequence[int],
+    split: Container[int] = (),
+) -> list[Redo | PlannedTxn]:
+    """What replay runs for each ``chosen`` slot, in order: a ``Redo`` where the procedure has
+    a replay entry point and the slot is not in ``split`` (transactions whose pieces do not all
+    run here), else the transaction re-planned against the epoch-start state (call this before
+    any of the epoch runs).
+
+    Raises:
+        DgccError: as ``plan_replayed``, or a logged procedure is no longer registered.
+    """
+    requests, request_slots = payload["requests"], payload["request_slots"]
+    jobs: list[Redo | PlannedTxn | None] = []
+    planned_slots = []
+    for slot in chosen:
+        name, params = requests[request_slots[slot]]
+        try:
+            replay = registry.get(name).replay
+        except BadRequest as error:
+            raise DgccError(f"replayed transaction {slot} no longer plans: {error}") from None
+        if replay is None or slot in split:
+            jobs.append(None)
+            planned_slots.append(slot)
+        else:
+            jobs.append(Redo(slot, replay, params))
+    planned = iter(plan_replayed(db, registry, payload, planned_slots))
+    return [next(planned) if job is None else job for job in jobs]
+
+
+def redo(db: Database, job: Redo) -> None:
+    """Run a ``Redo``.
+
+    Raises:
+        DgccError: the procedure's replay failed (it no longer matches the log).
+    """
+    try:
+        job.replay(db, job.params)
+    except Exception as error:  # a replay that fails is a log/procedure mismatch, not input
+        raise DgccError(
+            f"replayed transaction {job.slot} failed: {type(error).__name__}: {error}"
+        ) from error
+
+
 def replay_epoch(
     db: Database, registry: ProcedureRegistry, payload: dict[str, Any], *, workers: int = 1
 ) -> int:
-    """Re-execute one logged epoch on ``db`` following its logged graph; returns pieces run.
+    """Re-execute one logged epoch on ``db`` following its logged graph; returns the
+    transactions redone whole plus the pieces run.
 
     Args:
         workers: logical workers taking turns on their own FIFO ready queues (any count gives
             the same state; real parallelism comes from ``parallel``'s processes). One worker
-            runs the pieces in ascending id, a topological order of the logged graph (every
-            edge points forward), with no in-degree bookkeeping; an epoch with a procedure
-            error is walked by in-degree as at run time, since which pieces of a failing
-            transaction ran depends on the order.
+            runs the transactions in log order (a topological order of the logged graph:
+            every edge points forward), redoing those with a replay entry point and running
+            the needed pieces of the others, with no in-degree bookkeeping; an epoch with a
+            procedure error is walked by in-degree as at run time, since which pieces of a
+            failing transaction ran depends on the order.
 
     Raises:
         DgccError: the re-planned transactions do not match the log, or one now aborts.
     """
     chosen = [slot for slot, replayed in enumerate(replayed_slots(payload)) if replayed]
-    txns = plan_replayed(db, registry, payload, chosen)
     errors = set(payload["errors"])
     if workers == 1 and not errors:
         ran = 0
-        for txn in txns:
-            ctx = PieceContext(db, txn)
-            for piece, keep in zip(txn.pieces, needed_pieces(txn.pieces), strict=True):
+        for job in replay_jobs(db, registry, payload, chosen):
+            if type(job) is Redo:
+                redo(db, job)
+                ran += 1
+                continue
+            ctx = PieceContext(db, job)
+            for piece, keep in zip(job.pieces, needed_pieces(job.pieces), strict=True):
                 if keep:
-                    run_piece(ctx, txn, piece)
+                    run_piece(ctx, job, piece)
                     ran += 1
-    else:
-        ran = _run_by_in_degree(_jobs(db, payload, chosen, txns), successor_lists(payload), workers)
+            if job.abort_reason is not None or job.error is not None:
+                raise DgccError(
+                    f"replayed transaction {job.index} diverged from the log: {job.outcome()}"
+                )
+        return ran
+    txns = plan_replayed(db, registry, payload, chosen)
+    ran = _run_by_in_degree(_jobs(db, payload, chosen, txns), successor_lists(payload), workers)
     diverged = [
         slot
         for slot, txn in zip(chosen, txns, strict=True)

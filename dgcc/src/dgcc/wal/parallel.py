@@ -4,14 +4,15 @@ At run time the dependency log also records where each transaction lives: its pa
 all of its data is in one (found from the workload's ``route_keys``, a few cached lookups per
 transaction), and for a transaction over several partitions each piece's partition plus the
 outputs of pieces that feed a piece of another partition (the values that would cross nodes in
-DistDGCC). At recovery, after the checkpoint is loaded, ``workers`` processes (this one and
-forked children) each replay only their partitions' pieces of every logged epoch: temporal
-edges never cross partitions (one key, one partition), logical edges that do are served from
-the logged values, aborted and read-only transactions are skipped, and so are pieces that
-neither write nor feed one of the worker's writing pieces. Within a worker, ascending piece id
-is a topological order (every edge points forward). Each child sends the rows it wrote in a
-few chunks as it goes (one image per row per chunk); the parent installs them between its own
-epochs, so the transfer overlaps the replay.
+DistDGCC). At recovery ``workers`` processes (this one and forked children) each load the
+checkpoint and replay only their partitions' part of every logged epoch: temporal edges never
+cross partitions (one key, one partition), logical edges that do are served from the logged
+values, and aborted and read-only transactions are skipped. A transaction in one partition is
+redone whole by its procedure's ``replay`` entry point where it has one; of the others, a worker
+runs the pieces that write or feed one of its writing pieces, in ascending piece id (every edge
+points forward). Each child then sends what it wrote, once (inserted and deleted rows whole,
+updated rows as the final values of their changed fields), and the parent installs it after
+its own part: streaming it in chunks between the parent's epochs cost more CPU than it hid.
 
 Requirements on the workload (TPC-C meets them, as DistDGCC's routing already assumes):
 ``route_keys`` names every partition a call touches, replicated keys are never written, and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import operator
 import os
 import pickle
 import shutil
@@ -31,6 +33,7 @@ import tempfile
 import time
 from array import array
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ __all__ = [
     "REPLICATED",
     "SEVERAL",
     "UNSPLITTABLE",
+    "Split",
     "record_partitions",
     "replay_partitioned",
     "splittable",
@@ -206,30 +210,29 @@ def _chosen_slots(payload: dict[str, Any], mine: list[bool]) -> list[int]:
 def _replay_mine(
     db: Database, registry: ProcedureRegistry, payload: dict[str, Any], mine: list[bool]
 ) -> None:
-    """Run this worker's needed pieces of one epoch, in ascending piece id."""
+    """Run this worker's part of one epoch in log order: its transactions that live in one
+    partition redone whole where the procedure can, the needed pieces of the rest."""
     chosen = _chosen_slots(payload, mine)
     piece_parts: dict[int, bytes] = payload["piece_parts"]
     crossing: dict[int, Any] = payload["remote_values"]
     offsets = [0, *itertools.accumulate(payload["piece_counts"])]
-    for slot, planned in zip(
-        chosen, dependency.plan_replayed(db, registry, payload, chosen), strict=True
-    ):
-        ctx = PieceContext(db, planned)
-        pieces = planned.pieces
+    for job in dependency.replay_jobs(db, registry, payload, chosen, piece_parts):
+        if type(job) is dependency.Redo:
+            dependency.redo(db, job)
+            continue
+        slot, ctx, pieces = job.index, PieceContext(db, job), job.pieces
         if slot in piece_parts:
             base = offsets[slot]
             for k, piece in enumerate(pieces):
                 if base + k in crossing:
-                    planned.outputs[piece.name] = crossing[base + k]
+                    job.outputs[piece.name] = crossing[base + k]
             pieces = _needed_here(pieces, array("h", piece_parts[slot]), mine)
         else:
             pieces = [p for p, keep in zip(pieces, dependency.needed_pieces(pieces)) if keep]
         for piece in pieces:
-            run_piece(ctx, planned, piece)
-        if planned.error is not None or planned.abort_reason is not None:
-            raise DgccError(
-                f"replayed transaction {slot} diverged from the log: {planned.outcome()}"
-            )
+            run_piece(ctx, job, piece)
+        if job.error is not None or job.abort_reason is not None:
+            raise DgccError(f"replayed transaction {slot} diverged from the log: {job.outcome()}")
 
 
 def _needed_here(pieces: Sequence[Piece], parts: array, mine: list[bool]) -> list[Piece]:
@@ -245,32 +248,45 @@ def _needed_here(pieces: Sequence[Piece], parts: array, mine: list[bool]) -> lis
     return needed
 
 
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A partitioned replay's result: the database, when this process had loaded the
+    checkpoint (``perf_counter`` seconds), and each worker's replay CPU seconds (worker 0's
+    installing included, every worker's checkpoint load excluded)."""
+
+    db: Database
+    loaded_s: float
+    cpu_s: list[float]
+
+
 def replay_partitioned(
-    db: Database,
+    load: Callable[[], Database],
     registry: ProcedureRegistry,
     payloads: Sequence[dict[str, Any]],
     *,
     workers: int,
     partitions: int,
-) -> list[float]:
-    """Replay splittable dependency epochs with ``workers`` processes, into ``db``.
+) -> Split:
+    """Replay splittable dependency epochs with ``workers`` processes onto ``load()``'s state.
 
-    This process replays partition group 0 itself; ``workers - 1`` forked children replay the
-    others and send the rows they wrote in ``CHUNKS`` batches as they go, which this process
-    installs between its own epochs (and the rest once the children are done). Returns each
-    worker's CPU seconds (its share of the work, whatever else shares the host), the
-    installing included in worker 0's.
+    ``workers - 1`` children are forked first and each loads the checkpoint itself (as this
+    process does meanwhile), so no process pays copy-on-write page copies for tables it shares
+    with another. Each child replays its partition group and sends the rows it wrote; this
+    process replays group 0, then installs the children's rows.
+
+    Raises:
+        DgccError: a worker failed, or the log no longer matches the procedures.
     """
     assert all(splittable(payload) for payload in payloads), "an epoch cannot be split"
     scratch = Path(tempfile.mkdtemp(prefix="dgcc_replay_"))
     children: list[int] = []
-    gc.freeze()  # the children's collector then leaves the shared heap alone (no COW copies)
     for worker in range(1, workers):
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                _replay_child(db, registry, payloads, _mine(worker, workers, partitions), scratch)
+                mine = _mine(worker, workers, partitions)
+                _replay_child(load, registry, payloads, mine, scratch / f"worker{worker}.pkl")
                 code = 0
             except Exception:  # the parent reports the failure; the reason goes to the log
                 logger.exception("replay worker %d failed", worker)
@@ -278,16 +294,20 @@ def replay_partitioned(
                 os._exit(code)
         children.append(pid)
     try:
-        started_cpu_s = time.process_time()
-        inbox = _Inbox(db, scratch)
+        db = load()
+        gc.freeze()  # the loaded rows are long-lived: full collections later skip them
+        loaded_s, started_cpu_s = time.perf_counter(), time.process_time()
         mine = _mine(0, workers, partitions)
         for payload in payloads:
             _replay_mine(db, registry, payload, mine)
-            inbox.install_arrived()
-        cpu_s = _reap(children)
-        inbox.install_arrived()
-        assert not any(scratch.glob("child*")), f"chunks left uninstalled in {scratch}"
-        return [time.process_time() - started_cpu_s, *cpu_s]
+        _reap(children)
+        cpu_s = []
+        for worker in range(1, workers):
+            sent = (scratch / f"worker{worker}.pkl").read_bytes()
+            whole, fields, child_cpu_s = pickle.loads(sent)
+            _apply(db, (whole, fields))
+            cpu_s.append(child_cpu_s)
+        return Split(db, loaded_s, [time.process_time() - started_cpu_s, *cpu_s])
     finally:
         alive = [pid for pid in children if _alive(pid)]
         for pid in alive:  # this process failed first: its children's work is moot
@@ -296,145 +316,126 @@ def replay_partitioned(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-CHUNKS = 4  # batches of changes each child sends while it replays
-
-
 def _mine(worker: int, workers: int, partitions: int) -> list[bool]:
     """Per partition: does ``worker`` replay it?"""
     return [p % workers == worker for p in range(partitions)]
 
 
-def _chunk_path(scratch: Path, child: int, number: int) -> Path:
-    return scratch / f"child{child}-{number:06d}.pkl"
-
-
 def _replay_child(
-    db: Database,
+    load: Callable[[], Database],
     registry: ProcedureRegistry,
     payloads: Sequence[dict[str, Any]],
     mine: list[bool],
-    scratch: Path,
+    path: Path,
 ) -> None:
-    """A child's replay: its partitions' pieces, sending what it wrote every few epochs.
-
-    A chunk is written under a temporary name and renamed, so the parent sees whole chunks.
-    """
-    child = os.getpid()
+    """A child's replay of its partitions' part; writes what it wrote, with its replay CPU
+    seconds, to ``path`` (under a temporary name, then renamed: the parent never sees half)."""
+    db = load()
+    started_cpu_s = time.process_time()
     changes = _Changes(db)
-    every, sent = max(1, -(-len(payloads) // CHUNKS)), 0
-    for count, payload in enumerate(payloads, 1):
+    for payload in payloads:
         _replay_mine(db, registry, payload, mine)
-        if count % every and count != len(payloads):
-            continue
-        path = _chunk_path(scratch, child, sent)
-        staging = path.with_suffix(".tmp")
-        staging.write_bytes(pickle.dumps(changes.take(), pickle.HIGHEST_PROTOCOL))
-        staging.rename(path)
-        sent += 1
+    staging = path.with_suffix(".tmp")
+    sent = (*changes.take(), time.process_time() - started_cpu_s)
+    staging.write_bytes(pickle.dumps(sent, pickle.HIGHEST_PROTOCOL))
+    staging.rename(path)
 
 
 class _Changes:
-    """What a child wrote since its last chunk, by table: the rows it inserted or deleted
-    (whole, None when deleted), and the merged field changes of rows it only updated.
+    """What a child wrote, by table: the rows it inserted or deleted (whole, None when
+    deleted), and the rows it only updated, as the current values of every field the table's
+    updates changed.
 
-    Sending only the changed fields of updated rows (a stock row's counts, an order line's
-    delivery date) keeps chunks small. The wrappers replace the child's table writers; the
-    child exits after replay.
+    Any current value of a row of the child's partitions is its final one (no other worker
+    writes it), so an updated row is sent once however often it changed (stock, customer and
+    district rows change many times), and sending fields a row's own updates did not change is
+    harmless, which lets an update cost one set insertion. The wrappers replace the child's
+    table writers; the child exits after replay.
     """
 
     def __init__(self, db: Database) -> None:
+        self.tables = db.tables
         self.whole: dict[str, dict[Hashable, Any]] = {}
-        self.fields: dict[str, dict[Hashable, dict[str, Any]]] = {}
+        self.updated: dict[str, set[Hashable]] = {}
+        self.names: dict[str, set[str]] = {}
         for table in db.tables.values():
-            self.whole[table.name], self.fields[table.name] = {}, {}
-            self._wrap(table, self.whole[table.name], self.fields[table.name])
+            name = table.name
+            self.whole[name], self.updated[name], self.names[name] = {}, set(), set()
+            self._wrap(table, self.whole[name], self.updated[name], self.names[name])
 
     @staticmethod
-    def _wrap(table: Table, whole: dict, fields: dict) -> None:
+    def _wrap(table: Table, whole: dict, updated: set, names: set) -> None:
         insert, update, delete = table.insert, table.update, table.delete
+        mark, note = updated.add, names.update
 
         def inserted(pk: Hashable, row: dict[str, Any]) -> None:
             insert(pk, row)
-            whole[pk] = row  # the live row: its state when the chunk is pickled
-            fields.pop(pk, None)
+            whole[pk] = row  # the live row: its state when the changes are taken
 
-        def updated(pk: Hashable, changes: Mapping[str, Any]) -> None:
+        def changed(pk: Hashable, changes: Mapping[str, Any]) -> None:
             update(pk, changes)
-            if pk not in whole:
-                merged = fields.get(pk)
-                if merged is None:
-                    fields[pk] = dict(changes)
-                else:
-                    merged.update(changes)
+            mark(pk)
+            note(changes)
 
         def deleted(pk: Hashable) -> None:
             delete(pk)
             whole[pk] = None
-            fields.pop(pk, None)
 
-        table.insert, table.update, table.delete = inserted, updated, deleted  # type: ignore[method-assign]
+        table.insert, table.update, table.delete = inserted, changed, deleted  # type: ignore[method-assign]
 
     def take(self) -> tuple[dict, dict]:
-        """The changes so far (non-empty tables only), forgetting them."""
-        taken = (
-            {name: dict(rows) for name, rows in self.whole.items() if rows},
-            {name: dict(rows) for name, rows in self.fields.items() if rows},
-        )
-        for kept in (*self.whole.values(), *self.fields.values()):
-            kept.clear()  # the wrappers hold these dicts
-        return taken
+        """Whole rows by table (non-empty tables only), and by table the changed field names
+        with each updated row's values of them (one value, not a tuple, when there is one
+        name); a row sent whole is not sent again as fields."""
+        whole = {name: rows for name, rows in self.whole.items() if rows}
+        fields = {}
+        for name, updated in self.updated.items():
+            if updated:
+                columns, rows, skip = tuple(self.names[name]), self.tables[name].rows, self.whole
+                values = operator.itemgetter(*columns)
+                sent = {pk: values(rows[pk]) for pk in updated if pk not in skip[name]}
+                fields[name] = (columns, sent)
+        return whole, fields
 
 
-def _apply(db: Database, chunk: tuple[dict, dict]) -> None:
-    """Install a child's chunk: its whole rows, then its field changes (never the same row)."""
-    whole, fields = chunk
+def _apply(db: Database, changes: tuple[dict, dict]) -> None:
+    """Install a child's changes: its whole rows, then its updated rows' fields (never the
+    same row). Fields no index depends on go straight into the row dicts."""
+    whole, fields = changes
     value.replay_epoch(db, {"images": whole})
-    for name, changes in fields.items():
-        update = db.tables[name].update
-        for pk, merged in changes.items():
-            update(pk, merged)
+    for name, (columns, values) in fields.items():
+        table, rows = db.tables[name], db.tables[name].rows
+        indexed = any(index.fields is None or not index.fields.isdisjoint(columns)
+                      for index in table.indexes.values())  # fmt: skip
+        if indexed:
+            for pk, row_values in values.items():
+                changes = zip(columns, row_values if len(columns) > 1 else (row_values,))
+                table.update(pk, dict(changes))
+        elif len(columns) == 1:
+            (column,) = columns
+            for pk, field in values.items():
+                rows[pk][column] = field
+        else:
+            for pk, row_values in values.items():
+                rows[pk].update(zip(columns, row_values))
 
 
-class _Inbox:
-    """The parent's side: installs each child's chunks in the order they were sent."""
-
-    def __init__(self, db: Database, scratch: Path) -> None:
-        self.db = db
-        self.scratch = scratch
-        self.next_chunk: dict[int, int] = {}  # child pid -> number of its next chunk
-
-    def install_arrived(self) -> int:
-        """Install every chunk that has fully arrived; returns how many."""
-        installed = 0
-        for path in sorted(self.scratch.glob("child*-*.pkl")):
-            child, number = (int(part) for part in path.stem[len("child") :].split("-"))
-            if number != self.next_chunk.get(child, 0):
-                continue  # an earlier chunk of this child is still being written
-            _apply(self.db, pickle.loads(path.read_bytes()))
-            path.unlink()
-            self.next_chunk[child] = number + 1
-            installed += 1
-        return installed
-
-
-def _reap(children: list[int], *, quiet: bool = False) -> list[float]:
-    """Wait for every child; their CPU seconds.
+def _reap(children: list[int], *, quiet: bool = False) -> None:
+    """Wait for every child.
 
     Raises:
         DgccError: a child failed (unless ``quiet``).
     """
-    failed, cpu_s = [], []
+    failed = []
     for pid in children:
         try:
-            _, status, usage = os.wait4(pid, 0)
+            _, status = os.waitpid(pid, 0)
         except ChildProcessError:  # reaped already
             continue
-        cpu_s.append(usage.ru_utime + usage.ru_stime)
         if os.waitstatus_to_exitcode(status) != 0:
             failed.append(pid)
     if failed and not quiet:
         raise DgccError(f"replay workers {failed} failed")
-    return cpu_s
 
 
 def _alive(pid: int) -> bool:

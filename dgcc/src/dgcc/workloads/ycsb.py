@@ -15,6 +15,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from dgcc.api import Outcome, Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
@@ -26,6 +27,7 @@ __all__ = ["YcsbWorkload", "ZipfianGenerator"]
 
 TABLE = "usertable"
 THETA_MAX = 0.99
+PIECES_CACHED_MAX = 1 << 16  # planned pieces kept for reuse (see ``YcsbWorkload._piece``)
 DISTINCT_DRAWS_MAX = 64  # zipf draws per key before falling back to the next unused key
 
 
@@ -132,6 +134,7 @@ class YcsbWorkload(Workload):
         self.theta = float(theta)
         self._field_names = tuple(f"field{i}" for i in range(fields))
         self._increments: Counter[int] = Counter()
+        self._pieces: dict[tuple[int, int, bool], Piece] = {}  # (key, position, write) -> piece
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -170,22 +173,32 @@ class YcsbWorkload(Workload):
         keys, rmw = params["keys"], params["rmw"]
         if len(keys) != len(rmw) or not keys:
             raise BadParams(f"ycsb_txn: keys and rmw must be equally long and non-empty: {params}")
-        records, fields = self.records, self._field_names
+        records, cache = self.records, self._pieces
         pieces = []
         for position, key in enumerate(keys):
             if type(key) is not int or not 0 <= key < records:  # bool is not int here
                 raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {key!r}")
             write = rmw[position]
-            # Positional Piece(name, run, reads, writes): every call of every protocol plans here.
-            if write is True:
-                field = fields[position % len(fields)]
-                run = _rmw_piece(key, field)
-                pieces.append(Piece(f"w{position}", run, (), ((TABLE, key),)))
-            elif write is False:
-                pieces.append(Piece(f"r{position}", _read_piece(key), ((TABLE, key),)))
-            else:
+            if write is not True and write is not False:
                 raise BadParams(f"ycsb_txn: rmw flags must be bools, got {write!r}")
+            piece = cache.get((key, position, write))
+            if piece is None:
+                piece = self._piece(key, position, write)
+            pieces.append(piece)
         return pieces
+
+    def _piece(self, key: int, position: int, write: bool) -> Piece:
+        """The piece of one access, kept for reuse: pieces are never changed once planned, and
+        a skewed stream plans the hot keys' pieces over and over."""
+        if len(self._pieces) >= PIECES_CACHED_MAX:
+            self._pieces.clear()  # bounded; the hot pieces come back at once
+        if write:
+            run = partial(_read_modify_write, key, self._field_names[position % self.fields])
+            piece = Piece(f"w{position}", run, (), ((TABLE, key),))
+        else:
+            piece = Piece(f"r{position}", partial(_read, key), ((TABLE, key),))
+        self._pieces[(key, position, write)] = piece
+        return piece
 
     def requests(self, seed: int) -> Iterator[TxnRequest]:
         rng = random.Random(seed)
@@ -263,20 +276,14 @@ def _distinct_keys(zipf: ZipfianGenerator, count: int, records: int) -> list[int
     return keys
 
 
-def _read_piece(key: int):
-    def read(ctx: PieceContext) -> int:
-        return ctx.get(TABLE, key)["counter"]
-
-    return read
+def _read(key: int, ctx: PieceContext) -> int:
+    return ctx.get(TABLE, key)["counter"]
 
 
-def _rmw_piece(key: int, field: str):
-    def read_modify_write(ctx: PieceContext) -> tuple[int, int]:
-        counter = ctx.get(TABLE, key)["counter"] + 1
-        ctx.update(TABLE, key, {"counter": counter, field: f"v{counter}"})
-        return key, counter
-
-    return read_modify_write
+def _read_modify_write(key: int, field: str, ctx: PieceContext) -> tuple[int, int]:
+    counter = ctx.get(TABLE, key)["counter"] + 1
+    ctx.update(TABLE, key, {"counter": counter, field: f"v{counter}"})
+    return key, counter
 
 
 def _ycsb_result(outputs: dict[str, Any]) -> dict[str, Any]:
@@ -286,7 +293,8 @@ def _ycsb_result(outputs: dict[str, Any]) -> dict[str, Any]:
     """
     ordered: list[tuple[str, Any]] = [("", None)] * len(outputs)  # pieces r<p> / w<p>, p < n
     for name, value in outputs.items():
-        ordered[int(name[1:])] = (name[0], value)
-    read = [value for kind, value in ordered if kind == "r"]
-    written = [value for kind, value in ordered if kind == "w"]
+        ordered[int(name[1:])] = (name, value)
+    read, written = [], []
+    for name, value in ordered:
+        (read if name[0] == "r" else written).append(value)
     return {"read": read, "incremented": [key for key, _ in written], "counters": written}

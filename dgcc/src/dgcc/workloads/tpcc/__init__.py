@@ -10,7 +10,8 @@ record, and its keys are known from the parameters before the batch runs:
     its customer, and the by-last-name customer, which is resolved through the index *inside* a
     piece that declares the district key (the index maps to the same key).
   * ``("warehouse", w)``, ``("stock", w, i)``: one record each.
-  * ``("item", i)``: read-only, never written; replicated on every partition.
+  * ``("item", 0)``: the whole ITEM table, read-only, never written; replicated on every
+    partition.
 
 Columns no transaction changes (W_TAX, W_NAME, D_NAME, C_LAST) are read or checked at plan
 time. StockLevel, which the spec allows at read-committed isolation, fixes its 20-order range at
