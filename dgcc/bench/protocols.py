@@ -1,20 +1,22 @@
 """DistDGCC against 2PL NO_WAIT, 2PL WAIT_DIE, OCC and Calvin on one cluster harness.
 
-Usage: ``python dgcc/bench/protocols.py [--quick] [--seconds S] [--inflight 25,100,400]
-[--scenarios tpcc-1wh,ycsb-0.99] [--fractions 0.1,0.2,0.5]``
+Usage: ``python dgcc/bench/protocols.py [--quick] [--seconds S] [--inflight 25,100,400,800]
+[--scenarios tpcc-1wh,ycsb-0.99] [--fractions 0.1,0.2,0.5] [--protocols dgcc,calvin]``
+(``--protocols``: a side-by-side check of a few; the full report wants every protocol)
 
 Every protocol runs on the same transport, client loop (``dgcc.net.loadgen``), workloads,
 data and seeded request pools: 2 node processes on loopback plus one closed-loop client
 process per node, warm-up then a measured window. Scenarios: high contention (TPC-C with
 1 warehouse per node; YCSB with zipfian theta 0.99) and low contention (TPC-C with 4
 warehouses per node; uniform YCSB), each with 10% of transactions forced to span both nodes.
-Each protocol is tuned over the same calls-in-flight candidates and reported at its best
-(epochs close after 2 ms or inflight/4 calls for DistDGCC and Calvin; the 2PC baselines retry
-after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The high-contention
-scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs are the headline
-ones), every protocol at every point. Writes
-``protocols.json`` (every record), ``protocols.md`` (a section for docs/benchmarks.md) and
-``protocols.png`` to ``docs/bench`` (a temp folder with ``--quick``).
+Each protocol is tuned over the same calls-in-flight candidates, ascending, and reported at
+its best; one rule stops any protocol's sweep once a run falls below ``SWEEP_DROP`` of its best
+so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and Calvin; the 2PC
+baselines retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``).
+The high-contention scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs
+are the headline ones), every protocol at every point. Writes ``protocols.json`` (every
+record), ``protocols.md`` (a section for docs/benchmarks.md) and ``protocols.png`` to
+``docs/bench`` (a temp folder with ``--quick``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ CPU_METRIC = "txn/commits_per_node_cpu_s"
 FRACTION = 0.1  # the headline table's distributed fraction
 SWEEP_FRACTIONS = (0.1, 0.2, 0.5)  # at high contention; includes FRACTION
 QUICK_FRACTIONS = (0.1, 0.5)
+INFLIGHTS = (25, 100, 400, 800)  # calls in flight per node, swept in this order
+SWEEP_DROP = 0.8  # a protocol's sweep stops below this share of its best commits/s so far
 
 
 def _options(name: str, quick: bool) -> dict[str, Any]:
@@ -62,6 +66,23 @@ def _options(name: str, quick: bool) -> dict[str, Any]:
         return dict(options)
     small = {"items": 2000, "customers_per_district": 60, "orders_per_district": 60}
     return options | (small if workload == "tpcc" else {"records": 10_000})
+
+
+def bench_config(
+    scenario: str, fraction: float, protocol: str, inflight: int, args, *, durable: bool = False
+) -> ClusterBenchConfig:
+    """One run of the sweep (``durable``: every node logging, see ``protocols_logged``)."""
+    return ClusterBenchConfig(
+        SCENARIOS[scenario][0],
+        NODES,
+        fraction,
+        _options(scenario, args.quick),
+        seconds=args.seconds,
+        warmup_s=args.warmup_s,
+        inflight=inflight,
+        protocol=protocol,
+        durable=durable,
+    )
 
 
 def best_by_protocol(
@@ -85,11 +106,17 @@ def ratios(
     rivals: tuple[str, ...] = BASELINES,
     metric: str = "txn/commits_per_s",
 ) -> dict[str, tuple[float, str]]:
-    """Per scenario: DistDGCC's ``metric`` over the best of ``rivals``, and that rival."""
+    """Per scenario: DistDGCC's ``metric`` over the best of ``rivals`` that ran, and that rival
+    (scenarios where none of them ran are left out)."""
     result = {}
     for scenario in dict.fromkeys(s for s, _ in best):
-        rates = {p: best[(scenario, p)]["metrics"][metric] for p in PROTOCOLS}
-        rival = max(rivals, key=rates.get)
+        rates = {
+            p: best[(scenario, p)]["metrics"][metric] for p in PROTOCOLS if (scenario, p) in best
+        }
+        present = [p for p in rivals if p in rates]
+        if not present or "dgcc" not in rates:
+            continue
+        rival = max(present, key=rates.get)
         result[scenario] = (rates["dgcc"] / max(rates[rival], 1e-9), rival)
     return result
 
@@ -130,8 +157,10 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         f"{NODES} node processes on loopback, one closed-loop client process per node, "
         f"{FRACTION:.0%} of transactions forced to span both nodes, {args.warmup_s:g} s warm-up "
         f"then a {args.seconds:g} s window per run; each protocol ran with "
-        f"{', '.join(map(str, args.inflight))} calls in flight per node and is shown at its "
-        f"best. {facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
+        f"{', '.join(map(str, sorted(args.inflight)))} calls in flight per node, in that order "
+        f"(one rule for all: a protocol's sweep at a point stops once a run falls below "
+        f"{SWEEP_DROP:.0%} of its best so far, past its peak), and is shown at its best. "
+        f"{facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
         f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}. "
         "2PL and OCC coordinate at the called node with two-phase commit and retry "
         f"concurrency-control aborts up to {RETRIES_MAX} times after a random backoff of up to "
@@ -172,12 +201,14 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
     for scenario, (ratio, rival) in ratios(best).items():
         target = TARGETS[SCENARIOS[scenario][2]]
         verdict = "meets" if ratio >= target else "misses"
-        versus_2pc, rival_2pc = two_phase[scenario]
+        versus_2pc = ""
+        if scenario in two_phase:
+            versus_2pc = f"over the best 2PC baseline ({two_phase[scenario][1]}) "
+            versus_2pc += f"{two_phase[scenario][0]:.2f}x; "
         lines.append(
             f"- {scenario}: DistDGCC / best baseline ({rival}) = **{ratio:.2f}x** "
-            f"({verdict} the {target:g}x target); over the best 2PC baseline ({rival_2pc}) "
-            f"{versus_2pc:.2f}x; per node CPU second, over the best baseline "
-            f"({per_cpu[scenario][1]}) {per_cpu[scenario][0]:.2f}x"
+            f"({verdict} the {target:g}x target); {versus_2pc}per node CPU second, over the "
+            f"best baseline ({per_cpu[scenario][1]}) {per_cpu[scenario][0]:.2f}x"
         )
     lines += sweep_markdown(records, args.fractions)
     lines += ["", "![protocols side by side](protocols.png)", ""]
@@ -230,9 +261,10 @@ def plot(records: list[dict[str, Any]], fractions: tuple[float, ...], path: Path
     swept = high_scenarios(records) if len(fractions) > 1 else []
     rows = 2 if swept else 1
     figure, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows), squeeze=False)
-    width = 0.8 / len(PROTOCOLS)
-    for k, protocol in enumerate(PROTOCOLS):
-        xs = [i + (k - len(PROTOCOLS) / 2 + 0.5) * width for i in range(len(scenarios))]
+    ran = [p for p in PROTOCOLS if all((s, p) in best for s in scenarios)]
+    width = 0.8 / len(ran)
+    for k, protocol in enumerate(ran):
+        xs = [i + (k - len(ran) / 2 + 0.5) * width for i in range(len(scenarios))]
         metrics = [best[(s, protocol)]["metrics"] for s in scenarios]
         axes[0][0].bar(xs, [m["txn/commits_per_s"] for m in metrics], width, label=protocol)
         axes[0][1].bar(xs, [m["txn/cc_abort_rate"] * 100 for m in metrics], width, label=protocol)
@@ -244,7 +276,7 @@ def plot(records: list[dict[str, Any]], fractions: tuple[float, ...], path: Path
         axis.set(title=title, ylabel=unit)
         axis.legend(fontsize=8)
     for axis, scenario in zip(axes[1] if swept else (), swept, strict=False):
-        for protocol in PROTOCOLS:
+        for protocol in ran:
             points = [
                 (f, best_by_protocol(records, f).get((scenario, protocol))) for f in fractions
             ]
@@ -287,12 +319,66 @@ def _scenarios(text: str) -> tuple[str, ...]:
     return names
 
 
+def peak_passed(rates: list[float]) -> bool:
+    """Whether a sweep (commits/s at ascending inflight) is past its peak: the last run fell
+    below ``SWEEP_DROP`` of the best, so larger inflight values are not worth running."""
+    return len(rates) > 1 and rates[-1] < SWEEP_DROP * max(rates)
+
+
+def sweep(scenarios: tuple[str, ...], args, console: Console) -> list[dict[str, Any]]:
+    """Every protocol at each scenario point over ascending calls in flight; one record a run.
+
+    The protocols take turns at each inflight value (side by side in time). One rule for all:
+    a protocol's sweep at a point stops once ``peak_passed``.
+    """
+    points = [
+        (scenario, fraction)
+        for scenario in scenarios
+        for fraction in (args.fractions if SCENARIOS[scenario][2] == "high" else (FRACTION,))
+    ]
+    inflights = sorted(args.inflight)
+    records: list[dict[str, Any]] = []
+    with Progress(console=console, transient=True) as progress:
+        runs_max = len(points) * len(inflights) * len(args.protocols)
+        task = progress.add_task("protocol runs", total=runs_max)
+        for scenario, fraction in points:
+            rates: dict[str, list[float]] = {protocol: [] for protocol in args.protocols}
+            for position, inflight in enumerate(inflights):
+                for protocol in [p for p in args.protocols if not peak_passed(rates[p])]:
+                    progress.update(
+                        task, description=f"{scenario} {fraction:.0%} {protocol} {inflight}"
+                    )
+                    bench = bench_config(scenario, fraction, protocol, inflight, args)
+                    record = run_bench(bench) | {"scenario": scenario}
+                    records.append(record)
+                    line = f"{summary_line(record)} protocol={protocol} scenario={scenario}"
+                    print(line, flush=True)
+                    rates[protocol].append(record["metrics"]["txn/commits_per_s"])
+                    skipped = len(inflights) - 1 - position if peak_passed(rates[protocol]) else 0
+                    progress.advance(task, 1 + skipped)
+    return records
+
+
+def _protocols(text: str) -> tuple[str, ...]:
+    names = set(part for part in text.split(",") if part) | {"dgcc"}
+    unknown = sorted(names - set(PROTOCOLS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown protocols {unknown} in {text!r}")
+    return tuple(p for p in PROTOCOLS if p in names)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, 2 scenarios, temp out")
     parser.add_argument("--seconds", type=float, default=None, help="measured window per run")
     parser.add_argument("--warmup-s", type=float, default=None)
-    parser.add_argument("--inflight", type=_inflights, default=None, help="e.g. 25,100,400")
+    parser.add_argument("--inflight", type=_inflights, default=None, help="e.g. 25,100,400,800")
+    parser.add_argument(
+        "--protocols",
+        type=_protocols,
+        default=PROTOCOLS,
+        help=f"subset of {','.join(PROTOCOLS)} (dgcc always runs; the report needs all)",
+    )
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument(
         "--scenarios", type=_scenarios, default=None, help=f"subset of {','.join(SCENARIOS)}"
@@ -303,45 +389,24 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"distributed fractions swept at high contention (default {SWEEP_FRACTIONS})",
     )
+    parser.add_argument(
+        "--log",
+        action="store_true",
+        help="then rerun the high-contention headline runs with every protocol logging "
+        "(protocols_logged.py)",
+    )
     args = parser.parse_args(argv)
     args.fractions = args.fractions or (QUICK_FRACTIONS if args.quick else SWEEP_FRACTIONS)
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
-    args.inflight = args.inflight or ([100] if args.quick else [25, 100, 400])
+    args.inflight = args.inflight or ([100] if args.quick else list(INFLIGHTS))
     assert set(PROTOCOLS) == set(SERVERS), f"bench covers {PROTOCOLS}, servers {list(SERVERS)}"
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console()
     facts = host()
     scenarios = args.scenarios or (QUICK_SCENARIOS if args.quick else tuple(SCENARIOS))
-    runs = [
-        (s, f, p, n)
-        for s in scenarios
-        for f in (args.fractions if SCENARIOS[s][2] == "high" else (FRACTION,))
-        for n in args.inflight
-        for p in PROTOCOLS
-    ]
-    records = []
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("protocol runs", total=len(runs))
-        for scenario, fraction, protocol, inflight in runs:
-            progress.update(
-                task, description=f"{scenario} {fraction:.0%} {protocol} inflight={inflight}"
-            )
-            bench = ClusterBenchConfig(
-                SCENARIOS[scenario][0],
-                NODES,
-                fraction,
-                _options(scenario, args.quick),
-                seconds=args.seconds,
-                warmup_s=args.warmup_s,
-                inflight=inflight,
-                protocol=protocol,
-            )
-            record = run_bench(bench) | {"scenario": scenario}
-            records.append(record)
-            print(f"{summary_line(record)} protocol={protocol} scenario={scenario}", flush=True)
-            progress.advance(task)
+    records = sweep(scenarios, args, console)
     console.print(table(best_by_protocol(records)))
     (out_dir / "protocols.json").write_text(
         json.dumps({"host": facts, "records": records}, indent=1, sort_keys=True) + "\n"
@@ -363,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{scenario} at {fraction:.0%} distributed: DistDGCC / {rival} = {ratio:.2f}x"
             )
     console.print(f"wrote {out_dir}/protocols.{{json,md,png}}")
+    if args.log:
+        import protocols_logged  # dgcc/bench/protocols_logged.py, next to this script
+
+        protocols_logged.after_sweep(records, args, facts, out_dir, console)
     return 0
 
 

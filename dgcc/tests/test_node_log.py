@@ -53,7 +53,13 @@ def _wire(message):
 class Cluster:
     """N logging nodes in one process (the node server's epoch loop without the network)."""
 
-    def __init__(self, root: Path, upto_epoch: int | None = None, checkpoint_every: int = 0):
+    def __init__(
+        self,
+        root: Path,
+        upto_epoch: int | None = None,
+        checkpoint_every: int = 0,
+        keep_tail: bool = False,
+    ):
         self.workload = get_workload("tpcc", **OPTIONS)
         self.registry = self.workload.registry()
         self.router = Router(self.workload, Placement.round_robin(NODES))
@@ -67,12 +73,16 @@ class Cluster:
                 self.workload.schema,
                 upto_epoch=upto_epoch,
                 checkpoint_every_epochs=checkpoint_every,
+                keep_tail=keep_tail,
             )
             for n in range(NODES)
         ]
         self.durable: list[list[int]] = [[] for _ in range(NODES)]
 
-    def run_epoch(self, batches: list[list[TxnRequest]], rng: random.Random) -> None:
+    def run_epoch(
+        self, batches: list[list[TxnRequest]], rng: random.Random, twice: bool = False
+    ) -> None:
+        """Run one epoch on every node (``twice``: deliver every value message two times)."""
         runs = [
             LoggedEpochRun(n, self.logs[n].db, self.registry, self.router, batches)
             for n in range(NODES)
@@ -86,12 +96,15 @@ class Cluster:
             if inflight and (rng.random() < 0.7 or stuck):
                 target, entries = inflight.pop(rng.randrange(len(inflight)))
                 runs[target].deliver(entries)
+                if twice:
+                    runs[target].deliver(entries)
         for n, run in enumerate(runs):
             self.logs[n].record(run, self.durable[n].append)
         for log in self.logs:
             log.writer.wait()
-        for log in self.logs:  # what the nodes' durable-epoch messages tell each other
-            log.cluster_durable(min(durable[-1] for durable in self.durable))
+        if all(self.durable):  # what the nodes' durable-epoch messages tell each other
+            for log in self.logs:
+                log.cluster_durable(min(durable[-1] for durable in self.durable))
 
     def close(self) -> None:
         for log in self.logs:
@@ -190,6 +203,37 @@ def test_whole_cluster_restart_replays_the_epochs_all_made_durable(
         assert [block.epoch for block in blocks] == list(range(1, upto + 2))
 
 
+def test_rejoin_recovers_short_of_its_log_and_logs_no_epoch_twice(
+    tmp_path: Path, stream: list
+) -> None:
+    """A rejoining node recovers to an epoch before its log's end (a peer has yet to finish the
+    next one), keeps the log's tail, re-runs those epochs (value messages arriving twice, as a
+    rejoin re-sends them) without logging them again, then logs on."""
+    cluster = Cluster(tmp_path)
+    for batches in stream:
+        cluster.run_epoch(batches, random.Random(SEED))
+    cluster.close()
+    before = [read_log(tmp_path / f"node{n}", 0, repair=False)[0] for n in range(NODES)]
+    upto = EPOCHS - 2
+    rejoined = Cluster(tmp_path, upto_epoch=upto, keep_tail=True)
+    assert [(log.epoch, log.logged) for log in rejoined.logs] == [(upto, EPOCHS)] * NODES
+    for batches in stream[upto:]:
+        rejoined.run_epoch(batches, random.Random(SEED + 3), twice=True)
+    assert rejoined.durable == [[]] * NODES  # nothing written for the re-run epochs
+    extra = _stream_batches(EPOCHS + 1)[EPOCHS]
+    rejoined.run_epoch(extra, random.Random(SEED + 4), twice=True)
+    rejoined.close()
+    merged: dict = {}
+    for node, log in enumerate(rejoined.logs):
+        for name, rows in owned_rows(log.db, rejoined.router, node).items():
+            merged.setdefault(name, {}).update(rows)
+    assert merged == _serial([*stream, extra])
+    for node in range(NODES):
+        blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
+        assert [block.epoch for block in blocks] == list(range(1, EPOCHS + 2))
+        assert blocks[:EPOCHS] == before[node]  # the tail was kept, not rewritten
+
+
 def test_a_missing_remote_value_is_detected(tmp_path: Path, stream: list) -> None:
     """Canary: without the logged remote values a node cannot redo its epoch."""
     cluster = Cluster(tmp_path)
@@ -209,7 +253,7 @@ def test_answers_wait_until_every_node_made_the_epoch_durable(tmp_path: Path) ->
     router = Router(workload, Placement.round_robin(NODES))
     durability = NodeDurability(tmp_path / "node0", 0, NODES)
     sent: list[int] = []
-    durability.broadcast = sent.append
+    durability.announce = sent.append
     answered: list[int] = []
 
     async def scenario() -> int:

@@ -85,3 +85,28 @@ def test_fractions_must_be_valid_and_include_the_headline(bench: ModuleType, tex
     with pytest.raises(argparse.ArgumentTypeError, match="fractions"):
         bench._fractions(text)
     assert bench._fractions("0.5,0.1") == (0.5, 0.1)
+
+
+def test_sweep_stops_once_a_run_falls_well_below_the_best(bench: ModuleType) -> None:
+    assert not bench.peak_passed([])
+    assert not bench.peak_passed([100.0])
+    assert not bench.peak_passed([100.0, 300.0, 250.0])  # within SWEEP_DROP of the best
+    assert bench.peak_passed([100.0, 300.0, 200.0])
+    assert bench.peak_passed([3000.0, 400.0])
+
+
+def test_protocol_subsets_keep_dgcc_and_reject_unknown_names(bench: ModuleType) -> None:
+    assert bench._protocols("calvin") == ("dgcc", "calvin")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown protocols"):
+        bench._protocols("calvin,2pc")
+
+
+def test_ratios_and_plot_cover_only_the_protocols_that_ran(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    records = [r for r in _records(bench) if r["config"]["protocol"] in ("dgcc", "calvin")]
+    best = bench.best_by_protocol(records)
+    assert bench.ratios(best)["tpcc-1wh"] == (2.5, "calvin")
+    assert bench.ratios(best, bench.TWO_PHASE) == {}  # no 2PC baseline ran
+    bench.plot(records, (0.1, 0.2, 0.5), tmp_path / "subset.png")
+    assert (tmp_path / "subset.png").stat().st_size > 0

@@ -25,6 +25,7 @@ from dgcc import cli_cluster, cli_drill, debug, report
 from dgcc.bench import BenchConfig, make_console, run_benchmark, run_side_by_side, summary_line
 from dgcc.cluster import load_config
 from dgcc.errors import ConfigError
+from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_dgcc import Router
 from dgcc.wal.format import WalCorrupt, decode_payload
@@ -215,8 +216,14 @@ def _recover_node(args: argparse.Namespace, console: Console) -> int:
     router = Router(workload, config.placement())
     started_s = time.perf_counter()
     with console.status(f"recovering node {args.node} from {args.directory}"):
+        run_class = server_class(config.protocol).epoch_run  # Calvin's blocks replay as Calvin
         recovered = recover_node(
-            args.directory, args.node, workload.schema, workload.registry(), router
+            args.directory,
+            args.node,
+            workload.schema,
+            workload.registry(),
+            router,
+            run_class=run_class,
         )
     record = {
         "directory": str(args.directory),

@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dgcc.cluster import CONFIG_FILE, STATE_FILE, load_config, local_config, start_local
+from dgcc.cluster import (
+    CONFIG_FILE,
+    STATE_FILE,
+    load_config,
+    local_config,
+    start_local,
+    start_node,
+)
 from dgcc.cluster import status as cluster_status
 from dgcc.cluster import stop as cluster_stop
 from dgcc.errors import ConfigError
@@ -50,6 +57,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     start.add_argument("--epoch-ms", type=float, default=5.0)
     start.add_argument("--seed", type=int, default=1)
     start.add_argument("--protocol", default="dgcc", help="dgcc, calvin, no_wait, wait_die or occ")
+    start.add_argument(
+        "--node",
+        type=int,
+        help="start only this node of the cluster in --dir again (after it died: it recovers "
+        "from its log and rejoins the running nodes)",
+    )
     for action in ("start", "stop", "status"):
         parser = start if action == "start" else actions.add_parser(action, help=f"{action}")
         parser.add_argument(
@@ -165,6 +178,7 @@ def dispatch(args: argparse.Namespace) -> int:
 def _node(args: argparse.Namespace) -> int:
     from dgcc.net.servers import run_server
     from dgcc.net.wire import run_async
+    from dgcc.wal.rejoin import RejoinError
 
     config = load_config(args.config)
     if args.data_dir is not None:
@@ -179,13 +193,21 @@ def _node(args: argparse.Namespace) -> int:
         sys.stdout.write(f"READY {args.id} {address.host}:{address.port} pid={os.getpid()}\n")
         sys.stdout.flush()
 
-    run_async(run_server(config, args.id, ready))
+    try:
+        run_async(run_server(config, args.id, ready))
+    except RejoinError as error:
+        print(f"dgcc: error: node {args.id} cannot rejoin: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _start(args: argparse.Namespace) -> int:
     from dgcc.cli import _parse_key_values
 
+    if args.node is not None:
+        process = start_node(args.dir, args.node)
+        print(f"node {args.node} started again (pid {process.pid}); config and logs in {args.dir}")
+        return 0
     if args.config is not None:
         config = load_config(args.config)
     else:

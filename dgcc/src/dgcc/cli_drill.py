@@ -1,10 +1,12 @@
 """``dgcc drill``: repeated randomized crash trials of the durable engine or a logging cluster.
 
-``dgcc drill --trials N [--seed S] [--cluster] [--dir DIR]`` runs N seeded trials (the same
-ones the crash tests run a few of): real child processes killed by SIGKILL at a random moment or
-at each named crash point in turn, then recovered and checked against the serial replay of
-exactly the durable epochs. Prints a progress bar, then one table row per kind of death; exits
-1 at the first broken promise, with its message.
+``dgcc drill --trials N [--seed S] [--cluster [--rejoin]] [--dir DIR]`` runs N seeded trials
+(the same ones the crash tests run a few of): real child processes killed by SIGKILL at a random
+moment or at each named crash point in turn, then recovered and checked against the serial
+replay of exactly the durable epochs. With ``--rejoin``, one node of a running 2- or 3-node
+cluster is killed and only it restarts (every other trial, its first restart dies half-way
+through its log replay): it catches up and the cluster goes on. Prints a progress
+bar, then one table row per kind of death; exits 1 at the first broken promise, with its message.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     drill.add_argument("--trials", type=int, default=20, help="how many trials")
     drill.add_argument("--seed", type=int, default=1, help="one seed replays the whole drill")
     drill.add_argument("--cluster", action="store_true", help="a 2-node logging cluster")
+    drill.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="with --cluster: kill one node, restart only it while the others keep running",
+    )
     drill.add_argument("--dir", type=Path, help="keep the trial directories here")
     drill.set_defaults(check_invariants=False)
 
@@ -43,6 +50,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _one(args: argparse.Namespace, root: Path, number: int, rng: random.Random) -> str:
     """Run trial ``number``; returns how it died (raises DrillFailure on a broken promise)."""
     directory = root / f"trial{number}"
+    if args.rejoin:  # every third trial: 3 nodes (a peer may miss the victim's inputs)
+        nodes = 3 if number % 3 == 2 else 2
+        options = dict(cluster_trials.ClusterDrill().options, warehouses=nodes)
+        drill = cluster_trials.ClusterDrill(nodes=nodes, seed=args.seed, options=options)
+        trial = cluster_trials.rejoin_trial(directory, rng, drill, crash_recovery=number % 2 == 1)
+        crashed = " + crash in recovery" if trial.crashed_recovery else ""
+        return f"sigkill one of {nodes} nodes, rejoin{crashed}"
     if args.cluster:  # every third trial also takes forked checkpoints as it runs
         every = 2 if number % 3 == 1 else 0
         drill = cluster_trials.ClusterDrill(seed=args.seed, checkpoint_every_epochs=every)
@@ -60,6 +74,8 @@ def _one(args: argparse.Namespace, root: Path, number: int, rng: random.Random) 
 def command(args: argparse.Namespace, console: Console) -> int:
     if not 1 <= args.trials <= TRIALS_MAX:
         raise ConfigError(f"--trials must be in 1..{TRIALS_MAX}, got {args.trials}")
+    if args.rejoin and not args.cluster:
+        raise ConfigError("--rejoin needs --cluster (a node rejoins a running cluster)")
     root = args.dir or Path(tempfile.mkdtemp(prefix="dgcc_drill_"))
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)

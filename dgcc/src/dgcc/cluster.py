@@ -5,8 +5,10 @@ its options, the partition map, the epoch length (``epoch_ms`` and/or ``epoch_ca
 the data seed and the shared secret (or the environment variable holding it). A secret is
 required as soon as one node listens beyond loopback. ``start_local`` writes a loopback config,
 spawns one ``dgcc node`` process per node and returns once every node says it is ready (each
-prints one ``READY`` line on stdout when all its peers are connected); ``stop`` and ``status``
-talk to the nodes through the client library, falling back to the recorded process ids.
+prints one ``READY`` line on stdout when all its peers are connected); ``start_node`` starts
+one node of such a cluster again (it rejoins the running others, or joins a restart); ``stop``
+and ``status`` talk to the nodes through the client library, falling back to the recorded
+process ids.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "load_config",
     "local_config",
     "start_local",
+    "start_node",
     "status",
     "stop",
     "wait_ready_lines",
@@ -94,8 +97,9 @@ class ClusterConfig:
         delay_seed: seed of those delays.
         order_log: keep the global order of every epoch (for tests checking against serial).
         protocol: the concurrency control the nodes run (``dgcc.net.servers.SERVERS``).
-        data_dir: dependency logging on: node n logs to and recovers from ``data_dir/node<n>``
-            and answers an epoch's clients only once every node has made it durable.
+        data_dir: logging on: node n logs to and recovers from ``data_dir/node<n>`` and answers
+            a call only once it is durable (DistDGCC and Calvin: its epoch, on every node;
+            the 2PC protocols: its commit record, ``dgcc.wal.twopc_log``).
         checkpoint_every_epochs: with ``data_dir``, a forked checkpoint every this many
             epochs (0 = only the initial one).
     """
@@ -238,6 +242,20 @@ class LocalCluster:
                 process.kill()
                 process.wait(timeout=timeout_s)
 
+    def restart(self, node: int, *, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Start node ``node`` again after it died; the other processes are left alone.
+
+        Raises:
+            ConfigError: ``node`` is not a node of the cluster, or its process still runs.
+        """
+        if not 0 <= node < len(self.processes):
+            raise ConfigError(
+                f"node {node} is not a node of the cluster (0..{len(self.processes) - 1})"
+            )
+        if self.processes[node].poll() is None:
+            raise ConfigError(f"node {node} (pid {self.processes[node].pid}) is still running")
+        self.processes[node] = start_node(self.directory, node, ready_timeout_s=ready_timeout_s)
+
     def __enter__(self) -> LocalCluster:
         return self
 
@@ -259,27 +277,68 @@ def start_local(
     directory.mkdir(parents=True, exist_ok=True)
     config_path = directory / CONFIG_FILE
     config_path.write_text(json.dumps(config.to_dict(), indent=1))
-    processes = []
-    for node in config.nodes:
-        log = open(directory / f"node{node.id}.log", "ab")  # noqa: SIM115 - the child owns it
-        optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
-        command = [sys.executable, *optimize, "-m", "dgcc", "node"]
-        command += ["--config", str(config_path), "--id", str(node.id)]
-        processes.append(
-            subprocess.Popen(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        )
-        log.close()
-    state = {"pids": [p.pid for p in processes], "config": str(config_path)}
-    (directory / STATE_FILE).write_text(json.dumps(state))
+    processes = [_spawn(directory, node.id) for node in config.nodes]
+    _write_pids(directory, [p.pid for p in processes])
     cluster = LocalCluster(config, directory, processes)
+    _wait_ready_or_kill(processes, ready_timeout_s)
+    return cluster
+
+
+def start_node(
+    directory: Path, node: int, *, ready_timeout_s: float = READY_TIMEOUT_S
+) -> subprocess.Popen:
+    """Start node ``node`` of the local cluster whose config is in ``directory``, alone.
+
+    The node recovers from its own log and rejoins its running peers (dependency logging on),
+    or joins the others' restart. Its pid replaces the old one in ``cluster_state.json``.
+
+    Raises:
+        ConfigError: no cluster in ``directory``, ``node`` not one of its nodes, or the node
+            exits or is not ready within ``ready_timeout_s``.
+    """
+    config_path = directory / CONFIG_FILE
+    if not config_path.exists():
+        raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
+    nodes = len(load_config(config_path).nodes)
+    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
+        raise ConfigError(
+            f"node {node!r} is not a node of the cluster in {directory} (0..{nodes - 1})"
+        )
+    process = _spawn(directory, node)
+    _wait_ready_or_kill([process], ready_timeout_s)
+    state_path = directory / STATE_FILE
+    pids = json.loads(state_path.read_text())["pids"] if state_path.exists() else [0] * nodes
+    pids[node] = process.pid
+    _write_pids(directory, pids)
+    return process
+
+
+def _spawn(directory: Path, node: int) -> subprocess.Popen:
+    """One ``dgcc node`` process of the cluster config in ``directory``, logging to a file."""
+    log = open(directory / f"node{node}.log", "ab")  # noqa: SIM115 - the child owns it
+    optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
+    command = [sys.executable, *optimize, "-m", "dgcc", "node"]
+    command += ["--config", str(directory / CONFIG_FILE), "--id", str(node)]
     try:
-        wait_ready_lines(processes, ready_timeout_s)
+        return subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+
+
+def _write_pids(directory: Path, pids: list[int]) -> None:
+    state = {"pids": pids, "config": str(directory / CONFIG_FILE)}
+    (directory / STATE_FILE).write_text(json.dumps(state))
+
+
+def _wait_ready_or_kill(processes: list[subprocess.Popen], timeout_s: float) -> None:
+    try:
+        wait_ready_lines(processes, timeout_s)
     except BaseException:
         for process in processes:
             process.kill()
@@ -287,7 +346,6 @@ def start_local(
             if process.stdout is not None:
                 process.stdout.close()
         raise
-    return cluster
 
 
 def wait_ready_lines(processes: Sequence[subprocess.Popen], timeout_s: float) -> None:
@@ -309,6 +367,8 @@ def wait_ready_lines(processes: Sequence[subprocess.Popen], timeout_s: float) ->
             line = process.stdout.readline()  # type: ignore[union-attr]
             line = (line.decode() if isinstance(line, bytes) else line).strip()
             if not line.startswith("READY"):
+                with contextlib.suppress(subprocess.TimeoutExpired):  # at EOF it is exiting
+                    process.wait(timeout=0 if line else 10)
                 code = process.poll()
                 raise ConfigError(f"node pid {process.pid} failed to start (exit {code}): {line!r}")
             logger.info("%s", line)

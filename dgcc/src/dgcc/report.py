@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 # Run order; a script that is not in the checkout (yet) is reported as skipped.
 SCRIPTS = ("engine", "cluster", "protocols", "wal_logging", "postgres")
+# Extra arguments of a full (not quick) run: the protocols sweep also logs its headline runs.
+FULL_ARGS = {"protocols": ("--log",)}
 TIMEOUT_S_DEFAULT = 3 * 3600.0
 TAIL_LINES = 8
 SUMMARY_LINES = 4  # per script in the final table
@@ -112,7 +114,8 @@ def _run_script(config: ReportConfig, name: str, log_dir: Path) -> ScriptResult:
     script = config.repo / "dgcc" / "bench" / f"{name}.py"
     if not script.is_file():
         return ScriptResult(name, "skipped", 0.0, (), None, f"{script} not in this checkout")
-    command = [sys.executable, "-O", str(script)] + (["--quick"] if config.quick else [])
+    extra = ["--quick"] if config.quick else list(FULL_ARGS.get(name, ()))
+    command = [sys.executable, "-O", str(script), *extra]
     log = log_dir / f"{name}.log"
     started_s = time.perf_counter()
     with log.open("w") as output:

@@ -11,8 +11,13 @@ Three activities share one event loop (uvloop when installed):
     node's pieces in slices of ``step_pieces``, flushing value messages (one per destination)
     as soon as the pieces peers wait on have run, and whenever it runs out of ready pieces;
     it then sends each origin its report;
-  * completion: an origin answers its clients once every node has reported the epoch; this is
-    where durability (group commit of the epoch) will hook in.
+  * completion: an origin answers its clients once every node has reported the epoch (and,
+    with a data dir, once every node has made it durable).
+
+A peer that dies leaves the others stalled on the epochs that need it: they mark it down, stop
+writing to it, keep what it will need (``NodeDurability.retained``) and, when it restarts from
+its log, answer its ``restart`` with that; it re-executes the epochs it missed and rejoins
+(``_catch_up``, ``dgcc.wal.rejoin``).
 
 A connection that sends a garbled, oversized or ill-shaped frame, or fails the handshake, is
 closed with a logged reason; nothing else is disturbed. ``delay_ms_max`` (tests only) delays
@@ -46,6 +51,7 @@ from dgcc.net.wire import (
 )
 from dgcc.protocols.dist_dgcc import EpochRun, ResultAssembler, Router, owned_rows
 from dgcc.wal.node_log import LoggedEpochRun, node_durability
+from dgcc.wal.rejoin import RejoinError, RejoinPlan
 from dgcc.workloads import get_workload
 
 __all__ = ["Node", "run_node"]
@@ -99,6 +105,7 @@ class Node:
     """One node of ``config``; ``start`` listens and connects, ``stopped`` ends it."""
 
     epoch_run = EpochRun  # the Calvin node swaps in its lock-ordered epoch run
+    logged_epoch_run = LoggedEpochRun  # what ``epoch_run`` becomes when the node logs
 
     def __init__(self, config: ClusterConfig, node_id: int) -> None:
         self.config = config
@@ -113,13 +120,17 @@ class Node:
         if self.durability is None:
             self.db = self.workload.build(config.seed)
         else:  # recovered in ``start``, once the peers agree on the epoch
-            self.db, self.epoch_run = self.workload.schema(), LoggedEpochRun
+            self.db, self.epoch_run = self.workload.schema(), self.logged_epoch_run
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
         self._wake = asyncio.Event()  # any peer message or closed epoch
         self._collector_wake = asyncio.Event()  # calls, peer inputs or execution progress
         self._out: dict[int, asyncio.StreamWriter] = {}
         self._in: set[int] = set()
+        self._peer_readers: dict[int, asyncio.StreamReader] = {}  # the current connection
+        self._down: set[int] = set()  # peers whose connection ended (until they rejoin)
+        self._reports_to: dict[int, frozenset[int]] = {}  # re-run epochs: who wants a report
+        self._catch_up_until = 0  # epochs below this were re-run after a rejoin
         self._collect: list[TxnRequest] = []
         self._callers: list[tuple[_Client, int]] = []
         self._inputs: dict[int, dict[int, tuple]] = {}
@@ -160,12 +171,15 @@ class Node:
         await asyncio.gather(*(self._connect(peer) for peer in self.peers))
         if self.durability is not None:
             self.durability.broadcast = self._send_durable
+            self.durability.announce = self._send_restart
             build = lambda: self.workload.build(self.config.seed)  # noqa: E731
             recovered = await self.durability.recover(
-                self.registry, self.router, build, self.workload.schema
+                self.registry, self.router, build, self.workload.schema, type(self).epoch_run
             )
             self.db, self._closed_epochs = recovered
             self._executed_epochs = self._closed_epochs
+            if self.durability.rejoin is not None:
+                self._catch_up(self.durability.rejoin)
         self._check_ready()
         self._tasks = [
             asyncio.create_task(self._collector(), name="collector"),
@@ -232,6 +246,7 @@ class Node:
             )
             if role == "node":
                 self._in.add(peer)
+                self._peer_readers[peer] = reader
                 self._check_ready()
                 await self._serve_peer(reader, peer)
             else:
@@ -245,10 +260,9 @@ class Node:
         except (ConnectionLost, ConnectionError) as error:
             # A client leaving is routine; a peer leaving stalls the epochs (until stop).
             peer_lost = role == "node" and not self.stopped.is_set()
-            level = logging.WARNING if peer_lost else logging.DEBUG
-            logger.log(
-                level, "node %d: %s connection %s ended: %s", self.id, role, peer_name, error
-            )
+            logger.debug("node %d: %s connection %s ended: %s", self.id, role, peer_name, error)
+            if peer_lost and self._peer_readers.get(peer) is reader:
+                self._peer_lost(peer)
         finally:
             writer.close()
 
@@ -282,9 +296,13 @@ class Node:
             epoch, body = message[1], message[3]
             if kind == "inputs":
                 self._inputs.setdefault(epoch, {})[peer] = body
+                if self.durability is not None:
+                    self.durability.retained.received_inputs(epoch, peer, body)
                 self._collector_wake.set()
             elif kind == "values":
-                if epoch == self._running_epoch and self._run is not None:
+                if epoch < self._executed_epochs:
+                    pass  # a rejoining peer re-sends the values of epochs this node finished
+                elif epoch == self._running_epoch and self._run is not None:
                     self._run.deliver(body)
                 else:
                     self._values.setdefault(epoch, []).append(body)
@@ -292,6 +310,13 @@ class Node:
                 self._on_report(epoch, peer, body)
             elif kind == "durable" and self.durability is not None:
                 self.durability.peer_durable(peer, epoch)
+            elif kind == "restart" and self.durability is not None:
+                if self.durability.log is None:  # restarting too: a whole-cluster restart
+                    self.durability.peer_durable(peer, epoch)
+                else:
+                    await self._answer_rejoin(peer, epoch)
+            elif kind == "rejoin" and self.durability is not None:
+                self.durability.peer_rejoin(peer, body)
             else:
                 raise FrameError(f"unknown peer message kind {kind!r}")
             self._wake.set()
@@ -350,6 +375,7 @@ class Node:
             "epochs_closed": self._closed_epochs,
             "epochs_executed": self._executed_epochs,
             "waiting_calls": len(self._collect),
+            "peers_down": sorted(self._down),
             "timing_s/cpu": time.process_time(),
             **self.stats,
         }
@@ -376,23 +402,106 @@ class Node:
 
     def _send(self, peer: int, message: Any, data: bytes | None = None) -> None:
         """Send a message to a peer (``data``: the message already framed, to share it)."""
+        writer = self._out.get(peer)
+        if writer is None:  # down: what it will need is retained for its rejoin
+            return
         data = frame(message) if data is None else data
         self.stats["net/peer_messages"] += 1
         self.stats["net/peer_bytes"] += len(data)
-        writer = self._out[peer]
         if self.config.delay_ms_max:
             delay_s = self._delay.uniform(0, self.config.delay_ms_max) / 1000
-            asyncio.get_running_loop().call_later(delay_s, writer.write, data)
-        else:
+            asyncio.get_running_loop().call_later(delay_s, self._write_later, peer, writer, data)
+            return
+        try:
             writer.write(data)
+        except RuntimeError:  # uvloop: the transport closed itself on a dead peer's socket
+            self._peer_lost(peer)
+
+    def _write_later(self, peer: int, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """A delayed send (tests only); dropped if the peer went down in between."""
+        if self._out.get(peer) is not writer or writer.is_closing():
+            return
+        try:
+            writer.write(data)
+        except RuntimeError:
+            self._peer_lost(peer)
 
     def _send_durable(self, epoch: int) -> None:
         for peer in self.peers:
             self._send(peer, ("durable", epoch, self.id, None))
 
+    def _send_restart(self, log_end: int) -> None:
+        for peer in self.peers:
+            self._send(peer, ("restart", log_end, self.id, None))
+
     async def _drain(self) -> None:
-        for writer in self._out.values():
-            await writer.drain()
+        for peer, writer in list(self._out.items()):
+            try:
+                await writer.drain()
+            except ConnectionError:
+                self._peer_lost(peer)
+
+    def _peer_lost(self, peer: int) -> None:
+        """Stop writing to ``peer``: the epochs that need it wait until it rejoins."""
+        writer = self._out.pop(peer, None)
+        if writer is not None:
+            writer.close()
+        if peer not in self._down and not self.stopped.is_set():
+            self._down.add(peer)
+            logger.warning("node %d: peer %d lost; its epochs wait until it rejoins", self.id, peer)
+
+    async def _answer_rejoin(self, peer: int, log_end: int) -> None:
+        """``peer`` restarted while this node runs: reconnect and send what it kept for it.
+
+        Everything sent to ``peer`` after the answer follows it on the new connection.
+        """
+        assert self.durability is not None, "only logging nodes answer a restart"
+        self._peer_lost(peer)  # its old connection, if its end went unnoticed
+        await self._connect(peer)
+        self._down.discard(peer)
+        retained = self.durability.retained
+        try:
+            retained.check_rejoin(peer, log_end)
+        except RejoinError as error:
+            logger.error("node %d: %s", self.id, error)
+            self._send(peer, ("rejoin", 0, self.id, str(error)))
+            return
+        awaiting = [
+            e for e, (assembler, _) in self._assemblers.items() if assembler.waits_for(peer)
+        ]
+        state = retained.state_for(
+            peer,
+            executed=self._executed_epochs,
+            closed=self._closed_epochs,
+            durable=self.durability.durable_epoch,
+            awaiting=tuple(awaiting),
+        )
+        self._send(peer, ("rejoin", 0, self.id, state))
+        logger.warning(
+            "node %d: peer %d rejoins (its log ends at epoch %d)", self.id, peer, log_end
+        )
+
+    def _catch_up(self, plan: RejoinPlan) -> None:
+        """Queue the epochs the running peers hold (re-run live); send them what they lack."""
+        assert self.durability is not None, "only logging nodes rejoin"
+        retained = self.durability.retained
+        for epoch, batch in plan.own.items():
+            self._inputs.setdefault(epoch, {})[self.id] = batch
+            bodies = self._peer_inputs(batch)
+            retained.sent_inputs(epoch, bodies)
+            for peer in self.peers:
+                if epoch in plan.resend_inputs[peer]:
+                    self._send(peer, ("inputs", epoch, self.id, bodies[peer]))
+        for epoch, by_peer in plan.inputs.items():
+            for peer, body in by_peer.items():
+                self._inputs.setdefault(epoch, {})[peer] = body
+                retained.received_inputs(epoch, peer, body)
+        for epoch, bodies in plan.values.items():
+            self._values.setdefault(epoch, []).extend(bodies)
+        for early in [e for e in self._early_reports if e < plan.closed]:
+            del self._early_reports[early]  # their callers died with the old process
+        self._closed_epochs = plan.closed
+        self._reports_to, self._catch_up_until = plan.reports_to, plan.closed
 
     # -- epochs -----------------------------------------------------------------------------
 
@@ -441,7 +550,10 @@ class Node:
             ResultAssembler(self.registry, batch, len(self.config.nodes)),
             callers,
         )
-        for peer, body in self._peer_inputs(batch).items():
+        bodies = self._peer_inputs(batch)
+        if self.durability is not None:
+            self.durability.retained.sent_inputs(epoch, bodies)
+        for peer, body in bodies.items():
             self._send(peer, ("inputs", epoch, self.id, body))
         for peer, report in self._early_reports.pop(epoch, ()):
             self._on_report(epoch, peer, report)
@@ -452,7 +564,8 @@ class Node:
 
         A peer plans a call only when the route includes it (or cannot tell, then every node
         plans it), so the others stay unsent; ``calls`` keeps the global indices. ``full`` is
-        the whole batch with ``order_log`` (for the order answer), else None.
+        the whole batch with ``order_log`` (for the order answer) or a data dir (so a peer can
+        give it back to this node if it rejoins), else None.
         """
         if not self.peers:
             return {}
@@ -463,7 +576,7 @@ class Node:
                 if peer != self.id:
                     sparse[peer].append((slot, request.procedure, request.params))
         full = None
-        if self.config.order_log:
+        if self.config.order_log or self.durability is not None:
             full = tuple((r.procedure, r.params) for r in batch)
         return {peer: (len(batch), entries, full) for peer, entries in sparse.items()}
 
@@ -517,6 +630,8 @@ class Node:
             self._run, self._running_epoch = None, -1
             reports = run.reports()
             for peer in self.peers:
+                if epoch < self._catch_up_until and epoch not in self._reports_to[peer]:
+                    continue  # re-run after a rejoin: the peer has this report already
                 self._send(peer, ("report", epoch, self.id, tuple(reports.get(peer, ()))))
             self._on_report(epoch, self.id, reports.get(self.id, ()))
             epoch += 1
@@ -527,10 +642,14 @@ class Node:
     async def _execute(self, run: EpochRun, epoch: int) -> None:
         """Run ready pieces in slices; flush values and wait for peers when nothing is ready."""
         budget = self.config.step_pieces
+        retained = None if self.durability is None else self.durability.retained
         while not run.finished:
             ran = run.step(budget)
             for peer, entries in run.take_outbox().items():
-                self._send(peer, ("values", epoch, self.id, tuple(entries)))
+                body = tuple(entries)
+                if retained is not None:  # kept until every node made the epoch durable
+                    retained.sent_values(epoch, peer, body)
+                self._send(peer, ("values", epoch, self.id, body))
             if ran:
                 await asyncio.sleep(0)  # let the network and clients in between slices
             else:
@@ -544,7 +663,8 @@ class Node:
     def _on_report(self, epoch: int, peer: int, report: Any) -> None:
         entry = self._assemblers.get(epoch)
         if entry is None:  # a report that overtook our own closing of the epoch
-            self._early_reports.setdefault(epoch, []).append((peer, report))
+            if epoch >= self._closed_epochs:  # (else: an epoch re-run after a rejoin)
+                self._early_reports.setdefault(epoch, []).append((peer, report))
             return
         assembler, callers = entry
         assembler.add(peer, report)

@@ -22,6 +22,7 @@ CRASHPOINTS = (
     "ckpt.before_rename",  # snapshot and manifest tmp written, manifest not renamed
     "ckpt.after_rename",  # manifest renamed, old log segments not yet removed
     "recovery.mid_replay",  # recovery has replayed part of the log
+    "twopc.after_decide",  # a 2PC coordinator's commit decision is durable, no commit sent
 )
 
 _armed: dict[str, int] = {}

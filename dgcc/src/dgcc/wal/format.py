@@ -47,6 +47,7 @@ class BlockKind(enum.IntEnum):
     DEPENDENCY = 3
     SNAPSHOT = 4
     NODE = 5  # a DistDGCC node's epoch: its inputs and the values it received
+    TWOPC = 6  # a 2PC node's group-committed records (``twopc_log``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@ for calls routed elsewhere), and the value entries it received from other nodes 
 logic-abort decisions and errors of remote pieces). Replay rebuilds the node's ``EpochRun``
 from the inputs, delivers every logged value up front, and runs the pieces by in-degree;
 nothing is sent, and values that peers needed are simply dropped. A failed node therefore
-recovers alone while the others keep their state, and a whole cluster restarts by having every
-node replay up to the newest epoch that all nodes made durable (``cluster_durable_epoch``).
+recovers alone while the others keep their state, then catches up on the epochs its running
+peers went on with (``dgcc.wal.rejoin``); a whole cluster restarts by having every node replay
+up to the newest epoch that all nodes made durable (``cluster_durable_epoch``).
 
 Replay re-plans the node's transactions and rebuilds its local graph (as at run time); the
 single-node engine's faster replay over logged edges (``dependency``) is not used here yet.
@@ -25,7 +26,7 @@ from typing import Any
 
 from dgcc.api import ProcedureRegistry, TxnRequest
 from dgcc.cluster import ClusterConfig
-from dgcc.errors import ConfigError, DgccError
+from dgcc.errors import DgccError
 from dgcc.protocols.dist_dgcc import EpochRun, Router
 from dgcc.storage import Database
 from dgcc.wal.checkpoint import (
@@ -39,6 +40,7 @@ from dgcc.wal.checkpoint import (
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block
 from dgcc.wal.recovery import cut_after, read_log
+from dgcc.wal.rejoin import RejoinError, RejoinPlan, Retained, plan_rejoin
 from dgcc.wal.writer import WalWriter
 
 __all__ = [
@@ -58,7 +60,11 @@ STEP_PIECES_MAX = 1 << 30
 
 
 class LoggedEpochRun(EpochRun):
-    """An ``EpochRun`` that keeps its inputs and the value entries delivered to it."""
+    """An ``EpochRun`` that keeps its inputs and the value entries delivered to it.
+
+    A value delivered twice is taken once: a peer that rejoins re-sends every value of the
+    epochs it re-executes (``dgcc.wal.rejoin``), some of which arrived before it died.
+    """
 
     def __init__(
         self,
@@ -70,11 +76,16 @@ class LoggedEpochRun(EpochRun):
     ) -> None:
         self.inputs = batches
         self.received: list[Sequence[Any]] = []
+        self._delivered: set[tuple[int, int]] = set()  # (txn index, piece index)
         super().__init__(node, db, registry, router, batches)
 
     def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
-        self.received.append(entries)
-        super().deliver(entries)
+        delivered = self._delivered
+        fresh = [entry for entry in entries if (entry[0], entry[1]) not in delivered]
+        delivered.update((entry[0], entry[1]) for entry in fresh)
+        if fresh:
+            self.received.append(fresh)
+            super().deliver(fresh)
 
 
 def record_node_epoch(run: LoggedEpochRun) -> dict[str, Any]:
@@ -88,9 +99,16 @@ def record_node_epoch(run: LoggedEpochRun) -> dict[str, Any]:
 
 
 def replay_node_epoch(
-    node: int, db: Database, registry: ProcedureRegistry, router: Router, payload: dict[str, Any]
+    node: int,
+    db: Database,
+    registry: ProcedureRegistry,
+    router: Router,
+    payload: dict[str, Any],
+    run_class: type[EpochRun] = EpochRun,
 ) -> int:
     """Redo one logged epoch of ``node`` on ``db`` alone; returns the pieces run.
+
+    ``run_class`` is the node's epoch run (Calvin's lock-ordered one for a Calvin node).
 
     Raises:
         WalCorrupt: the block belongs to another node.
@@ -102,7 +120,7 @@ def replay_node_epoch(
         [None if call is None else TxnRequest(call[0], call[1]) for call in batch]
         for batch in payload["inputs"]
     ]
-    run = EpochRun(node, db, registry, router, batches)
+    run = run_class(node, db, registry, router, batches)
     for entries in payload["values"]:
         run.deliver(entries)
     ran = 0
@@ -133,6 +151,7 @@ def recover_node(
     *,
     upto_epoch: int | None = None,
     repair: bool = True,
+    run_class: type[EpochRun] = EpochRun,
 ) -> NodeRecovered:
     """Rebuild node ``node``'s state from its own directory, alone.
 
@@ -159,7 +178,7 @@ def recover_node(
     for count, block in enumerate(blocks, 1):
         if block.kind is not BlockKind.NODE:
             raise WalCorrupt(f"epoch {block.epoch}: a {block.kind.name} block in a node log")
-        replay_node_epoch(node, db, registry, router, decode_payload(block))
+        replay_node_epoch(node, db, registry, router, decode_payload(block), run_class)
         if count == len(blocks) // 2:
             crashpoint("recovery.mid_replay")
     epoch = blocks[-1].epoch if blocks else checkpoint_epoch
@@ -184,6 +203,8 @@ class NodeLog:
         upto_epoch: cap recovery there (whole-cluster restart); blocks past it are unacked and
             are cut off the log so the next epochs follow on.
         checkpoint_every_epochs: checkpoint after every this many epochs (forked); 0 = never.
+        keep_tail: keep the blocks past ``upto_epoch`` instead (a rejoining node re-executes
+            those epochs for its stalled peers; ``record`` does not log them twice).
     """
 
     def __init__(
@@ -197,22 +218,31 @@ class NodeLog:
         *,
         upto_epoch: int | None = None,
         checkpoint_every_epochs: int = 0,
+        run_class: type[EpochRun] = EpochRun,
+        keep_tail: bool = False,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.node = node
         self.checkpoint_every_epochs = checkpoint_every_epochs
         if read_manifest(directory) is None:
-            self.db, self.epoch = initial(), 0
+            self.db, self.epoch, self.logged = initial(), 0, 0
             write_checkpoint(directory, self.db, 0)
         else:
             recovered = recover_node(
-                directory, node, schema, registry, router, upto_epoch=upto_epoch
+                directory,
+                node,
+                schema,
+                registry,
+                router,
+                upto_epoch=upto_epoch,
+                run_class=run_class,
             )
             self.db, self.epoch = recovered.db, recovered.epoch
-            if recovered.durable_epoch > self.epoch:
+            self.logged = recovered.durable_epoch if keep_tail else self.epoch  # blocks on disk
+            if self.logged < recovered.durable_epoch:
                 cut_after(directory, self.epoch)
-        self.writer = WalWriter(directory, self.epoch + 1)
+        self.writer = WalWriter(directory, self.logged + 1)
         self.checkpointer = Checkpointer(directory, publish=False)
         self._cluster_durable = self.epoch  # every node has made epochs up to here durable
         self._unpublished: int | None = None  # a written snapshot waiting for that
@@ -221,6 +251,9 @@ class NodeLog:
         """Start writing the next epoch's block; ``on_durable(epoch)`` runs (on the writer's
         thread) once it is on disk. Returns the epoch."""
         epoch = self.epoch + 1
+        if epoch <= self.logged:  # a rejoining node re-ran it: its block is on disk already
+            self.epoch = epoch
+            return epoch
         block = encode_block(BlockKind.NODE, epoch, record_node_epoch(run))
         self.writer.start(epoch, block, on_durable)
         self.epoch = epoch
@@ -272,7 +305,9 @@ class NodeDurability:
     Nodes tell each other the newest epoch they made durable (``peer_durable``); an origin
     answers an epoch's clients only once every node has reached it (``when_durable``). At start,
     every node reports the newest epoch on its disk, and all recover up to the smallest one
-    (``recover``), cutting unacknowledged blocks past it.
+    (``recover``), cutting unacknowledged blocks past it; or, when the peers are running, the
+    node rejoins them (``rejoin``, see ``dgcc.wal.rejoin``). ``retained`` keeps what a
+    rejoining peer may need, up to the epoch every node made durable.
 
     Args:
         directory: this node's data directory.
@@ -288,6 +323,11 @@ class NodeDurability:
         self.checkpoint_every_epochs = checkpoint_every_epochs
         self.log: NodeLog | None = None
         self.broadcast: Callable[[int], None] = lambda epoch: None  # set by the node
+        self.announce: Callable[[int], None] = lambda epoch: None  # "restarting, log ends at"
+        self.retained = Retained(node)
+        self.rejoin: RejoinPlan | None = None  # set by ``recover`` when the peers run
+        self._states: dict[int, Any] = {}  # running peer -> what it keeps for this node
+        self._refused: list[str] = []
         self._durable = [-1] * nodes  # per node: newest durable epoch it reported
         self._reported = asyncio.Event()
         self._held: list[tuple[int, Callable[[], None]]] = []
@@ -301,18 +341,39 @@ class NodeDurability:
         blocks, _ = read_log(self.directory, manifest[0], repair=False)
         return blocks[-1].epoch if blocks else manifest[0]
 
+    @property
+    def durable_epoch(self) -> int:
+        """The newest epoch this node made durable."""
+        return self._durable[self.node]
+
     async def recover(
         self,
         registry: ProcedureRegistry,
         router: Router,
         initial: Callable[[], Database],
         schema: Callable[[], Database],
+        run_class: type[EpochRun] = EpochRun,
     ) -> tuple[Database, int]:
-        """Agree with the peers on the epoch to restart from, recover to it; (db, epoch)."""
+        """Agree with the peers on the epoch to restart from, recover to it; (db, epoch).
+
+        Peers restarting too report the end of their logs, and every node recovers to the
+        smallest (a whole-cluster restart). Running peers answer with what they keep for this
+        node instead (``peer_rejoin``): the node recovers to the plan's ``restart`` epoch and
+        ``rejoin`` holds the rest of the plan. ``run_class`` replays the log's epochs (the
+        node's epoch run, not its logged variant).
+
+        Raises:
+            RejoinError: a peer refused the rejoin, or some peers run while others restart.
+        """
         self._loop = asyncio.get_running_loop()
-        self.peer_durable(self.node, self.on_disk())
-        self.broadcast(self._durable[self.node])
+        on_disk = self.on_disk()
+        self.peer_durable(self.node, on_disk)
+        self.announce(on_disk)
         await self._reported.wait()
+        if self._refused:
+            raise RejoinError(self._refused[0])
+        if self._states:
+            return self._rejoin(on_disk, registry, router, initial, schema, run_class)
         upto = cluster_durable_epoch(self._durable)
         self.log = NodeLog(
             self.directory,
@@ -323,11 +384,49 @@ class NodeDurability:
             schema,
             upto_epoch=upto,
             checkpoint_every_epochs=self.checkpoint_every_epochs,
+            run_class=run_class,
         )
         assert self.log.epoch == upto, f"node {self.node} recovered {self.log.epoch}, not {upto}"
         self._durable = [upto] * len(self._durable)
         logger.info("node %d restarts after epoch %d", self.node, upto)
         return self.log.db, upto
+
+    def _rejoin(
+        self,
+        on_disk: int,
+        registry: ProcedureRegistry,
+        router: Router,
+        initial: Callable[[], Database],
+        schema: Callable[[], Database],
+        run_class: type[EpochRun],
+    ) -> tuple[Database, int]:
+        """Recover to the epoch the running peers' answers call for; keep the log's tail."""
+        restarting = [n for n in range(len(self._durable)) if n != self.node]
+        restarting = [n for n in restarting if n not in self._states]
+        if restarting:
+            raise RejoinError(
+                f"nodes {sorted(self._states)} are running but nodes {restarting} restart too: "
+                f"node {self.node} cannot rejoin (restart them all, or one at a time)"
+            )
+        plan = plan_rejoin(self.node, on_disk, self._states)
+        self.log = NodeLog(
+            self.directory,
+            self.node,
+            registry,
+            router,
+            initial,
+            schema,
+            upto_epoch=plan.restart,
+            checkpoint_every_epochs=self.checkpoint_every_epochs,
+            run_class=run_class,
+            keep_tail=True,
+        )
+        assert self.log.epoch == plan.restart, f"recovered {self.log.epoch}, not {plan.restart}"
+        assert self.log.logged == on_disk, f"log ends at {self.log.logged}, not {on_disk}"
+        self.rejoin = plan
+        self.log.cluster_durable(cluster_durable_epoch(self._durable))
+        self.broadcast(on_disk)  # the peers answer their clients as epochs become durable
+        return self.log.db, plan.restart
 
     def executed(self, run: LoggedEpochRun) -> None:
         """Start the group commit of the epoch ``run`` just finished."""
@@ -339,6 +438,15 @@ class NodeDurability:
         self.broadcast(epoch)
         self.peer_durable(self.node, epoch)
 
+    def peer_rejoin(self, node: int, state: dict[str, Any] | str) -> None:
+        """Running peer ``node`` answered this node's restart: what it keeps, or a refusal."""
+        if isinstance(state, str):
+            self._refused.append(state)
+            self._reported.set()
+            return
+        self._states[node] = state
+        self.peer_durable(node, state["durable"])
+
     def peer_durable(self, node: int, epoch: int) -> None:
         """Node ``node`` has made every epoch up to ``epoch`` durable."""
         if epoch <= self._durable[node]:
@@ -348,6 +456,7 @@ class NodeDurability:
             self._reported.set()
         if self.log is not None:
             self.log.cluster_durable(cluster_durable_epoch(self._durable))
+            self.retained.drop_before(cluster_durable_epoch(self._durable))
         if self.log is not None and self._held:
             ready = cluster_durable_epoch(self._durable)
             held, self._held = self._held, []
@@ -372,14 +481,9 @@ class NodeDurability:
 def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
     """The durability of node ``node`` of ``config``: None unless ``config.data_dir`` is set.
 
-    Raises:
-        ConfigError: logging asked for a protocol other than DistDGCC.
+    The epoch log serves DistDGCC and Calvin; the 2PC servers replace it with their own.
     """
     if config.data_dir is None:
         return None
-    if config.protocol != "dgcc":
-        raise ConfigError(
-            f"data_dir (dependency logging) needs protocol dgcc, not {config.protocol!r}"
-        )
     directory = Path(config.data_dir) / f"node{node}"
     return NodeDurability(directory, node, len(config.nodes), config.checkpoint_every_epochs)

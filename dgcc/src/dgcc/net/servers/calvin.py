@@ -28,6 +28,11 @@ Calvin's:
 What the piece model adds: a piece that needs another piece's output (TPC-C NewOrder's order
 lines need the remote stock pieces' results) still waits for that value message too, where
 Calvin would compute it from the forwarded records.
+
+Durability is Calvin's input logging with group commit: with a data dir, each node logs per
+epoch the block a DistDGCC node logs (the inputs in global order, plus the values it received,
+so it can also replay alone), and an epoch's clients are answered once every node has made
+it durable. A restart replays the blocks with this epoch run (``LoggedCalvinEpochRun``).
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ from dgcc.api import Piece, PieceContext, PlannedTxn
 from dgcc.net.node import Node
 from dgcc.protocols.dgcc import Graph, _check_graph
 from dgcc.protocols.dist_dgcc import EpochRun
+from dgcc.wal.node_log import LoggedEpochRun
 
-__all__ = ["GRANT", "CalvinEpochRun", "CalvinNode", "lock_graph"]
+__all__ = ["GRANT", "CalvinEpochRun", "CalvinNode", "LoggedCalvinEpochRun", "lock_graph"]
 
 GRANT = "calvin.grant@"  # + node id: a participant's grant step (no procedure names one so)
 
@@ -145,10 +151,12 @@ class CalvinEpochRun(EpochRun):
         return reports
 
 
-class CalvinNode(Node):
-    """A DistDGCC node with Calvin's epoch run.
+class LoggedCalvinEpochRun(LoggedEpochRun, CalvinEpochRun):
+    """Calvin's epoch run keeping its inputs and received values for the epoch's log block."""
 
-    No dependency logging: ``node_durability`` refuses a data dir for any protocol but dgcc.
-    """
+
+class CalvinNode(Node):
+    """A DistDGCC node with Calvin's epoch run (and, with a data dir, its input log)."""
 
     epoch_run = CalvinEpochRun
+    logged_epoch_run = LoggedCalvinEpochRun

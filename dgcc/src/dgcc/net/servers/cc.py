@@ -6,7 +6,8 @@ locks, and the version of each conflict key when the attempt first reached it. T
 drives a branch through ``before_piece`` (may wait, or name a concurrency-control abort cause),
 ``prepare`` (the 2PC vote), ``commit`` and ``abort``. Versions are bumped once per committed
 writer, exactly as in the single-process baselines (``protocols._history``), so the cluster's
-committed history can be checked for conflict-serializability the same way.
+committed history can be checked for conflict-serializability the same way. ``after_images``
+gives a branch's redo for the write-ahead log (``dgcc.wal.twopc_log``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,20 @@ class NodeCC(ABC):
         """The 2PC vote: True when the branch can commit (it then must, if told to)."""
         branch.prepared = True
         return True
+
+    def after_images(self, branch: Branch) -> dict[str, dict[Key, dict[str, Any] | None]]:
+        """Copies of the rows the branch wrote as they are now (None: deleted), by table.
+
+        Called while the branch still holds what it wrote (before commit releases it).
+        """
+        ctx = branch.ctx
+        assert isinstance(ctx, UndoContext), f"{self.name}: no undo log to take images from"
+        tables = self.db.tables
+        images: dict[str, dict[Key, dict[str, Any] | None]] = {}
+        for _, table, pk, _ in ctx.undo_log:
+            row = tables[table].rows.get(pk)
+            images.setdefault(table, {})[pk] = None if row is None else dict(row)
+        return images
 
     def commit(self, branch: Branch) -> dict[Key, int]:
         """Make the branch's writes durable in memory; the versions it installed."""
@@ -182,6 +197,15 @@ class OccCC(NodeCC):
                 return False
         branch.prepared = True
         return True
+
+    def after_images(self, branch: Branch) -> dict[str, dict[Key, dict[str, Any] | None]]:
+        """The write buffer (copied): exactly what ``commit`` will install."""
+        ctx = branch.ctx
+        assert isinstance(ctx, BufferedContext), f"{self.name}: no write buffer"
+        return {
+            table: {pk: None if row is None else dict(row) for pk, row in rows.items()}
+            for table, rows in ctx.buffer.items()
+        }
 
     def commit(self, branch: Branch) -> dict[Key, int]:
         ctx = branch.ctx

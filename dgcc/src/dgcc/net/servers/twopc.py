@@ -18,6 +18,16 @@ replaces the epochs with one coroutine per client call:
     the coordinator's own branch as one more participant: ``prepare`` to every branch, then
     ``commit`` if all voted yes, else ``abort``.
 
+Durability (with a data dir, ``dgcc.wal.twopc_log``): each participant forces a prepare record
+(its branch's after-images) before voting yes, the coordinator forces its commit decision
+before sending commit, and participants append their commit records lazily; records are group
+committed (one write and one fsync per flush for all records ready). A one-node transaction
+appends one commit record with its images, releases its locks at once and is answered when
+the record is on disk (early lock release: a later conflicting record follows it in the log,
+so nothing depending on it can be durable before it). At a restart every node asks each
+coordinator about its branches in doubt, redoes the committed branches' images, and opens a
+new incarnation (part of every transaction id) before it takes calls.
+
 Peer messages are ``(kind, request id, sender, body)`` with kinds ``req`` and ``rep``; they are
 gathered per peer and written once per loop iteration. With ``order_log`` on, every node keeps
 its committed branches and answers ``order`` with them: ``((origin, seq), procedure, params,
@@ -32,6 +42,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dgcc.api import Outcome, PlannedTxn, Status, TxnRequest, plan_batch, run_piece
@@ -41,6 +52,8 @@ from dgcc.net.node import CALLS_WAITING_MAX, Node
 from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
 from dgcc.net.wire import FrameError, frame, read_frame
 from dgcc.protocols.dist_dgcc import REPLICATED
+from dgcc.wal.crashpoints import crashpoint
+from dgcc.wal.twopc_log import TwoPhaseLog, TxnId
 
 __all__ = ["TwoPhaseCommitNode"]
 
@@ -51,7 +64,7 @@ BACKOFF_S_MIN = 0.0002  # first retry waits up to this long; doubling per retry
 BACKOFF_S_MAX = 0.002
 RPC_TIMEOUT_S = 120.0
 
-BranchId = tuple[int, int, int]  # (origin node, sequence, attempt)
+BranchId = tuple[int, int, int, int]  # (origin node, sequence, attempt, origin incarnation)
 
 
 class TwoPhaseCommitNode(Node):
@@ -64,8 +77,18 @@ class TwoPhaseCommitNode(Node):
             raise ConfigError(
                 f"protocol {config.protocol!r} is not a 2PC one; use one of {list(PROTOCOLS)}"
             )
-        if self.durability is not None:
-            raise ConfigError(f"protocol {config.protocol!r} does not log yet; drop data_dir")
+        self.wal: TwoPhaseLog | None = None
+        if self.durability is not None:  # the epoch log is DistDGCC's and Calvin's: use ours
+            if config.checkpoint_every_epochs:
+                raise ConfigError(
+                    f"protocol {config.protocol!r} logs without checkpoints; drop "
+                    f"checkpoint_every_epochs={config.checkpoint_every_epochs}"
+                )
+            self.durability = None
+            self.wal = TwoPhaseLog(Path(str(config.data_dir)) / f"node{node_id}")
+            self.db = self.workload.build(config.seed)  # the log is redone onto it in ``start``
+        self._incarnation = 0 if self.wal is None else self.wal.incarnation
+        self._recovered = asyncio.Event()
         self.cc: NodeCC = cc_class(self.db)
         self._branches: dict[BranchId, Branch] = {}
         self._replies: dict[int, asyncio.Future] = {}
@@ -84,11 +107,35 @@ class TwoPhaseCommitNode(Node):
         )
         await asyncio.gather(*(self._connect(peer) for peer in self.peers))
         self._check_ready()
+        if self.wal is not None:
+            await self.ready.wait()  # peers must be able to answer and be answered
+            await self._recover(self.wal)
+        self._recovered.set()
+
+    async def _recover(self, wal: TwoPhaseLog) -> None:
+        """Ask each coordinator which of our branches in doubt it decided; redo the log."""
+        by_origin: dict[int, list[TxnId]] = {}
+        for txn in wal.in_doubt():
+            by_origin.setdefault(txn[0], []).append(txn)
+        decided = {txn for txn in by_origin.pop(self.id, ()) if txn in wal.decided}
+        answers = await asyncio.gather(
+            *(self._request(origin, ("decided", txns)) for origin, txns in by_origin.items())
+        )
+        decided.update(tuple(txn) for answer in answers for txn in answer)
+        wal.recover(self.db, decided)
 
     def stop(self) -> None:
         for task in self._txn_tasks:
             task.cancel()
         super().stop()
+        if self.wal is not None:
+            self.wal.close()
+
+    def status(self) -> dict[str, Any]:
+        status = super().status()
+        if self.wal is not None:
+            status.update(self.wal.stats)
+        return status
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -103,8 +150,8 @@ class TwoPhaseCommitNode(Node):
     def _flush(self, peer: int) -> None:
         data = b"".join(self._outgoing.pop(peer, ()))
         self.stats["net/peer_bytes"] += len(data)
-        writer = self._out[peer]
-        if not writer.is_closing():
+        writer = self._out.get(peer)  # None: the peer was lost; its requests time out
+        if writer is not None and not writer.is_closing():
             writer.write(data)
 
     async def _request(self, peer: int, body: tuple) -> Any:
@@ -134,14 +181,20 @@ class TwoPhaseCommitNode(Node):
     async def _answer(self, peer: int, request_id: int, body: Sequence[Any]) -> None:
         op, branch_id = body[0], tuple(body[1])
         if op == "pieces":
+            if not self._recovered.is_set():  # a peer that restarted first must not see old rows
+                await self._recovered.wait()
             _, _, ts, procedure, params, indices, inputs = body
             result = await self._run_pieces(
                 branch_id, tuple(ts), TxnRequest(procedure, params), indices, inputs
             )
         elif op == "prepare":
-            result = self._prepare(branch_id)
+            result = await self._prepare_logged(branch_id)
         elif op in ("commit", "abort"):
-            result = self._end(branch_id, commit=op == "commit")
+            result = self._end(branch_id, commit=op == "commit") is not None
+        elif op == "decided":  # a restarting peer asks which of its branches in doubt committed
+            await self.ready.wait()
+            decided = self.wal.decided if self.wal is not None else set()
+            result = [txn for txn in map(tuple, body[1]) if txn in decided]
         else:
             raise FrameError(f"unknown peer request {op!r}")
         self.stats["net/peer_messages"] += 1
@@ -204,20 +257,36 @@ class TwoPhaseCommitNode(Node):
         branch = self._branches.get(branch_id)
         return branch is not None and self.cc.prepare(branch)
 
-    def _end(self, branch_id: BranchId, *, commit: bool) -> bool:
+    async def _prepare_logged(self, branch_id: BranchId) -> bool:
+        """The 2PC vote; a yes only once the branch's prepare record (its redo) is on disk."""
+        if not self._prepare(branch_id):
+            return False
+        if self.wal is not None:
+            images = self.cc.after_images(self._branches[branch_id])
+            await self.wal.wait(self.wal.append(("prepare", branch_id, images)))
+        return True
+
+    def _end(self, branch_id: BranchId, *, commit: bool, one_phase: bool = False) -> int | None:
+        """Commit or abort the branch; None when it is unknown here, else the lsn of its commit
+        record (0: none). ``one_phase``: a one-node transaction, its record carries the images.
+        """
         branch = self._branches.pop(branch_id, None)
         if branch is None:
-            return False
+            return None
         if not commit:
             self.cc.abort(branch)
-            return True
+            return 0
+        lsn = 0
+        if self.wal is not None:
+            images = self.cc.after_images(branch) if one_phase else None
+            lsn = self.wal.append(("commit", branch_id, images))
         installed = self.cc.commit(branch)
         if self.config.order_log:
             txn = branch.txn
             self._committed.append(
                 (branch_id[:2], txn.procedure.name, dict(txn.params), branch.seen, installed)
             )
-        return True
+        return lsn
 
     def _answer_order(self, client: Any, call_id: int) -> None:
         history = tuple(self._committed) if self.config.order_log else None
@@ -269,7 +338,8 @@ class TwoPhaseCommitNode(Node):
                 self.stats["txn/executed"] += 1
                 self.stats["txn/multi_node"] += len({node for node, _ in runs}) > 1
             self.stats["txn/attempts"] += 1
-            result = await self._attempt((self.id, seq, attempt), ts, planned, runs)
+            branch_id = (self.id, seq, attempt, self._incarnation)
+            result = await self._attempt(branch_id, ts, planned, runs)
             if isinstance(result, Outcome):
                 return result
             self.stats["txn/cc_aborts"] += 1
@@ -310,17 +380,24 @@ class TwoPhaseCommitNode(Node):
             if not all(votes):
                 await self._finish(branch_id, touched, commit=False)
                 return "vote_no"
+            if self.wal is not None:  # the decision is on disk before any commit is sent
+                await self.wal.wait(self.wal.append(("decide", branch_id)))
+                crashpoint("twopc.after_decide")
+            await self._finish(branch_id, touched, commit=True)
         elif not self._prepare(branch_id):
             self._end(branch_id, commit=False)
             return "validation"
-        await self._finish(branch_id, touched, commit=True)
+        else:
+            lsn = self._end(branch_id, commit=True, one_phase=True)
+            if self.wal is not None and lsn:
+                await self.wal.wait(lsn)  # answered only once its commit record is durable
         build = planned.procedure.result
         ordered = {p.name: outputs[p.name] for p in pieces if p.name in outputs}
         return Outcome(Status.COMMITTED, build(ordered) if build else ordered)
 
     async def _vote(self, branch_id: BranchId, node: int) -> bool:
         if node == self.id:
-            return self._prepare(branch_id)
+            return await self._prepare_logged(branch_id)
         return bool(await self._request(node, ("prepare", branch_id)))
 
     async def _finish(self, branch_id: BranchId, nodes: list[int], *, commit: bool) -> None:
