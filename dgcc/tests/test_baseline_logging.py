@@ -220,8 +220,8 @@ def test_logged_bench_section_pairs_each_run_with_its_unlogged_twin(tmp_path: Pa
     facts = {"cpus": 2, "load_average_1m_at_start": 0.5, "git_commit": "abc"}
     bench.write(unlogged, logged, facts, tmp_path, "paired.")
     text = (tmp_path / "protocols_logged.md").read_text()
-    assert "| tpcc-1wh | dgcc | 400 | 1,000 | 800 | 20% |" in text
-    assert "| tpcc-1wh | occ | 25 | 500 | 200 | 60% |" in text
+    assert "| tpcc-1wh | dgcc | 400 / 400 | 1,000 | 800 | 20% |" in text
+    assert "| tpcc-1wh | occ | 25 / 25 | 500 | 200 | 60% |" in text
     assert "DistDGCC / best baseline (occ) = **4.00x**" in text
     pairs = json.loads((tmp_path / "protocols_logged.json").read_text())["pairs"]
     assert [(p["protocol"], p["logged"]["metrics"]["txn/commits_per_s"]) for p in pairs] == [
@@ -229,6 +229,35 @@ def test_logged_bench_section_pairs_each_run_with_its_unlogged_twin(tmp_path: Pa
         ("occ", 200.0),
     ]
     assert (tmp_path / "protocols_logged.png").stat().st_size > 0
+
+
+def test_logged_runs_tune_inflight_afresh_and_stop_past_the_peak(monkeypatch) -> None:
+    bench = _bench_module()
+    rates = {("dgcc", 25): 100.0, ("dgcc", 100): 300.0, ("dgcc", 400): 200.0}
+    rates |= {("occ", 25): 50.0, ("occ", 100): 60.0, ("occ", 400): 70.0}
+    tried = []
+
+    def make_bench(scenario, protocol, inflight, durable):
+        assert durable
+        tried.append((protocol, inflight))
+        return (protocol, inflight)
+
+    monkeypatch.setattr(bench, "run_bench", lambda key: _run(key[0], key[1], rates[key]))
+    monkeypatch.setattr(bench, "summary_line", lambda record: "run")
+    unlogged = {("s", "dgcc"): _run("dgcc", 400, 1.0), ("s", "occ"): _run("occ", 25, 1.0)}
+    logged = bench.logged_runs(unlogged, make_bench, bench.Console(quiet=True), (25, 100, 400))
+    # dgcc fell below 80% of its best at 400: a fourth value would not have run either
+    assert tried == [
+        ("dgcc", 25),
+        ("dgcc", 100),
+        ("dgcc", 400),
+        ("occ", 25),
+        ("occ", 100),
+        ("occ", 400),
+    ]
+    assert logged[("s", "dgcc")]["config"]["inflight"] == 100
+    assert logged[("s", "dgcc")]["sweep"] == [(25, 100.0), (100, 300.0), (400, 200.0)]
+    assert logged[("s", "occ")]["config"]["inflight"] == 400
 
 
 # -- whole clusters: real node processes, SIGKILL, restart from the logs --------------------
