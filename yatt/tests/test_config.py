@@ -53,6 +53,7 @@ def test_list_and_bool_overrides() -> None:
         ("rollout=3", "is a section"),
         ("algo.kl_in_reward=true", "algo.kl_in_reward"),
         ("reward.weights=[1,2]", "reward.weights"),
+        ("rollout.ignore_eos=maybe", "rollout.ignore_eos"),
     ],
 )
 def test_bad_overrides_raise_config_error(override: str, fragment: str) -> None:

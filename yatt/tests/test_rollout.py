@@ -101,6 +101,26 @@ def test_greedy_matches_hf_when_rows_stop_early_on_eos(model_and_tokenizer, comp
         assert mine.finish_reason == theirs.finish_reason
 
 
+def test_ignore_eos_runs_every_row_to_its_budget(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    engine = RolloutEngine(model, tokenizer)
+    free = engine.generate(_prompts(tokenizer), SamplingParams(max_new_tokens=12, greedy=True))
+    eos = free[0].token_ids[2]  # row 0 emits it early: with EOS honoured it stops there
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [eos]
+    try:
+        stopped = engine.generate(_prompts(tokenizer), SamplingParams(12, greedy=True))
+        params = SamplingParams(max_new_tokens=12, greedy=True, ignore_eos=True)
+        ignored = engine.generate(_prompts(tokenizer), params)
+        with pytest.raises(ConfigError, match="ignore_eos"):
+            HFGenerateEngine(model, tokenizer).generate(_prompts(tokenizer)[:1], params)
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert stopped[0].finish_reason == "stop" and len(stopped[0].token_ids) == 3
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 12 for c in ignored)
+    assert [c.token_ids for c in ignored] == [c.token_ids for c in free]  # EOS kept, same tokens
+
+
 def test_stop_string_ends_row_at_completing_token(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     engine = RolloutEngine(model, tokenizer)

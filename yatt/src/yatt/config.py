@@ -89,7 +89,9 @@ class RolloutConfig:
     policy weights (refreshed after every update; yatt backend only) while training stays fp32;
     the sampler's log-probs then differ from the trainer's, so the batch carries them as
     behaviour log-probs and the policy loss applies a truncated importance-sampling weight
-    min(p_train / p_sampler, algo.tis_cap) per token.
+    min(p_train / p_sampler, algo.tis_cap) per token. `ignore_eos` samples past EOS (every
+    completion runs to `max_new_tokens` or a stop string; yatt and vllm backends), for
+    benchmarks that need fixed response lengths.
     """
 
     backend: str = "yatt"
@@ -100,6 +102,7 @@ class RolloutConfig:
     top_k: int = 0
     stop: tuple[str, ...] = ()
     dtype: str = "float32"
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -121,6 +124,13 @@ class RolloutConfig:
             "rollout.dtype",
             self.dtype,
             "'float32' unless rollout.backend is 'yatt'",
+        )
+        _require(isinstance(self.ignore_eos, bool), "rollout.ignore_eos", self.ignore_eos, "a bool")
+        _require(
+            not self.ignore_eos or self.backend != "hf",
+            "rollout.ignore_eos",
+            self.ignore_eos,
+            "false unless rollout.backend is 'yatt' or 'vllm'",
         )
 
     @property

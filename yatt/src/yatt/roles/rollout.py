@@ -35,6 +35,7 @@ class RolloutRole(Role):
         self.params = SamplingParams(
             max_new_tokens=config.max_new_tokens, temperature=config.temperature,
             top_p=config.top_p, top_k=config.top_k, stop=tuple(config.stop),
+            ignore_eos=config.ignore_eos,
         )  # fmt: skip
         self.last_entropy_estimate = float("nan")
 

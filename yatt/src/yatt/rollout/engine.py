@@ -308,7 +308,9 @@ def _append_token(
     assert row.finish_reason is None, "appending to a finished row"
     row.token_ids.append(token)
     row.logprobs.append(logp)
-    if token in eos_ids or (params.stop and _completes_stop(tokenizer, row.token_ids, params.stop)):
+    if (token in eos_ids and not params.ignore_eos) or (
+        params.stop and _completes_stop(tokenizer, row.token_ids, params.stop)
+    ):
         row.finish_reason = "stop"
     elif len(row.token_ids) >= params.max_new_tokens:
         row.finish_reason = "length"

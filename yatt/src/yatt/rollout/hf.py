@@ -10,6 +10,7 @@ import logging
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from yatt.errors import ConfigError
 from yatt.rollout.engine import (
     Completion,
     EngineBase,
@@ -50,6 +51,8 @@ class HFGenerateEngine(EngineBase):
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
         """
         _check_request(prompt_ids, seeds)
+        if params.ignore_eos:
+            raise ConfigError("ignore_eos needs the yatt or vllm rollout backend, not hf")
         input_ids, attention_mask = self._left_pad(prompt_ids)
         eos_ids = eos_token_ids(self.model, self.tokenizer)
         was_training = self.model.training

@@ -25,6 +25,8 @@ class SamplingParams:
     `temperature`, restricted to the `top_k` most likely tokens (0 = all) and to the smallest set
     whose probability reaches `top_p`, and sampled. Generation stops at EOS, at any of the `stop`
     strings (kept in the text, as HF `generate` does) or after `max_new_tokens` tokens.
+    `ignore_eos` (as vLLM's) keeps sampling past EOS tokens, which stay in the completion, so a
+    row stops only at a stop string or its budget: for benchmarks that need fixed lengths.
     """
 
     max_new_tokens: int = 64
@@ -33,6 +35,7 @@ class SamplingParams:
     top_k: int = 0
     stop: tuple[str, ...] = ()
     greedy: bool = False
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):

@@ -97,6 +97,7 @@ class VLLMEngine(EngineBase):
             max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,  # as HF generate and yatt's engine
+            ignore_eos=params.ignore_eos,
             seed=int(seed) % 2**63,
             logprobs=0,  # the sampled token's log-prob only
         )
