@@ -5,10 +5,18 @@ import pytest
 import torch
 
 from yatt.control.async_rollout import ShardQueue
+from yatt.control.cluster import _reusable, role_devices
 from yatt.control.config import ControlConfig, load_callable
-from yatt.control.devices import Device, discover_devices
+from yatt.control.devices import Device, discover_devices, widen
 from yatt.control.placement import PLACEMENTS, candidate_placements, make_placement
-from yatt.control.replacement import PhaseCosts, Replanner, costs_from_spans, predict_step_s
+from yatt.control.replacement import (
+    PhaseCosts,
+    Replanner,
+    amdahl_fraction,
+    costs_from_spans,
+    predict_step_s,
+    speedup,
+)
 from yatt.control.shards import make_features
 from yatt.control.sim import Task, best_static, project_costs, run_tasks, simulate
 from yatt.control.timeline import Span, idle_fractions, plot_timeline, spans_from_events
@@ -215,3 +223,68 @@ def test_replanner_weighs_the_steps_left_and_waits_for_a_measured_step_after_a_m
     assert planner.decide(3, split, 8) is None  # split has not run a measured step yet
     planner.observe_step(3, split, 2.5)
     assert planner.decide(4, split, 7) is not None
+
+
+def test_threads_mapping_gives_each_role_one_multi_core_worker():
+    wide = widen([Device("cpu", 2), Device("cpu", 3)])
+    assert wide == Device("cpu", 2, 2) and wide.indices == (2, 3) and wide.name == "cpu:2-3"
+    with pytest.raises(ConfigError, match="consecutive"):
+        widen([Device("cpu", 0), Device("cpu", 2)])
+    with pytest.raises(ConfigError, match=r"control\.cpu_mapping"):
+        ControlConfig(cpu_mapping="mpi")
+    cpus = [Device("cpu", i) for i in range(4)]
+    partial = make_placement("partial", 4, 1)
+    threads = role_devices(partial, cpus, "threads")
+    assert threads == {"sampler": [Device("cpu", 0)], "reward": [Device("cpu", 1, 3)],
+                       "policy": [Device("cpu", 0, 4)]}  # fmt: skip
+    assert role_devices(partial, cpus, "ranks")["policy"] == cpus  # one rank per core
+    gpus = [Device("cuda", i) for i in range(4)]
+    assert role_devices(partial, gpus, "threads")["policy"] == gpus  # GPUs stay ranks
+
+
+def test_amdahl_fractions_round_trip_and_shape_the_cost_model():
+    assert speedup(1.0, 4) == pytest.approx(4.0) and speedup(0.0, 4) == pytest.approx(1.0)
+    assert amdahl_fraction(3.0, 3.0 / speedup(0.6, 2), 2) == pytest.approx(0.6)
+    assert amdahl_fraction(1.0, 2.0, 2) == 0.0  # slower on 2: clipped, never negative
+    # a CPU worker on 2 cores: decode and training scale poorly (fractions < 1), so overlap
+    # wins once decode is long, and colocation still wins while it is short
+    cpu = {"gen_parallel": 0.6, "train_parallel": 0.7}
+    long = PhaseCosts(gen_s=0.3, reward_s=0.0, train_s=5.0, gen_floor_s=5.0, **cpu)
+    short = PhaseCosts(gen_s=0.1, reward_s=0.0, train_s=2.0, gen_floor_s=0.3, **cpu)
+    colocate, split = make_placement("colocate", 2), make_placement("disaggregated", 2, 1)
+    assert predict_step_s(long, colocate) == pytest.approx(
+        5.0 / speedup(0.6, 2) + 0.3 / 2 + 5.0 / speedup(0.7, 2)
+    )
+    assert predict_step_s(long, split) < predict_step_s(long, colocate)
+    assert predict_step_s(short, colocate) < predict_step_s(short, split)
+    perfect = PhaseCosts(gen_s=0.3, reward_s=0.0, train_s=5.0, gen_floor_s=5.0, gen_parallel=1)
+    assert predict_step_s(perfect, colocate) < predict_step_s(perfect, split)
+    for plan in candidate_placements(2):  # the simulator agrees with the model in steady state
+        assert simulate([long] * 8, plan).step_s[-1] == pytest.approx(predict_step_s(long, plan))
+
+
+def test_costs_from_spans_count_a_multi_core_worker_once_with_its_speedup():
+    # one worker on cores 0-1: gen 1.0 s (floor 0.8 on one core), update 2.0 s, on both rows
+    spans = [Span(d, "policy", "update_actor", 1.0, 3.0) for d in (0, 1)]
+    spans += [Span(d, "sampler", "gen", 0.0, 1.0) for d in (0, 1)]
+    costs = costs_from_spans(spans, 1, gen_floor_s=0.8, gen_parallel=0.5, train_parallel=0.5)
+    floor_on_two = 0.8 / speedup(0.5, 2)
+    assert costs.gen_s == pytest.approx((1.0 - floor_on_two) * 2)
+    assert costs.train_s == pytest.approx(2.0 * speedup(0.5, 2))  # one-core seconds
+    assert costs.train_on(2) == pytest.approx(2.0)  # predicts the measured span back
+    # two single-core ranks with distinct clocks: each span counts as its own work
+    ranks = [Span(0, "policy", "update_actor", 0.0, 2.0), Span(1, "policy", "update_actor",
+                                                              0.0, 2.1)]  # fmt: skip
+    assert costs_from_spans(ranks, 1).train_s == pytest.approx(4.1)
+
+
+def test_reused_processes_prefer_policy_ranks_and_gpus_stay_put():
+    backend = InProcessBackend()
+    cpu = [backend.spawn(_Echo, Device("cpu", i), f"w{i}", i) for i in range(3)]
+    pool = {0: [cpu[0]], 1: [cpu[1]], 2: [cpu[2]]}
+    assert _reusable(pool, Device("cpu", 0, 2), prefer=[cpu[2]]) is cpu[2]  # a rank re-pins
+    assert _reusable(pool, Device("cpu", 1), prefer=[]) is cpu[1]  # else the one on the core
+    assert _reusable(pool, Device("cpu", 1), prefer=[]) is cpu[0]  # else any CPU process
+    assert _reusable(pool, Device("cpu", 1), prefer=[]) is None
+    gpu = backend.spawn(_Echo, Device("cuda", 0), "g", 0)
+    assert _reusable({0: [gpu]}, Device("cuda", 1), prefer=[gpu]) is None  # its GPU only

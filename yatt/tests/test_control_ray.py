@@ -155,3 +155,44 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     assert controller.plan.kind == "colocate" and last_actors == first_actors
     assert sum(e[2] == "move" for e in run.events) == 2 * 2  # two moves, on both devices
     _assert_close(weights, _inprocess_weights(config))
+
+
+def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
+    """cpu_mapping="threads": colocate(2) is one worker pinned to both cores (2 threads, no
+    all-reduce) beside a parked spare process; a move to disaggregated(1/2) re-pins the policy
+    worker to one core (keeping its optimizer state) and makes the spare the sampler, a move
+    back re-pins it to both cores. Synchronous plans, so the run equals the unmoved one."""
+    from yatt.control.adaptive import AdaptiveController
+    from yatt.control.placement import make_placement
+    from yatt.control.replacement import Decision, Replanner
+
+    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
+    control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
+                            device_kind="cpu", extra_rewards=REWARD, replace_every=1,
+                            cpu_mapping="threads")  # fmt: skip
+    targets = {1: make_placement("disaggregated", 2, 1), 2: make_placement("colocate", 2)}
+
+    def decide(self, step, current, steps_left):  # a scripted planner
+        if step not in targets:
+            return None
+        target = targets[step]
+        return Decision(step, current.label(), target.label(), True, 1.0, 0.5, 0.0, "scripted")
+
+    monkeypatch.setattr(Replanner, "decide", decide)
+    controller = AdaptiveController(config, control, decode_step_s=0.001)
+    assert [h.device.name for h in controller.cluster.all_handles()] == ["cpu:0-1"]
+    processes = {h.actor for h in controller.cluster.all_handles() + controller.cluster.spares}
+    assert len(processes) == 2  # the worker and a parked spare: a move starts no process
+    try:
+        run = controller.fit()
+        weights = controller.cluster.ranks.handles[0].call("weights")
+        devices = [h.device.name for h in controller.cluster.all_handles()]
+        last = {h.actor for h in controller.cluster.all_handles() + controller.cluster.spares}
+    finally:
+        controller.close()
+    assert devices == ["cpu:0-1"] and last == processes
+    assert run.workers["colocate(2)/rank0"]["allreduce_s"] == 0
+    updates = [e for e in run.events if e[2] == "update_actor"]
+    assert sorted(e[0] for e in updates) == [0, 0, 1, 1, 1]  # steps 0 and 2 on both cores, 1 on 1
+    assert [h["control/move_s"] > 0 for h in run.history] == [False, True, True]
+    _assert_close(weights, _inprocess_weights(config))

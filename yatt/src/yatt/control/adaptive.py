@@ -2,16 +2,17 @@
 
 Every step, the phase spans the workers recorded become measured costs (replacement.py) for the
 `Replanner`, and the step's wall time becomes the measured step time of the plan it ran on.
-When it decides to move, rank 0 exports weights and optimizer state, the worker processes take
-on their roles in the new plan (no process is restarted; see build_cluster) and import that
-state at the current step. Prompt bookkeeping carries over: the old groups cancel their
-in-flight steps and hand over every prompt they took but neither trained nor dropped (in
-flight, reclaimed after over-dispatch aborts) plus their slices of the global draws up to
-the furthest group's; old group g's prompts go to the front of new group g mod n's queue,
-which then draws on from there. No prompt is lost or sampled twice (tested); with the same
-number of groups, or when no group holds a prompt (synchronous, no over-dispatch), the
-prompt order continues exactly as in an unmoved run. The measured move time becomes the
-planner's new move cost. The timeline keeps every plan's spans plus the moves.
+When it decides to move, the worker processes take on their roles in the new plan (no process
+is restarted; see build_cluster: policy ranks that stay ranks keep their state, idle spare
+processes stand by), and a kept rank hands its weights (and optimizer state, to ranks that are
+new) to the others at the current step. Prompt bookkeeping carries over: the old groups cancel
+their in-flight steps and hand over every prompt they took but neither trained nor dropped (in
+flight, reclaimed after over-dispatch aborts) plus their slices of the global draws up to the
+furthest group's; old group g's prompts go to the front of new group g mod n's queue, which
+then draws on from there. No prompt is lost or sampled twice (tested); with the same number of
+groups, or when no group holds a prompt (synchronous, no over-dispatch), the prompt order
+continues exactly as in an unmoved run. The measured move time becomes the planner's new move
+cost. The timeline keeps every plan's spans plus the moves.
 """
 
 from __future__ import annotations
@@ -39,16 +40,21 @@ logger = logging.getLogger(__name__)
 class AdaptiveController:
     """Parallel controllers under runtime re-placement every `control.replace_every` steps.
 
-    `decode_step_s`: seconds of one decode step at batch 1 (the generation floor per token),
-    measured by the caller; the floor of a step is that times the step's response budget.
+    `decode_step_s`: seconds of one decode step at batch 1 on one device (the generation floor
+    per token), measured by the caller; the floor of a step is that times the step's response
+    budget. `gen_parallel`, `train_parallel`: the Amdahl fractions of that floor and of an
+    update over one worker's devices (see replacement.py; the defaults are data-parallel ranks'
+    and GPUs'), measured by the caller for multi-core CPU workers.
     """
 
     mode = "adaptive"
 
-    def __init__(self, config: Config, control: ControlConfig, decode_step_s: float) -> None:
+    def __init__(self, config: Config, control: ControlConfig, decode_step_s: float,
+                 gen_parallel: float = 0.0, train_parallel: float = 1.0) -> None:  # fmt: skip
         assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
         self.config, self.control = config, control
         self.decode_step_s = decode_step_s
+        self.parallel = {"gen_parallel": gen_parallel, "train_parallel": train_parallel}
         start_s = time.perf_counter()
         self.cluster: Cluster = build_cluster(config, control, ParallelRank)
         self.plan: Placement = self.cluster.placement
@@ -72,18 +78,22 @@ class AdaptiveController:
         start_s = time.time()
         draws = max(self.cluster.ranks.call_all("queue_draws"))
         pending = self.cluster.ranks.call_all("handover", draws)
-        state = self.cluster.ranks.handles[0].call("export_state")
         self._drain()
         for handle, stats in zip(
             self.cluster.all_handles(), [h.submit("stats") for h in self.cluster.all_handles()]
         ):
             self._workers[f"{self.plan.label()}/{handle.name}"] = stats.result()
+        old_ranks = self.cluster.ranks.handles
         kind_split = 0 if plan.kind == "colocate" else plan.n_sampler
         self.control = dataclasses.replace(self.control, placement=plan.kind, n_sampler=kind_split)
         self.cluster = build_cluster(self.config, self.control, ParallelRank, self.cluster)
+        # Ranks that were ranks kept their policy (build_cluster re-roles them first), so
+        # the state comes from one of them; optimizer state only for ranks that are new.
         ranks = self.cluster.ranks.handles
-        weights_only = {"weights": state["weights"]}  # samplers and rewards need no optimizer
-        for future in [h.submit("import_state", state if h in ranks else weights_only, step)
+        kept = [h for h in ranks if h in old_ranks]
+        assert kept, f"no policy rank of {self.plan.label()} stayed one in {plan.label()}"
+        state = kept[0].call("export_state", len(kept) < len(ranks))
+        for future in [h.submit("import_state", {} if h in kept else state, step)
                        for h in self.cluster.all_handles()]:  # fmt: skip
             future.result()
         self.controller = ParallelController(self.config, self.control, self.cluster)
@@ -117,8 +127,9 @@ class AdaptiveController:
             metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
             budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
             spans = [Span(*event) for event in self._drain()]
+            floor_s = self.decode_step_s * budget
             self.replanner.observe(
-                costs_from_spans(spans, 1, gen_floor_s=self.decode_step_s * budget), move_s
+                costs_from_spans(spans, 1, gen_floor_s=floor_s, **self.parallel), move_s
             )
             if not move_s:  # a step right after a move refills the async pipeline: not typical
                 self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])

@@ -4,27 +4,30 @@
   policy's module, so weight sync is free).
 - disaggregated: sampler+reward workers on the sampler devices, policy ranks on the others.
 - partial: samplers on the sampler devices, reward services on the rest, policy ranks on all.
+Under `control.cpu_mapping="threads"` each role's CPU devices become one multi-core worker.
 Data-parallel group r uses sampler `r % n_samplers` (and the reward service beside it); the
 lowest such rank owns the sampler and pushes weights to it.
-A runtime re-placement builds the new plan's cluster from the old one: each device's worker
-processes take on their new roles in place (model rebuilt, process group joined anew), so a
-move costs a state hand-over, not process start-ups.
+A runtime re-placement builds the new plan's cluster from the old one: worker processes take
+on their new roles in place (process group joined anew; a CPU process may re-pin itself to
+other cores; a policy rank that stays one keeps its model and optimizer), so a move costs a
+state hand-over, not process start-ups: CPU processes the new plan does not need are parked as
+spares, and a re-placing CPU cluster starts with one process per core.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from yatt.config import Config
 from yatt.control.config import ControlConfig
-from yatt.control.devices import Device, discover_devices
+from yatt.control.devices import Device, discover_devices, widen
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import RankWorker
 from yatt.control.workers import Backend, Future, WorkerGroup, WorkerHandle, make_backend
 from yatt.errors import ConfigError
 
-__all__ = ["Cluster", "build_cluster"]
+__all__ = ["Cluster", "build_cluster", "role_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ class Cluster:
     ranks: WorkerGroup
     samplers: WorkerGroup | None
     rewards: WorkerGroup | None
+    spares: list[WorkerHandle] = field(default_factory=list)
 
     def sampler_for(self, rank: int) -> WorkerHandle:
         group = self.samplers or self.ranks
@@ -66,20 +70,47 @@ class Cluster:
 
 def _place(backend: Backend, pool: dict[int, list[WorkerHandle]], cls: type, config: Config,
            control: ControlConfig, devices: list[Device], roles: tuple[str, ...], prefix: str,
-           pending: list[Future]) -> WorkerGroup:  # fmt: skip
-    """One worker per device in `devices`: a process from `pool` (on that device) takes on
-    `roles` (its reset is appended to `pending`), else a new one is spawned."""
+           pending: list[Future], prefer: list[WorkerHandle]) -> WorkerGroup:  # fmt: skip
+    """One worker per device in `devices`: a process from `pool` (on that device; `prefer`red
+    ones first) takes on `roles` (its reset is appended to `pending`), else one is spawned."""
     handles = []
     for i, device in enumerate(devices):
         name = f"{prefix}{i}"
-        if pool.get(device.index):
-            handle = pool[device.index].pop(0)
-            handle.name = name
-            pending.append(handle.submit("reset", config, control, roles, name))
+        handle = _reusable(pool, device, prefer)
+        if handle is not None:
+            handle.name, handle.device = name, device
+            pending.append(handle.submit("reset", config, control, roles, name, device))
         else:
             handle = backend.spawn(cls, device, name, config, control, device, roles, name)
         handles.append(handle)
     return WorkerGroup(prefix, handles)
+
+
+def _reusable(pool: dict[int, list[WorkerHandle]], device: Device,
+              prefer: list[WorkerHandle]) -> WorkerHandle | None:  # fmt: skip
+    """A pooled process for `device`, taken out of `pool`: one on that device, else (CPU: a
+    process re-pins itself to other cores) any pooled one; a GPU process stays on its GPU.
+    Among those, a `prefer`red one first (policy ranks keep their state when they stay ranks)."""
+    here = pool.get(device.index, [])
+    elsewhere = [h for index, hs in pool.items() if index != device.index for h in hs]
+    candidates = here + elsewhere if device.kind == "cpu" else here
+    if not candidates:
+        return None
+    handle = min(candidates, key=lambda h: (h not in prefer, candidates.index(h)))
+    for handles in pool.values():
+        if handle in handles:
+            handles.remove(handle)
+    return handle
+
+
+def role_devices(placement: Placement, devices: list[Device], cpu_mapping: str
+                 ) -> dict[str, list[Device]]:  # fmt: skip
+    """The devices of each role's workers: one per device, or (CPU devices under the "threads"
+    mapping) one multi-core device per role, so a role spread over cores runs as one process."""
+    on = {role: [devices[i] for i in indices] for role, indices in placement.devices.items()}
+    if cpu_mapping == "threads" and devices[0].kind == "cpu":
+        on = {role: [widen(group)] for role, group in on.items()}
+    return on
 
 
 def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankWorker,
@@ -87,32 +118,37 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
     """Spawn every worker of `control.placement` and join the policy ranks' process group.
     Every worker is a `rank_cls`. `previous`: a cluster on the same devices whose worker
     processes are reused (each takes on its new roles in place: a runtime re-placement costs
-    no process start-up); those the new plan does not need are released.
+    no process start-up; policy ranks stay ranks where they can, keeping their state); those
+    the new plan does not need are parked as spares (CPU) or released (GPU). A re-placing CPU
+    cluster starts with spares up to one process per core.
 
     Raises:
         ConfigError: an unusable split, or several policy ranks on the in-process backend.
     """
     devices = discover_devices(control.device_kind, control.n_devices, control.oversubscribe)
     placement = make_placement(control.placement, len(devices), control.n_sampler)
-    n_ranks = len(placement.devices["policy"])
+    on = role_devices(placement, devices, control.cpu_mapping)
+    n_ranks = len(on["policy"])
     if control.backend == "inprocess" and n_ranks > 1:
         raise ConfigError(
             f"backend 'inprocess' runs one policy rank, but placement "
             f"{placement.label()} needs {n_ranks}; use control.backend=ray"
         )
     pool: dict[int, list[WorkerHandle]] = {}
+    old_ranks: list[WorkerHandle] = []
     if previous is not None:
         assert previous.devices == devices, f"devices {previous.devices} -> {devices}"
-        backend = previous.backend
-        for handle in previous.all_handles():
+        backend, old_ranks = previous.backend, previous.ranks.handles
+        for handle in previous.all_handles() + previous.spares:
             pool.setdefault(handle.device.index, []).append(handle)
     else:
         backend = make_backend(control.backend, devices)
-    on = {role: [devices[i] for i in idx] for role, idx in placement.devices.items()}
     pending: list[Future] = []
 
     def place(role: str, roles: tuple[str, ...], prefix: str) -> WorkerGroup:
-        return _place(backend, pool, rank_cls, config, control, on[role], roles, prefix, pending)
+        prefer = old_ranks if role == "policy" else []
+        return _place(backend, pool, rank_cls, config, control, on[role], roles, prefix,
+                      pending, prefer)  # fmt: skip
 
     samplers = rewards = None  # policy ranks first: they take over the previous ranks' processes
     if placement.kind == "colocate":
@@ -124,8 +160,7 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
         ranks = place("policy", ("policy",), "rank")
         samplers = place("sampler", ("sampler",), "sampler")
         rewards = place("reward", ("reward",), "reward")
-    for handle in [h for left in pool.values() for h in left]:
-        backend.release(handle)
+    spares = _spares(backend, pool, rank_cls, config, control, on, fresh=previous is None)
     for future in pending:
         future.result()
     address = ranks.handles[0].call("rendezvous_address")
@@ -138,4 +173,23 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
         n_ranks,
         len(pending),
     )
-    return Cluster(backend, placement, devices, ranks, samplers, rewards)
+    return Cluster(backend, placement, devices, ranks, samplers, rewards, spares)
+
+
+def _spares(backend: Backend, pool: dict[int, list[WorkerHandle]], cls: type, config: Config,
+            control: ControlConfig, on: dict[str, list[Device]], fresh: bool
+            ) -> list[WorkerHandle]:  # fmt: skip
+    """Idle processes kept for later moves: the pooled ones the plan left over (GPU: released
+    instead, an idle process would hold on to GPU memory); a `fresh` re-placing CPU cluster
+    spawns them up to one process per core (a move should not wait for a start-up)."""
+    devices = discover_devices(control.device_kind, control.n_devices, control.oversubscribe)
+    left = [h for handles in pool.values() for h in handles]
+    if devices[0].kind == "cuda":
+        for handle in left:
+            backend.release(handle)
+        return []
+    if not (fresh and control.replace_every and control.backend == "ray"):
+        return left
+    used = {d.index for group in on.values() for d in group}
+    free = [d for d in devices if d.index not in used]
+    return [backend.spawn(cls, d, f"spare{d.index}", config, control, d, (), "") for d in free]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from yatt.errors import ConfigError
 
 __all__ = [
+    "CPU_MAPPINGS",
     "MAX_STALENESS",
     "MODES",
     "ControlConfig",
@@ -16,6 +17,7 @@ __all__ = [
 ]
 
 MODES = ("single", "parallel")
+CPU_MAPPINGS = ("ranks", "threads")
 # Bound on rollout/training staleness (every queue of in-flight batches is bounded by it).
 MAX_STALENESS = 8
 
@@ -37,15 +39,19 @@ class ControlConfig:
     n_devices: devices to use (0 = all); device_kind: "auto", "cpu" or "cuda".
     n_sampler: sampler devices for disaggregated/partial (0 = half).
     async_staleness: k, the policy versions generation may lag behind training when the sampler
-        runs in its own workers (disaggregated, partial): samplers generate the batches of steps
+        has devices of its own (disaggregated): samplers generate the batches of steps
         t+1..t+k with weights at most k updates old while the trainers train on step t (0 =
-        synchronous). Colocated samplers share the policy's module and always sample in sync.
+        synchronous). Colocated and partially colocated samplers (their devices also train)
+        always sample in sync.
     over_dispatch: r, dispatch ~(1 + r) x the groups a step needs, one group per sampler call;
         once enough groups are back (and valid, under algo.dynamic_sampling) the rest are
         aborted and their prompts go back to the front of the shard's queue (0 = off).
     payload_bytes: extra per-sample features (e.g. image embeddings) carried from sampler to
         trainer, to measure data movement; 0 = none.
     replace_every: runtime re-placement considers a new plan every K steps (0 = off).
+    cpu_mapping: how a role spread over several CPU devices runs: "ranks" (one worker per core,
+        data-parallel with a gloo all-reduce, as on GPUs) or "threads" (one worker owning those
+        cores, torch intra-op threads: no all-reduce). GPUs always run one rank per device.
     oversubscribe: allow more CPU devices than cores (they share cores round-robin); for
         measuring control overheads with many data-parallel groups on a small machine.
     length_schedule: "step:tokens" pairs, the response budget from that step on (overrides
@@ -64,6 +70,7 @@ class ControlConfig:
     over_dispatch: float = 0.0
     payload_bytes: int = 0
     replace_every: int = 0
+    cpu_mapping: str = "ranks"
     oversubscribe: bool = False
     length_schedule: tuple[str, ...] = ()
     extra_rewards: tuple[str, ...] = ()
@@ -86,6 +93,12 @@ class ControlConfig:
             "control.device_kind",
             self.device_kind,
             f"one of {DEVICE_KINDS}",
+        )
+        _require(
+            self.cpu_mapping in CPU_MAPPINGS,
+            "control.cpu_mapping",
+            self.cpu_mapping,
+            f"one of {CPU_MAPPINGS}",
         )
         _require(self.n_devices >= 0, "control.n_devices", self.n_devices, ">= 0 (0 = all)")
         _require(self.n_sampler >= 0, "control.n_sampler", self.n_sampler, ">= 0 (0 = half)")

@@ -2,7 +2,10 @@
 
 A `Device` is one schedulable unit: a CUDA GPU, or one CPU core (a worker placed on a CPU device
 pins itself to that core and runs torch with one thread). Ray sees a device as one bundle of a
-placement group: `{"CPU": 1}` for a core, `{"CPU": 1, "GPU": 1}` for a GPU.
+placement group: `{"CPU": 1}` for a core, `{"CPU": 1, "GPU": 1}` for a GPU. A worker may also
+own `cores` consecutive CPU devices (`widen`): it pins itself to all of them and runs torch
+intra-op with that many threads (the "threads" CPU mapping: one process instead of a
+data-parallel group, so no gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -14,25 +17,37 @@ import torch
 
 from yatt.errors import ConfigError
 
-__all__ = ["DEVICE_KINDS", "Device", "discover_devices"]
+__all__ = ["DEVICE_KINDS", "Device", "discover_devices", "widen"]
 
 DEVICE_KINDS = ("auto", "cpu", "cuda")
+# Cores this process was allowed before its first bind (a re-roled worker re-binds).
+_bound_cores: set[int] = set()
 
 
 @dataclass(frozen=True)
 class Device:
-    """One device: `kind` "cpu" (a core) or "cuda" (a GPU), `index` among that kind's devices."""
+    """One device: `kind` "cpu" (a core) or "cuda" (a GPU), `index` among that kind's devices;
+    a CPU device may span `cores` consecutive cores from `index` (one worker, that many threads)."""
 
     kind: str
     index: int
+    cores: int = 1
 
     def __post_init__(self) -> None:
         assert self.kind in ("cpu", "cuda"), f"device kind {self.kind!r}"
         assert self.index >= 0, f"device index {self.index}"
+        assert self.cores >= 1, f"device cores {self.cores}"
+        assert self.kind == "cpu" or self.cores == 1, f"a {self.kind} device spans {self.cores}"
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.index}"
+        suffix = f"-{self.index + self.cores - 1}" if self.cores > 1 else ""
+        return f"{self.kind}:{self.index}{suffix}"
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """The device indices this device covers (its timeline rows)."""
+        return tuple(range(self.index, self.index + self.cores))
 
     def torch_device(self) -> torch.device:
         """Where tensors of a worker on this device live."""
@@ -47,9 +62,24 @@ class Device:
         if self.kind == "cuda":
             torch.cuda.set_device(self.index)
             return
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[self.index % len(cores)]})
-        torch.set_num_threads(1)
+        cores = sorted(os.sched_getaffinity(0) | _bound_cores)
+        _bound_cores.update(cores)  # a later re-bind may widen again
+        os.sched_setaffinity(0, {cores[i % len(cores)] for i in self.indices})
+        torch.set_num_threads(self.cores)
+
+
+def widen(devices: list[Device]) -> Device:
+    """One CPU device spanning `devices` (consecutive cores), for a multi-threaded worker.
+
+    Raises:
+        ConfigError: the devices are not consecutive CPU cores.
+    """
+    indices = [d.index for d in devices]
+    if any(d.kind != "cpu" or d.cores != 1 for d in devices) or indices != list(
+        range(indices[0], indices[0] + len(indices))
+    ):
+        raise ConfigError(f"cannot widen {[d.name for d in devices]}: need consecutive CPU cores")
+    return Device("cpu", indices[0], len(indices))
 
 
 def discover_devices(kind: str = "auto", count: int = 0, oversubscribe: bool = False

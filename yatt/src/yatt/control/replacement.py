@@ -6,10 +6,17 @@ Work divides evenly over the devices a phase gets, except generation's latency f
 decoding the longest response takes one model call per token whatever the batch, so sampling on
 k devices takes floor + gen / k. A step is predicted as:
 
-    colocate(n):          floor + (gen + reward + train) / n + 2 swap        (phases in series)
-    disaggregated(k, n):  max(floor + (gen + reward) / k, train / (n - k) + sync)  (async, k >= 1)
-                          floor + (gen + reward) / k + train / (n - k) + sync       (synchronous)
-    partial(k, n):        floor + gen / k + reward / (n - k) + train / n + sync + swap
+    colocate(n):          floor_n + (gen + reward) / n + train_n + 2 swap     (phases in series)
+    disaggregated(k, n):  max(floor_k + (gen + reward) / k, train_(n-k) + sync)   (async, k >= 1)
+                          floor_k + (gen + reward) / k + train_(n-k) + sync        (synchronous)
+    partial(k, n):        floor_k + gen / k + reward / (n - k) + train_n + sync + swap
+
+where floor_k = floor / speedup(gen_parallel, k) and train_k = train / speedup(train_parallel,
+k), with Amdahl's speedup(p, k) = 1 / (1 - p + p / k). Data-parallel ranks (GPUs, or one
+process per core) split rows, not the decode of one row: gen_parallel = 0, train_parallel = 1.
+A worker that owns k CPU cores runs intra-op threads instead; memory-bound decode and
+training then scale by measured fractions below 1 (see `amdahl_fraction`), which is what makes
+colocation lose to overlap on a CPU once responses grow.
 
 Short responses make the floor small and colocation wins (no device waits); long responses make
 it large, and overlapping it with training on other devices wins. (A group's controller scores
@@ -39,7 +46,15 @@ from dataclasses import dataclass
 from yatt.control.placement import Placement, candidate_placements
 from yatt.errors import ConfigError
 
-__all__ = ["Decision", "PhaseCosts", "Replanner", "costs_from_spans", "predict_step_s"]
+__all__ = [
+    "Decision",
+    "PhaseCosts",
+    "Replanner",
+    "amdahl_fraction",
+    "costs_from_spans",
+    "predict_step_s",
+    "speedup",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +62,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PhaseCosts:
     """Per-step work in device-seconds (gen, reward, train) and fixed seconds (gen_floor: the
-    sequential decode of the longest response; sync: weight push; swap: offload/onload)."""
+    sequential decode of the longest response; sync: weight push; swap: offload/onload), and
+    the Amdahl fractions of the floor and of training over one worker's devices."""
 
     gen_s: float
     reward_s: float
@@ -55,11 +71,24 @@ class PhaseCosts:
     sync_s: float = 0.0
     swap_s: float = 0.0
     gen_floor_s: float = 0.0
+    gen_parallel: float = 0.0
+    train_parallel: float = 1.0
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             assert value >= 0 and math.isfinite(value), f"{item.name}={value}"
+        assert self.gen_parallel <= 1, f"gen_parallel={self.gen_parallel}"
+        assert self.train_parallel <= 1, f"train_parallel={self.train_parallel}"
+
+    def gen_on(self, devices: int, reward: bool = False) -> float:
+        """Seconds to sample one step on `devices` (and score it there, with `reward`)."""
+        work_s = self.gen_s + (self.reward_s if reward else 0.0)
+        return self.gen_floor_s / speedup(self.gen_parallel, devices) + work_s / devices
+
+    def train_on(self, devices: int) -> float:
+        """Seconds of one update on `devices`."""
+        return self.train_s / speedup(self.train_parallel, devices)
 
     def blend(self, other: PhaseCosts, weight: float) -> PhaseCosts:
         """Exponential moving average: (1 - weight) * self + weight * other."""
@@ -69,40 +98,65 @@ class PhaseCosts:
         })  # fmt: skip
 
 
+def speedup(parallel: float, devices: int) -> float:
+    """Amdahl's speedup on `devices` of work whose fraction `parallel` divides among them."""
+    assert devices >= 1, f"devices={devices}"
+    return 1.0 / (1.0 - parallel + parallel / devices)
+
+
+def amdahl_fraction(one_s: float, many_s: float, devices: int) -> float:
+    """The parallel fraction p with one_s / many_s = speedup(p, devices), clipped to [0, 1]
+    (a measurement may show no gain, or a little more than linear)."""
+    assert one_s > 0 and many_s > 0 and devices > 1, f"{one_s}, {many_s}, {devices}"
+    fraction = (1.0 - many_s / one_s) / (1.0 - 1.0 / devices)
+    return min(max(fraction, 0.0), 1.0)
+
+
 def predict_step_s(costs: PhaseCosts, placement: Placement, overlap: bool = True) -> float:
     """Predicted seconds per step of `placement` (see the module docstring); `overlap`: the
     run is async (bounded staleness >= 1), so disjoint sampler and trainer devices overlap."""
-    n, floor = placement.n_devices, costs.gen_floor_s
+    n = placement.n_devices
     if placement.kind == "colocate":
-        return floor + (costs.gen_s + costs.reward_s + costs.train_s) / n + 2 * costs.swap_s
+        return costs.gen_on(n, reward=True) + costs.train_on(n) + 2 * costs.swap_s
     k = placement.n_sampler
     if placement.kind == "disaggregated":
-        rollout_s = floor + (costs.gen_s + costs.reward_s) / k
-        train_s = costs.train_s / (n - k) + costs.sync_s
+        rollout_s = costs.gen_on(k, reward=True)
+        train_s = costs.train_on(n - k) + costs.sync_s
         return max(rollout_s, train_s) if overlap else rollout_s + train_s
-    rollout_s = floor + costs.gen_s / k + costs.reward_s / (n - k)
-    return rollout_s + costs.train_s / n + costs.sync_s + costs.swap_s
+    rollout_s = costs.gen_on(k) + costs.reward_s / (n - k)
+    return rollout_s + costs.train_on(n) + costs.sync_s + costs.swap_s
 
 
 def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync_s: float = 0.0,
-                     swap_s: float = 0.0) -> PhaseCosts:  # fmt: skip
-    """Per-step costs from timeline spans (any placement): summed durations per phase; each gen
-    span's share of the floor is taken out of the gen work."""
+                     swap_s: float = 0.0, gen_parallel: float = 0.0,
+                     train_parallel: float = 1.0) -> PhaseCosts:  # fmt: skip
+    """Per-step costs from timeline spans (any placement) as one-device work. A multi-core
+    worker records one span per core with the same times (its width); its update counts
+    duration x speedup(train_parallel, width), its sampling the duration beyond the sped-up
+    floor, on every core. Each gen call's share of the floor is taken out of the gen work."""
     assert steps > 0, f"steps={steps}"
-    work = {"gen": 0.0, "reward": 0.0, "update_actor": 0.0}
-    gen_spans = 0
+    widths: dict[tuple, int] = {}
     for span in spans:
-        phase = "gen" if span.phase == "behaviour_logp" else span.phase  # sampler-side work
-        if phase in work:
-            work[phase] += span.end_s - span.start_s
-            gen_spans += span.phase == "gen"
-    gen_s = max(work["gen"] - gen_spans * gen_floor_s, 0.0)
+        key = (span.role, span.phase, span.start_s, span.end_s)
+        widths[key] = widths.get(key, 0) + 1
+    work = {"gen": 0.0, "reward": 0.0, "update_actor": 0.0}
+    for (_, phase, start_s, end_s), width in widths.items():
+        seconds = end_s - start_s
+        if phase == "gen":
+            floor_s = gen_floor_s / speedup(gen_parallel, width)
+            work["gen"] += max(seconds - floor_s, 0.0) * width
+        elif phase == "behaviour_logp":  # sampler-side work
+            work["gen"] += seconds * width
+        elif phase == "update_actor":
+            work[phase] += seconds * speedup(train_parallel, width)
+        elif phase in work:
+            work[phase] += seconds * width
     swaps = [span for span in spans if span.phase == "swap"]
     if swaps and not swap_s:  # measured offload/onload: seconds per step on each device
         n_swapping = len({span.device for span in swaps})
         swap_s = sum(span.end_s - span.start_s for span in swaps) / (steps * n_swapping * 2)
-    return PhaseCosts(gen_s / steps, work["reward"] / steps, work["update_actor"] / steps,
-                      sync_s, swap_s, gen_floor_s)  # fmt: skip
+    return PhaseCosts(work["gen"] / steps, work["reward"] / steps, work["update_actor"] / steps,
+                      sync_s, swap_s, gen_floor_s, gen_parallel, train_parallel)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -71,33 +71,33 @@ def step_tasks(step: int, plan: Placement, costs: PhaseCosts, after: str = "") -
     The disaggregated plan samples one version behind: gen of step t waits for the weight sync
     of step t-2 (the one pushed after the update before last), so it overlaps training of t-1.
     """
-    n, k, floor = plan.n_devices, plan.n_sampler, costs.gen_floor_s
+    n, k = plan.n_devices, plan.n_sampler
     dev = {role: plan.devices[role] for role in plan.devices}
     base = (after,) if after else ()
     prev_sync = (f"sync{step - 1}",) if step > 0 else ()
     if plan.kind == "colocate":
         return [
-            Task(f"gen{step}", "gen", dev["sampler"], floor + costs.gen_s / n + costs.swap_s,
+            Task(f"gen{step}", "gen", dev["sampler"], costs.gen_on(n) + costs.swap_s,
                  base + (f"train{step - 1}",) * (step > 0)),
             Task(f"reward{step}", "reward", dev["reward"], costs.reward_s / n, (f"gen{step}",)),
-            Task(f"train{step}", "train", dev["policy"], costs.train_s / n + costs.swap_s,
+            Task(f"train{step}", "train", dev["policy"], costs.train_on(n) + costs.swap_s,
                  (f"reward{step}",)),
             Task(f"sync{step}", "sync", dev["policy"], 0.0, (f"train{step}",)),
         ]  # fmt: skip
     if plan.kind == "disaggregated":
         stale = (f"sync{step - 2}",) if step > 1 else ()
         return [
-            Task(f"gen{step}", "gen", dev["sampler"], floor + (costs.gen_s + costs.reward_s) / k,
+            Task(f"gen{step}", "gen", dev["sampler"], costs.gen_on(k, reward=True),
                  base + stale),
             Task(f"reward{step}", "reward", dev["sampler"], 0.0, (f"gen{step}",)),
-            Task(f"train{step}", "train", dev["policy"], costs.train_s / (n - k),
+            Task(f"train{step}", "train", dev["policy"], costs.train_on(n - k),
                  (f"reward{step}",) + (f"train{step - 1}",) * (step > 0)),
             Task(f"sync{step}", "sync", dev["policy"], costs.sync_s, (f"train{step}",)),
         ]  # fmt: skip
     return [
-        Task(f"gen{step}", "gen", dev["sampler"], floor + costs.gen_s / k, base + prev_sync),
+        Task(f"gen{step}", "gen", dev["sampler"], costs.gen_on(k), base + prev_sync),
         Task(f"reward{step}", "reward", dev["reward"], costs.reward_s / (n - k), (f"gen{step}",)),
-        Task(f"train{step}", "train", dev["policy"], costs.train_s / n + costs.swap_s,
+        Task(f"train{step}", "train", dev["policy"], costs.train_on(n) + costs.swap_s,
              (f"gen{step}", f"reward{step}")),
         Task(f"sync{step}", "sync", dev["sampler"], costs.sync_s, (f"train{step}",)),
     ]  # fmt: skip
@@ -171,7 +171,9 @@ def project_costs(costs: PhaseCosts, measured_devices: int, n_devices: int, *,
 
     Work (device-seconds) grows with the global batch, i.e. by n_devices / measured_devices.
     Weight sync: a pipelined broadcast, param_bytes / bandwidth + log2(n) latencies. A move:
-    `respawn_s` + a weight and optimizer-state hand-over (3x the weights).
+    `respawn_s` + a weight and optimizer-state hand-over (3x the weights). The devices there
+    are GPUs with one data-parallel rank each, so the measured CPU threads' scaling fractions do
+    not carry over (the projected costs keep the defaults: the floor does not divide).
     """
     scale = n_devices / measured_devices
     bytes_per_s = link_gbps * 1e9 / 8

@@ -219,7 +219,8 @@ class RayBackend(Backend):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = self.devices.index(device)
+        bundle = device.index  # a multi-core CPU device is scheduled on its first core's bundle
+        assert self.devices[bundle].index == device.index, f"{device.name} not in the group"
         share = 1.0 / MAX_WORKERS_PER_DEVICE
         options = {
             "num_cpus": share,
