@@ -27,7 +27,6 @@ __all__ = ["YcsbWorkload", "ZipfianGenerator"]
 
 TABLE = "usertable"
 THETA_MAX = 0.99
-PIECES_CACHED_MAX = 1 << 16  # planned pieces kept for reuse (see ``YcsbWorkload._piece``)
 DISTINCT_DRAWS_MAX = 64  # zipf draws per key before falling back to the next unused key
 
 
@@ -134,7 +133,6 @@ class YcsbWorkload(Workload):
         self.theta = float(theta)
         self._field_names = tuple(f"field{i}" for i in range(fields))
         self._increments: Counter[int] = Counter()
-        self._pieces: dict[tuple[int, int, bool], Piece] = {}  # (key, position, write) -> piece
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -173,32 +171,21 @@ class YcsbWorkload(Workload):
         keys, rmw = params["keys"], params["rmw"]
         if len(keys) != len(rmw) or not keys:
             raise BadParams(f"ycsb_txn: keys and rmw must be equally long and non-empty: {params}")
-        records, cache = self.records, self._pieces
+        records, fields = self.records, self._field_names
         pieces = []
         for position, key in enumerate(keys):
             if type(key) is not int or not 0 <= key < records:  # bool is not int here
                 raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {key!r}")
             write = rmw[position]
-            if write is not True and write is not False:
+            # Positional Piece(name, run, reads, writes): every call of every protocol plans here.
+            if write is True:
+                run = partial(_read_modify_write, key, fields[position % len(fields)])
+                pieces.append(Piece(f"w{position}", run, (), ((TABLE, key),)))
+            elif write is False:
+                pieces.append(Piece(f"r{position}", partial(_read, key), ((TABLE, key),)))
+            else:
                 raise BadParams(f"ycsb_txn: rmw flags must be bools, got {write!r}")
-            piece = cache.get((key, position, write))
-            if piece is None:
-                piece = self._piece(key, position, write)
-            pieces.append(piece)
         return pieces
-
-    def _piece(self, key: int, position: int, write: bool) -> Piece:
-        """The piece of one access, kept for reuse: pieces are never changed once planned, and
-        a skewed stream plans the hot keys' pieces over and over."""
-        if len(self._pieces) >= PIECES_CACHED_MAX:
-            self._pieces.clear()  # bounded; the hot pieces come back at once
-        if write:
-            run = partial(_read_modify_write, key, self._field_names[position % self.fields])
-            piece = Piece(f"w{position}", run, (), ((TABLE, key),))
-        else:
-            piece = Piece(f"r{position}", partial(_read, key), ((TABLE, key),))
-        self._pieces[(key, position, write)] = piece
-        return piece
 
     def requests(self, seed: int) -> Iterator[TxnRequest]:
         rng = random.Random(seed)
