@@ -81,8 +81,7 @@ class Outcome:
 class Piece:
     """One action of a transaction: a function and the conflict keys it declares.
 
-    Treated as immutable once planned; protocols only read it, so a workload may hand the same
-    piece to many calls (YCSB reuses its hot keys' pieces).
+    Treated as immutable once planned; protocols only read it.
     """
 
     name: str
