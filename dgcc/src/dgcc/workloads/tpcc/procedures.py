@@ -329,6 +329,30 @@ def _place_order(
     }
 
 
+def _order_line_row(
+    order_pk: tuple[int, int, int],
+    number: int,
+    line: tuple[int, int, int],
+    amount: Any,
+    dist_info: str,
+) -> dict[str, Any]:
+    """One ORDER_LINE row of a new order (shared by the piece and by replay)."""
+    w, d, o_id = order_pk
+    i_id, supply_w, quantity = line
+    return {
+        "ol_o_id": o_id,
+        "ol_d_id": d,
+        "ol_w_id": w,
+        "ol_number": number,
+        "ol_i_id": i_id,
+        "ol_supply_w_id": supply_w,
+        "ol_delivery_d": None,
+        "ol_quantity": quantity,
+        "ol_amount": amount,
+        "ol_dist_info": dist_info,
+    }
+
+
 def _insert_order_lines(
     ctx: PieceContext,
     order_pk: tuple[int, int, int],
@@ -348,22 +372,8 @@ def _insert_order_lines(
         used[(supply_w, i_id)] = seen + 1
         amount = quantity * price
         amount_sum += amount
-        ctx.insert(
-            "order_line",
-            (w, d, o_id, number),
-            {
-                "ol_o_id": o_id,
-                "ol_d_id": d,
-                "ol_w_id": w,
-                "ol_number": number,
-                "ol_i_id": i_id,
-                "ol_supply_w_id": supply_w,
-                "ol_delivery_d": None,
-                "ol_quantity": quantity,
-                "ol_amount": amount,
-                "ol_dist_info": dist_info,
-            },
-        )
+        row = _order_line_row(order_pk, number, (i_id, supply_w, quantity), amount, dist_info)
+        ctx.insert("order_line", (w, d, o_id, number), row)
         brand = "B" if "ORIGINAL" in i_data and "ORIGINAL" in s_data else "G"
         out_lines.append((supply_w, i_id, i_name, quantity, levels[seen], brand, price, amount))
     return out_lines, amount_sum
@@ -588,20 +598,11 @@ def _replay_new_order(db: Database, params: Mapping[str, Any]) -> None:
     tables["orders"].insert((w, d, o_id), order)
     tables["new_order"].insert((w, d, o_id), {"no_o_id": o_id, "no_d_id": d, "no_w_id": w})
     insert_line = tables["order_line"].insert
-    for number, (i_id, supply_w, quantity) in enumerate(lines, start=1):
-        line = {
-            "ol_o_id": o_id,
-            "ol_d_id": d,
-            "ol_w_id": w,
-            "ol_number": number,
-            "ol_i_id": i_id,
-            "ol_supply_w_id": supply_w,
-            "ol_delivery_d": None,
-            "ol_quantity": quantity,
-            "ol_amount": quantity * item_rows[i_id]["i_price"],
-            "ol_dist_info": dist_info[(supply_w, i_id)],
-        }
-        insert_line((w, d, o_id, number), line)
+    for number, line in enumerate(lines, start=1):
+        i_id, supply_w, quantity = line
+        amount = quantity * item_rows[i_id]["i_price"]
+        row = _order_line_row((w, d, o_id), number, line, amount, dist_info[(supply_w, i_id)])
+        insert_line((w, d, o_id, number), row)
 
 
 def _replay_payment(db: Database, params: Mapping[str, Any]) -> None:
