@@ -537,26 +537,18 @@ def _delivery_result(outputs: dict[str, Any]) -> dict[str, Any]:
 # -- Replay of committed calls (dependency-log recovery) --------------------------------------
 
 
-class _Direct:
-    """The record access ``_pay_customer`` needs, straight on the tables, for replaying a
-    committed Payment whole (its keys were checked when it first ran)."""
+class _Direct(ReadView):
+    """The record access ``_pay_customer`` needs, straight on the tables: a ``ReadView``'s
+    reads plus writes, for replaying a committed Payment whole (its keys were checked when it
+    first ran)."""
 
-    __slots__ = ("_tables",)
-
-    def __init__(self, db: Database) -> None:
-        self._tables = db.tables
-
-    def get(self, table: str, pk: Any) -> Mapping[str, Any] | None:
-        return self._tables[table].rows.get(pk)
+    __slots__ = ()
 
     def update(self, table: str, pk: Any, changes: Mapping[str, Any]) -> None:
-        self._tables[table].update(pk, changes)
+        self._db.tables[table].update(pk, changes)
 
     def insert(self, table: str, pk: Any, row: dict[str, Any]) -> None:
-        self._tables[table].insert(pk, row)
-
-    def lookup(self, table: str, index: str, index_key: Any) -> list[Any]:
-        return self._tables[table].indexes[index].lookup(index_key)
+        self._db.tables[table].insert(pk, row)
 
 
 def _replay_new_order(db: Database, params: Mapping[str, Any]) -> None:
