@@ -55,13 +55,13 @@ class AdaptiveController:
         self.config, self.control = config, control
         self.decode_step_s = decode_step_s
         self.parallel = {"gen_parallel": gen_parallel, "train_parallel": train_parallel}
-        start_s = time.perf_counter()
         self.cluster: Cluster = build_cluster(config, control, ParallelRank)
         self.plan: Placement = self.cluster.placement
         self.controller = ParallelController(config, control, self.cluster)
-        spawn_s = time.perf_counter() - start_s
-        self.replanner = Replanner(self.plan.n_devices, control.replace_every, spawn_s,
-                                   overlap=control.async_staleness > 0)  # fmt: skip
+        overlap = control.async_staleness > 0
+        self.replanner = Replanner(
+            self.plan.n_devices, control.replace_every, self._handover_s(), overlap=overlap
+        )
         self.decisions: list[Decision] = []
         self._spans: list[tuple[int, str, str, float, float]] = []
         self._workers: dict[str, dict[str, float]] = {}
@@ -72,6 +72,15 @@ class AdaptiveController:
             events += handle.call("drain_events")
         self._spans += events
         return events
+
+    def _handover_s(self) -> float:
+        """The first estimate of a move's cost, until one is measured: a move's bulk is the
+        state hand-over (weights and optimizer state out of a kept rank, then into each other
+        worker), so one export is timed and counted once per worker. No process starts in a
+        move (spares stand by), so start-up time is not part of it."""
+        start_s = time.perf_counter()
+        self.cluster.ranks.handles[0].call("export_state", True)
+        return (time.perf_counter() - start_s) * len(self.cluster.all_handles())
 
     def _move(self, step: int, plan: Placement) -> float:
         """Re-place the workers onto `plan` at `step`; returns the seconds it took."""

@@ -31,10 +31,14 @@ logger = logging.getLogger(__name__)
 class ParallelRank(RankWorker):
     """A policy rank that is also the controller of its data-parallel group."""
 
-    def connect(self, sampler: Any, reward_service: Any, owns_sampler: bool) -> None:
-        """Parallel mode: the sampler and reward handles this group calls (None = self), and
-        this group's prompt queue and rollout (async_rollout.py)."""
+    def connect(self, sampler: Any, reward_service: Any, owns_sampler: bool,
+                sampler_shared: bool = False) -> None:  # fmt: skip
+        """Parallel mode: the sampler and reward handles this group calls (None = self),
+        whether other groups call that sampler too, and this group's prompt queue and rollout
+        (async_rollout.py)."""
         super().connect(sampler, reward_service, owns_sampler)
+        self.sampler_shared = sampler_shared
+        self._push: Future | None = None  # the weight push still in flight
         self.group = make_group_rollout(self.config, self.control, self.world, self.rank,
                                         self.first_step, self.staleness)  # fmt: skip
         self._inflight: dict[int, StepDispatch] = {}
@@ -79,6 +83,7 @@ class ParallelRank(RankWorker):
     def handover(self, draws: int) -> list[int]:
         """Re-placement: cancel the steps in flight; this group's prompts still due, in order
         (see GroupRollout.handover)."""
+        self._await_push()  # the move re-roles the sampler: the push must have landed
         dispatches = [self._inflight.pop(step) for step in sorted(self._inflight)]
         return self.group.handover(dispatches, draws)
 
@@ -114,10 +119,23 @@ class ParallelRank(RankWorker):
         return {**metrics, **timings}
 
     def _sync_weights(self, step: int) -> None:
+        """Push version step+1 to the sampler this group owns. A sampler no other group calls
+        gets it without a wait: one caller's calls run in order, so the push lands before this
+        group's next request, and the trainer goes on while the sampler finishes the step it
+        is generating (async) and receives the weights. A shared sampler is waited on, and the
+        barrier makes every push land before any group asks for the version."""
         if self.sampler is not None and self.owns_sampler:
-            self.sampler.call("load_weights", step + 1, self.weights())
-        if self.collective is not None:
-            self.collective.barrier()  # every sampler holds version step+1 before anyone asks
+            self._await_push()
+            self._push = self.sampler.submit("load_weights", step + 1, self.weights(packed=True))
+            if self.sampler_shared:
+                self._await_push()
+        if self.collective is not None and self.sampler_shared:
+            self.collective.barrier()
+
+    def _await_push(self) -> None:
+        if self._push is not None:
+            self._push.result()
+            self._push = None
 
     def _reduce(self, sums: torch.Tensor, counts: dict[str, float],
                 actor: dict[str, float]) -> dict[str, float]:  # fmt: skip
@@ -147,13 +165,14 @@ class ParallelController(Controller):
         connections = []
         for rank in range(n_ranks):
             if cluster.samplers is None:
-                connections.append((None, None, False))
+                connections.append((None, None, False, False))
             else:
                 connections.append(
                     (
                         cluster.sampler_for(rank),
                         cluster.reward_for(rank),
                         cluster.owns_sampler(rank),
+                        n_ranks > len(cluster.samplers),
                     )
                 )
         cluster.ranks.call_each("connect", connections)

@@ -24,6 +24,7 @@ from yatt.config import Config
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, make_features
+from yatt.control.transfer import pack, unpack
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
 
@@ -155,7 +156,7 @@ class RankWorker:
             self._rendered: dict[int, str] = {}
         else:
             model = kept.model
-        self._staged: dict[int, dict[str, torch.Tensor]] = {}
+        self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
         self.holds_state = kept is not None
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
@@ -243,7 +244,7 @@ class RankWorker:
         if version != self.weights_version:
             assert version in self._staged, f"{self.name}: weights v{version} never arrived"
             with self._phase("sampler", "load_weights"):
-                self.rollout.engine.load_state_dict(self._staged[version])
+                self.rollout.engine.load_state_dict(unpack(self._staged[version], copy=False))
                 self.weights_version = version
         if request.max_new_tokens:
             self.rollout.params = dataclasses.replace(
@@ -292,10 +293,11 @@ class RankWorker:
             rewards, _ = self.reward.score(shard.batch)
         return rewards
 
-    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
-        """Sampler: stage the policy weights of `version` (weight sync). A request names the
-        version it needs, so the order in which pushes and requests arrive does not matter;
-        the versions an in-flight async request may still name (k + 1 back) are kept."""
+    def load_weights(self, version: int, state: dict[str, Any]) -> int:
+        """Sampler: stage the policy weights of `version` (weight sync; `state` as `weights(
+        packed=True)` gives it). A request names the version it needs, so the order in which
+        pushes and requests arrive does not matter; the versions an in-flight async request
+        may still name (k + 1 back) are kept."""
         assert self.rollout is not None, f"{self.name} hosts no sampler"
         self._staged[version] = state
         keep_from = version - effective_staleness(self.control) - 1
@@ -303,9 +305,11 @@ class RankWorker:
             del self._staged[old]
         return version
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, packed: bool = False) -> dict[str, Any]:
+        """The policy's weights on the host; `packed` for a transfer (see transfer.py)."""
         assert self.policy is not None, f"{self.name} hosts no policy"
-        return {k: v.detach().to("cpu") for k, v in self.policy.model.state_dict().items()}
+        state = {k: v.detach().to("cpu") for k, v in self.policy.model.state_dict().items()}
+        return pack(state) if packed else state
 
     # ------------------------------------------------------------------ training
 
@@ -343,12 +347,13 @@ class RankWorker:
         return time.perf_counter() - start_s
 
     def export_state(self, with_optimizer: bool = True) -> dict[str, Any]:
-        """Weights (and optimizer/scheduler state) of this policy rank, for a re-placement."""
+        """Weights (and optimizer/scheduler state) of this policy rank, for a re-placement;
+        packed for the transfer (see transfer.py)."""
         assert self.policy is not None, f"{self.name} hosts no policy"
         state: dict[str, Any] = {"weights": self.weights()}
         if with_optimizer:
             state["policy"] = self.policy.state_dict()
-        return state
+        return pack(state)
 
     def import_state(self, state: dict[str, Any], step: int) -> int:
         """Continue a run at `step` from `export_state` output: load weights (and optimizer
@@ -357,11 +362,11 @@ class RankWorker:
         self.first_step = self.weights_version = step
         if self.policy is not None and not self.holds_state:
             assert "policy" in state, f"{self.name}: a new policy rank needs optimizer state"
-            self.policy.model.load_state_dict(state["weights"])
-            self.policy.load_state_dict(state["policy"])
+            self.policy.model.load_state_dict(unpack(state["weights"], copy=False))
+            self.policy.load_state_dict(unpack(state["policy"]))  # updated in place later
             self.holds_state = True
         if self.rollout is not None and self.policy is None:
-            self.rollout.engine.load_state_dict(state["weights"])
+            self.rollout.engine.load_state_dict(unpack(state["weights"], copy=False))
         return step
 
     def checksum(self) -> float:

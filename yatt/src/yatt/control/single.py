@@ -104,7 +104,7 @@ class SingleController(Controller):
     def _sync_weights(self, step: int) -> None:
         if self.cluster.samplers is None:
             return  # colocated samplers share the policy's module
-        state = self.cluster.ranks.handles[0].call("weights")
+        state = self.cluster.ranks.handles[0].call("weights", True)
         self.cluster.samplers.call_all("load_weights", step + 1, state)
 
 

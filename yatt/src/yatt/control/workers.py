@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from yatt.control.devices import Device
+from yatt.control.transfer import PackedTensor
 from yatt.errors import ConfigError
 
 __all__ = [
@@ -46,6 +47,8 @@ def payload_nbytes(value: Any) -> int:
     """Bytes of the tensors, texts and numbers inside `value` (what a transfer must carry)."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
+    if isinstance(value, PackedTensor):
+        return value.nbytes
     if isinstance(value, str | bytes):
         return len(value)
     if isinstance(value, int | float | bool) or value is None:
