@@ -58,3 +58,25 @@ def test_read_only_memory_unpacks_without_warning_and_copies_are_writable():
     copy = unpack(packed)
     copy.add_(1)  # the optimizer's moments are updated in place after an import
     assert float(copy.sum()) == 21.0
+
+
+class _Holder:
+    def __init__(self, value: float) -> None:
+        self.value = torch.full((3,), value)
+
+    def export(self) -> dict:
+        return pack({"value": self.value})
+
+    def take(self, state: dict) -> float:
+        self.value = unpack(state)["value"]
+        return float(self.value.sum())
+
+
+def test_a_future_passed_as_an_argument_arrives_as_its_result():
+    from yatt.control.devices import Device
+    from yatt.control.workers import InProcessBackend
+
+    backend = InProcessBackend()
+    source = backend.spawn(_Holder, Device("cpu", 0), "source", 2.0)
+    target = backend.spawn(_Holder, Device("cpu", 1), "target", 0.0)
+    assert target.call("take", source.submit("export")) == 6.0

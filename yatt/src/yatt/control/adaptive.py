@@ -101,7 +101,7 @@ class AdaptiveController:
         ranks = self.cluster.ranks.handles
         kept = [h for h in ranks if h in old_ranks]
         assert kept, f"no policy rank of {self.plan.label()} stayed one in {plan.label()}"
-        state = kept[0].call("export_state", len(kept) < len(ranks))
+        state = kept[0].submit("export_state", len(kept) < len(ranks))  # passed by reference
         for future in [h.submit("import_state", {} if h in kept else state, step)
                        for h in self.cluster.all_handles()]:  # fmt: skip
             future.result()

@@ -5,8 +5,10 @@
 - `RayBackend`: each worker is a Ray actor pinned to one bundle (= one device) of a placement
   group; several workers may share a device (colocation) with fractional resources.
 
-`WorkerHandle.submit(method, *args)` returns a `Future`; `call` waits for it. Handles count the
-bytes of tensors and texts they pass in both directions (`bytes_moved`), which is how the
+`WorkerHandle.submit(method, *args)` returns a `Future`; `call` waits for it. A Future passed
+as an argument reaches the worker as its result, straight from the worker that made it (Ray
+passes the object by reference: a state hand-over does not go through the caller). Handles count
+the bytes of tensors and texts they pass in both directions (`bytes_moved`), which is how the
 controller benchmarks compare data movement. Only this module and its Ray backend know about Ray.
 """
 
@@ -132,6 +134,7 @@ class _LocalHandle(WorkerHandle):
         self.worker = worker
 
     def submit(self, method: str, *args: Any) -> Future:
+        args = tuple(a.result() if isinstance(a, Future) else a for a in args)
         return call_now(getattr(self.worker, method), *args)
 
 
@@ -164,8 +167,12 @@ class _RayHandle(WorkerHandle):
         self.actor = actor
 
     def submit(self, method: str, *args: Any) -> Future:
-        self.bytes_moved += payload_nbytes(args)
-        return _RayFuture(getattr(self.actor, method).remote(*args), self)
+        assert not any(isinstance(a, Future) and not isinstance(a, _RayFuture) for a in args), (
+            f"{method}: a local Future passed to a Ray worker"
+        )
+        self.bytes_moved += payload_nbytes([a for a in args if not isinstance(a, _RayFuture)])
+        refs = [a._ref if isinstance(a, _RayFuture) else a for a in args]
+        return _RayFuture(getattr(self.actor, method).remote(*refs), self)
 
     def __reduce__(self):  # handles travel to other actors (parallel controllers call samplers)
         return (_RayHandle, (self.actor, self.device, self.name))
