@@ -361,15 +361,19 @@ class EpochRun:
                 self._cross_edges(sub, base)
             base += len(sub.local)
         assert base == len(self._graph.pieces), f"{base} != {len(self._graph.pieces)} pieces"
-        # Transactions whose values other nodes wait for run first (oldest first among them),
-        # and so do the local pieces they wait on, so the peers' executors are not left idle
-        # at the end of the epoch.
+        # Transactions whose values other nodes wait for run first (oldest first among them:
+        # a heap), and so do the local pieces they wait on, so the peers' executors are not
+        # left idle at the end of the epoch. The other pieces only have to run before the
+        # epoch ends: a stack (O(1), where a heap costs a log per piece) that starts oldest
+        # first and then runs the pieces each piece frees next, depth first.
         urgent = self._urgent_pids
         _add_ancestors(urgent, self._graph.successors)
         in_degrees = self._graph.in_degrees
         self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid]]
         self._ready = [
-            pid for pid, degree in enumerate(in_degrees) if not degree and pid not in urgent
+            pid
+            for pid in range(len(in_degrees) - 1, -1, -1)
+            if not in_degrees[pid] and pid not in urgent
         ]
         self.remaining = len(self._graph.pieces)
 
@@ -415,7 +419,7 @@ class EpochRun:
         return bool(self._urgent or self._ready)
 
     def step(self, budget: int) -> int:
-        """Run up to ``budget`` ready pieces (oldest first); returns how many ran.
+        """Run up to ``budget`` ready pieces (urgent ones first); returns how many ran.
 
         Returns early once values are due to peers and no urgent piece is left, so they leave
         before the local-only pieces run. Zero with pieces remaining means this node waits for
@@ -425,13 +429,13 @@ class EpochRun:
         owners, in_degrees, contexts = graph.owners, graph.in_degrees, self._contexts
         txns, successors_of, sends = self._txns, graph.successors.get, self._urgent_pids
         sends_of, outbox = self._sends.get, self.outbox
-        pop, push = heapq.heappop, heapq.heappush
+        pop, push, ready_pop = heapq.heappop, heapq.heappush, ready.pop
         ran = 0
         while ran < budget:
             if urgent:
                 pid = pop(urgent)
             elif ready:
-                pid = pop(ready)
+                pid = ready_pop()
             else:
                 break
             slot = owners[pid]
@@ -450,7 +454,10 @@ class EpochRun:
                 for target in successors:
                     in_degrees[target] -= 1
                     if not in_degrees[target]:
-                        push(urgent if target in sends else ready, target)
+                        if target in sends:
+                            push(urgent, target)
+                        else:
+                            ready.append(target)
             if outbox and not urgent:
                 break  # peers wait on these values: send them before the local-only pieces
         self.remaining -= ran
@@ -492,7 +499,10 @@ class EpochRun:
             for pid in waiters:
                 in_degrees[pid] -= 1
                 if not in_degrees[pid]:
-                    heapq.heappush(urgent if pid in sends else ready, pid)
+                    if pid in sends:
+                        heapq.heappush(urgent, pid)
+                    else:
+                        ready.append(pid)
 
     def reports(self) -> dict[int, list[ReportEntry]]:
         """Per origin node: this node's outputs, abort decisions and errors of its txns."""

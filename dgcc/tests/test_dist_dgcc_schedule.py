@@ -1,0 +1,128 @@
+"""DistDGCC's piece schedule in one node's epoch run: what runs first, and when values leave.
+
+A tiny two-node key-value workload (a fake beside these unit tests): ``move`` reads ``src`` and
+writes ``dst`` from that read, so a transaction with ``src`` and ``dst`` on different nodes
+sends one value message. Pieces other nodes wait on (and their local ancestors) run first and
+their values leave before the local-only pieces run; the local-only pieces then run oldest
+first, then each piece its run freed; and whatever the schedule, the state equals
+the serial order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
+from dgcc.net.wire import decode, encode
+from dgcc.protocols.dist_dgcc import EpochRun, Placement, Router, owned_rows
+from dgcc.storage import Database, Table
+
+KEYS = 20  # keys 0..9 live on node 0, 10..19 on node 1
+
+
+class _KeyValue:
+    """Rows ``kv[k] = {"v": k}``, range-partitioned over two nodes; ``ran`` logs each piece."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[int, int, str]] = []  # (src, dst, piece name) as pieces run
+
+    def partition_of(self, key: Hashable, partitions: int) -> int:
+        return key[1] * partitions // KEYS
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
+        return [("kv", params["src"]), ("kv", params["dst"])]
+
+    def build(self) -> Database:
+        db = Database((Table("kv"),))
+        db["kv"].rows.update({k: {"v": k} for k in range(KEYS)})
+        return db
+
+    def registry(self) -> ProcedureRegistry:
+        return ProcedureRegistry([Procedure("move", {"src": int, "dst": int}, self._plan)])
+
+    def _plan(self, params: Mapping[str, Any], view: object) -> list[Piece]:
+        src, dst, ran = params["src"], params["dst"], self.ran
+
+        def take(ctx: PieceContext) -> int:
+            ran.append((src, dst, "take"))
+            return ctx.get("kv", src)["v"]
+
+        def put(ctx: PieceContext) -> int:
+            ran.append((src, dst, "put"))
+            value = ctx.get("kv", dst)["v"] * 2 + ctx.input("take")
+            ctx.update("kv", dst, {"v": value})
+            return value
+
+        return [
+            Piece("take", take, reads=(("kv", src),)),
+            Piece("put", put, reads=(("kv", dst),), writes=(("kv", dst),), after=("take",)),
+        ]
+
+
+def _move(src: int, dst: int) -> TxnRequest:
+    return TxnRequest("move", {"src": src, "dst": dst})
+
+
+def _runs(workload: _KeyValue, batches: list[list[TxnRequest]]) -> tuple[list[EpochRun], list]:
+    """Both nodes' runs of the epoch, and their databases."""
+    router = Router(workload, Placement.round_robin(2))
+    dbs = [workload.build() for _ in (0, 1)]
+    runs = [EpochRun(n, dbs[n], workload.registry(), router, batches) for n in (0, 1)]
+    return runs, dbs
+
+
+def _wire(entries: Any) -> Any:
+    return decode(encode(("values", entries)))[1]
+
+
+def test_values_peers_wait_on_leave_before_the_local_only_pieces() -> None:
+    local = [_move(12, 13), _move(13, 14), _move(15, 16)]  # node 1 only
+    remote = _move(17, 3)  # node 1's read feeds node 0's write
+    (node0, node1), _ = _runs(_KeyValue(), [[], [*local, remote]])
+    assert node0.step(100) == 0 and not node0.has_ready  # its write waits for node 1's value
+    assert node1.step(100) == 1  # the remote txn's read runs first, though it is last in order
+    values = node1.take_outbox()
+    assert list(values) == [0] and len(values[0]) == 1
+    assert node1.remaining == 2 * len(local)  # the local-only pieces wait for the next slice
+    node0.deliver(_wire(values[0]))
+    assert node0.step(100) == 1 and node0.finished
+    assert node1.step(100) == 2 * len(local) and node1.finished
+
+
+def test_local_pieces_run_oldest_first_then_each_freed_successor() -> None:
+    # Txn 0 writes key 2, which txn 2 reads; txn 1 is independent of both.
+    workload = _KeyValue()
+    (run, _), _ = _runs(workload, [[_move(1, 2), _move(6, 7), _move(2, 3)], []])
+    assert run.step(100) == 6 and run.finished
+    assert workload.ran == [
+        (1, 2, "take"),  # the oldest ready piece
+        (1, 2, "put"),  # freed by it: next
+        (2, 3, "take"),  # freed by txn 0's write, ahead of txn 1 that was ready before
+        (2, 3, "put"),
+        (6, 7, "take"),
+        (6, 7, "put"),
+    ]
+
+
+def test_schedule_leaves_the_serial_state() -> None:
+    batches = [
+        [_move(1, 12), _move(12, 2), _move(2, 3), _move(14, 15)],
+        [_move(15, 4), _move(4, 16), _move(16, 17), _move(5, 6)],
+    ]
+    workload = _KeyValue()
+    runs, dbs = _runs(workload, batches)
+    while not all(run.finished for run in runs):
+        for run in runs:
+            run.step(3)
+            for target, entries in run.take_outbox().items():
+                runs[target].deliver(_wire(entries))
+    expected = {k: k for k in range(KEYS)}
+    for request in batches[0] + batches[1]:
+        src, dst = request.params["src"], request.params["dst"]
+        expected[dst] = expected[dst] * 2 + expected[src]
+    state = {}
+    for node, db in enumerate(dbs):
+        owned = owned_rows(db, runs[node].router, node)["kv"]
+        state.update({k: row["v"] for k, row in owned.items()})
+    assert state == expected
