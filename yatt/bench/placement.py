@@ -482,7 +482,23 @@ def _reading(runs: dict, args) -> str:
         + f" Ceiling: each step on the fastest static plan for its length, moves free and "
         f"instant, would take about {ideal_s:.0f} s ({100 * (best['wall_s'] / ideal_s - 1):+.0f}%"
         " over the best static plan)."
+        + " Over any mix of these short and long steps, free moves would gain at most "
+        f"{100 * (_mix_ceiling(static.values()) - 1):.0f}% over the best static plan for that mix."
     )
+
+
+def _mix_ceiling(static) -> float:
+    """The most a free, instant re-placement could gain over the best static plan for any mix
+    of the measured short and long steps: max over the short-step fraction w of
+    min_plan(w * short + (1 - w) * long) / (w * min short + (1 - w) * min long)."""
+    pairs = [(run["step_s_short"], run["step_s_long"]) for run in static]
+    best_short, best_long = min(a for a, _ in pairs), min(b for _, b in pairs)
+    ratios = []
+    for percent in range(101):
+        w = percent / 100
+        static_s = min(w * a + (1 - w) * b for a, b in pairs)
+        ratios.append(static_s / (w * best_short + (1 - w) * best_long))
+    return max(ratios)
 
 
 def _plots(runs: dict, out_dir: Path) -> None:
