@@ -159,6 +159,61 @@ def test_a_childs_changes_rebuild_its_writes(ops: list[tuple[str, int, int]]) ->
         assert {g: index.lookup(g) for g in range(4)} == {g: mirror.lookup(g) for g in range(4)}
 
 
+def test_two_workers_writing_one_index_entry_are_caught() -> None:
+    """Canary for the partitioning contract: the parent changed an index entry the child
+    touched too, so installing the child's entry would lose the parent's write."""
+    start = {pk: {"g": 0, "n": pk} for pk in range(3)}
+    child, parent = _toy_db(start), _toy_db(start)
+    changes = parallel._Changes(child)
+    child.tables["t"].insert(10, {"g": 1, "n": 10})
+    parent.tables["t"].insert(11, {"g": 1, "n": 11})
+    with pytest.raises(DgccError, match=r"index t\.by_g entry 1 was written by two replay"):
+        parallel._apply(parent, changes.take())
+
+
+@pytest.mark.parametrize(
+    ("weights", "workers"),
+    [([1] * 4, 2), ([1] * 16, 16), ([1] * 16, 2), ([9, 1, 1, 1], 2), ([5, 0, 3], 3), ([2], 4)],
+)
+def test_partition_groups_cover_every_partition_once(weights: list[int], workers: int) -> None:
+    groups = parallel.partition_groups(weights, workers)
+    assert len(groups) == workers
+    assert sorted(part for group in groups for part in group) == list(range(len(weights)))
+    if len(weights) == workers and len(set(weights)) == 1:  # one partition per worker
+        assert all(len(group) == 1 for group in groups)
+
+
+def test_partition_groups_give_the_parent_the_larger_share_to_cover_installing() -> None:
+    """Children also ship, the parent also installs: of 4 equal partitions on 2 workers the
+    parent takes 3, unless shipping cost nothing."""
+    assert [len(group) for group in parallel.partition_groups([1] * 4, 2)] == [3, 1]
+    with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
+        parallel.partition_groups([1], 0)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_four_partition_recovery_equals_one_process(tmp_path: Path, workers: int) -> None:
+    """Four warehouses logged as four partitions, recovered by up to ``workers`` processes,
+    give the state a single process replays."""
+    workload = TpccWorkload(**{**DRILL_TPCC, "warehouses": 4})
+    stream = workload.requests(SEED)
+    config = DurableConfig(directory=tmp_path, partitions=4)
+    engine = DurableEngine(config, workload.registry(), create_tables,
+                           lambda: workload.build(SEED), workload.partition_of,
+                           workload.route_keys)  # fmt: skip
+    for _ in range(2):
+        engine.run_epoch([next(stream) for _ in range(40)])
+    engine.close()
+    serial = recover(tmp_path, create_tables, workload.registry(), workers=1, repair=False)
+    split = recover(tmp_path, create_tables, workload.registry(), workers=workers, repair=False)
+    assert split.timing_s["timing_s/replay_worker_cpu_sum"] > 0
+    assert split.db.dump() == serial.db.dump()
+    for name, table in serial.db.tables.items():
+        for index_name, index in table.indexes.items():
+            mirror = split.db.tables[name].indexes[index_name]
+            assert index._entries == mirror._entries, f"{name}.{index_name} differs"
+
+
 # -- replay entry points ------------------------------------------------------------------------
 
 REDONE = ("new_order", "payment", "delivery")  # TPC-C procedures with a replay entry point

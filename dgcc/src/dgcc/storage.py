@@ -52,6 +52,13 @@ class Index:
         if not pks:
             del self._entries[ik]
 
+    def install(self, entries: Mapping[Hashable, list[Any]]) -> None:
+        """Set whole entries: index key -> its sorted primary keys (empty: the key goes). The
+        lists become the index's own."""
+        self._entries.update(entries)
+        for index_key in [ik for ik, pks in entries.items() if not pks]:
+            del self._entries[index_key]
+
     def lookup(self, index_key: Hashable) -> list[Any]:
         """Primary keys under ``index_key`` in ascending order (a copy)."""
         return list(self._entries.get(index_key, ()))

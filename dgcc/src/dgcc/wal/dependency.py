@@ -24,7 +24,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dgcc.api import (
     Piece,
@@ -46,7 +46,7 @@ __all__ = [
     "needed_pieces",
     "plan_replayed",
     "record_epoch",
-    "redo",
+    "redo_failed",
     "replay_epoch",
     "replay_jobs",
     "replayed_slots",
@@ -193,9 +193,9 @@ def plan_replayed(
     return planned
 
 
-@dataclass(frozen=True, slots=True)
-class Redo:
-    """A committed transaction replayed whole through its procedure's ``replay``."""
+class Redo(NamedTuple):
+    """A committed transaction replayed whole through its procedure's ``replay`` (a named
+    tuple: one is built per replayed transaction, and a frozen dataclass costs more)."""
 
     slot: int
     replay: Callable[[Database, Mapping[str, Any]], None]
@@ -220,12 +220,15 @@ def replay_jobs(
     requests, request_slots = payload["requests"], payload["request_slots"]
     jobs: list[Redo | PlannedTxn | None] = []
     planned_slots = []
+    entry_points: dict[str, Callable[[Database, Mapping[str, Any]], None] | None] = {}
     for slot in chosen:
         name, params = requests[request_slots[slot]]
-        try:
-            replay = registry.get(name).replay
-        except BadRequest as error:
-            raise DgccError(f"replayed transaction {slot} no longer plans: {error}") from None
+        if name not in entry_points:  # a handful of procedures, thousands of calls
+            try:
+                entry_points[name] = registry.get(name).replay
+            except BadRequest as error:
+                raise DgccError(f"replayed transaction {slot} no longer plans: {error}") from None
+        replay = entry_points[name]
         if replay is None or slot in split:
             jobs.append(None)
             planned_slots.append(slot)
@@ -235,18 +238,11 @@ def replay_jobs(
     return [next(planned) if job is None else job for job in jobs]
 
 
-def redo(db: Database, job: Redo) -> None:
-    """Run a ``Redo``.
-
-    Raises:
-        DgccError: the procedure's replay failed (it no longer matches the log).
-    """
-    try:
-        job.replay(db, job.params)
-    except Exception as error:  # a replay that fails is a log/procedure mismatch, not input
-        raise DgccError(
-            f"replayed transaction {job.slot} failed: {type(error).__name__}: {error}"
-        ) from error
+def redo_failed(job: Redo, error: Exception) -> DgccError:
+    """The error for a ``Redo`` whose ``replay`` raised: a replay that fails is a
+    log/procedure mismatch, not bad input. (Callers run ``job.replay(db, job.params)`` inline
+    in their loops, inside a ``try``: no extra call per transaction.)"""
+    return DgccError(f"replayed transaction {job.slot} failed: {type(error).__name__}: {error}")
 
 
 def replay_epoch(
@@ -273,7 +269,10 @@ def replay_epoch(
         ran = 0
         for job in replay_jobs(db, registry, payload, chosen):
             if type(job) is Redo:
-                redo(db, job)
+                try:
+                    job.replay(db, job.params)
+                except Exception as error:
+                    raise redo_failed(job, error) from error
                 ran += 1
                 continue
             ctx = PieceContext(db, job)

@@ -163,14 +163,16 @@ def recover(
         # Decoding is part of replay, as it is for every block replayed serially.
         decode_s, decode_cpu_s = time.perf_counter() - read_s, time.process_time() - read_cpu_s
         worker_cpu_s: list[float] = []
+        serial_cpu_s = 0.0
         if payloads:
             crashpoint("recovery.mid_replay")
             split = parallel.replay_partitioned(
                 load, registry, payloads, workers=workers, partitions=payloads[0]["partitions"]
             )
             db, load_s = split.db, split.loaded_s - read_s - decode_s
-            worker_cpu_s = [split.cpu_s[0] + decode_cpu_s, *split.cpu_s[1:]]
-            replay_cpu_s = worker_cpu_s[0]
+            worker_cpu_s = split.cpu_s
+            serial_cpu_s = decode_cpu_s + split.install_cpu_s
+            replay_cpu_s = worker_cpu_s[0] + serial_cpu_s
         else:
             db = load()
             gc.freeze()  # the loaded rows are long-lived: full collections later skip them
@@ -192,7 +194,8 @@ def recover(
         "timing_s/recover": done_s - started_s,
         "timing_s/replay_cpu": replay_cpu_s,  # this process only
     }
-    if worker_cpu_s:
+    if worker_cpu_s:  # each worker's own partitions; decoding and installing are serial
         timing["timing_s/replay_worker_cpu_max"] = max(worker_cpu_s)
         timing["timing_s/replay_worker_cpu_sum"] = sum(worker_cpu_s)
+        timing["timing_s/replay_serial_cpu"] = serial_cpu_s
     return Recovered(db, epoch, checkpoint_epoch, len(blocks), dropped, timing)
