@@ -160,18 +160,28 @@ def _recovery_row(
 ) -> dict[str, Any]:
     """Replay wall and CPU seconds of the same workload's log under each scheme."""
     row: dict[str, Any] = {"epochs": len(batches), "txns": len(batches) * batch}
-    for mode in ("command", "value", "dependency"):  # dependency: the log with partitions
-        filled = "dependency+partitions" if mode == "dependency" else mode
-        _fill(work / mode, filled, workload, initial, batches)
-        timing = _recovery(work / mode, workload, 1)
-        row[f"{mode}_s"] = timing["timing_s/replay"]
-        row[f"{mode}_cpu_s"] = timing["timing_s/replay_cpu"]
-        row[f"{mode}_recover_s"] = timing["timing_s/recover"]
+    row.update(_serial_columns(work, ("command", "value", "dependency"), workload, initial,
+                               batches))  # fmt: skip
     row.update(_split_columns(_recovery(work / "dependency", workload, 2), "2w", row))
     row["pieces"], row["span"] = _shape(work / "dependency")
     row["speedup_1w_wall"] = row["command_s"] / row["dependency_s"]
     row["span_16core_speedup_vs_command"] = _span_speedup(row)
     return row
+
+
+def _serial_columns(work: Path, modes: tuple[str, ...], workload: TpccWorkload, initial: dict,
+                    batches: list) -> dict[str, float]:  # fmt: skip
+    """Each scheme's log of ``batches``, then its 1-process replay and recovery seconds
+    (dependency: the log with partitions, which the split recoveries read too)."""
+    columns = {}
+    for mode in modes:
+        filled = "dependency+partitions" if mode == "dependency" else mode
+        _fill(work / mode, filled, workload, initial, batches)
+        timing = _recovery(work / mode, workload, 1)
+        columns[f"{mode}_s"] = timing["timing_s/replay"]
+        columns[f"{mode}_cpu_s"] = timing["timing_s/replay_cpu"]
+        columns[f"{mode}_recover_s"] = timing["timing_s/recover"]
+    return columns
 
 
 def _span_speedup(row: dict[str, Any]) -> float:
@@ -205,13 +215,7 @@ def _wide_row(work: Path, options: dict, batch: int, epochs: int) -> dict[str, A
     batches = [[next(stream) for _ in range(batch)] for _ in range(epochs)]
     initial = workload.build(SEED).dump()
     row: dict[str, Any] = {"epochs": epochs, "txns": epochs * batch}
-    for mode in ("command", "dependency"):
-        filled = "dependency+partitions" if mode == "dependency" else mode
-        _fill(work / mode, filled, workload, initial, batches)
-        timing = _recovery(work / mode, workload, 1)
-        row[f"{mode}_s"] = timing["timing_s/replay"]
-        row[f"{mode}_cpu_s"] = timing["timing_s/replay_cpu"]
-        row[f"{mode}_recover_s"] = timing["timing_s/recover"]
+    row.update(_serial_columns(work, ("command", "dependency"), workload, initial, batches))
     row["speedup_1w_wall"] = row["command_s"] / row["dependency_s"]
     for workers in (2, WIDE):
         timing = _recovery(work / "dependency", workload, workers)
