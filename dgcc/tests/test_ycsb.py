@@ -123,3 +123,25 @@ def test_partition_of_is_by_key_range() -> None:
     assert [workload.partition_of(("usertable", pk), 4) for pk in (0, 24, 25, 99)] == [0, 0, 1, 3]
     with pytest.raises(ConfigError):
         workload.partition_of(("other", 1), 4)
+
+
+def test_route_partitions_agree_with_route_keys() -> None:
+    workload = get_workload("ycsb", records=100, ops_per_txn=5, theta=0.9)
+    for request in itertools.islice(workload.requests(3), 200):
+        keys = workload.route_keys(request.procedure, request.params)
+        expected = {workload.partition_of(key, 3) for key in keys}
+        assert workload.route_partitions(request.procedure, request.params, 3) == expected
+    for bad in ([-1, 5], [5, 100]):
+        with pytest.raises(ValueError, match="outside"):
+            workload.route_partitions("ycsb_txn", {"keys": bad, "rmw": [True, True]}, 3)
+    assert workload.route_partitions("other", {}, 3) is None
+
+
+def test_a_long_call_keeps_its_results_in_access_order() -> None:
+    workload = get_workload("ycsb", records=100)
+    engine = get_protocol("dgcc")(workload.build(1), workload.registry())
+    keys = list(range(99, 59, -1))  # 40 accesses: more positions than any earlier call
+    rmw = [position % 3 == 0 for position in range(40)]
+    (outcome,) = engine.run_batch([TxnRequest("ycsb_txn", {"keys": keys, "rmw": rmw})])
+    assert outcome.result["incremented"] == [k for k, w in zip(keys, rmw, strict=True) if w]
+    assert outcome.result["read"] == [0] * rmw.count(False)

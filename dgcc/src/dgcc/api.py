@@ -153,11 +153,17 @@ def _check_params(procedure: Procedure, params: object) -> None:
         raise BadParams(f"{procedure.name}: missing params {missing}, unexpected params {extra}")
     for name, expected in types.items():
         value = params[name]
-        if type(value) is not expected and not _type_ok(value, expected):
+        kind = type(value)
+        if kind is expected or (kind in _SEQUENCES and expected in _SEQUENCES):
+            continue  # lists arrive as tuples off the wire: the common case, kept cheap
+        if not _type_ok(value, expected):
             raise BadParams(
                 f"{procedure.name}: param {name!r} must be {expected.__name__}, "
                 f"got {type(value).__name__} {value!r}"
             )
+
+
+_SEQUENCES = (list, tuple)  # either kind satisfies a list or tuple parameter
 
 
 def _type_ok(value: object, expected: type) -> bool:

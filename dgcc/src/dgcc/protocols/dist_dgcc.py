@@ -121,7 +121,8 @@ class Router:
 
     Args:
         workload: its ``partition_of(key, partitions)`` places keys and its
-            ``route_keys(procedure, params)`` names the partitions a call touches.
+            ``route_keys(procedure, params)`` names the partitions a call touches (or its
+            ``route_partitions(procedure, params, partitions)`` does, where it answers).
         placement: the partition -> node map.
     """
 
@@ -129,6 +130,11 @@ class Router:
         self.placement = placement
         self._partition_of = workload.partition_of
         self._route_keys = workload.route_keys
+        # Only where a workload defines it (a duck-typed one may define only the two above).
+        defined = getattr(type(workload), "route_partitions", Workload.route_partitions)
+        self._route_partitions = (
+            None if defined is Workload.route_partitions else workload.route_partitions
+        )
         self._nodes_of_key: dict[Hashable, int] = {}
         # Routes of origin batches routed before planning (a node routes its own batch to
         # pick what each peer gets, then plans it): id(batch) -> (batch, routes), kept until
@@ -158,6 +164,11 @@ class Router:
         if not isinstance(request, TxnRequest):
             return None
         try:
+            if self._route_partitions is not None:
+                owners = self.placement.partition_nodes
+                partitions = self._route_partitions(request.procedure, request.params, len(owners))
+                if partitions is not None:
+                    return frozenset([owners[partition] for partition in partitions]) or None
             keys = self._route_keys(request.procedure, request.params)
             if keys is None:
                 return None
@@ -297,19 +308,25 @@ class EpochRun:
     ) -> list[tuple[int, ...]]:
         """Piece index -> the nodes that run it (one owner, or every participant)."""
         owners: list[int] = []
-        nodes_of = self.router.nodes_of
+        node_of_key, nodes_of = self.router.node_of_key, self.router.nodes_of
         for piece in planned.pieces:
-            nodes = nodes_of(piece.reads + piece.writes)
-            nodes.discard(REPLICATED)
-            if len(nodes) > 1:
-                raise ProcedureError(
-                    f"{planned.procedure.name}: piece {piece.name!r} spans nodes {sorted(nodes)}"
-                )
-            if not nodes and piece.writes:
+            keys = piece.reads + piece.writes if piece.writes else piece.reads
+            if len(keys) == 1:  # most pieces: one key, no set to build
+                owner = node_of_key(keys[0])
+            else:
+                nodes = nodes_of(keys)
+                nodes.discard(REPLICATED)
+                if len(nodes) > 1:
+                    raise ProcedureError(
+                        f"{planned.procedure.name}: piece {piece.name!r} spans nodes "
+                        f"{sorted(nodes)}"
+                    )
+                owner = nodes.pop() if nodes else REPLICATED
+            if owner == REPLICATED and piece.writes:
                 raise ProcedureError(
                     f"{planned.procedure.name}: piece {piece.name!r} writes replicated keys"
                 )
-            owners.append(nodes.pop() if nodes else REPLICATED)
+            owners.append(owner)
         participants = tuple(sorted({n for n in owners if n != REPLICATED}))
         if not participants:
             participants = (min(routed) if routed else 0,)
@@ -325,6 +342,7 @@ class EpochRun:
         local_txns: list[PlannedTxn] = []
         originals: list[Piece] = []
         piece_index: list[int] = []
+        spread: list[tuple[_SubTxn, int]] = []  # (sub, its first local pid) of multi-node txns
         for sub in self._subs:
             pieces = sub.txn.pieces
             if sub.runs_on is None:
@@ -332,6 +350,7 @@ class EpochRun:
                 piece_index.extend(sub.local)
                 local_txns.append(sub.txn)
                 continue
+            spread.append((sub, len(piece_index)))
             names = {pieces[k].name for k in sub.local}
             view = []
             for k in sub.local:
@@ -354,13 +373,10 @@ class EpochRun:
         self._waiters: dict[tuple[int, int], list[int]] = {}
         self._sends: dict[int, tuple[int, ...]] = {}
         self._urgent_pids: set[int] = set()  # local pieces of txns other nodes wait on
-        self._sub_of_index = {sub.index: sub for sub in self._subs}
-        base = 0
-        for sub in self._subs:
-            if sub.runs_on is not None:
-                self._cross_edges(sub, base)
-            base += len(sub.local)
-        assert base == len(self._graph.pieces), f"{base} != {len(self._graph.pieces)} pieces"
+        self._sub_of_index = {sub.index: sub for sub, _ in spread}  # values come for these
+        for sub, base in spread:
+            self._cross_edges(sub, base)
+        assert len(piece_index) == len(self._graph.pieces), f"{len(piece_index)} pieces"
         # Transactions whose values other nodes wait for run first (oldest first among them:
         # a heap), and so do the local pieces they wait on, so the peers' executors are not
         # left idle at the end of the epoch. The other pieces only have to run before the

@@ -75,6 +75,18 @@ class Workload(ABC):
         del procedure, params
         return None
 
+    def route_partitions(
+        self, procedure: str, params: Mapping[str, Any], partitions: int
+    ) -> set[int] | None:
+        """A shortcut for ``route_keys``: the partitions (in ``0 .. partitions - 1``) it names.
+
+        For a workload whose calls name many keys (YCSB): no key tuples to build and hash.
+        None (the default) means the router places ``route_keys`` instead. Bad parameters may
+        raise anything, as for ``route_keys``.
+        """
+        del procedure, params, partitions
+        return None
+
     def describe(self) -> dict[str, Any]:
         """The options this instance was built with, for reports."""
         return {}

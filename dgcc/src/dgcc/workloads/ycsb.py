@@ -169,20 +169,24 @@ class YcsbWorkload(Workload):
 
     def _plan(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
         keys, rmw = params["keys"], params["rmw"]
-        if len(keys) != len(rmw) or not keys:
+        count = len(keys)
+        if count != len(rmw) or not count:
             raise BadParams(f"ycsb_txn: keys and rmw must be equally long and non-empty: {params}")
         records, fields = self.records, self._field_names
-        pieces = []
-        for position, key in enumerate(keys):
+        field_count = len(fields)
+        read_names, write_names = _piece_names(count)
+        pieces: list[Piece] = []
+        append = pieces.append
+        # Every call of every protocol plans here: positional Piece(name, run, reads, writes),
+        # names built once per position, no enumerate.
+        for position, key, write in zip(range(count), keys, rmw):
             if type(key) is not int or not 0 <= key < records:  # bool is not int here
                 raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {key!r}")
-            write = rmw[position]
-            # Positional Piece(name, run, reads, writes): every call of every protocol plans here.
             if write is True:
-                run = partial(_read_modify_write, key, fields[position % len(fields)])
-                pieces.append(Piece(f"w{position}", run, (), ((TABLE, key),)))
+                run = partial(_read_modify_write, key, fields[position % field_count])
+                append(Piece(write_names[position], run, (), ((TABLE, key),)))
             elif write is False:
-                pieces.append(Piece(f"r{position}", partial(_read, key), ((TABLE, key),)))
+                append(Piece(read_names[position], partial(_read, key), ((TABLE, key),)))
             else:
                 raise BadParams(f"ycsb_txn: rmw flags must be bools, got {write!r}")
         return pieces
@@ -247,6 +251,18 @@ class YcsbWorkload(Workload):
             return None
         return [(TABLE, key) for key in params["keys"]]
 
+    def route_partitions(
+        self, procedure: str, params: Mapping[str, Any], partitions: int
+    ) -> set[int] | None:
+        """The partitions of ``route_keys`` by arithmetic (``partition_of``'s range map)."""
+        if procedure != "ycsb_txn":
+            return None
+        records = self.records
+        touched = {key * partitions // records for key in params["keys"]}
+        if touched and not 0 <= min(touched) <= max(touched) < partitions:
+            raise ValueError(f"ycsb_txn: a key outside [0, {records}) in {params['keys']!r}")
+        return touched
+
 
 def _distinct_keys(zipf: ZipfianGenerator, count: int, records: int) -> list[int]:
     keys: list[int] = []
@@ -273,15 +289,36 @@ def _read_modify_write(key: int, field: str, ctx: PieceContext) -> tuple[int, in
     return key, counter
 
 
+def _piece_names(count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The piece names of positions ``< count``: ``r<p>`` for a read, ``w<p>`` for a RMW."""
+    global _NAMES  # grown by rebinding a new pair: a caller always sees a consistent one
+    names = _NAMES
+    if len(names[0]) < count:
+        size = max(count, 2 * len(names[0]), 16)
+        names = _NAMES = (
+            tuple(f"r{position}" for position in range(size)),
+            tuple(f"w{position}" for position in range(size)),
+        )
+    return names
+
+
+_NAMES: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+_ABSENT = object()
+
+
 def _ycsb_result(outputs: dict[str, Any]) -> dict[str, Any]:
     """Counters read and keys incremented (with new counters), in access order.
 
-    Put back in position order: a protocol may fill ``outputs`` in any topological order.
+    Looked up by position: a protocol may fill ``outputs`` in any topological order, and a
+    committed call has one output per position (``r<p>`` or ``w<p>``).
     """
-    ordered: list[tuple[str, Any]] = [("", None)] * len(outputs)  # pieces r<p> / w<p>, p < n
-    for name, value in outputs.items():
-        ordered[int(name[1:])] = (name, value)
+    read_names, write_names = _piece_names(len(outputs))
+    get = outputs.get
     read, written = [], []
-    for name, value in ordered:
-        (read if name[0] == "r" else written).append(value)
+    for position in range(len(outputs)):
+        value = get(read_names[position], _ABSENT)
+        if value is _ABSENT:
+            written.append(outputs[write_names[position]])
+        else:
+            read.append(value)
     return {"read": read, "incremented": [key for key, _ in written], "counters": written}
