@@ -12,7 +12,9 @@ furthest group's; old group g's prompts go to the front of new group g mod n's q
 then draws on from there. No prompt is lost or sampled twice (tested); with the same number of
 groups, or when no group holds a prompt (synchronous, no over-dispatch), the prompt order
 continues exactly as in an unmoved run. The measured move time becomes the planner's new move
-cost. The timeline keeps every plan's spans plus the moves.
+cost, plus the first step's excess over the step time the decision predicted for the new plan
+(an async plan starts with an empty pipeline: its first step samples and trains in series). The
+timeline keeps every plan's spans plus the moves.
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ class AdaptiveController:
             budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
             spans = [Span(*event) for event in self._drain()]
             floor_s = self.decode_step_s * budget
+            if move_s:  # the step after a move refills the pipeline: its excess is move cost
+                assert decision is not None, f"step {step}: a move without a decision"
+                move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
             self.replanner.observe(
                 costs_from_spans(spans, 1, gen_floor_s=floor_s, **self.parallel), move_s
             )
