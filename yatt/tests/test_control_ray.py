@@ -123,26 +123,31 @@ def test_data_parallel_update_equals_the_full_batch_update(ray_session):
     _assert_close(weights, _inprocess_weights(config))
 
 
-def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatch):
-    """Moves colocate(2) -> partial(1/2) -> colocate(2) before steps 1 and 2 hand over weights,
-    optimizer state and the prompt order in the same worker processes (re-roled, not
-    respawned): every plan samples synchronously, so the run equals an unmoved one."""
-    from yatt.control.adaptive import AdaptiveController
-    from yatt.control.placement import make_placement
+def _script_moves(monkeypatch, targets: dict) -> None:
+    """Replace the planner's decisions: move to `targets[step]` before each step listed."""
     from yatt.control.replacement import Decision, Replanner
 
-    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
-    control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
-                            device_kind="cpu", extra_rewards=REWARD, replace_every=1)  # fmt: skip
-    targets = {1: make_placement("partial", 2, 1), 2: make_placement("colocate", 2)}
-
-    def decide(self, step, current, steps_left):  # a scripted planner
+    def decide(self, step, current, steps_left):
         if step not in targets:
             return None
         target = targets[step]
         return Decision(step, current.label(), target.label(), True, 1.0, 0.5, 0.0, "scripted")
 
     monkeypatch.setattr(Replanner, "decide", decide)
+
+
+def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatch):
+    """Moves colocate(2) -> partial(1/2) -> colocate(2) before steps 1 and 2 hand over weights,
+    optimizer state and the prompt order in the same worker processes (re-roled, not
+    respawned): every plan samples synchronously, so the run equals an unmoved one."""
+    from yatt.control.adaptive import AdaptiveController
+    from yatt.control.placement import make_placement
+
+    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
+    control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
+                            device_kind="cpu", extra_rewards=REWARD, replace_every=1)  # fmt: skip
+    targets = {1: make_placement("partial", 2, 1), 2: make_placement("colocate", 2)}
+    _script_moves(monkeypatch, targets)
     controller = AdaptiveController(config, control, decode_step_s=0.001)
     first_actors = {h.actor for h in controller.cluster.all_handles()}
     try:
@@ -164,21 +169,13 @@ def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
     back re-pins it to both cores. Synchronous plans, so the run equals the unmoved one."""
     from yatt.control.adaptive import AdaptiveController
     from yatt.control.placement import make_placement
-    from yatt.control.replacement import Decision, Replanner
 
     config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
     control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
                             device_kind="cpu", extra_rewards=REWARD, replace_every=1,
                             cpu_mapping="threads")  # fmt: skip
     targets = {1: make_placement("disaggregated", 2, 1), 2: make_placement("colocate", 2)}
-
-    def decide(self, step, current, steps_left):  # a scripted planner
-        if step not in targets:
-            return None
-        target = targets[step]
-        return Decision(step, current.label(), target.label(), True, 1.0, 0.5, 0.0, "scripted")
-
-    monkeypatch.setattr(Replanner, "decide", decide)
+    _script_moves(monkeypatch, targets)
     controller = AdaptiveController(config, control, decode_step_s=0.001)
     assert [h.device.name for h in controller.cluster.all_handles()] == ["cpu:0-1"]
     processes = {h.actor for h in controller.cluster.all_handles() + controller.cluster.spares}
