@@ -180,6 +180,9 @@ def test_recover_a_cluster_node_directory_alone(
     out = tmp_path / "record.json"
     argv = ["recover", str(tmp_path / "node0"), "--cluster", str(config_path), "--node", "0"]
     assert cli.main([*argv, "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["epoch"] == EPOCHS
+    record = json.loads(out.read_text())
+    assert record["epoch"] == EPOCHS
+    assert 0 < record["replay_s"] < record["recovery_s"]
+    assert 0 < record["load_checkpoint_s"] < record["recovery_s"]
     assert kept[0].db.dump() == log.db.dump()
     assert cli.main([*argv[:-1], "3"]) == 2  # not a node of the config

@@ -232,13 +232,15 @@ def _recover_node(args: argparse.Namespace, console: Console) -> int:
         "checkpoint_epoch": recovered.checkpoint_epoch,
         "epoch": recovered.epoch,
         "dropped": recovered.dropped,
+        "load_checkpoint_s": recovered.timing_s["timing_s/load_checkpoint"],
+        "replay_s": recovered.timing_s["timing_s/replay"],
         "recovery_s": time.perf_counter() - started_s,
     }
     table = Table(title=f"dgcc recover node {args.node}: {args.directory}")
     for column in ("what", "value"):
         table.add_column(column)
     for what, value in record.items():
-        table.add_row(what, f"{value:.3f} s" if what == "recovery_s" else str(value))
+        table.add_row(what, f"{value:.3f} s" if what.endswith("_s") else str(value))
     table.add_row("consistency", "not checked: a node holds only its partitions' share")
     console.print(table)
     if args.json:

@@ -45,6 +45,7 @@ from dgcc.workloads import get_workload
 __all__ = [
     "ClusterDrill",
     "ClusterTrial",
+    "check_history",
     "crash_point_trial",
     "drive",
     "durable_history",
@@ -262,13 +263,13 @@ def verify_restart(
         logged = [] if checkpoints else durable_history(data_dir, drill.nodes)
         if not checkpoints and _calls(logged) != _calls(history):  # the restart cut the rest
             raise DrillFailure(f"{data_dir}: the logs do not hold the {len(history)} epochs sent")
-        _check_history(drill, data_dir, history, merged_dump(cluster), answered)
+        check_history(drill, data_dir, history, merged_dump(cluster), answered)
     finally:
         cluster.stop()
     return len(history), crashed
 
 
-def _check_history(
+def check_history(
     drill: ClusterDrill, data_dir: Path, history: list[list[TxnRequest]], dump: dict, answered: list
 ) -> None:
     """The cluster's rows equal the serial replay of ``history``, which holds every answered
@@ -369,7 +370,7 @@ def rejoin_trial(
         if len(history) != epochs:
             raise DrillFailure(f"{data_dir}: the logs hold {len(history)} of {epochs} epochs")
         dump = merged_dump(cluster)
-        _check_history(drill, data_dir, history, dump, answered)
+        check_history(drill, data_dir, history, dump, answered)
         _check_survivors(cluster, pids, victim)
     finally:
         cluster.stop()
