@@ -13,15 +13,16 @@ from yatt.config import load_config
 _PATH = Path(__file__).resolve().parents[1] / "bench" / "trl_compare.py"
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("trl_compare_bench", _PATH)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while building
     spec.loader.exec_module(module)
     return module
 
 
-bench = _load_bench()
+report = _load("trl_report", _PATH.with_name("trl_report.py"))  # what the script imports
+bench = _load("trl_compare_bench", _PATH)
 
 
 def test_defaults_are_the_reference_shape():
@@ -107,7 +108,7 @@ def test_summary_counts_completions_and_tokens():
     ]
     result = {"framework": "x", "version": "0", "steps": steps, "accuracy_before": 0.1,
               "accuracy_after": 0.2, "torch_threads": 2}  # fmt: skip
-    summary = bench.summarize(result, settings)
+    summary = report.summarize(result, settings)
     assert summary["samples_per_s"] == pytest.approx(16 / 8)
     assert summary["tokens_per_s"] == pytest.approx(120 / 8)
     assert summary["step_s_median"] == pytest.approx(4.0)
@@ -132,10 +133,10 @@ def test_accuracy_is_measured_every_n_steps_and_at_the_end():
 def test_curve_table_lines_up_every_run_by_step():
     curves = {"yatt": [(0, 0.1), (10, 0.5)], "yatt_bf16": [(0, 0.1), (10, 0.4)],
               "trl": [(0, 0.1), (10, 0.25)]}  # fmt: skip
-    rows = bench._curve_table(curves)
+    rows = report.curve_table(curves)
     assert "| step | yatt fp32 | yatt bf16 rollouts | TRL |" in rows
     assert "| 10 | 50.0% | 40.0% | 25.0% |" in rows
-    assert bench._curve_table({"yatt": [], "trl": [(0, 0.1)]}) == []
+    assert report.curve_table({"yatt": [], "trl": [(0, 0.1)]}) == []
 
 
 def test_bf16_run_differs_from_the_fp32_run_only_in_the_rollout_dtype(tmp_path):
@@ -163,10 +164,10 @@ def test_report_has_one_column_and_one_ratio_per_run():
                              "phases_s": {"gen": 1.0}}],
                   "accuracy_before": 0.1, "accuracy_after": 0.3,
                   "accuracy_curve": [(0, 0.1), (1, 0.3)], "torch_threads": 2}  # fmt: skip
-        summaries[run] = bench.summarize(result, settings)
+        summaries[run] = report.summarize(result, settings)
     host = {"cpus": 2, "processor": "x", "python": "3", "torch": "t", "transformers": "5",
             "trl": "1", "load_avg_1m_end": 0.0}  # fmt: skip
-    text = bench._markdown(summaries, settings, host)
+    text = report.markdown(summaries, settings, host, bench.FAIRNESS)
     assert "| | yatt fp32 | yatt bf16 rollouts | TRL |" in text
     assert "| completions/s | 4.00 | 8.00 | 2.00 |" in text
     assert "yatt fp32 is **2.00x** TRL" in text and "yatt bf16 rollouts is **4.00x** TRL" in text
