@@ -105,10 +105,7 @@ def load_snapshot(path: Path, epoch: int, schema: Callable[[], Database]) -> Dat
     tables = decode_payload(scan.blocks[0])
     db = schema()
     for table_name, rows in tables.items():
-        table = db.tables[table_name]
-        assert not table.rows, f"schema() returned rows in {table_name}"
-        for pk, row in rows.items():
-            table.insert(pk, row)
+        db.tables[table_name].load(rows)
     return db
 
 
