@@ -44,6 +44,7 @@ bench: install
 	$(PY) -O dgcc/bench/cluster.py
 	$(PY) -O dgcc/bench/wal_logging.py
 	$(PY) -O dgcc/bench/protocols.py --log
+	$(PY) -O dgcc/bench/protocols_nodes.py
 	$(PY) -O dgcc/bench/postgres.py
 	$(PY) yatt/bench/rollout.py
 	$(PY) yatt/bench/step.py --threads 1

@@ -17,6 +17,7 @@ ORDER = [
     "dgcc_cluster",
     "dgcc_logging",
     "protocols",
+    "protocols_nodes",
     "protocols_logged",
     "dgcc_postgres",
     "yatt_rollout",

@@ -61,6 +61,7 @@ def test_runs_scripts_in_order_and_stitches(tmp_path: Path) -> None:
         "engine": "ok",
         "cluster": "failed",
         "protocols": "skipped",
+        "protocols_nodes": "skipped",
         "wal_logging": "skipped",
         "postgres": "ok",
         "stitch": "ok",

@@ -39,7 +39,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Run order; a script that is not in the checkout (yet) is reported as skipped.
-SCRIPTS = ("engine", "cluster", "protocols", "wal_logging", "postgres")
+SCRIPTS = ("engine", "cluster", "protocols", "protocols_nodes", "wal_logging", "postgres")
 # Extra arguments of a full (not quick) run: the protocols sweep also logs its headline runs.
 FULL_ARGS = {"protocols": ("--log",)}
 TIMEOUT_S_DEFAULT = 3 * 3600.0

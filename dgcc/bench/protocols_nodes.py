@@ -1,0 +1,202 @@
+"""Every protocol as the cluster grows: 1, 2 and 4 node processes at high contention.
+
+Usage: ``python dgcc/bench/protocols_nodes.py [--quick] [--seconds S] [--nodes 1,2,4]
+[--protocols dgcc,calvin]``
+
+The two headline high-contention scenarios of ``protocols.py`` (TPC-C with 1 warehouse per
+node, so the data grows with the cluster; YCSB theta 0.99 over a fixed 100,000 records) on the
+same harness (node processes on loopback, one closed-loop client process per node), 10% of
+transactions forced to span nodes (none with 1 node). At each point every protocol sweeps calls
+in flight under ``protocols.py``'s rule and is shown at its best. All processes share this
+host's cores, so adding nodes adds no CPU here: the curves show what distribution costs each
+protocol (more messages, more waiting across nodes) rather than how it scales out. Writes
+``protocols_nodes.{json,md,png}`` to ``docs/bench`` (a temp folder with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import protocols  # dgcc/bench/protocols.py, next to this script: scenarios, data, the rule
+from cluster import host  # dgcc/bench/cluster.py, next to this script
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = ("tpcc-1wh", "ycsb-0.99")
+NODE_COUNTS = (1, 2, 4)
+Key = tuple[str, int, str]  # (scenario, nodes, protocol)
+
+
+def _config(scenario: str, nodes: int, protocol: str, inflight: int, args) -> ClusterBenchConfig:
+    workload, _, _ = protocols.SCENARIOS[scenario]
+    return ClusterBenchConfig(
+        workload,
+        nodes,
+        protocols.FRACTION if nodes > 1 else 0.0,
+        protocols._options(scenario, args.quick),
+        seconds=args.seconds,
+        warmup_s=args.warmup_s,
+        inflight=inflight,
+        protocol=protocol,
+    )
+
+
+def sweep(args, console: Console) -> dict[Key, dict[str, Any]]:
+    """The best run of every (scenario, nodes, protocol), each with its sweep's
+    (inflight, commits/s) pairs under ``"sweep"``; protocols take turns at each inflight."""
+    inflights = sorted(args.inflight)
+    best: dict[Key, dict[str, Any]] = {}
+    points = [(s, n) for s in args.scenarios for n in args.nodes]
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("runs", total=len(points) * len(inflights) * len(args.protocols))
+        for scenario, nodes in points:
+            rates: dict[str, list[float]] = {p: [] for p in args.protocols}
+            for position, inflight in enumerate(inflights):
+                for protocol in [p for p in args.protocols if not protocols.peak_passed(rates[p])]:
+                    progress.update(task, description=f"{scenario} {nodes}n {protocol} {inflight}")
+                    record = run_bench(_config(scenario, nodes, protocol, inflight, args))
+                    print(f"{summary_line(record)} protocol={protocol} scenario={scenario}")
+                    rate = record["metrics"]["txn/commits_per_s"]
+                    rates[protocol].append(rate)
+                    key = (scenario, nodes, protocol)
+                    if key not in best or rate > best[key]["metrics"]["txn/commits_per_s"]:
+                        best[key] = record
+                    best[key]["sweep"] = list(zip(inflights, rates[protocol], strict=False))
+                    passed = protocols.peak_passed(rates[protocol])
+                    progress.advance(task, 1 + (len(inflights) - 1 - position if passed else 0))
+    return best
+
+
+def ratios(best: dict[Key, dict[str, Any]]) -> dict[tuple[str, int], tuple[float, str]]:
+    """Per (scenario, nodes): DistDGCC's commits/s over the best baseline that ran there."""
+    result = {}
+    for scenario, nodes in dict.fromkeys((s, n) for s, n, _ in best):
+        rates = {p: r["metrics"]["txn/commits_per_s"] for (s, n, p), r in best.items()
+                 if (s, n) == (scenario, nodes)}  # fmt: skip
+        rivals = [p for p in rates if p != "dgcc"]
+        if "dgcc" in rates and rivals:
+            rival = max(rivals, key=rates.__getitem__)
+            result[(scenario, nodes)] = (rates["dgcc"] / max(rates[rival], 1e-9), rival)
+    return result
+
+
+def _rows(best: dict[Key, dict[str, Any]], ran: list[str]) -> list[list[str]]:
+    by_point = ratios(best)
+    rows = []
+    for scenario, nodes in by_point:
+        cells = []
+        for protocol in ran:
+            record = best[(scenario, nodes, protocol)]
+            cells.append(
+                f"{record['metrics']['txn/commits_per_s']:,.0f} ({record['config']['inflight']})"
+            )
+        ratio, rival = by_point[(scenario, nodes)]
+        rows.append([scenario, str(nodes), *cells, f"{ratio:.2f}x ({rival})"])
+    return rows
+
+
+def markdown(best: dict[Key, dict[str, Any]], ran: list[str], facts: dict, args) -> str:
+    lines = [
+        "### Every protocol vs the number of nodes (`dgcc/bench/protocols_nodes.py`)",
+        "",
+        f"The high-contention scenarios above with {', '.join(map(str, args.nodes))} node "
+        "processes (TPC-C: 1 warehouse per node, so the data grows with the cluster; YCSB: the "
+        f"same {protocols.YCSB['records']:,} records), {protocols.FRACTION:.0%} of transactions "
+        "forced to span nodes "
+        f"(none with 1 node), a {args.warmup_s:g} s warm-up then a {args.seconds:g} s window; "
+        "each protocol swept calls in flight "
+        f"({', '.join(map(str, sorted(args.inflight)))}, same stopping rule) and is shown at its "
+        "best, as commits/s (calls in flight). Every process shares this host's "
+        f"{facts['cpus']} CPUs, so more nodes bring no more CPU: the columns show what "
+        "distribution costs each protocol, not scale-out. Commit "
+        f"{facts['git_commit']}, 1-minute load average {facts['load_average_1m_at_start']:.1f} "
+        "at the start.",
+        "",
+        "| scenario | nodes | " + " | ".join(ran) + " | DistDGCC / best baseline |",
+        "|---|---:|" + "---:|" * (len(ran) + 1),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows(best, ran)]
+    lines += ["", "![protocols vs nodes](protocols_nodes.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(best: dict[Key, dict[str, Any]], ran: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(s for s, _, _ in best))
+    figure, axes = plt.subplots(1, len(scenarios), figsize=(6.5 * len(scenarios), 4.2))
+    axes = [axes] if len(scenarios) == 1 else list(axes)
+    for axis, scenario in zip(axes, scenarios, strict=True):
+        for protocol in ran:
+            runs = [(n, r) for (s, n, p), r in best.items() if (s, p) == (scenario, protocol)]
+            points = sorted((n, r["metrics"]["txn/commits_per_s"]) for n, r in runs)
+            axis.plot(*zip(*points, strict=True), marker="o", label=protocol)
+        axis.set(title=f"{scenario}: vs nodes (one shared host)", xlabel="node processes")
+        axis.set(ylabel="commits/s (best inflight)", yscale="log")
+        axis.set_xticks(sorted({n for s, n, _ in best if s == scenario}))
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _nodes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(part) for part in text.split(",") if part}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"nodes must be ints, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"nodes must be positive, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small data, 1 and 2 nodes, temp out")
+    parser.add_argument("--seconds", type=float, default=None, help="measured window per run")
+    parser.add_argument("--warmup-s", type=float, default=None)
+    parser.add_argument("--nodes", type=_nodes, default=None, help="e.g. 1,2,4")
+    parser.add_argument("--protocols", type=protocols._protocols, default=protocols.PROTOCOLS)
+    parser.add_argument("--out-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    args.seconds = args.seconds or (1.0 if args.quick else 3.0)
+    args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
+    args.nodes = args.nodes or ((1, 2) if args.quick else NODE_COUNTS)
+    args.inflight = [100] if args.quick else list(protocols.INFLIGHTS)
+    args.scenarios = ("tpcc-1wh",) if args.quick else SCENARIOS
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    facts = host()
+    best = sweep(args, console)
+    ran = [p for p in protocols.PROTOCOLS if p in args.protocols]
+    view = Table(title="commits/s (best calls in flight) vs nodes")
+    for column in ("scenario", "nodes", *ran, "DistDGCC / best baseline"):
+        view.add_column(column, justify="left" if column == "scenario" else "right")
+    for row in _rows(best, ran):
+        view.add_row(*row)
+    console.print(view)
+    records = [record | {"scenario": s} for (s, _, _), record in best.items()]
+    (out_dir / "protocols_nodes.json").write_text(
+        json.dumps({"host": facts, "best": records}, indent=1, sort_keys=True) + "\n"
+    )
+    (out_dir / "protocols_nodes.md").write_text(markdown(best, ran, facts, args))
+    plot(best, ran, out_dir / "protocols_nodes.png")
+    console.print(f"wrote {out_dir}/protocols_nodes.{{json,md,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The protocols-vs-nodes bench's bookkeeping: ratios per point, the table, the plot.
+
+Method: synthetic best runs (no cluster) fed to ``dgcc/bench/protocols_nodes.py``'s helpers,
+loaded from the script file; the numbers are made up so that each check has one right answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+FACTS = {"cpus": 2, "git_commit": "abc", "load_average_1m_at_start": 0.5}
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCH))  # the script imports its neighbours
+    spec = importlib.util.spec_from_file_location(
+        "protocols_nodes_bench", BENCH / "protocols_nodes.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _best() -> dict:
+    """tpcc-1wh at 1 and 2 nodes: DistDGCC 900 / 600, Calvin 600 / 300, wait_die 300 / 50."""
+    rates = {1: {"dgcc": 900, "calvin": 600, "wait_die": 300},
+             2: {"dgcc": 600, "calvin": 300, "wait_die": 50}}  # fmt: skip
+    return {
+        ("tpcc-1wh", nodes, protocol): {
+            "config": {"inflight": 100},
+            "metrics": {"txn/commits_per_s": float(rate)},
+        }
+        for nodes, by_protocol in rates.items()
+        for protocol, rate in by_protocol.items()
+    }
+
+
+def test_ratio_per_point_is_over_the_best_baseline_there(bench: ModuleType) -> None:
+    assert bench.ratios(_best()) == {
+        ("tpcc-1wh", 1): (1.5, "calvin"),
+        ("tpcc-1wh", 2): (2.0, "calvin"),
+    }
+    only_dgcc = {k: v for k, v in _best().items() if k[2] == "dgcc"}
+    assert bench.ratios(only_dgcc) == {}
+
+
+def test_table_and_plot(bench: ModuleType, tmp_path: Path) -> None:
+    ran = ["dgcc", "calvin", "wait_die"]
+    args = argparse.Namespace(nodes=(1, 2), warmup_s=1.0, seconds=3.0, inflight=[25, 100])
+    text = bench.markdown(_best(), ran, FACTS, args)
+    rows = [line for line in text.splitlines() if line.startswith("| tpcc-1wh")]
+    assert rows == [
+        "| tpcc-1wh | 1 | 900 (100) | 600 (100) | 300 (100) | 1.50x (calvin) |",
+        "| tpcc-1wh | 2 | 600 (100) | 300 (100) | 50 (100) | 2.00x (calvin) |",
+    ]
+    bench.plot(_best(), ran, tmp_path / "nodes.png")
+    assert (tmp_path / "nodes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text", ["", "0,2", "x"])
+def test_bad_node_counts_are_refused(bench: ModuleType, text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="nodes"):
+        bench._nodes(text)
+    assert bench._nodes("4,1,2,2") == (1, 2, 4)
