@@ -1,14 +1,16 @@
 """A whole-cluster restart from the nodes' own dependency logs, measured node by node.
 
-Part of ``wal_logging.py``'s report (run that script). A cluster of ``NODES`` real DistDGCC node
-processes on loopback, dependency logging on (one block per node per epoch, fsync'd), runs the
-calls of ``epochs`` count-closed epochs; every call is answered, so every epoch is durable on
-every node. Each node's block holds its inputs and the values it received from peers, so a node
-recovers alone: on a machine with a core per node the nodes restart side by side and the
-cluster is back when its slowest node is. Here (2 cores) each node's recovery runs by itself in
-this process, timed (replay wall and CPU after the checkpoint load, as ``recover_node`` reports
-it); the union of the recovered nodes' rows is checked against the serial replay of the global
-order read back from the logs, with TPC-C consistency and every answered call in that order.
+Part of ``wal_logging.py``'s report (run that script). A cluster of real DistDGCC node processes
+on loopback (``NODES`` of them; fewer in its quick mode), dependency logging on (one block per
+node per epoch, fsync'd), runs the calls of ``epochs`` count-closed epochs; every call must be
+answered, so every epoch is durable on every node. Each node's block holds its inputs and the
+values it received from peers, so a node recovers alone: on a machine with a core per node the
+nodes restart side by side and the cluster is back when its slowest node is (a projection: a
+real restart also has the nodes agree on the epoch to restart at). Here (2 cores) each node's
+recovery runs by itself in this process, timed (replay wall and CPU after the checkpoint load,
+as ``recover_node`` reports it); the union of the recovered nodes' rows is checked against the
+serial replay of the global order read back from the logs, with TPC-C consistency and every
+answered call in that order.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dgcc.cluster import ClusterConfig, start_local
 from dgcc.protocols.dist_dgcc import Router, owned_rows
 from dgcc.wal.cluster_trials import ClusterDrill, check_history, drive, durable_history
 from dgcc.wal.node_log import recover_node
+from dgcc.wal.trials import DrillFailure
 from dgcc.workloads import get_workload
 
 NODES = 16
@@ -38,11 +41,17 @@ class ClusterLogs:
     answered: list[list]  # each node's answered calls
 
 
-def run_cluster(work: Path, options: dict, batch: int, epochs: int, seed: int) -> ClusterLogs:
-    """Run ``epochs`` epochs of about ``batch`` TPC-C calls on a logging ``NODES``-node cluster
-    (each node's clients send ``batch // NODES`` calls per epoch) and stop it."""
+def run_cluster(
+    work: Path, options: dict, batch: int, epochs: int, seed: int, nodes: int = NODES
+) -> ClusterLogs:
+    """Run ``epochs`` epochs of about ``batch`` TPC-C calls on a logging ``nodes``-node cluster
+    (each node's clients send ``batch // nodes`` calls per epoch) and stop it.
+
+    Raises:
+        DrillFailure: a call went unanswered, or the logs do not hold every epoch.
+    """
     drill = ClusterDrill(
-        nodes=NODES, epoch_calls=batch // NODES, epochs=epochs, seed=seed, options=options
+        nodes=nodes, epoch_calls=batch // nodes, epochs=epochs, seed=seed, options=options
     )
     data_dir = work / "cluster_data"
     config = drill.config(data_dir)
@@ -51,9 +60,12 @@ def run_cluster(work: Path, options: dict, batch: int, epochs: int, seed: int) -
         answered = asyncio.run(drive(cluster, drill.requests(seed), None, lambda: None))
     finally:
         cluster.stop()
-    history = durable_history(data_dir, NODES)
+    sent = nodes * epochs * drill.epoch_calls
+    if sum(map(len, answered)) != sent:
+        raise DrillFailure(f"{sum(map(len, answered))} of {sent} calls were answered")
+    history = durable_history(data_dir, nodes)
     if len(history) != epochs:
-        raise RuntimeError(f"{data_dir}: the logs hold {len(history)} epochs, not {epochs}")
+        raise DrillFailure(f"{data_dir}: the logs hold {len(history)} epochs, not {epochs}")
     return ClusterLogs(drill, config, data_dir, history, answered)
 
 
@@ -70,7 +82,7 @@ def recover_nodes(logs: ClusterLogs, rounds: int) -> list[dict[str, float]]:
     router = Router(workload, logs.config.placement())
     merged: dict[str, dict[Any, Any]] = {}
     timings = []
-    for node in range(NODES):
+    for node in range(logs.drill.nodes):
         best: dict[str, float] = {}
         for _ in range(rounds):
             recovered = recover_node(

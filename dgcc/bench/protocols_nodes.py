@@ -171,8 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocols", type=protocols._protocols, default=protocols.PROTOCOLS)
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    args.seconds = args.seconds or (1.0 if args.quick else 3.0)
-    args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
+    if len(args.protocols) < 2:
+        parser.error("--protocols needs a baseline beside dgcc, the table compares them")
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 3.0
+    if args.warmup_s is None:
+        args.warmup_s = 0.5 if args.quick else 1.0
+    if args.seconds <= 0 or args.warmup_s < 0:
+        parser.error(f"--seconds must be > 0 and --warmup-s >= 0, got {args.seconds}, "
+                     f"{args.warmup_s}")  # fmt: skip
     args.nodes = args.nodes or ((1, 2) if args.quick else NODE_COUNTS)
     args.inflight = [100] if args.quick else list(protocols.INFLIGHTS)
     args.scenarios = ("tpcc-1wh",) if args.quick else SCENARIOS

@@ -75,3 +75,35 @@ def test_bad_node_counts_are_refused(bench: ModuleType, text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="nodes"):
         bench._nodes(text)
     assert bench._nodes("4,1,2,2") == (1, 2, 4)
+
+
+def test_sweep_keeps_each_points_best_and_stops_past_the_peak(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DistDGCC peaks at 400 calls in flight, Calvin at 100 (then drops below the rule's 80%,
+    so it never runs 800); each point keeps its best run and the sweep it tried."""
+    peaks = {
+        "dgcc": {25: 100, 100: 300, 400: 500, 800: 450},
+        "calvin": {25: 100, 100: 200, 400: 100},
+    }
+    ran: list[tuple] = []
+
+    def fake_run(config) -> dict:
+        ran.append((config.protocol, config.nodes, config.inflight))
+        assert config.distributed_fraction == (0.0 if config.nodes == 1 else 0.1)
+        rate = peaks[config.protocol][config.inflight] / config.nodes
+        metrics = {"txn/commits_per_s": rate}
+        return {"config": {"inflight": config.inflight}, "metrics": metrics}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run)
+    monkeypatch.setattr(bench, "summary_line", lambda record: "[summary]")
+    args = argparse.Namespace(
+        scenarios=("tpcc-1wh",), nodes=(1, 2), protocols=("dgcc", "calvin"), quick=True,
+        inflight=[25, 100, 400, 800], seconds=1.0, warmup_s=0.5,
+    )  # fmt: skip
+    best = bench.sweep(args, bench.Console(quiet=True))
+    assert best[("tpcc-1wh", 2, "dgcc")]["config"]["inflight"] == 400
+    assert best[("tpcc-1wh", 2, "dgcc")]["sweep"] == [(25, 50), (100, 150), (400, 250), (800, 225)]
+    assert best[("tpcc-1wh", 1, "calvin")]["sweep"] == [(25, 100), (100, 200), (400, 100)]
+    assert ("calvin", 1, 800) not in ran and ("dgcc", 1, 800) in ran
+    assert bench.ratios(best)[("tpcc-1wh", 1)] == (2.5, "calvin")

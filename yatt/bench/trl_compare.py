@@ -526,8 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         payload = json.loads(args.report_only.read_text())
         settings = BenchSettings(**payload["settings"])
+        fairness = payload.get("fairness", FAIRNESS)  # what the stored runs were held to
         trl_report.write_report(
-            args.out_dir, settings, payload["runs"], FAIRNESS, payload.get("host")
+            args.out_dir, settings, payload["runs"], fairness, payload.get("host")
         )
         return 0
     settings = settings_from_args(args)

@@ -39,7 +39,7 @@ from dgcc.wal.checkpoint import (
     write_checkpoint,
 )
 from dgcc.wal.crashpoints import crashpoint
-from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block
+from dgcc.wal.format import Block, BlockKind, WalCorrupt, decode_payload, encode_block
 from dgcc.wal.recovery import cut_after, read_log
 from dgcc.wal.rejoin import RejoinError, RejoinPlan, Retained, plan_rejoin
 from dgcc.wal.writer import WalWriter
@@ -174,21 +174,16 @@ def recover_node(
         raise WalCorrupt(f"{directory}: checkpoint {checkpoint_epoch} is past epoch {upto_epoch}")
     blocks, dropped = read_log(directory, checkpoint_epoch, repair=repair)
     read_s = time.perf_counter()
-    db = load_snapshot(snapshot, checkpoint_epoch, schema)
-    gc.freeze()  # the loaded rows are long-lived: full collections during replay skip them
     durable = blocks[-1].epoch if blocks else checkpoint_epoch
     if upto_epoch is not None:
         blocks = [block for block in blocks if block.epoch <= upto_epoch]
-    loaded_s, loaded_cpu_s = time.perf_counter(), time.process_time()
     collecting = gc.isenabled()
-    gc.disable()  # as in single-node replay: the epoch runs' cycles wait for the end
+    gc.disable()  # as in single-node recovery: no collections while loading and replaying
     try:
-        for count, block in enumerate(blocks, 1):
-            if block.kind is not BlockKind.NODE:
-                raise WalCorrupt(f"epoch {block.epoch}: a {block.kind.name} block in a node log")
-            replay_node_epoch(node, db, registry, router, decode_payload(block), run_class)
-            if count == len(blocks) // 2:
-                crashpoint("recovery.mid_replay")
+        db = load_snapshot(snapshot, checkpoint_epoch, schema)
+        gc.freeze()  # the loaded rows are long-lived: later full collections skip them
+        loaded_s, loaded_cpu_s = time.perf_counter(), time.process_time()
+        _replay_blocks(node, db, registry, router, blocks, run_class)
     finally:
         if collecting:
             gc.enable()
@@ -203,6 +198,22 @@ def recover_node(
     epoch = blocks[-1].epoch if blocks else checkpoint_epoch
     logger.info("node %d recovered epoch %d (checkpoint %d)", node, epoch, checkpoint_epoch)
     return NodeRecovered(db, epoch, checkpoint_epoch, durable, dropped, timing)
+
+
+def _replay_blocks(
+    node: int,
+    db: Database,
+    registry: ProcedureRegistry,
+    router: Router,
+    blocks: Sequence[Block],
+    run_class: type[EpochRun],
+) -> None:
+    for count, block in enumerate(blocks, 1):
+        if block.kind is not BlockKind.NODE:
+            raise WalCorrupt(f"epoch {block.epoch}: a {block.kind.name} block in a node log")
+        replay_node_epoch(node, db, registry, router, decode_payload(block), run_class)
+        if count == len(blocks) // 2:
+            crashpoint("recovery.mid_replay")
 
 
 def cluster_durable_epoch(durable_epochs: Sequence[int]) -> int:
