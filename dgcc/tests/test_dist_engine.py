@@ -19,6 +19,7 @@ from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import (
     EpochRun,
     Placement,
+    ResultAssembler,
     Router,
 )
 from dgcc.protocols.serial import SerialProtocol
@@ -146,3 +147,25 @@ def test_any_message_order_equals_serial(cluster_sim, seed, nodes, name):
         expected, dump = serial_run(workload, order, seed=seed)
     assert [_normal(o) for o in outcomes] == [_normal(o) for o in expected]
     assert _wire(merged) == _wire(dump)
+
+
+def test_answers_are_the_outcomes_in_wire_form():
+    """A node answers from ``ResultAssembler.answers`` (no ``Outcome`` per call); they must be
+    exactly ``outcomes`` as the wire carries them: commits, logic errors and unknown calls."""
+    workload = get_workload("ycsb", records=50, ops_per_txn=2)
+    registry, db = workload.registry(), workload.build(1)
+    batch = [
+        TxnRequest("ycsb_txn", {"keys": [1, 2], "rmw": [True, False]}),
+        TxnRequest("ycsb_txn", {"keys": [1, 99], "rmw": [True, False]}),  # key out of range
+        TxnRequest("no_such_procedure", {}),
+    ]
+    router = Router(workload, Placement.round_robin(1))
+    run = EpochRun(0, db, registry, router, [batch])
+    while not run.finished:
+        run.step(10)
+    assembler = ResultAssembler(registry, batch, 1)
+    assembler.add(0, _wire(run.reports().get(0, [])))
+    answers = assembler.answers()
+    assert [status for status, _, _ in answers] == ["committed", "error", "error"]
+    assert [_wire(answer) for answer in answers] == [_normal(o) for o in assembler.outcomes()]
+    assert answers[0][1] == {"read": [0], "incremented": [1], "counters": [(1, 1)]}

@@ -1,4 +1,5 @@
-"""Tables: a bulk load (as from a checkpoint) equals inserting the same rows one by one.
+"""Tables: a bulk load (as from a checkpoint) equals inserting the same rows one by one; a
+plan's bulk read access (``ReadView.rows``) sees the live rows and refuses writes.
 
 Goal: ``Table.load`` builds each secondary index once, and must leave exactly the rows and index
 entries that row-by-row inserts leave, so recovery can use it. Method: random rows (hypothesis)
@@ -12,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dgcc.storage import Index, Table
+from dgcc import debug
+from dgcc.storage import Database, Index, Table
 
 GROUPS = 4
 
@@ -56,3 +58,36 @@ def test_load_refuses_a_table_with_rows() -> None:
     table.insert(1, {"group": 0, "v": 0})
     with pytest.raises(AssertionError, match="loading into a table that has rows"):
         table.load({2: {"group": 1, "v": 0}})
+
+
+@pytest.fixture
+def accounts() -> Database:
+    database = Database((Table("account"),))
+    database["account"].insert(1, {"balance": 10})
+    database["account"].insert(2, {"balance": 20})
+    return database
+
+
+def test_view_rows_read_the_live_rows_and_refuse_writes(accounts: Database) -> None:
+    rows = accounts.read_view().rows("account")
+    assert rows[1]["balance"] == 10 and len(rows) == 2 and 3 not in rows
+    accounts["account"].update(1, {"balance": 11})  # a view of the live table, not a copy
+    assert rows[1]["balance"] == 11
+    with pytest.raises(TypeError):
+        rows[3] = {"balance": 0}  # type: ignore[index]
+
+
+def test_view_rows_are_frozen_under_invariant_checks(accounts: Database) -> None:
+    with debug.invariants():
+        rows = accounts.read_view().rows("account")
+        assert sorted(rows) == [1, 2] and rows[2] == {"balance": 20}
+        with pytest.raises(TypeError):
+            rows[2]["balance"] = 0  # type: ignore[index]
+        with pytest.raises(KeyError):
+            rows[3]
+    assert accounts["account"].get(2) == {"balance": 20}
+
+
+def test_view_rows_of_an_unknown_table_raise(accounts: Database) -> None:
+    with pytest.raises(KeyError):
+        accounts.read_view().rows("nope")

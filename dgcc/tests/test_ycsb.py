@@ -131,6 +131,8 @@ def test_route_partitions_agree_with_route_keys() -> None:
         keys = workload.route_keys(request.procedure, request.params)
         expected = {workload.partition_of(key, 3) for key in keys}
         assert workload.route_partitions(request.procedure, request.params, 3) == expected
+    skipping = {"keys": [90, 1], "rmw": [True, False]}  # partitions 2 and 0, none in between
+    assert workload.route_partitions("ycsb_txn", skipping, 3) == {0, 2}
     for bad in ([-1, 5], [5, 100]):
         with pytest.raises(ValueError, match="outside"):
             workload.route_partitions("ycsb_txn", {"keys": bad, "rmw": [True, True]}, 3)

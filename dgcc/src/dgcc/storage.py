@@ -206,6 +206,18 @@ class ReadView:
             return row
         return MappingProxyType(row)
 
+    def rows(self, table: str) -> Mapping[Any, Mapping[str, Any]]:
+        """A table's live rows by primary key, for plans that read many (one lookup per row
+        instead of a ``get`` call); read-only, and its rows too under ``debug.check_invariants``.
+
+        Raises:
+            KeyError: no such table.
+        """
+        rows = self._db.tables[table].rows
+        if not debug.check_invariants:
+            return MappingProxyType(rows)
+        return _FrozenRows(rows)
+
     def lookup(self, table: str, index: str, index_key: Hashable) -> list[Any]:
         return self._db.tables[table].indexes[index].lookup(index_key)
 
@@ -214,3 +226,21 @@ class ReadView:
 
     def last(self, table: str, index: str, index_key: Hashable) -> Any | None:
         return self._db.tables[table].indexes[index].last(index_key)
+
+
+class _FrozenRows(Mapping[Any, Mapping[str, Any]]):
+    """Rows by primary key where each row reads as ``debug.frozen`` (``ReadView.rows``)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: dict[Any, Row]) -> None:
+        self._rows = rows
+
+    def __getitem__(self, pk: Any) -> Mapping[str, Any]:
+        return debug.frozen(self._rows[pk])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)

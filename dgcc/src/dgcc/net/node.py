@@ -63,7 +63,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
 RESULTS_PER_FRAME_MAX = 1000  # keeps a results frame far below any sane frame limit
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
-_STATUS_STAT = {status: f"txn/{status.value}" for status in Status}
+_STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
 
 
 class _Client:
@@ -88,9 +88,13 @@ class _Client:
 
     def result(self, call_id: int, outcome: Outcome) -> None:
         """Answer call ``call_id``."""
+        self.results([(call_id, outcome.status.value, outcome.result, outcome.reason)])
+
+    def results(self, entries: list[tuple]) -> None:
+        """Answer calls: ``(call_id, status value, result, reason)`` each."""
         if not self._frames and not self._results:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._results.append((call_id, outcome.status.value, outcome.result, outcome.reason))
+        self._results.extend(entries)
 
     def _flush(self) -> None:
         results, self._results = self._results, []
@@ -679,9 +683,17 @@ class Node:
     def _complete_epoch(self, assembler: ResultAssembler, callers: list) -> None:
         """Every node finished the epoch: answer its callers (the durability hook point)."""
         counts = dict.fromkeys(_STATUS_STAT, 0)
-        for (client, call_id), outcome in zip(callers, assembler.outcomes(), strict=True):
-            counts[outcome.status] += 1
-            client.result(call_id, outcome)
+        by_client: dict[_Client, list[tuple]] = {}  # most epochs: one client
+        for (client, call_id), (status, result, reason) in zip(
+            callers, assembler.answers(), strict=True
+        ):
+            counts[status] += 1
+            entries = by_client.get(client)
+            if entries is None:
+                entries = by_client[client] = []
+            entries.append((call_id, status, result, reason))
+        for client, entries in by_client.items():
+            client.results(entries)
         for status, count in counts.items():
             self.stats[_STATUS_STAT[status]] += count
 

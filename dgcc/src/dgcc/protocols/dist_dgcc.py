@@ -69,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 REPLICATED = -1  # partition of a key every node holds (same value as the TPC-C workload's)
 NODES_MAX = 64
+_STATUS_OF = {status.value: status for status in Status}  # an answer's status on the wire
+_COMMITTED, _ABORTED, _ERROR = Status.COMMITTED.value, Status.ABORTED.value, Status.ERROR.value
 
 # A value message entry: (global txn index, piece index, output, abort reason, error).
 ValueEntry = tuple[int, int, Any, str | None, str | None]
@@ -606,26 +608,33 @@ class ResultAssembler:
 
     def outcomes(self) -> list[Outcome]:
         """One outcome per request of the origin's batch, in order."""
+        return [
+            Outcome(_STATUS_OF[status], result, reason) for status, result, reason in self.answers()
+        ]
+
+    def answers(self) -> list[tuple[str, Any, str]]:
+        """``outcomes`` as ``(status value, result, reason)`` tuples, the form a node's answer
+        takes on the wire (no ``Outcome`` object per call on the node's hot path)."""
         assert self.complete, f"reports missing from nodes {sorted(self._waiting)}"
-        outcomes = []
+        answers: list[tuple[str, Any, str]] = []
         builders: dict[str, Any] = {}  # procedure name -> its result builder (or None)
         for slot, request in enumerate(self._batch):
             if self._errors[slot] is not None:
-                outcomes.append(Outcome(Status.ERROR, reason=self._errors[slot]))
+                answers.append((_ERROR, None, self._errors[slot]))
                 continue
             abort = self._aborts[slot]
             if abort is not None:
-                outcomes.append(Outcome(Status.ABORTED, reason=abort[1]))
+                answers.append((_ABORTED, None, abort[1]))
                 continue
             name = request.procedure
             if name not in builders:
                 try:
                     builders[name] = self._registry.get(name).result
                 except BadRequest as error:  # every planner failed the same way; keep it
-                    outcomes.append(Outcome(Status.ERROR, reason=str(error)))
+                    answers.append((_ERROR, None, str(error)))
                     continue
             build, outputs = builders[name], self._outputs[slot]
             if outputs is None:
                 outputs = {}
-            outcomes.append(Outcome(Status.COMMITTED, build(outputs) if build else dict(outputs)))
-        return outcomes
+            answers.append((_COMMITTED, build(outputs) if build else dict(outputs), ""))
+        return answers

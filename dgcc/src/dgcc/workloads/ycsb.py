@@ -257,11 +257,15 @@ class YcsbWorkload(Workload):
         """The partitions of ``route_keys`` by arithmetic (``partition_of``'s range map)."""
         if procedure != "ycsb_txn":
             return None
-        records = self.records
-        touched = {key * partitions // records for key in params["keys"]}
-        if touched and not 0 <= min(touched) <= max(touched) < partitions:
-            raise ValueError(f"ycsb_txn: a key outside [0, {records}) in {params['keys']!r}")
-        return touched
+        keys, records = params["keys"], self.records
+        if not keys:
+            return set()
+        low, high = min(keys) * partitions // records, max(keys) * partitions // records
+        if not 0 <= low <= high < partitions:
+            raise ValueError(f"ycsb_txn: a key outside [0, {records}) in {keys!r}")
+        if high - low <= 1:  # ranges are ordered: nothing lies between the first and the last
+            return {low, high}
+        return {key * partitions // records for key in keys}
 
 
 def _distinct_keys(zipf: ZipfianGenerator, count: int, records: int) -> list[int]:

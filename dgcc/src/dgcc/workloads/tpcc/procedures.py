@@ -205,12 +205,14 @@ def _recent_items(view: ReadView, w: int, d: int, first: int, end: int) -> list[
     fixed at plan time (reconnaissance of D_NEXT_O_ID); the stock quantities are then read in
     the transaction's serial position under declared keys.
     """
-    items: set[int] = set()
-    for o in range(first, end):
-        count = view.get("orders", (w, d, o))["o_ol_cnt"]  # type: ignore[index]
-        for number in range(1, count + 1):
-            items.add(view.get("order_line", (w, d, o, number))["ol_i_id"])  # type: ignore[index]
-    return sorted(items)
+    orders, lines = view.rows("orders"), view.rows("order_line")
+    return sorted(
+        {
+            lines[(w, d, o, number)]["ol_i_id"]
+            for o in range(first, end)
+            for number in range(1, orders[(w, d, o)]["o_ol_cnt"] + 1)
+        }
+    )
 
 
 # -- NewOrder ---------------------------------------------------------------------------------
