@@ -591,28 +591,22 @@ def main(argv: list[str] | None = None) -> int:
     # starves the plans' workers behind any other load. Benchmark them at normal priority.
     os.environ.setdefault("RAY_worker_niceness", "0")
     calib = calibrate(_config(args), args.prompts, args.short)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     runs: dict = {}
     decisions: list = []
     for repeat in range(args.repeats):  # interleaved; the fastest of each plan is kept
         for placement in ("colocate", "disaggregated", "partial", "adaptive"):
             console.print(f"run {repeat + 1}/{args.repeats}: {placement} ...")
-            # Each plan in a fresh Ray session: nothing an earlier plan left in the object
-            # store or in Ray's processes weighs on the next.
-            ray.init(
-                num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
-            )
-            try:
-                if placement == "adaptive":
-                    run, made = _run_adaptive(args, calib)
-                else:
-                    run, made = _run_static(args, placement), decisions
-            finally:
-                ray.shutdown()
+            if placement == "adaptive":
+                run, made = _run_adaptive(args, calib)
+            else:
+                run, made = _run_static(args, placement), decisions
             if placement not in runs or run["wall_s"] < runs[placement]["wall_s"]:
                 runs[placement] = run
                 decisions = made
     sim = _simulate(args, runs, calib, runs["adaptive"]["move_cost_s"])
     sim["anchored"] = _anchor_projection(args, args.anchors)
+    ray.shutdown()
     _plots(runs, out_dir)
     (out_dir / "yatt_control_placement.md").write_text(_markdown(args, runs, decisions, sim, calib))
     json_path = out_dir / "yatt_control.json"
