@@ -1,5 +1,6 @@
-"""Shared test set-up for dgcc: a fixture that turns invariants on, and an in-process cluster
-simulator shared by the DistDGCC and Calvin node-schedule tests.
+"""Shared test set-up for dgcc: a fixture that turns invariants on, an in-process cluster
+simulator shared by the DistDGCC and Calvin node-schedule tests, and a loader for the bench
+scripts whose bookkeeping the tests check.
 
 The hypothesis profiles ("ci" by default, HYPOTHESIS_PROFILE=dev for a longer random search)
 live in the repository's root conftest.py, shared with yatt's suite.
@@ -7,9 +8,13 @@ live in the repository's root conftest.py, shared with yatt's suite.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import random
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,6 +29,28 @@ from dgcc.protocols.dist_dgcc import (
     global_batch,
     owned_rows,
 )
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load_bench(name: str) -> ModuleType:
+    """``dgcc/bench/<name>.py`` as a module; the scripts it imports from beside it load too."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None, f"no bench script {name!r}"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    return module
+
+
+@pytest.fixture(scope="session")
+def bench_script() -> Callable[[str], ModuleType]:
+    """Loads a bench script by name (``"protocols"``) as a module."""
+    return _load_bench
 
 
 @pytest.fixture

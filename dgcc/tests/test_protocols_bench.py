@@ -7,28 +7,16 @@ from the script file; the numbers are made up so that each check has one right a
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # the script imports its neighbour ``cluster``
-    spec = importlib.util.spec_from_file_location("protocols_bench", BENCH / "protocols.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+def bench(bench_script: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_script("protocols")
 
 
 def _record(scenario: str, protocol: str, fraction: float, inflight: int, rate: float) -> dict:

@@ -7,31 +7,18 @@ loaded from the script file; the numbers are made up so that each check has one 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 FACTS = {"cpus": 2, "git_commit": "abc", "load_average_1m_at_start": 0.5}
 
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # the script imports its neighbours
-    spec = importlib.util.spec_from_file_location(
-        "protocols_nodes_bench", BENCH / "protocols_nodes.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+def bench(bench_script: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_script("protocols_nodes")
 
 
 def _best() -> dict:
