@@ -9,12 +9,14 @@ on both.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dgcc import debug
-from dgcc.storage import Database, Index, Table
+from dgcc.storage import Database, Index, Table, collector_paused
 
 GROUPS = 4
 
@@ -91,3 +93,16 @@ def test_view_rows_are_frozen_under_invariant_checks(accounts: Database) -> None
 def test_view_rows_of_an_unknown_table_raise(accounts: Database) -> None:
     with pytest.raises(KeyError):
         accounts.read_view().rows("nope")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_collector_paused_restores_the_collector_state(enabled: bool) -> None:
+    before = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with pytest.raises(RuntimeError), collector_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("the block failed")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if before else gc.disable)()

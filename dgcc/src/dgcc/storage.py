@@ -9,13 +9,15 @@ an index key to the sorted primary keys under it and are kept up to date by ever
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from dgcc import debug
 
-__all__ = ["Database", "Index", "ReadView", "Table"]
+__all__ = ["Database", "Index", "ReadView", "Table", "collector_paused"]
 
 Row = dict[str, Any]
 
@@ -244,3 +246,20 @@ class _FrozenRows(Mapping[Any, Mapping[str, Any]]):
 
     def __len__(self) -> int:
         return len(self._rows)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Turn Python's cyclic garbage collector off for the block (back on after it, if it was).
+
+    For work that builds or rewrites many long-lived, acyclic rows (loading a database,
+    recovering one): with the collector on, it rescans the growing heap again and again, while
+    reference counts free the short-lived objects anyway.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()

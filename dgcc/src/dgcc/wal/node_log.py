@@ -29,7 +29,7 @@ from dgcc.api import ProcedureRegistry, TxnRequest
 from dgcc.cluster import ClusterConfig
 from dgcc.errors import DgccError
 from dgcc.protocols.dist_dgcc import EpochRun, Router
-from dgcc.storage import Database
+from dgcc.storage import Database, collector_paused
 from dgcc.wal.checkpoint import (
     Checkpointer,
     load_snapshot,
@@ -177,16 +177,11 @@ def recover_node(
     durable = blocks[-1].epoch if blocks else checkpoint_epoch
     if upto_epoch is not None:
         blocks = [block for block in blocks if block.epoch <= upto_epoch]
-    collecting = gc.isenabled()
-    gc.disable()  # as in single-node recovery: no collections while loading and replaying
-    try:
+    with collector_paused():  # as in single-node recovery: none while loading and replaying
         db = load_snapshot(snapshot, checkpoint_epoch, schema)
         gc.freeze()  # the loaded rows are long-lived: later full collections skip them
         loaded_s, loaded_cpu_s = time.perf_counter(), time.process_time()
         _replay_blocks(node, db, registry, router, blocks, run_class)
-    finally:
-        if collecting:
-            gc.enable()
     done_s = time.perf_counter()
     timing = {
         "timing_s/read_log": read_s - started_s,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dgcc.api import ProcedureRegistry
-from dgcc.storage import Database
+from dgcc.storage import Database, collector_paused
 from dgcc.wal import command, dependency, parallel, value
 from dgcc.wal.checkpoint import load_snapshot, read_manifest
 from dgcc.wal.crashpoints import crashpoint
@@ -156,9 +156,8 @@ def recover(
     blocks, dropped = read_log(directory, checkpoint_epoch, repair=repair)
     read_s, read_cpu_s = time.perf_counter(), time.process_time()
     load = functools.partial(load_snapshot, snapshot, checkpoint_epoch, schema)
-    collecting = gc.isenabled()
-    gc.disable()  # replay's short-lived objects hold no cycles: reference counts free them
-    try:
+    # Replay's short-lived objects hold no cycles: reference counts free them.
+    with collector_paused():
         payloads = _partitioned_payloads(blocks) if workers > 1 else None
         # Decoding is part of replay, as it is for every block replayed serially.
         decode_s, decode_cpu_s = time.perf_counter() - read_s, time.process_time() - read_cpu_s
@@ -179,9 +178,6 @@ def recover(
             load_s, loaded_cpu_s = time.perf_counter() - read_s, time.process_time()
             _replay_serially(db, registry, blocks, workers)
             replay_cpu_s = time.process_time() - loaded_cpu_s
-    finally:
-        if collecting:
-            gc.enable()
     done_s = time.perf_counter()
     epoch = blocks[-1].epoch if blocks else checkpoint_epoch
     logger.info(

@@ -6,13 +6,12 @@ a few hundred thousand ``random()`` calls rather than millions of per-character 
 
 from __future__ import annotations
 
-import gc
 import logging
 import random
 import string
 from collections.abc import Callable
 
-from dgcc.storage import Database, Table
+from dgcc.storage import Database, Table, collector_paused
 from dgcc.workloads.tpcc.schema import (
     C_LAST_LOAD,
     DISTRICTS_PER_WAREHOUSE,
@@ -74,9 +73,7 @@ def load(config: TpccConfig, seed: int) -> Database:
     draw = _Random(seed)
     # Loading allocates millions of long-lived, acyclic rows; left on, the cyclic GC rescans
     # the growing heap again and again, so load time grows faster than the warehouse count.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         _load_items(db["item"], config, draw)
         for w in range(1, config.warehouses + 1):
             _load_warehouse(db, config, draw, w)
@@ -85,9 +82,6 @@ def load(config: TpccConfig, seed: int) -> Database:
                 _load_district(db, config, draw, w, d)
                 _load_customers(db, config, draw, w, d)
                 _load_orders(db, config, draw, w, d)
-    finally:
-        if was_enabled:
-            gc.enable()
     logger.debug("tpcc loaded %s", {name: len(table) for name, table in db.tables.items()})
     return db
 
