@@ -69,12 +69,20 @@ def _options(name: str, quick: bool) -> dict[str, Any]:
 
 
 def bench_config(
-    scenario: str, fraction: float, protocol: str, inflight: int, args, *, durable: bool = False
+    scenario: str,
+    fraction: float,
+    protocol: str,
+    inflight: int,
+    args,
+    *,
+    durable: bool = False,
+    nodes: int = NODES,
 ) -> ClusterBenchConfig:
-    """One run of the sweep (``durable``: every node logging, see ``protocols_logged``)."""
+    """One run of the sweep (``durable``: every node logging, see ``protocols_logged``;
+    ``nodes``: node processes, see ``protocols_nodes``)."""
     return ClusterBenchConfig(
         SCENARIOS[scenario][0],
-        NODES,
+        nodes,
         fraction,
         _options(scenario, args.quick),
         seconds=args.seconds,
@@ -332,23 +340,31 @@ def sweep(scenarios: tuple[str, ...], args, console: Console) -> list[dict[str, 
     a protocol's sweep at a point stops once ``peak_passed``.
     """
     points = [
-        (scenario, fraction)
+        (scenario, fraction, NODES)
         for scenario in scenarios
         for fraction in (args.fractions if SCENARIOS[scenario][2] == "high" else (FRACTION,))
     ]
+    return sweep_points(points, args, console)
+
+
+def sweep_points(
+    points: list[tuple[str, float, int]], args, console: Console
+) -> list[dict[str, Any]]:
+    """``sweep`` over explicit (scenario, distributed fraction, nodes) points."""
     inflights = sorted(args.inflight)
     records: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as progress:
         runs_max = len(points) * len(inflights) * len(args.protocols)
         task = progress.add_task("protocol runs", total=runs_max)
-        for scenario, fraction in points:
+        for scenario, fraction, nodes in points:
             rates: dict[str, list[float]] = {protocol: [] for protocol in args.protocols}
             for position, inflight in enumerate(inflights):
                 for protocol in [p for p in args.protocols if not peak_passed(rates[p])]:
                     progress.update(
-                        task, description=f"{scenario} {fraction:.0%} {protocol} {inflight}"
+                        task,
+                        description=f"{scenario} {fraction:.0%} {nodes}n {protocol} {inflight}",
                     )
-                    bench = bench_config(scenario, fraction, protocol, inflight, args)
+                    bench = bench_config(scenario, fraction, protocol, inflight, args, nodes=nodes)
                     record = run_bench(bench) | {"scenario": scenario}
                     records.append(record)
                     line = f"{summary_line(record)} protocol={protocol} scenario={scenario}"

@@ -25,10 +25,7 @@ from typing import Any
 import protocols  # dgcc/bench/protocols.py, next to this script: scenarios, data, the rule
 from cluster import host  # dgcc/bench/cluster.py, next to this script
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
-
-from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("tpcc-1wh", "ycsb-0.99")
@@ -36,43 +33,26 @@ NODE_COUNTS = (1, 2, 4)
 Key = tuple[str, int, str]  # (scenario, nodes, protocol)
 
 
-def _config(scenario: str, nodes: int, protocol: str, inflight: int, args) -> ClusterBenchConfig:
-    workload, _, _ = protocols.SCENARIOS[scenario]
-    return ClusterBenchConfig(
-        workload,
-        nodes,
-        protocols.FRACTION if nodes > 1 else 0.0,
-        protocols._options(scenario, args.quick),
-        seconds=args.seconds,
-        warmup_s=args.warmup_s,
-        inflight=inflight,
-        protocol=protocol,
-    )
-
-
 def sweep(args, console: Console) -> dict[Key, dict[str, Any]]:
     """The best run of every (scenario, nodes, protocol), each with its sweep's
-    (inflight, commits/s) pairs under ``"sweep"``; protocols take turns at each inflight."""
-    inflights = sorted(args.inflight)
+    (inflight, commits/s) pairs under ``"sweep"`` (``protocols.sweep_points``: protocols take
+    turns at each inflight, one stopping rule)."""
+    points = [
+        (scenario, protocols.FRACTION if nodes > 1 else 0.0, nodes)
+        for scenario in args.scenarios
+        for nodes in args.nodes
+    ]
     best: dict[Key, dict[str, Any]] = {}
-    points = [(s, n) for s in args.scenarios for n in args.nodes]
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("runs", total=len(points) * len(inflights) * len(args.protocols))
-        for scenario, nodes in points:
-            rates: dict[str, list[float]] = {p: [] for p in args.protocols}
-            for position, inflight in enumerate(inflights):
-                for protocol in [p for p in args.protocols if not protocols.peak_passed(rates[p])]:
-                    progress.update(task, description=f"{scenario} {nodes}n {protocol} {inflight}")
-                    record = run_bench(_config(scenario, nodes, protocol, inflight, args))
-                    print(f"{summary_line(record)} protocol={protocol} scenario={scenario}")
-                    rate = record["metrics"]["txn/commits_per_s"]
-                    rates[protocol].append(rate)
-                    key = (scenario, nodes, protocol)
-                    if key not in best or rate > best[key]["metrics"]["txn/commits_per_s"]:
-                        best[key] = record
-                    best[key]["sweep"] = list(zip(inflights, rates[protocol], strict=False))
-                    passed = protocols.peak_passed(rates[protocol])
-                    progress.advance(task, 1 + (len(inflights) - 1 - position if passed else 0))
+    for record in protocols.sweep_points(points, args, console):
+        config = record["config"]
+        key = (record["scenario"], config["nodes"], config["protocol"])
+        tried = (best[key]["sweep"] if key in best else []) + [
+            (config["inflight"], record["metrics"]["txn/commits_per_s"])
+        ]
+        if key in best and best[key]["metrics"]["txn/commits_per_s"] >= tried[-1][1]:
+            best[key]["sweep"] = tried
+        else:
+            best[key] = record | {"sweep": tried}
     return best
 
 

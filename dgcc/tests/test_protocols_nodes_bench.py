@@ -80,10 +80,11 @@ def test_sweep_keeps_each_points_best_and_stops_past_the_peak(
         assert config.distributed_fraction == (0.0 if config.nodes == 1 else 0.1)
         rate = peaks[config.protocol][config.inflight] / config.nodes
         metrics = {"txn/commits_per_s": rate}
-        return {"config": {"inflight": config.inflight}, "metrics": metrics}
+        fields = {"inflight": config.inflight, "nodes": config.nodes, "protocol": config.protocol}
+        return {"config": fields, "metrics": metrics}
 
-    monkeypatch.setattr(bench, "run_bench", fake_run)
-    monkeypatch.setattr(bench, "summary_line", lambda record: "[summary]")
+    monkeypatch.setattr(bench.protocols, "run_bench", fake_run)  # the sweep runs there
+    monkeypatch.setattr(bench.protocols, "summary_line", lambda record: "[summary]")
     args = argparse.Namespace(
         scenarios=("tpcc-1wh",), nodes=(1, 2), protocols=("dgcc", "calvin"), quick=True,
         inflight=[25, 100, 400, 800], seconds=1.0, warmup_s=0.5,
