@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -154,6 +154,44 @@ class Table:
         row.update(changes)
         for index in touched:
             index.add(pk, row)
+
+    def insert_many(self, rows: Mapping[Any, Row]) -> None:
+        """Insert several new rows at once, as ``insert`` each (recovery's bulk path: one call
+        per order's lines, not one per line; value logging's ``WriteTracker`` does not see
+        it). The row dicts become the table's own.
+
+        Raises:
+            KeyError: a primary key was already in the table; its row is then overwritten
+                (checked by the count after the insert, which hashes each key once): for
+                callers that give up the table on error, as recovery does.
+        """
+        present = self.rows
+        expected = len(present) + len(rows)
+        present.update(rows)
+        if len(present) != expected:
+            raise KeyError(
+                f"{self.name}: {expected - len(present)} duplicate primary keys among "
+                f"{list(rows)!r}"
+            )
+        for index in self._indexes:
+            for pk, row in rows.items():
+                index.add(pk, row)
+
+    def changer(self, fields: Collection[str]) -> Callable[[Any], Row]:
+        """A function from a primary key to its live row, for the caller to change ``fields``
+        of it in place: what ``update`` does for them, with no changes dict and no call of
+        ours per write (recovery's fast path, which value logging's ``WriteTracker`` does not
+        see; call it once per transaction, not per row).
+
+        Raises:
+            ValueError: an index depends on one of ``fields`` (in place, it would go stale).
+        """
+        for index in self._indexes:
+            if index.fields is None or not index.fields.isdisjoint(fields):
+                raise ValueError(
+                    f"{self.name}: index {index.name} depends on {sorted(fields)}; use update"
+                )
+        return self.rows.__getitem__
 
     def delete(self, pk: Any) -> None:
         row = self.rows.pop(pk)

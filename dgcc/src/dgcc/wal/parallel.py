@@ -37,7 +37,7 @@ import struct
 import tempfile
 import time
 from array import array
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -445,7 +445,8 @@ class _Changes:
     not change is harmless, which lets an update cost one set insertion. Index entries are
     sent whole so the parent installs them with dict updates instead of redoing every insort;
     the originals let it check that no other worker changed them. The wrappers replace the
-    child's table writers; the child exits after replay.
+    child's table writers (every one: ``insert``, ``insert_many``, ``update``, ``changer``,
+    ``delete``); the child exits after replay.
     """
 
     def __init__(self, db: Database) -> None:
@@ -468,6 +469,7 @@ class _Changes:
         table: Table, whole: dict, gone: set, updated: set, names: set, touched: dict
     ) -> None:
         insert, update, delete, rows = table.insert, table.update, table.delete, table.rows
+        insert_many, table_changer = table.insert_many, table.changer
         mark, note, indexes = updated.add, names.update, tuple(table.indexes.values())
 
         def touch(pk: Hashable, row: Mapping[str, Any], moved: Sequence[Index]) -> None:
@@ -518,9 +520,26 @@ class _Changes:
             if whole.pop(pk, None) is None:  # a checkpoint row (one the child inserted: moot)
                 gone.add(pk)
 
+        def inserted_many(new_rows: Mapping[Hashable, dict[str, Any]]) -> None:
+            for pk, row in new_rows.items() if indexes else ():
+                touch(pk, row, indexes)
+            insert_many(new_rows)
+            whole.update(new_rows)
+
+        def changer(fields: Collection[str]) -> Callable[[Hashable], dict[str, Any]]:
+            table_changer(fields)  # the table's own check: no index depends on ``fields``
+            note(fields)
+
+            def row_to_change(pk: Hashable) -> dict[str, Any]:
+                mark(pk)
+                return rows[pk]
+
+            return row_to_change
+
         if not indexes:  # most writes: one call per write, not two
             inserted, changed = inserted_plain, changed_plain
         table.insert, table.update, table.delete = inserted, changed, deleted  # type: ignore[method-assign]
+        table.insert_many, table.changer = inserted_many, changer  # type: ignore[method-assign]
 
     def take(self) -> tuple[dict, dict, dict, dict]:
         """By table (non-empty only): the inserted rows, the deleted checkpoint keys, the

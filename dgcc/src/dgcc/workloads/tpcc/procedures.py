@@ -338,7 +338,7 @@ def _order_line_row(
     amount: Any,
     dist_info: str,
 ) -> dict[str, Any]:
-    """One ORDER_LINE row of a new order (shared by the piece and by replay)."""
+    """One ORDER_LINE row of a new order (``_replay_new_order`` builds the same inline)."""
     w, d, o_id = order_pk
     i_id, supply_w, quantity = line
     return {
@@ -555,30 +555,43 @@ class _Direct(ReadView):
 
 def _replay_new_order(db: Database, params: Mapping[str, Any]) -> None:
     """NewOrder's writes once its item check passed: the stock pieces' updates line by line
-    (the same totals as per stock record), then ``_place_order``'s rows without its result."""
+    (the same totals as per stock record) and ``_place_order``'s rows, without its result.
+
+    Rows change in place (``Table.changer``) and the lines go in with one ``insert_many``;
+    each line's row is ``_order_line_row``'s, built inline (a call per line costs this
+    replay measurably). D_NEXT_O_ID is read first: no stock write changes it.
+    """
     w, d, lines = params["w_id"], params["d_id"], params["lines"]
     tables = db.tables
-    stock, item_rows = tables["stock"], tables["item"].rows
+    stock, item_rows, district = tables["stock"], tables["item"].rows, tables["district"]
+    stock_row = stock.changer(("s_quantity", "s_ytd", "s_order_cnt", "s_remote_cnt"))
     dist_column = _DIST_COLUMNS[d - 1]
-    dist_info: dict[tuple[int, int], str] = {}
-    all_local = 1
-    for i_id, supply_w, quantity in lines:
-        key = (supply_w, i_id)
-        row = stock.rows[key]
+    d_row = district.changer(("d_next_o_id",))((w, d))
+    o_id = d_row["d_next_o_id"]
+    d_row["d_next_o_id"] = o_id + 1
+    new_lines = {}
+    remote_lines = 0
+    for number, (i_id, supply_w, quantity) in enumerate(lines, start=1):
+        row = stock_row((supply_w, i_id))
         level = row["s_quantity"] - quantity
         remote = 0 if supply_w == w else 1
-        changes = {
-            "s_quantity": level if level >= 10 else level + 91,
-            "s_ytd": row["s_ytd"] + quantity,
-            "s_order_cnt": row["s_order_cnt"] + 1,
-            "s_remote_cnt": row["s_remote_cnt"] + remote,
+        row["s_quantity"] = level if level >= 10 else level + 91
+        row["s_ytd"] += quantity
+        row["s_order_cnt"] += 1
+        row["s_remote_cnt"] += remote
+        remote_lines += remote
+        new_lines[(w, d, o_id, number)] = {
+            "ol_o_id": o_id,
+            "ol_d_id": d,
+            "ol_w_id": w,
+            "ol_number": number,
+            "ol_i_id": i_id,
+            "ol_supply_w_id": supply_w,
+            "ol_delivery_d": None,
+            "ol_quantity": quantity,
+            "ol_amount": quantity * item_rows[i_id]["i_price"],
+            "ol_dist_info": row[dist_column],
         }
-        stock.update(key, changes)
-        dist_info[key] = row[dist_column]
-        all_local &= 1 - remote
-    district = tables["district"]
-    o_id = district.rows[(w, d)]["d_next_o_id"]
-    district.update((w, d), {"d_next_o_id": o_id + 1})
     order = {
         "o_id": o_id,
         "o_d_id": d,
@@ -587,30 +600,27 @@ def _replay_new_order(db: Database, params: Mapping[str, Any]) -> None:
         "o_entry_d": params["entry_d"],
         "o_carrier_id": None,
         "o_ol_cnt": len(lines),
-        "o_all_local": all_local,
+        "o_all_local": 0 if remote_lines else 1,
     }
     tables["orders"].insert((w, d, o_id), order)
     tables["new_order"].insert((w, d, o_id), {"no_o_id": o_id, "no_d_id": d, "no_w_id": w})
-    insert_line = tables["order_line"].insert
-    for number, line in enumerate(lines, start=1):
-        i_id, supply_w, quantity = line
-        amount = quantity * item_rows[i_id]["i_price"]
-        row = _order_line_row((w, d, o_id), number, line, amount, dist_info[(supply_w, i_id)])
-        insert_line((w, d, o_id, number), row)
+    tables["order_line"].insert_many(new_lines)
 
 
 def _replay_payment(db: Database, params: Mapping[str, Any]) -> None:
-    """Payment's three pieces in order; W_NAME and D_NAME never change, so they are read now."""
+    """Payment's three pieces in order (the YTDs changed in place); W_NAME and D_NAME never
+    change, so they are read now."""
     w, d, amount = params["w_id"], params["d_id"], params["h_amount"]
     warehouse, district = db.tables["warehouse"], db.tables["district"]
-    w_row, d_row = warehouse.rows[w], district.rows[(w, d)]
-    warehouse.update(w, {"w_ytd": w_row["w_ytd"] + amount})
-    district.update((w, d), {"d_ytd": d_row["d_ytd"] + amount})
+    w_row, d_row = warehouse.changer(("w_ytd",))(w), district.changer(("d_ytd",))((w, d))
+    w_row["w_ytd"] += amount
+    d_row["d_ytd"] += amount
     _pay_customer(_Direct(db), params, w_row["w_name"] + "    " + d_row["d_name"])  # type: ignore[arg-type]
 
 
 def _replay_delivery(db: Database, params: Mapping[str, Any]) -> None:
-    """Delivery's ten district pieces in order (``_deliver``), on the tables directly."""
+    """Delivery's ten district pieces in order (``_deliver``), on the tables directly: rows
+    whose changed fields no index depends on change in place (``Table.changer``)."""
     w, carrier, date = params["w_id"], params["o_carrier_id"], params["ol_delivery_d"]
     tables = db.tables
     new_orders, orders, lines, customers = (
@@ -619,23 +629,22 @@ def _replay_delivery(db: Database, params: Mapping[str, Any]) -> None:
         tables["order_line"],
         tables["customer"],
     )
-    oldest, line_rows = new_orders.indexes["by_district"].first, lines.rows
+    oldest = new_orders.indexes["by_district"].first
+    order_row, line_row = orders.changer(("o_carrier_id",)), lines.changer(("ol_delivery_d",))
+    customer_row = customers.changer(("c_balance", "c_delivery_cnt"))
     for d in range(1, DISTRICTS_PER_WAREHOUSE + 1):
         no_pk = oldest((w, d))
         if no_pk is None:
             continue
         new_orders.delete(no_pk)
-        order = orders.rows[no_pk]
-        orders.update(no_pk, {"o_carrier_id": carrier})
+        order = order_row(no_pk)
+        order["o_carrier_id"] = carrier
         total = 0
         for number in range(1, order["o_ol_cnt"] + 1):
-            line_pk = (*no_pk, number)
-            total += line_rows[line_pk]["ol_amount"]
-            lines.update(line_pk, {"ol_delivery_d": date})
+            line = line_row((*no_pk, number))
+            total += line["ol_amount"]
+            line["ol_delivery_d"] = date
         c_pk = (w, d, order["o_c_id"])
-        customer = customers.rows[c_pk]
-        changes = {
-            "c_balance": customer["c_balance"] + total,
-            "c_delivery_cnt": customer["c_delivery_cnt"] + 1,
-        }
-        customers.update(c_pk, changes)
+        customer = customer_row(c_pk)
+        customer["c_balance"] += total
+        customer["c_delivery_cnt"] += 1
