@@ -3,9 +3,9 @@
 A tiny two-node key-value workload (a fake beside these unit tests): ``move`` reads ``src`` and
 writes ``dst`` from that read, so a transaction with ``src`` and ``dst`` on different nodes
 sends one value message. Pieces other nodes wait on (and their local ancestors) run first and
-their values leave before the local-only pieces run; the local-only pieces then run oldest
-first, then each piece its run freed; and whatever the schedule, the state equals
-the serial order.
+their values leave before the local-only pieces run; pieces off every path from a remote value
+run in serial order, the held ones as values free them; and whatever the schedule, the state
+equals the serial order.
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dgcc import debug
 from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
+from dgcc.errors import ProcedureError
 from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import EpochRun, Placement, Router, owned_rows
 from dgcc.storage import Database, Table
@@ -90,19 +96,49 @@ def test_values_peers_wait_on_leave_before_the_local_only_pieces() -> None:
     assert node1.step(100) == 2 * len(local) and node1.finished
 
 
-def test_local_pieces_run_oldest_first_then_each_freed_successor() -> None:
-    # Txn 0 writes key 2, which txn 2 reads; txn 1 is independent of both.
+def test_pieces_off_every_path_from_a_remote_value_run_first_in_serial_order() -> None:
+    # Txn 0's put waits for node 1's take; txns 1 and 3 follow it through keys 1 and 2 (held);
+    # txn 2 has no path from it, so it runs at once, though it is later in the serial order.
     workload = _KeyValue()
-    (run, _), _ = _runs(workload, [[_move(1, 2), _move(6, 7), _move(2, 3)], []])
-    assert run.step(100) == 6 and run.finished
-    assert workload.ran == [
-        (1, 2, "take"),  # the oldest ready piece
-        (1, 2, "put"),  # freed by it: next
-        (2, 3, "take"),  # freed by txn 0's write, ahead of txn 1 that was ready before
+    batch = [_move(15, 1), _move(1, 2), _move(6, 7), _move(2, 3)]
+    (node0, node1), _ = _runs(workload, [batch, []])
+    assert node0.step(100) == 2 and not node0.has_ready
+    assert workload.ran == [(6, 7, "take"), (6, 7, "put")]
+    assert node1.step(100) == 1 and node1.finished
+    node0.deliver(_wire(node1.take_outbox()[0]))
+    assert node0.step(100) == 5 and node0.finished
+    assert workload.ran[3:] == [
+        (15, 1, "put"),
+        (1, 2, "take"),
+        (1, 2, "put"),
+        (2, 3, "take"),
         (2, 3, "put"),
+    ]
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_an_epoch_without_cross_node_edges_runs_in_serial_order(checked: bool) -> None:
+    # Nothing waits on or feeds another node: no graph (with checks on, one that is checked).
+    workload = _KeyValue()
+    with debug.invariants(checked):
+        (run, _), dbs = _runs(workload, [[_move(1, 2), _move(6, 7), _move(2, 3)], []])
+        assert run.has_ready
+        assert run.step(3) == 3 and not run.finished and run.has_ready  # budgets hold
+        assert run.step(100) == 3 and run.finished and not run.has_ready
+        assert not run.take_outbox()
+        reports = run.reports()
+    assert workload.ran == [
+        (1, 2, "take"),
+        (1, 2, "put"),
         (6, 7, "take"),
         (6, 7, "put"),
+        (2, 3, "take"),
+        (2, 3, "put"),
     ]
+    assert [entry[0] for entry in reports[0]] == [0, 1, 2]
+    assert dbs[0]["kv"].rows[3]["v"] == 3 * 2 + (2 * 2 + 1)  # txn 2 saw txn 0's write
+    with pytest.raises(ProcedureError, match="unexpected value"):
+        run.deliver([(0, 0, 1, None, None)])
 
 
 def test_schedule_leaves_the_serial_state() -> None:
@@ -125,4 +161,42 @@ def test_schedule_leaves_the_serial_state() -> None:
     for node, db in enumerate(dbs):
         owned = owned_rows(db, runs[node].router, node)["kv"]
         state.update({k: row["v"] for k, row in owned.items()})
+    assert state == expected
+
+
+_MOVES = st.lists(st.tuples(st.integers(0, KEYS - 1), st.integers(0, KEYS - 1)), max_size=12)
+
+
+@given(
+    batches=st.tuples(_MOVES, _MOVES),
+    budgets=st.lists(st.integers(1, 5), min_size=1, max_size=8),
+    checked=st.booleans(),
+)
+def test_any_epoch_and_step_budgets_leave_the_serial_state(batches, budgets, checked) -> None:
+    # Held pieces, senders' ancestors and the serial run mixed at random; with checks on,
+    # every piece also checks the whole local graph before it runs.
+    requests = [[_move(src, dst) for src, dst in batch if src != dst] for batch in batches]
+    with debug.invariants(checked):
+        runs, dbs = _runs(_KeyValue(), requests)
+        turn = 0
+        while not all(run.finished for run in runs):
+            progressed = 0
+            for run in runs:
+                progressed += run.step(budgets[turn % len(budgets)])
+                turn += 1
+                for target, entries in run.take_outbox().items():
+                    runs[target].deliver(_wire(entries))
+                    progressed += 1
+            assert progressed, "no piece ran and no value moved"
+        for run in runs:
+            run.reports()
+    expected = {k: k for k in range(KEYS)}
+    for request in requests[0] + requests[1]:
+        src, dst = request.params["src"], request.params["dst"]
+        expected[dst] = expected[dst] * 2 + expected[src]
+    state = {}
+    for node, db in enumerate(dbs):
+        state.update(
+            {k: row["v"] for k, row in owned_rows(db, runs[node].router, node)["kv"].items()}
+        )
     assert state == expected

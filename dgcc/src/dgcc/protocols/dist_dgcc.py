@@ -23,7 +23,10 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Local graph. ``build_graph`` of the single-node protocol orders the node's own pieces
     (temporal edges are complete, since a key's pieces all live on its owner). Cross-node
     edges (``after`` values and abort decisions) become extra in-degree that a value message
-    removes; an executor never waits on one, it runs whatever else is ready.
+    removes; an executor never waits on one, it runs whatever else is ready. Only the pieces
+    with a path from such an edge (``held``: a few percent of a TPC-C epoch, none of YCSB's
+    independent accesses) need the graph; a node runs the others first, in serial order (a
+    topological order of theirs), those whose values peers wait for and their ancestors ahead.
   * Results. Each node reports, per origin, the outputs it produced and the abort decisions
     it took; the origin assembles outcomes once every node reported the epoch (the hook
     where durability will wait). Execution is deterministic, so there is no two-phase commit.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -243,6 +247,7 @@ class EpochRun:
     """
 
     abort_edges = True  # only the canary test turns cross-node abort edges off
+    partial_graph = True  # a graph over the held pieces only (Calvin's locks order them all)
 
     def __init__(
         self,
@@ -340,62 +345,178 @@ class EpochRun:
         return [participants if n == REPLICATED else (n,) for n in owners]
 
     def _build(self) -> None:
-        """Local graph with D1's builder, plus in-degree for each cross-node predecessor."""
-        local_txns: list[PlannedTxn] = []
-        originals: list[Piece] = []
-        piece_index: list[int] = []
+        """This node's pieces in serial order, their cross-node edges, and their schedule.
+
+        Only the pieces that wait for another node, directly or through a local predecessor
+        (``_held``), need a graph: D1's builder over them alone, with the cross-node in-degree
+        on top. The rest run in serial order first (every edge points forward, and none leads
+        from a held piece to them), those whose values peers wait for, with their local
+        ancestors, ahead of the others. With ``debug.check_invariants`` the whole local graph
+        is also built, and every piece checks it before it runs.
+        """
+        pieces: list[Piece] = []
+        piece_index: list[int] = []  # pid -> index of the piece in its transaction's plan
         spread: list[tuple[_SubTxn, int]] = []  # (sub, its first local pid) of multi-node txns
         for sub in self._subs:
-            pieces = sub.txn.pieces
             if sub.runs_on is None:
-                originals.extend(pieces)
-                piece_index.extend(sub.local)
-                local_txns.append(sub.txn)
-                continue
-            spread.append((sub, len(piece_index)))
-            names = {pieces[k].name for k in sub.local}
-            view = []
-            for k in sub.local:
-                piece = pieces[k]
-                originals.append(piece)
-                piece_index.append(k)
-                if any(name not in names for name in piece.after):  # drop cross-node edges
-                    piece = dataclasses.replace(
-                        piece, after=tuple(n for n in piece.after if n in names)
-                    )
-                view.append(piece)
-            # The graph reads only the pieces: a fresh view, not dataclasses.replace (slow).
-            txn = sub.txn
-            local_txns.append(PlannedTxn(txn.index, txn.procedure, txn.params, view))
-        self._graph = self.local_graph(local_txns)
-        self._pieces = originals
-        self._piece_index = piece_index
-        self._txns = [sub.txn for sub in self._subs]  # per graph owner slot, for ``step``
+                pieces.extend(sub.txn.pieces)
+            else:
+                spread.append((sub, len(pieces)))
+                txn_pieces = sub.txn.pieces
+                pieces.extend([txn_pieces[k] for k in sub.local])
+            piece_index.extend(sub.local)
+        self._pieces, self._piece_index = pieces, piece_index
+        self._txns = [sub.txn for sub in self._subs]  # per owner slot, for ``step``
         self._contexts = [PieceContext(self._db, txn) for txn in self._txns]
         self._waiters: dict[tuple[int, int], list[int]] = {}
         self._sends: dict[int, tuple[int, ...]] = {}
         self._urgent_pids: set[int] = set()  # local pieces of txns other nodes wait on
         self._sub_of_index = {sub.index: sub for sub, _ in spread}  # values come for these
+        cross_in = [0] * len(pieces)  # pid -> its predecessors on other nodes
         for sub, base in spread:
-            self._cross_edges(sub, base)
-        assert len(piece_index) == len(self._graph.pieces), f"{len(piece_index)} pieces"
-        # Transactions whose values other nodes wait for run first (oldest first among them:
-        # a heap), and so do the local pieces they wait on, so the peers' executors are not
-        # left idle at the end of the epoch. The other pieces only have to run before the
-        # epoch ends: a stack (O(1), where a heap costs a log per piece) that starts oldest
+            self._cross_edges(sub, base, cross_in)
+        self.remaining = len(pieces)
+        self._check: Graph | None = None  # the whole local graph, to check the schedule
+        if debug.check_invariants:
+            self._check = self.local_graph(self._views(None))
+        self._owners: list[int] = []  # pid -> slot of its transaction in ``self._subs``
+        crossing = bool(self._waiters or self._sends)
+        if crossing and not self.partial_graph:
+            self._schedule(list(range(len(pieces))), cross_in)  # takes the graph's owners
+            return
+        for slot, sub in enumerate(self._subs):
+            self._owners.extend([slot] * len(sub.local))
+        self._schedule(self._held(cross_in) if crossing else [], cross_in)
+
+    def _schedule(self, held: list[int], cross_in: list[int]) -> None:
+        """The serial run (``_order``) and the graph of the ``held`` pieces."""
+        count = len(self._pieces)
+        self._order: list[int] = []
+        self._order_urgent = self._next = 0  # the urgent part's end; the next in ``_order``
+        self._urgent: list[int] = []
+        self._ready: list[int] = []
+        self._graph: Graph | None = None
+        if len(held) < count:
+            held_set = set(held)
+            first: list[int] = []  # senders and their ancestors, unless held: values leave early
+            if self._sends:
+                first = [pid for pid in self._ancestry() if pid not in held_set]
+            skip = held_set.union(first)
+            self._order = first + [pid for pid in range(count) if pid not in skip]
+            self._order_urgent = len(first)
+        if not held:
+            return
+        graph = self.local_graph(self._views(None if len(held) == count else held))
+        if len(held) == count:
+            self._owners = graph.owners  # the views are the transactions in slot order
+        else:  # graph ids -> pids
+            in_degrees = [0] * count
+            for position, pid in enumerate(held):
+                in_degrees[pid] = graph.in_degrees[position]
+            successors = {held[j]: [held[t] for t in ts] for j, ts in graph.successors.items()}
+            graph = Graph(self._pieces, self._owners, successors, in_degrees, graph.edges)
+        graph.in_degrees = in_degrees = [a + b for a, b in zip(graph.in_degrees, cross_in)]
+        self._graph = graph
+        # Held transactions whose values other nodes wait for run first (oldest first among
+        # them: a heap), and so do the held pieces they wait on, so the peers' executors are
+        # not left idle at the end of the epoch. The other held pieces only have to run before
+        # the epoch ends: a stack (O(1), where a heap costs a log per piece) that starts oldest
         # first and then runs the pieces each piece frees next, depth first.
         urgent = self._urgent_pids
-        _add_ancestors(urgent, self._graph.successors)
-        in_degrees = self._graph.in_degrees
-        self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid]]
-        self._ready = [
-            pid
-            for pid in range(len(in_degrees) - 1, -1, -1)
-            if not in_degrees[pid] and pid not in urgent
-        ]
-        self.remaining = len(self._graph.pieces)
+        _add_ancestors(urgent, graph.successors)
+        in_held = range(count).__contains__ if len(held) == count else set(held).__contains__
+        self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid] and in_held(pid)]
+        self._ready = [pid for pid in reversed(held) if not in_degrees[pid] and pid not in urgent]
 
-    def _cross_edges(self, sub: _SubTxn, base: int) -> None:
+    def _held(self, cross_in: list[int]) -> list[int]:
+        """Pieces that wait for another node, and every piece with a path from one: a later
+        access conflicting with a held one (a read after its write, a write after its read
+        or write), and, conservatively, every later piece of a transaction with a held one."""
+        held: list[int] = []
+        held_slots: set[int] = set()
+        wrote: set[Hashable] = set()  # keys held pieces write
+        read: set[Hashable] = set()  # keys held pieces read
+        owners = self._owners
+        for pid, piece in enumerate(self._pieces):
+            if not cross_in[pid] and owners[pid] not in held_slots:
+                if not held:
+                    continue
+                writes = piece.writes
+                if (
+                    wrote.isdisjoint(piece.reads)
+                    and wrote.isdisjoint(writes)
+                    and (not writes or read.isdisjoint(writes))
+                ):
+                    continue
+            held.append(pid)
+            held_slots.add(owners[pid])
+            read.update(piece.reads)
+            wrote.update(piece.writes)
+        return held
+
+    def _ancestry(self) -> list[int]:
+        """Pieces of transactions that send values, and every piece with a path to one: an
+        earlier access conflicting with one, and every earlier piece of such a transaction
+        (a backward scan, mirroring ``_held``); in serial order."""
+        found: list[int] = []
+        slots: set[int] = set()
+        before_all: set[Hashable] = set()  # keys every earlier access of which is an ancestor
+        before_writes: set[Hashable] = set()  # keys whose earlier writes are ancestors
+        seeds, owners, pieces = self._urgent_pids, self._owners, self._pieces
+        for pid in range(len(pieces) - 1, -1, -1):
+            piece = pieces[pid]
+            if pid not in seeds and owners[pid] not in slots:
+                if not found:
+                    continue
+                writes = piece.writes
+                if (
+                    before_all.isdisjoint(piece.reads)
+                    and before_all.isdisjoint(writes)
+                    and (not writes or before_writes.isdisjoint(writes))
+                ):
+                    continue
+            found.append(pid)
+            slots.add(owners[pid])
+            before_all.update(piece.writes)
+            before_writes.update(piece.reads)
+        found.reverse()
+        return found
+
+    def _views(self, pids: Sequence[int] | None) -> list[PlannedTxn]:
+        """The transactions of ``pids`` (ascending; None: every piece here) as a graph sees
+        them: only those pieces, with the ``after`` names of the others (run elsewhere or
+        already) dropped."""
+        pieces = self._pieces
+        groups: list[tuple[int, list[Piece] | None]]  # None: the whole transaction
+        if pids is None:
+            groups = [
+                (slot, None if sub.runs_on is None else [sub.txn.pieces[k] for k in sub.local])
+                for slot, sub in enumerate(self._subs)
+            ]
+        else:
+            owner_of = self._owners.__getitem__
+            groups = [
+                (slot, [pieces[pid] for pid in group])
+                for slot, group in itertools.groupby(pids, owner_of)
+            ]
+        views: list[PlannedTxn] = []
+        for slot, chosen in groups:
+            txn = self._txns[slot]
+            if chosen is None or len(chosen) == len(txn.pieces):
+                views.append(txn)
+                continue
+            names = {piece.name for piece in chosen}
+            view = [
+                piece
+                if all(name in names for name in piece.after)
+                else dataclasses.replace(piece, after=tuple(n for n in piece.after if n in names))
+                for piece in chosen
+            ]
+            # The graph reads only the pieces: a fresh view, not dataclasses.replace (slow).
+            views.append(PlannedTxn(txn.index, txn.procedure, txn.params, view))
+        return views
+
+    def _cross_edges(self, sub: _SubTxn, base: int, cross_in: list[int]) -> None:
         """Edges between this node's pieces of ``sub`` and pieces that run elsewhere."""
         pieces, runs_on, node = sub.txn.pieces, sub.runs_on, self.node
         local_pid = {k: base + position for position, k in enumerate(sub.local)}
@@ -415,7 +536,7 @@ class EpochRun:
                 if node in runs_on[k] and node not in runs_on[pred]:
                     pid = local_pid[k]
                     self._waiters.setdefault((sub.index, pred), []).append(pid)
-                    self._graph.in_degrees[pid] += 1
+                    cross_in[pid] += 1
         for pred, targets in sends.items():
             if targets:
                 self._sends[local_pid[pred]] = tuple(sorted(targets))
@@ -434,19 +555,56 @@ class EpochRun:
     @property
     def has_ready(self) -> bool:
         """Whether a piece can run now (otherwise this node waits for value messages)."""
-        return bool(self._urgent or self._ready)
+        return self._next < len(self._order) or bool(self._urgent or self._ready)
 
     def step(self, budget: int) -> int:
         """Run up to ``budget`` ready pieces (urgent ones first); returns how many ran.
 
-        Returns early once values are due to peers and no urgent piece is left, so they leave
-        before the local-only pieces run. Zero with pieces remaining means this node waits for
-        value messages.
+        The serial run comes first, then the held pieces by in-degree. Returns early once
+        values are due to peers and no urgent piece is left, so they leave before the
+        local-only pieces run. Zero with pieces remaining means this node waits for value
+        messages.
         """
-        graph, pieces, ready, urgent = self._graph, self._pieces, self._ready, self._urgent
-        owners, in_degrees, contexts = graph.owners, graph.in_degrees, self._contexts
+        ran = self._step_order(budget) if self._next < len(self._order) else 0
+        if ran < budget and self._next == len(self._order) and not (ran and self.outbox):
+            ran += self._step_graph(budget - ran)
+        self.remaining -= ran
+        assert self.remaining >= 0, f"{self.remaining} pieces remaining"
+        return ran
+
+    def _step_order(self, budget: int) -> int:
+        """The next pieces of the serial run; stops where its urgent part ends with values
+        to send."""
+        pieces, owners, txns, contexts = self._pieces, self._owners, self._txns, self._contexts
+        sends_of, start = self._sends.get, self._next
+        end = min(len(self._order), start + budget)
+        if start < self._order_urgent < end and self._sends:
+            end = self._order_urgent  # then the values leave before the local-only pieces
+        for pid in self._order[start:end]:
+            if self._check is not None:
+                _check_turn(self._check, pid)
+            slot = owners[pid]
+            txn = txns[slot]
+            if txn.abort_reason is None:
+                run_piece(contexts[slot], txn, pieces[pid])
+                if txn.abort_reason is not None:
+                    assert pieces[pid].may_abort, f"{pieces[pid].name} aborted without may_abort"
+                    self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
+            targets = sends_of(pid)
+            if targets is not None:
+                self._post(self._subs[slot], self._piece_index[pid], targets)
+        self._next = end
+        return end - start
+
+    def _step_graph(self, budget: int) -> int:
+        """Held pieces by in-degree, urgent ones first."""
+        graph = self._graph
+        if graph is None:
+            return 0
+        pieces, ready, urgent = self._pieces, self._ready, self._urgent
+        owners, in_degrees, contexts = self._owners, graph.in_degrees, self._contexts
         txns, successors_of, sends = self._txns, graph.successors.get, self._urgent_pids
-        sends_of, outbox = self._sends.get, self.outbox
+        sends_of, outbox, check = self._sends.get, self.outbox, self._check
         pop, push, ready_pop = heapq.heappop, heapq.heappush, ready.pop
         ran = 0
         while ran < budget:
@@ -456,6 +614,8 @@ class EpochRun:
                 pid = ready_pop()
             else:
                 break
+            if check is not None:
+                _check_turn(check, pid)
             slot = owners[pid]
             txn = txns[slot]
             if txn.abort_reason is None:
@@ -478,8 +638,6 @@ class EpochRun:
                             ready.append(target)
             if outbox and not urgent:
                 break  # peers wait on these values: send them before the local-only pieces
-        self.remaining -= ran
-        assert self.remaining >= 0, f"{self.remaining} pieces remaining"
         return ran
 
     def _post(self, sub: _SubTxn, piece_index: int, targets: tuple[int, ...]) -> None:
@@ -496,12 +654,9 @@ class EpochRun:
 
     def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
         """Apply value entries from another node: outputs, abort decisions, errors."""
-        in_degrees, ready, urgent, sends = (
-            self._graph.in_degrees,
-            self._ready,
-            self._urgent,
-            self._urgent_pids,
-        )
+        # An epoch without a graph waits for no value: the first entry finds no waiters.
+        in_degrees = [] if self._graph is None else self._graph.in_degrees
+        ready, urgent, sends = self._ready, self._urgent, self._urgent_pids
         for index, piece_index, output, reason, error in entries:
             sub = self._sub_of_index.get(index)
             waiters = self._waiters.pop((index, piece_index), None)
@@ -525,8 +680,9 @@ class EpochRun:
     def reports(self) -> dict[int, list[ReportEntry]]:
         """Per origin node: this node's outputs, abort decisions and errors of its txns."""
         assert self.finished, f"{self.remaining} pieces still to run"
-        if debug.check_invariants:
-            assert not any(self._graph.in_degrees), "pieces left with unmet dependencies"
+        if self._check is not None:
+            assert not any(self._check.in_degrees), "pieces left with unmet dependencies"
+            assert self._graph is None or not any(self._graph.in_degrees), "held pieces left"
             assert not self._waiters, f"values never received: {sorted(self._waiters)[:5]}"
         reports: dict[int, list[ReportEntry]] = {}
         for origin, slot, error in self._errors:
@@ -544,6 +700,13 @@ class EpochRun:
             entry = (sub.slot, outputs, sub.local_abort, txn.error)
             reports.setdefault(sub.origin, []).append(entry)
         return reports
+
+
+def _check_turn(graph: Graph, pid: int) -> None:
+    """Piece ``pid`` is about to run: every local predecessor ran (``debug`` checks only)."""
+    assert not graph.in_degrees[pid], f"piece {pid} would run before a local predecessor"
+    for target in graph.successors.get(pid, ()):
+        graph.in_degrees[target] -= 1
 
 
 def _add_ancestors(pids: set[int], successors: dict[int, list[int]]) -> None:
