@@ -64,6 +64,10 @@ def _config(args: argparse.Namespace):
             f"rollout.n_samples={args.samples}",
             f"rollout.max_new_tokens={args.short}",
             "rollout.ignore_eos=true",  # every step decodes its budget: plans stay comparable
+            # every row trains: which rows have zero advantage depends on the sampled rewards,
+            # which differ between sync and async plans, and skipped rows would make the plans'
+            # updates cost different amounts of work
+            "algo.skip_zero_adv=false",
             "optim.lr=1e-4",
         ],
     )
@@ -162,6 +166,7 @@ def _summarise(label: str, run, shift: int) -> dict:
         "step_s_long": sum(steps[shift:]) / max(len(steps) - shift, 1),
         "idle": idle_fractions(busy, 2),
         "moves": sum(h.get("control/move_s", 0) > 0 for h in run.history),
+        "move_wall_s": sum(h.get("control/move_s", 0.0) for h in run.history),
         "step_ends": [h["control/step_end_s"] for h in run.history],
         "events": run.events,
         "score_last": run.history[-1]["critic/score/mean"],
@@ -242,6 +247,28 @@ def _sim_at_two(args, short, long) -> dict[str, float]:
     return {p.label(): simulate(schedule, p).total_s for p in candidate_placements(2)}
 
 
+def _shift_sweep(args, short, long, move_s: float) -> list[dict]:
+    """Simulated at 2 devices: the best static plan vs re-placement (starting colocated,
+    re-planning every `args.every` steps) as the step the lengths jump at moves through the
+    run. Re-placement can only gain where the best plan flips inside the run, and gains most
+    where no static plan is right for most of it."""
+    from yatt.control.placement import candidate_placements, make_placement
+    from yatt.control.replacement import Replanner
+    from yatt.control.sim import simulate
+
+    rows = []
+    for percent in range(10, 100, 10):
+        shift = max(1, round(args.steps * percent / 100))
+        schedule = [short] * shift + [long] * (args.steps - shift)
+        static = {p.label(): simulate(schedule, p).total_s for p in candidate_placements(2)}
+        best = min(static, key=static.__getitem__)
+        replanner = Replanner(2, args.every, move_s)
+        adaptive = simulate(schedule, make_placement("colocate", 2), replanner).total_s
+        rows.append({"shift": shift, "best_static": best, "static_s": static[best],
+                     "adaptive_s": adaptive, "gain": static[best] / adaptive - 1})  # fmt: skip
+    return rows
+
+
 def _simulate(args, runs: dict, calib: dict, move_s: float) -> dict:
     """Sim at 2 devices (vs measured) and projections to `args.project`."""
     import dataclasses
@@ -261,6 +288,12 @@ def _simulate(args, runs: dict, calib: dict, move_s: float) -> dict:
         "projection": [],
     }
     out["param_bytes"] = calib["param_bytes"]
+    adaptive = runs["adaptive"]
+    # the simulator refills an async pipeline itself: it takes the move's own wall time, not
+    # the learned move cost (which adds the refill)
+    move_wall_s = adaptive["move_wall_s"] / adaptive["moves"] if adaptive["moves"] else move_s
+    out["move_wall_s"] = move_wall_s
+    out["shift_sweep"] = _shift_sweep(args, short, long, move_wall_s)
     out["projection"] = _project(short, long, 2, move_s, args, param_bytes=calib["param_bytes"])
     return out
 
@@ -384,6 +417,21 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
         "",
     ]
     lines += _sim_vs_measured(runs, sim["sim_total_s_at_2"])
+    if sim.get("shift_sweep"):
+        lines += [
+            "",
+            "Simulated at 2 devices from the same costs, with the jump at other steps (move: "
+            f"{sim['move_wall_s']:.2f} s, the measured run's, plus the simulated pipeline "
+            "refill):",
+            "",
+            "| lengths jump at step | best static plan | static s | re-placement s | gain |",
+            "|---:|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {row['shift']} of {args.steps} | {row['best_static']} | {row['static_s']:.0f} "
+            f"| {row['adaptive_s']:.0f} | {100 * row['gain']:+.0f}% |"
+            for row in sim["shift_sweep"]
+        ]
     lines += [
         "",
         "Projection (weak scaling of the measured costs, 100 steps, lengths jump after "
@@ -537,6 +585,8 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     move_s = stored["runs"]["adaptive"]["move_cost_s"]
     param_bytes = sim.get("param_bytes", 4 * 3.2e6)
     sim["sim_total_s_at_2"] = _sim_at_two(args, short, long)
+    if "move_wall_s" in sim:
+        sim["shift_sweep"] = _shift_sweep(args, short, long, sim["move_wall_s"])
     sim["projection"] = _project(short, long, 2, move_s, args, param_bytes=param_bytes)
     sim["anchored"] = _anchor_projection(args, args.anchors)
     decisions = [SimpleNamespace(**d) for d in stored["decisions"]]

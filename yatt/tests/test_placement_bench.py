@@ -1,0 +1,58 @@
+"""The placement benchmark's simulated parts, on synthetic phase costs (no Ray, no model).
+
+Method: costs where colocation wins short steps (training dominates, and scales on two cores)
+and disaggregation wins long ones (sampling and training overlap). The shift sweep must then
+prefer different static plans at its ends, re-placement must gain only where the jump falls
+inside the run, and the mix ceiling must bound what free moves gain over any mix of steps.
+"""
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+from yatt.control.replacement import PhaseCosts
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "placement.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("yatt_bench_placement", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SHORT = PhaseCosts(gen_s=0.0, reward_s=0.0, train_s=1.5, gen_floor_s=0.2,
+                   gen_parallel=0.6, train_parallel=0.64)  # fmt: skip
+LONG = PhaseCosts(gen_s=0.0, reward_s=0.0, train_s=4.5, gen_floor_s=5.0,
+                  gen_parallel=0.6, train_parallel=0.64)  # fmt: skip
+
+
+def test_shift_sweep_gains_only_where_the_best_plan_flips_inside_the_run():
+    bench = _load_bench()
+    args = SimpleNamespace(steps=40, every=1)
+    rows = bench._shift_sweep(args, SHORT, LONG, move_s=0.5)
+    assert [row["shift"] for row in rows] == [4, 8, 12, 16, 20, 24, 28, 32, 36]
+    # mostly long steps: disaggregated is the static choice; mostly short: colocate
+    assert rows[0]["best_static"].startswith("disaggregated")
+    assert rows[-1]["best_static"] == "colocate(2)"
+    best = max(rows, key=lambda row: row["gain"])
+    assert 0.05 < best["gain"] < 0.5, best
+    assert rows.index(best) not in (0, len(rows) - 1), best
+    for row in rows:
+        assert row["gain"] == row["static_s"] / row["adaptive_s"] - 1
+        assert row["gain"] > -0.05, row  # a move never costs much more than it can win
+
+
+def test_mix_ceiling_is_one_without_a_flip_and_bounds_free_moves_with_one():
+    bench = _load_bench()
+    dominated = [{"step_s_short": 1.0, "step_s_long": 5.0},
+                 {"step_s_short": 2.0, "step_s_long": 6.0}]  # fmt: skip
+    assert bench._mix_ceiling(dominated) == 1.0
+    flipping = [{"step_s_short": 1.0, "step_s_long": 7.0},
+                {"step_s_short": 2.0, "step_s_long": 5.0}]  # fmt: skip
+    ceiling = bench._mix_ceiling(flipping)
+    # the worst mix for static plans is where they tie: w + 7(1 - w) = 2w + 5(1 - w), w = 2/3
+    tie = 2 / 3
+    expected = (tie * 1 + (1 - tie) * 7) / (tie * 1 + (1 - tie) * 5)
+    assert abs(ceiling - expected) < 0.01, (ceiling, expected)
