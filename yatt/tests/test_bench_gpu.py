@@ -5,26 +5,15 @@ folder and check the JSON and markdown it writes: every throughput positive and 
 engine produced every requested token (no EOS on random models), the GRPO step timed by phase.
 """
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
 
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("yatt_bench_gpu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_reduced_gpu_bench_writes_json_and_table(tmp_path):
+def test_reduced_gpu_bench_writes_json_and_table(tmp_path, bench_script):
     torch.set_num_threads(1)
-    bench = _load_bench()
+    bench = bench_script("gpu")
     assert bench.main(["--reduced", "--out-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "yatt_gpu.json").read_text())
     plan = result["plan"]

@@ -6,21 +6,9 @@ prefer different static plans at its ends, re-placement must gain only where the
 inside the run, and the mix ceiling must bound what free moves gain over any mix of steps.
 """
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 from yatt.control.replacement import PhaseCosts
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "placement.py"
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("yatt_bench_placement", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 SHORT = PhaseCosts(gen_s=0.0, reward_s=0.0, train_s=1.5, gen_floor_s=0.2,
                    gen_parallel=0.6, train_parallel=0.64)  # fmt: skip
@@ -28,8 +16,8 @@ LONG = PhaseCosts(gen_s=0.0, reward_s=0.0, train_s=4.5, gen_floor_s=5.0,
                   gen_parallel=0.6, train_parallel=0.64)  # fmt: skip
 
 
-def test_shift_sweep_gains_only_where_the_best_plan_flips_inside_the_run():
-    bench = _load_bench()
+def test_shift_sweep_gains_only_where_the_best_plan_flips_inside_the_run(bench_script):
+    bench = bench_script("placement")
     args = SimpleNamespace(steps=40, every=1)
     rows = bench._shift_sweep(args, SHORT, LONG, move_s=0.5)
     assert [row["shift"] for row in rows] == [4, 8, 12, 16, 20, 24, 28, 32, 36]
@@ -44,8 +32,8 @@ def test_shift_sweep_gains_only_where_the_best_plan_flips_inside_the_run():
         assert row["gain"] > -0.05, row  # a move never costs much more than it can win
 
 
-def test_mix_ceiling_is_one_without_a_flip_and_bounds_free_moves_with_one():
-    bench = _load_bench()
+def test_mix_ceiling_is_one_without_a_flip_and_bounds_free_moves_with_one(bench_script):
+    bench = bench_script("placement")
     dominated = [{"step_s_short": 1.0, "step_s_long": 5.0},
                  {"step_s_short": 2.0, "step_s_long": 6.0}]  # fmt: skip
     assert bench._mix_ceiling(dominated) == 1.0
