@@ -44,3 +44,32 @@ def test_mix_ceiling_is_one_without_a_flip_and_bounds_free_moves_with_one(bench_
     tie = 2 / 3
     expected = (tie * 1 + (1 - tie) * 7) / (tie * 1 + (1 - tie) * 5)
     assert abs(ceiling - expected) < 0.01, (ceiling, expected)
+
+
+def _run(steps_s: list[float], move_before: int | None = None, move_s: float = 0.0):
+    """A fake run: steps of the given seconds back to back, a move before one step."""
+    history, end_s = [], 100.0
+    for step, seconds in enumerate(steps_s):
+        moved = move_s if step == move_before else 0.0
+        end_s += moved + seconds
+        history.append({"timing_s/step": seconds, "control/step_end_s": end_s,
+                        "control/move_s": moved, "critic/score/mean": 0.0,
+                        "response_length/mean": 4.0})  # fmt: skip
+    return SimpleNamespace(history=history, events=[], wall_s=end_s - 100.0)
+
+
+def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_script):
+    bench = bench_script("placement")
+    args = SimpleNamespace(steps=6, shift=4, warmup=2)
+    # static: a slow start, then 1 s short and 3 s long steps
+    static = bench._summarise("colocate(2)", _run([9, 5, 1, 1, 3, 3]), 4, 2)
+    assert static["steady_s"] == 1 + 1 + 3 + 3
+    assert static["step_s_short"] == 1.0 and static["step_s_long"] == 3.0
+    assert static["wall_s"] == 22
+    # re-placement: a faster start, a 0.5 s move before the first long step, then 2 s steps
+    moved = bench._summarise("runtime re-placement", _run([2, 1, 1, 1, 2, 2], 4, 0.5), 4, 2)
+    assert moved["steady_s"] == 1 + 1 + 0.5 + 2 + 2 and moved["moves"] == 1
+    reading = bench._reading({"colocate": static, "adaptive": moved}, args)
+    gain = static["steady_s"] / moved["steady_s"] - 1
+    assert f"({100 * gain:+.0f}%;" in reading, reading  # +23%, not the walls' +136%
+    assert "after 2 warm-up steps" in reading
