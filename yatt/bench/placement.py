@@ -232,6 +232,24 @@ def _run_adaptive(args: argparse.Namespace, calib: dict) -> tuple[dict, list]:
     return summary, controller.decisions
 
 
+def _run_plans(args: argparse.Namespace, calib: dict, console) -> tuple[dict, list]:
+    """Every plan's run summary (the fastest of `args.repeats`, interleaved) and the
+    re-placement decisions of the kept adaptive run."""
+    runs: dict = {}
+    decisions: list = []
+    for repeat in range(args.repeats):
+        for placement in ("colocate", "disaggregated", "partial", "adaptive"):
+            console.print(f"run {repeat + 1}/{args.repeats}: {placement} ...")
+            if placement == "adaptive":
+                run, made = _run_adaptive(args, calib)
+            else:
+                run, made = _run_static(args, placement), decisions
+            if placement not in runs or _steady_s(run) < _steady_s(runs[placement]):
+                runs[placement] = run
+                decisions = made
+    return runs, decisions
+
+
 def _measured_costs(run: dict, start: int, end: int, calib: dict, budget: int):
     """PhaseCosts per step from the spans of steps [start, end) of a run."""
     from yatt.control.replacement import costs_from_spans
@@ -404,22 +422,8 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
         f"Amdahl fractions on 2 cores: decode {calib['gen_parallel']:.2f}, update "
         f"{calib['train_parallel']:.2f}.",
         "",
-        f"Compared: seconds after {args.warmup} warm-up steps (every plan's first steps pay "
-        "process and allocator warm-up, the first weight push and an empty pipeline), moves "
-        "included; the whole run's wall time beside it.",
-        "",
-        "| plan | s after warm-up | wall s | step s (short, after warm-up) | step s (long) |"
-        " response tokens (short/long) | idle dev0 | idle dev1 | moves |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for run in runs.values():
-        lines.append(
-            f"| {run['label']} | {_steady_s(run):.1f} | {run['wall_s']:.1f} | "
-            f"{run['step_s_short']:.2f} | "
-            f"{run['step_s_long']:.2f} | {run.get('tokens_short', 0):.1f} / "
-            f"{run.get('tokens_long', 0):.1f} | {100 * run['idle'][0]:.0f}% | "
-            f"{100 * run['idle'][1]:.0f}% | {run['moves']} |"
-        )
+    lines += _runs_table(runs, args.warmup)
     lines += ["", "Re-placement decisions:", ""]
     lines += [f"- step {d.step}: {d.reason}" for d in decisions] or ["- none"]
     lines += [
@@ -450,17 +454,8 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
         "Projection (weak scaling of the measured costs, 100 steps, lengths jump after "
         f"{round(100 * args.shift / args.steps)}; best static plan chosen in hindsight):",
         "",
-        "| devices | best static plan | static s | idle | re-placement s | idle | moves |"
-        " speed-up |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in sim["projection"]:
-        lines.append(
-            f"| {row['devices']} | {row['best_static']} | {row['static_s']:.0f} | "
-            f"{100 * row['static_idle']:.0f}% | {row['adaptive_s']:.0f} | "
-            f"{100 * row['adaptive_idle']:.0f}% | {row['moves']} | "
-            f"{row['speedup']:.2f}x |"
-        )
+    lines += _projection_table(sim["projection"])
     anchored = sim.get("anchored")
     if anchored:
         lines += [
@@ -470,19 +465,47 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
             f"`{Path(anchored['source']).name}`; 64 rows per device, responses 256 then "
             "1024 tokens, 30 s respawn per move):",
             "",
-            "| devices | best static plan | static s | idle | re-placement s | idle |"
-            " moves | speed-up |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for row in anchored["rows"]:
-            lines.append(
-                f"| {row['devices']} | {row['best_static']} | {row['static_s']:.0f} | "
-                f"{100 * row['static_idle']:.0f}% | {row['adaptive_s']:.0f} | "
-                f"{100 * row['adaptive_idle']:.0f}% | {row['moves']} | "
-                f"{row['speedup']:.2f}x |"
-            )
+        lines += _projection_table(anchored["rows"])
     lines += ["", _reading(runs, args)]
     return "\n".join(lines) + "\n"
+
+
+def _runs_table(runs: dict, warmup: int) -> list[str]:
+    """Markdown: each measured run, compared after its warm-up steps."""
+    lines = [
+        f"Compared: seconds after {warmup} warm-up steps (every plan's first steps pay process "
+        "and allocator warm-up, the first weight push and an empty pipeline), moves included; "
+        "the whole run's wall time beside it.",
+        "",
+        "| plan | s after warm-up | wall s | step s (short, after warm-up) | step s (long) |"
+        " response tokens (short/long) | idle dev0 | idle dev1 | moves |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {run['label']} | {_steady_s(run):.1f} | {run['wall_s']:.1f} | "
+        f"{run['step_s_short']:.2f} | {run['step_s_long']:.2f} | "
+        f"{run.get('tokens_short', 0):.1f} / {run.get('tokens_long', 0):.1f} | "
+        f"{100 * run['idle'][0]:.0f}% | {100 * run['idle'][1]:.0f}% | {run['moves']} |"
+        for run in runs.values()
+    ]
+    return lines
+
+
+def _projection_table(rows: list[dict]) -> list[str]:
+    """Markdown: the best static plan vs re-placement at each projected device count."""
+    lines = [
+        "| devices | best static plan | static s | idle | re-placement s | idle | moves |"
+        " speed-up |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {row['devices']} | {row['best_static']} | {row['static_s']:.0f} | "
+        f"{100 * row['static_idle']:.0f}% | {row['adaptive_s']:.0f} | "
+        f"{100 * row['adaptive_idle']:.0f}% | {row['moves']} | {row['speedup']:.2f}x |"
+        for row in rows
+    ]
+    return lines
 
 
 def _sim_vs_measured(runs: dict, simulated: dict[str, float]) -> list[str]:
@@ -599,7 +622,7 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     for key in (*keys, "cpu_mapping"):
         setattr(args, key, stored["args"][key])
     args.shift = stored["args"].get("shift", args.steps // 2)
-    args.warmup = stored["args"].get("warmup", 1)
+    args.warmup = stored["args"].get("warmup", 0)  # runs stored before: whole walls
     sim = stored["sim"]
     short, long = (PhaseCosts(**sim[key]) for key in ("costs_short", "costs_long"))
     move_s = stored["runs"]["adaptive"]["move_cost_s"]
@@ -666,18 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_worker_niceness", "0")
     calib = calibrate(_config(args), args.prompts, args.short)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    runs: dict = {}
-    decisions: list = []
-    for repeat in range(args.repeats):  # interleaved; the fastest of each plan is kept
-        for placement in ("colocate", "disaggregated", "partial", "adaptive"):
-            console.print(f"run {repeat + 1}/{args.repeats}: {placement} ...")
-            if placement == "adaptive":
-                run, made = _run_adaptive(args, calib)
-            else:
-                run, made = _run_static(args, placement), decisions
-            if placement not in runs or _steady_s(run) < _steady_s(runs[placement]):
-                runs[placement] = run
-                decisions = made
+    runs, decisions = _run_plans(args, calib, console)
     sim = _simulate(args, runs, calib, runs["adaptive"]["move_cost_s"])
     sim["anchored"] = _anchor_projection(args, args.anchors)
     ray.shutdown()
