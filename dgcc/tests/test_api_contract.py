@@ -122,3 +122,104 @@ def test_abort_after_write_is_a_contract_violation():
         get_protocol("serial")(db, registry).run_batch(
             [TxnRequest("transfer", {"src": 0, "dst": 1, "amount": 1})]
         )
+
+
+def _bound_plan(params, view):
+    """A transfer whose ``credit`` uses ``getter``, ``updater`` and ``inserter`` (the bound
+    forms hot pieces use) after ``debit`` used the methods; ``credit`` also inserts ``dst`` +
+    10 holding ``src``'s new balance, a key only ``wide`` declares."""
+    src, dst, amount, wide = params["src"], params["dst"], params["amount"], params["wide"]
+
+    def debit(ctx):
+        ctx.update("acct", src, {"bal": ctx.get("acct", src)["bal"] - amount})  # the methods
+
+    def credit(ctx):
+        get, insert = ctx.getter("acct"), ctx.inserter("acct")
+        ctx.updater("acct")(dst, {"bal": get(dst)["bal"] + amount})
+        insert(dst + 10, {"bal": get(src)["bal"]})  # debit's write, wherever it is kept
+
+    writes = (("acct", dst), ("acct", dst + 10)) if wide else (("acct", dst),)
+    return [
+        Piece("debit", debit, writes=(("acct", src),)),
+        Piece("credit", credit, reads=(("acct", src),), writes=writes, after=("debit",)),
+    ]
+
+
+def _bound_bank() -> tuple[Database, ProcedureRegistry]:
+    db, _ = _bank(_good_plan)
+    params = {"src": int, "dst": int, "amount": int, "wide": bool}
+    return db, ProcedureRegistry([Procedure("transfer", params, _bound_plan)])
+
+
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("protocol", ["serial", "dgcc", "occ", "no_wait"])
+def test_bound_accessors_act_as_the_methods(protocol, checked):
+    # The fast path (plain context, no checks) and the checked or overriding paths (OCC's
+    # buffered writes, NO_WAIT's undo log) all leave the state the methods would.
+    db, registry = _bound_bank()
+    call = TxnRequest("transfer", {"src": 0, "dst": 1, "amount": 4, "wide": True})
+    with debug.invariants(checked):
+        outcomes = get_protocol(protocol)(db, registry).run_batch([call])
+    assert [o.status for o in outcomes] == [Status.COMMITTED], outcomes
+    assert db.dump()["acct"] == {0: {"bal": 6}, 1: {"bal": 14}, 2: {"bal": 10}, 11: {"bal": 6}}
+
+
+def test_bound_accessors_check_declared_keys_under_invariants():
+    db, registry = _bound_bank()
+    call = TxnRequest("transfer", {"src": 0, "dst": 1, "amount": 4, "wide": False})
+    serial = get_protocol("serial")(db, registry)
+    with debug.invariants(), pytest.raises(ProcedureError, match=r"\('acct', 11\)"):
+        serial.run_batch([call])
+
+
+def test_getter_rows_are_read_only_under_invariants():
+    db, registry = _bound_bank()
+    seen = []
+
+    def plan(params, view):
+        def peek(ctx):
+            row = ctx.getter("acct")(0)
+            seen.append(row)
+            row["bal"] = 0  # the contract forbids this; checks make it fail
+
+        return [Piece("peek", peek, reads=(("acct", 0),))]
+
+    registry.register(Procedure("peek", {}, plan))
+    with debug.invariants():
+        (outcome,) = get_protocol("serial")(db, registry).run_batch([TxnRequest("peek", {})])
+    assert outcome.status is Status.ERROR and "does not support item assignment" in outcome.reason
+    assert db.dump()["acct"][0] == {"bal": 10}
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"src": True, "dst": 1, "amount": 1}, "param 'src' must be int, got bool"),
+        ({"src": 0, "dst": 1.0, "amount": 1}, "param 'dst' must be int, got float"),
+        ({"src": 0, "dst": 1, "total": 1}, "missing params ['amount'], unexpected params"),
+        ({"src": 0, "dst": 1, "amount": 1, "x": 2}, "unexpected params ['x']"),
+        ({"src": 0, "dst": 1, "amount": 1}, ""),
+    ],
+)
+def test_param_types_are_exact_on_the_fast_path(params: dict, needle: str) -> None:
+    # ``Procedure.signature`` answers good calls at once; anything else takes the full check.
+    db, registry = _bank(_good_plan)
+    (outcome,) = get_protocol("serial")(db, registry).run_batch([TxnRequest("transfer", params)])
+    if needle:
+        assert outcome.status is Status.ERROR and needle in outcome.reason, outcome
+    else:
+        assert outcome.status is Status.COMMITTED, outcome
+
+
+def test_a_sequence_param_takes_a_list_or_a_tuple() -> None:
+    seen = []
+
+    def plan(params, view):
+        seen.append(params["items"])
+        return []
+
+    registry = ProcedureRegistry([Procedure("p", {"items": tuple, "n": float}, plan)])
+    calls = [TxnRequest("p", {"items": [1], "n": 1}), TxnRequest("p", {"items": (2,), "n": 0.5})]
+    outcomes = get_protocol("serial")(Database(), registry).run_batch(calls)
+    assert [o.status for o in outcomes] == [Status.COMMITTED] * 2
+    assert seen == [[1], (2,)]

@@ -7,13 +7,18 @@ from the spec's rules (not from the procedure's code). Bad parameters must fail 
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dgcc import Database, Outcome, Status, TxnRequest, debug, get_protocol
+from dgcc.errors import BadParams
 from dgcc.workloads import get_workload
+from dgcc.workloads.tpcc import procedures
 
 ITEMS = 200
 DATE = 1_800_000_000
@@ -281,3 +286,62 @@ def test_new_order_with_a_repeated_item_updates_its_stock_once_per_line(tpcc) ->
     stock = db["stock"].get((1, 11))
     assert (stock["s_quantity"], stock["s_ytd"], stock["s_order_cnt"]) == (42, 8, 2)
     assert db["orders"].get((1, 2, 31))["o_ol_cnt"] == 2
+
+
+_valid_line = st.tuples(st.integers(1, ITEMS), st.integers(1, 2), st.integers(1, 10))
+_changes = [  # one line made invalid at a boundary, or valid but not a tuple
+    lambda line: (line[0], 0, line[2]),
+    lambda line: (line[0], 3, line[2]),
+    lambda line: (line[0], line[1], 0),
+    lambda line: (line[0], line[1], 11),
+    lambda line: (True, line[1], line[2]),
+    lambda line: (line[0], line[1], True),
+    lambda line: (line[0], float(line[1]), line[2]),
+    lambda line: line[:2],
+    lambda line: (*line, 1),
+    list,
+]
+_lines = st.tuples(
+    st.lists(_valid_line, min_size=1, max_size=15),
+    st.integers(0, 14),
+    st.none() | st.sampled_from(_changes),
+).map(
+    lambda drawn: [
+        drawn[2](line) if drawn[2] and k == drawn[1] % len(drawn[0]) else line
+        for k, line in enumerate(drawn[0])
+    ]
+)
+
+
+def _line_valid(line: object) -> bool:
+    """Clause 2.4.1 for one line of a 2-warehouse database: three ints (no bools), a supply
+    warehouse that exists and a quantity in 1..10 (a bad item id is a rollback, not an error)."""
+    if not isinstance(line, list | tuple) or len(line) != 3:
+        return False
+    if any(type(value) is not int for value in line):
+        return False
+    return 1 <= line[1] <= 2 and 1 <= line[2] <= 10
+
+
+@functools.cache
+def _small_scale() -> tuple[Any, Any]:
+    workload = get_workload(
+        "tpcc", warehouses=2, items=ITEMS, customers_per_district=30, orders_per_district=30
+    )
+    return procedures._Scale(workload.config), workload.build(seed=1).read_view()
+
+
+@given(lines=_lines)
+def test_new_order_lines_are_checked_exactly(lines: list) -> None:
+    # The column-wise fast check (``_lines_ok``) accepts exactly the valid all-tuple orders;
+    # the whole plan rejects exactly the orders with a bad line, whichever check decides.
+    scale, view = _small_scale()
+    valid = all(map(_line_valid, lines))
+    assert scale._lines_ok(lines) == (valid and all(type(line) is tuple for line in lines))
+    params = {"w_id": 1, "d_id": 1, "c_id": 1, "lines": lines, "entry_d": DATE}
+    if valid:
+        pieces = scale.plan_new_order(params, view)
+        assert len(pieces) == 2 + len({(line[1], line[0]) for line in lines})
+    else:
+        with pytest.raises(BadParams):
+            scale.plan_new_order(params, None)  # type: ignore[arg-type]

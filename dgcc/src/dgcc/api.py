@@ -18,6 +18,7 @@ The piece contract, checked when ``debug.check_invariants`` is on:
 from __future__ import annotations
 
 import enum
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 Key = Hashable
+_AS_LIST = {tuple: list}  # a type as the signature check compares it (``Procedure.signature``)
 
 
 class LogicAbort(Exception):  # control flow inside the engine; never escapes it
@@ -116,6 +118,16 @@ class Procedure:
     plan: Callable[[Mapping[str, Any], ReadView], Sequence[Piece]]
     result: Callable[[dict[str, Any]], Any] | None = None
     replay: Callable[[Database, Mapping[str, Any]], None] | None = None
+    # The parameter names and their types with tuple read as list (``_check_params``' fast
+    # path compares a call's against them in one go).
+    signature: tuple[tuple[str, ...], tuple[type, ...]] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        kinds = tuple(self.params.values())
+        signature = (tuple(self.params), tuple(map(_AS_LIST.get, kinds, kinds)))
+        object.__setattr__(self, "signature", signature)
 
 
 class ProcedureRegistry:
@@ -147,6 +159,15 @@ def _check_params(procedure: Procedure, params: object) -> None:
     if type(params) is not dict and not isinstance(params, Mapping):
         raise BadParams(f"{procedure.name}: params must be a mapping, got {type(params).__name__}")
     types = procedure.params
+    names, expected_kinds = procedure.signature
+    if len(params) == len(names):
+        try:
+            kinds = tuple(map(type, map(params.__getitem__, names)))
+        except KeyError:
+            pass  # a missing name: named below
+        else:
+            if tuple(map(_AS_LIST.get, kinds, kinds)) == expected_kinds:
+                return  # exact types (a tuple for a list): every call of a good client
     if len(params) != len(types) or not types.keys() <= params.keys():
         missing = [name for name in types if name not in params]
         extra = [name for name in params if name not in types]
@@ -297,6 +318,31 @@ class PieceContext:
             row = t.rows.get(pk)
             return None if row is None else debug.frozen(row)
         return self._tables[table].rows.get(pk)
+
+    def getter(self, table: str) -> Callable[[Hashable], Mapping[str, Any] | None]:
+        """``get`` of one table as a function of the primary key alone, for pieces that read
+        many rows of it: the table's own ``rows.get`` (one C call per row instead of a method
+        call and a table lookup), unless invariant checks or a subclass's ``get`` must see
+        each access."""
+        if debug.check_invariants or type(self) is not PieceContext:  # checks or overrides
+            return functools.partial(self.get, table)
+        return self._tables[table].rows.get
+
+    def inserter(self, table: str) -> Callable[[Hashable, dict[str, Any]], None]:
+        """``insert`` into one table as a function of the primary key and row (see
+        ``getter``); taking one counts as a write of the piece."""
+        self._wrote = True
+        if debug.check_invariants or type(self) is not PieceContext:  # checks or overrides
+            return functools.partial(self.insert, table)
+        return self._tables[table].insert
+
+    def updater(self, table: str) -> Callable[[Hashable, Mapping[str, Any]], None]:
+        """``update`` of one table as a function of the primary key and changes (see
+        ``getter``); taking one counts as a write of the piece."""
+        self._wrote = True
+        if debug.check_invariants or type(self) is not PieceContext:  # checks or overrides
+            return functools.partial(self.update, table)
+        return self._tables[table].update
 
     def update(self, table: str, pk: Hashable, changes: Mapping[str, Any]) -> None:
         t = self._tables[table]

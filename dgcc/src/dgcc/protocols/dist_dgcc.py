@@ -34,10 +34,10 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import logging
+import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -230,7 +230,7 @@ class _SubTxn:
     slot: int  # position in the origin's batch
     txn: PlannedTxn
     runs_on: list[tuple[int, ...]] | None  # piece index -> nodes running it; None: only here
-    local: list[int]  # piece indices run here
+    local: Sequence[int]  # piece indices run here (a range when all of them)
     local_abort: tuple[int, str] | None = None
 
 
@@ -302,7 +302,7 @@ class EpochRun:
                 continue
             if routed == solo_route and not debug.check_invariants:
                 # The common case: the whole transaction is here; no placement, no messages.
-                local = list(range(len(planned.pieces)))
+                local = range(len(planned.pieces))  # no list per transaction
                 self._subs.append(_SubTxn(index, origin, slot, planned, None, local))
                 continue
             runs_on = self._placement_of(planned, routed)
@@ -402,7 +402,7 @@ class EpochRun:
             if self._sends:
                 first = [pid for pid in self._ancestry() if pid not in held_set]
             skip = held_set.union(first)
-            self._order = first + [pid for pid in range(count) if pid not in skip]
+            self._order = first + list(itertools.filterfalse(skip.__contains__, range(count)))
             self._order_urgent = len(first)
         if not held:
             return
@@ -415,7 +415,7 @@ class EpochRun:
                 in_degrees[pid] = graph.in_degrees[position]
             successors = {held[j]: [held[t] for t in ts] for j, ts in graph.successors.items()}
             graph = Graph(self._pieces, self._owners, successors, in_degrees, graph.edges)
-        graph.in_degrees = in_degrees = [a + b for a, b in zip(graph.in_degrees, cross_in)]
+        graph.in_degrees = in_degrees = list(map(operator.add, graph.in_degrees, cross_in))
         self._graph = graph
         # Held transactions whose values other nodes wait for run first (oldest first among
         # them: a heap), and so do the held pieces they wait on, so the peers' executors are
@@ -509,10 +509,17 @@ class EpochRun:
             view = [
                 piece
                 if all(name in names for name in piece.after)
-                else dataclasses.replace(piece, after=tuple(n for n in piece.after if n in names))
+                else Piece(
+                    piece.name,
+                    piece.run,
+                    piece.reads,
+                    piece.writes,
+                    tuple([name for name in piece.after if name in names]),
+                    piece.may_abort,
+                )
                 for piece in chosen
             ]
-            # The graph reads only the pieces: a fresh view, not dataclasses.replace (slow).
+            # The graph reads only the pieces: fresh views, not dataclasses.replace (slow).
             views.append(PlannedTxn(txn.index, txn.procedure, txn.params, view))
         return views
 
@@ -576,13 +583,17 @@ class EpochRun:
         """The next pieces of the serial run; stops where its urgent part ends with values
         to send."""
         pieces, owners, txns, contexts = self._pieces, self._owners, self._txns, self._contexts
-        sends_of, start = self._sends.get, self._next
+        start, check = self._next, self._check
         end = min(len(self._order), start + budget)
         if start < self._order_urgent < end and self._sends:
             end = self._order_urgent  # then the values leave before the local-only pieces
+        # Every sender is in the urgent part (``_ancestry`` starts from them), and a slice
+        # never spans its end: past it, no piece needs the look-up.
+        sends_of = self._sends.get if start < self._order_urgent else None
         for pid in self._order[start:end]:
-            if self._check is not None:
-                _check_turn(self._check, pid)
+            if check is not None:
+                _check_turn(check, pid)
+                assert sends_of is not None or pid not in self._sends, f"sender {pid} not urgent"
             slot = owners[pid]
             txn = txns[slot]
             if txn.abort_reason is None:
@@ -590,8 +601,7 @@ class EpochRun:
                 if txn.abort_reason is not None:
                     assert pieces[pid].may_abort, f"{pieces[pid].name} aborted without may_abort"
                     self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
-            targets = sends_of(pid)
-            if targets is not None:
+            if sends_of is not None and (targets := sends_of(pid)) is not None:
                 self._post(self._subs[slot], self._piece_index[pid], targets)
         self._next = end
         return end - start
