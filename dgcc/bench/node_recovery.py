@@ -70,8 +70,9 @@ def run_cluster(
 
 
 def recover_nodes(logs: ClusterLogs, rounds: int) -> list[dict[str, float]]:
-    """Each node's recovery timings (best of ``rounds``), after checking that the recovered
-    nodes together hold the serial replay of the logged history.
+    """Each node's recovery timings (best of ``rounds``) with ``rows_held``, the rows of its
+    recovered database, and ``rows_whole``, those of the whole recovered state, after
+    checking that the recovered nodes together hold the serial replay of the logged history.
 
     Raises:
         DrillFailure: the recovered rows differ from the serial replay, TPC-C consistency
@@ -92,7 +93,10 @@ def recover_nodes(logs: ClusterLogs, rounds: int) -> list[dict[str, float]]:
                 best[name] = min(best.get(name, seconds), seconds)
         for table, rows in owned_rows(recovered.db, router, node).items():
             merged.setdefault(table, {}).update(rows)
+        best["rows_held"] = sum(len(table) for table in recovered.db.tables.values())
         del recovered
         timings.append(best)
     check_history(logs.drill, logs.data_dir, logs.history, merged, logs.answered)
+    for best in timings:
+        best["rows_whole"] = sum(map(len, merged.values()))
     return timings

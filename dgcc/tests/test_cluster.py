@@ -23,7 +23,9 @@ import pytest
 from dgcc.api import Outcome, TxnRequest
 from dgcc.cluster import LocalCluster, local_config, start_local
 from dgcc.net import Client, HandshakeError, call_each_in_order
+from dgcc.net.node import Node
 from dgcc.net.wire import VERSION, decode, encode, frame
+from dgcc.protocols.dist_dgcc import REPLICATED
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
 
@@ -111,12 +113,12 @@ def _normal(outcome: Outcome):
     return _wire((outcome.status.value, outcome.result, outcome.reason))
 
 
-def _multi_node(cluster: LocalCluster) -> int:
-    total = 0
+def _statuses(cluster: LocalCluster) -> list[dict]:
+    statuses = []
     for node in cluster.config.nodes:
         with Client(node.host, node.port) as client:
-            total += client.status()["txn/multi_node"]
-    return total
+            statuses.append(client.status())
+    return statuses
 
 
 @pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
@@ -126,14 +128,36 @@ def test_cluster_equals_serial(tmp_path, workload_name, nodes):
     with _start(tmp_path, nodes, workload_name) as cluster:
         outcomes = asyncio.run(_drive(cluster, requests))
         order, merged = _collect(cluster)
-        multi_node = _multi_node(cluster)
+        statuses = _statuses(cluster)
     expected, dump = _serial(workload_name, order, nodes)
     assert len(order) == EPOCHS
     for node in range(nodes):
         assert [_normal(o) for o in outcomes[node]] == [_normal(o) for o in expected[node]]
     assert merged == dump
-    assert multi_node > 0, "the stream had no multi-node transactions"
+    assert sum(status["txn/multi_node"] for status in statuses) > 0, "no multi-node calls"
+    # each node holds its own partitions (and replicated or plan-time tables), not the database
+    held = [status["rows_held"] for status in statuses]
+    assert max(held) < sum(len(rows) for rows in dump.values()), held
     assert any(o.committed for batch in outcomes for o in batch)
+
+
+@pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
+def test_a_node_holds_its_partitions_replicated_rows_and_plan_tables(workload_name):
+    config = local_config(3, workload=workload_name, workload_options=WORKLOADS[workload_name])
+    workload = get_workload(workload_name, **WORKLOADS[workload_name])
+    full = workload.build(config.seed)
+    nodes = [Node(config, n) for n in range(3)]
+    for name, table in full.tables.items():
+        held = [set(node.db[name].rows) for node in nodes]
+        owners = {pk: nodes[0].router.owner(table.conflict_key(pk)) for pk in table.rows}
+        if name in workload.plan_tables or set(owners.values()) == {REPLICATED}:
+            assert held == [set(table.rows)] * 3, name
+            continue
+        for n, pks in enumerate(held):
+            assert pks == {pk for pk, owner in owners.items() if owner == n}, (name, n)
+            index_pks = {pk for index in nodes[n].db[name].indexes.values()
+                         for pks in index._entries.values() for pk in pks}  # fmt: skip
+            assert index_pks <= pks, f"{name}: index entries of rows node {n} dropped"
 
 
 def test_network_delays_do_not_change_the_state(tmp_path):

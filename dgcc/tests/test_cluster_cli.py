@@ -44,6 +44,7 @@ def test_start_status_stop(tmp_path):
         status = _cli("cluster", "status", "--dir", directory)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("yes") == 2
+        assert "rows held" in status.stdout, status.stdout
     finally:
         stopped = _cli("cluster", "stop", "--dir", directory)
     assert stopped.returncode == 0, stopped.stderr

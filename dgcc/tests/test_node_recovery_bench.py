@@ -18,7 +18,7 @@ import pytest
 from dgcc.wal.trials import DrillFailure
 
 OPTIONS = {"warehouses": 2, "items": 200, "customers_per_district": 30, "orders_per_district": 30}
-KEYS = {"read_log", "load_checkpoint", "replay", "replay_cpu", "recover"}
+KEYS = {"read_log", "load_checkpoint", "replay", "replay_cpu", "recover", "rows_held", "rows_whole"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,8 @@ def test_nodes_recover_alone_and_together_equal_serial(bench: ModuleType, tmp_pa
     for timing in timings:
         assert {name.removeprefix("timing_s/") for name in timing} == KEYS
         assert 0 < timing["timing_s/replay"] < timing["timing_s/recover"]
+        # a node recovers its own warehouse's rows (and the tables every node keeps), no more
+        assert 0 < timing["rows_held"] < timing["rows_whole"]
     logs.history = logs.history[:2]  # the nodes replay 3 epochs: no longer the serial state
     with pytest.raises(DrillFailure, match="differs from the serial replay"):
         bench.recover_nodes(logs, rounds=1)

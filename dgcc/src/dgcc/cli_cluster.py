@@ -241,7 +241,8 @@ def _status(config: Any) -> int:
     from rich.table import Table
 
     table = Table(title="dgcc cluster")
-    for column in ("node", "address", "pid", "ready", "epochs", "committed", "aborted", "error"):
+    columns = ("node", "address", "pid", "ready", "epochs", "rows held", "committed", "aborted")
+    for column in (*columns, "error"):
         table.add_column(column)
     down = 0
     for entry in cluster_status(config):
@@ -256,6 +257,7 @@ def _status(config: Any) -> int:
                 "-",
                 "-",
                 "-",
+                "-",
                 entry["error"][:40],
             )
             continue
@@ -265,6 +267,7 @@ def _status(config: Any) -> int:
             str(entry["pid"]),
             "yes" if entry["ready"] else "no",
             str(entry["epochs_executed"]),
+            f"{entry['rows_held']:,}",
             f"{entry['txn/committed']:,.0f}",
             f"{entry['txn/aborted']:,.0f}",
             f"{entry['txn/error']:,.0f}",

@@ -210,6 +210,14 @@ class Table:
     def items(self) -> Iterator[tuple[Any, Row]]:
         return iter(self.rows.items())
 
+    def retain(self, keep: Callable[[Any], bool]) -> None:
+        """Drop every row whose primary key ``keep`` rejects, and rebuild the indexes once
+        (a node keeping only its partitions of a freshly built database)."""
+        self.rows = {pk: row for pk, row in self.rows.items() if keep(pk)}
+        for index in self._indexes:
+            index._entries = {}
+            index.build(self.rows)
+
 
 class Database:
     """A set of tables. ``dump()`` gives a plain comparable copy of the whole state."""

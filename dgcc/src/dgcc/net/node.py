@@ -49,7 +49,14 @@ from dgcc.net.wire import (
     mac_of,
     read_frame,
 )
-from dgcc.protocols.dist_dgcc import EpochRun, ResultAssembler, Router, owned_rows
+from dgcc.protocols.dist_dgcc import (
+    EpochRun,
+    ResultAssembler,
+    Router,
+    keep_owned,
+    owned_rows,
+)
+from dgcc.storage import Database
 from dgcc.wal.node_log import LoggedEpochRun, node_durability
 from dgcc.wal.rejoin import RejoinError, RejoinPlan
 from dgcc.workloads import get_workload
@@ -122,7 +129,7 @@ class Node:
         self.router = Router(self.workload, config.placement())
         self.durability = node_durability(config, node_id)  # None: no --data-dir, no log
         if self.durability is None:
-            self.db = self.workload.build(config.seed)
+            self.db = self.build_db()
         else:  # recovered in ``start``, once the peers agree on the epoch
             self.db, self.epoch_run = self.workload.schema(), self.logged_epoch_run
         self.ready = asyncio.Event()
@@ -165,6 +172,12 @@ class Node:
             "timing_s/wait_values": 0.0,
         }
 
+    def build_db(self) -> Database:
+        """The workload's initial database cut down to what this node holds and checkpoints:
+        its partitions' rows, the replicated ones and the workload's ``plan_tables``."""
+        db = self.workload.build(self.config.seed)
+        return keep_owned(db, self.router, self.id, self.workload.plan_tables)
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -176,9 +189,12 @@ class Node:
         if self.durability is not None:
             self.durability.broadcast = self._send_durable
             self.durability.announce = self._send_restart
-            build = lambda: self.workload.build(self.config.seed)  # noqa: E731
             recovered = await self.durability.recover(
-                self.registry, self.router, build, self.workload.schema, type(self).epoch_run
+                self.registry,
+                self.router,
+                self.build_db,
+                self.workload.schema,
+                type(self).epoch_run,
             )
             self.db, self._closed_epochs = recovered
             self._executed_epochs = self._closed_epochs
@@ -380,6 +396,7 @@ class Node:
             "epochs_executed": self._executed_epochs,
             "waiting_calls": len(self._collect),
             "peers_down": sorted(self._down),
+            "rows_held": sum(len(table) for table in self.db.tables.values()),
             "timing_s/cpu": time.process_time(),
             **self.stats,
         }

@@ -66,6 +66,7 @@ __all__ = [
     "ResultAssembler",
     "Router",
     "global_batch",
+    "keep_owned",
     "owned_rows",
 ]
 
@@ -151,11 +152,14 @@ class Router:
         """The node owning ``key``, or ``REPLICATED``."""
         node = self._nodes_of_key.get(key)
         if node is None:
-            owners = self.placement.partition_nodes
-            partition = self._partition_of(key, len(owners))
-            node = REPLICATED if partition == REPLICATED else owners[partition]
-            self._nodes_of_key[key] = node
+            node = self._nodes_of_key[key] = self.owner(key)
         return node
+
+    def owner(self, key: Hashable) -> int:
+        """``node_of_key`` without the cache (for a pass over every key of a table)."""
+        owners = self.placement.partition_nodes
+        partition = self._partition_of(key, len(owners))
+        return REPLICATED if partition == REPLICATED else owners[partition]
 
     def nodes_of(self, keys: Sequence[Hashable]) -> set[int]:
         """The nodes owning ``keys`` (``REPLICATED`` among them for replicated keys)."""
@@ -214,6 +218,18 @@ def owned_rows(db: Database, router: Router, node: int) -> dict[str, dict]:
             if node_of_key(key_of(pk)) in (node, REPLICATED)
         }
     return dump
+
+
+def keep_owned(db: Database, router: Router, node: int, whole: Sequence[str] = ()) -> Database:
+    """``db`` cut down, in place, to what ``node`` holds in memory and checkpoints: the rows it
+    owns, the replicated ones, and every row of the tables in ``whole`` (those plan functions
+    read on any node: the workload's ``plan_tables``)."""
+    owner = router.owner
+    for name, table in db.tables.items():
+        if name not in whole:
+            key_of = table.conflict_key
+            table.retain(lambda pk, key_of=key_of: owner(key_of(pk)) in (node, REPLICATED))
+    return db
 
 
 def global_batch(batches: Sequence[Sequence[TxnRequest]]) -> list[TxnRequest]:

@@ -24,6 +24,10 @@ class Workload(ABC):
     """
 
     name: ClassVar[str]
+    # Tables whose rows a plan function reads on every node that plans a call, not only on
+    # the rows' owner (TPC-C: a remote stock node plans a NewOrder with its home warehouse's
+    # tax): a node keeps them whole; of the other tables it keeps only the rows it owns.
+    plan_tables: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def schema(self) -> Database:

@@ -43,6 +43,9 @@ class TpccWorkload(Workload):
     """TPC-C over ``TpccConfig`` options (``warehouses=4``, ``items=1000`` ...)."""
 
     name = "tpcc"
+    # W_TAX, W_NAME and D_NAME (never updated) and the C_LAST index (customers never change
+    # name nor get added) are read at plan time by every participant.
+    plan_tables = ("warehouse", "district", "customer")
 
     def __init__(self, **options: Any) -> None:
         try:

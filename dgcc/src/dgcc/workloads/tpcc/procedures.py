@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from functools import partial
+from itertools import repeat
 from typing import Any
 
 from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry
@@ -27,6 +28,8 @@ C_DATA_CHARS = 500
 _DIST_COLUMNS = tuple(f"s_dist_{d:02d}" for d in range(1, DISTRICTS_PER_WAREHOUSE + 1))
 _STOCK_PIECE_NAMES = tuple(f"stock_{k}" for k in range(LINES_MAX))  # a NewOrder's k-th record
 _ITEM_FIELDS = operator.itemgetter("i_price", "i_name", "i_data")  # what NewOrder reads of ITEM
+_OL_I_ID = operator.itemgetter("ol_i_id")
+_S_QUANTITY = operator.itemgetter("s_quantity")
 
 
 def make_registry(config: TpccConfig) -> ProcedureRegistry:
@@ -193,14 +196,17 @@ class _Scale:
             raise BadParams(f"threshold={threshold!r} outside 1..100")
         next_o_id = view.get("district", (w, d))["d_next_o_id"]  # type: ignore[index]
         first_o_id = max(1, next_o_id - STOCK_LEVEL_ORDERS)
-        stock_pks = [(w, i) for i in _recent_items(view, w, d, first_o_id, next_o_id)]
+        items = _recent_items(view, w, d, first_o_id, next_o_id)
+        # ~200 stock records a call: their keys built, read and compared in C loops (zip, map).
+        stock_pks = list(zip(repeat(w), items))
+        below = threshold.__gt__  # s_quantity < threshold
 
         def stock(ctx: PieceContext) -> dict[str, Any]:
-            get = ctx.getter("stock")
-            low = sum([get(pk)["s_quantity"] < threshold for pk in stock_pks])  # type: ignore[index]
+            rows = map(ctx.getter("stock"), stock_pks)
+            low = sum(map(below, map(_S_QUANTITY, rows)))  # type: ignore[arg-type]
             return {"low_stock": low, "o_id_range": (first_o_id, next_o_id)}
 
-        return [Piece("stock", stock, reads=tuple([("stock", *pk) for pk in stock_pks]))]
+        return [Piece("stock", stock, reads=tuple(zip(repeat("stock"), repeat(w), items)))]
 
 
 def _recent_items(view: ReadView, w: int, d: int, first: int, end: int) -> list[int]:
@@ -212,10 +218,12 @@ def _recent_items(view: ReadView, w: int, d: int, first: int, end: int) -> list[
     """
     orders, lines = view.rows("orders"), view.rows("order_line")
     items: set[int] = set()
-    add = items.add
+    line_of = lines.__getitem__
     for o in range(first, end):
-        for number in range(1, orders[w, d, o]["o_ol_cnt"] + 1):
-            add(lines[w, d, o, number]["ol_i_id"])
+        count = orders[w, d, o]["o_ol_cnt"]
+        # The order's line keys (w, d, o, 1..count) made, looked up and read in C loops.
+        keys = zip(repeat(w, count), repeat(d, count), repeat(o, count), range(1, count + 1))
+        items.update(map(_OL_I_ID, map(line_of, keys)))
     return sorted(items)
 
 
