@@ -69,7 +69,15 @@ def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_sc
     # re-placement: a faster start, a 0.5 s move before the first long step, then 2 s steps
     moved = bench._summarise("runtime re-placement", _run([2, 1, 1, 1, 2, 2], 4, 0.5), 4, 2)
     assert moved["steady_s"] == 1 + 1 + 0.5 + 2 + 2 and moved["moves"] == 1
-    reading = bench._reading({"colocate": static, "adaptive": moved}, args)
+    # a second static plan, as fast over the run: 2 s short and long steps
+    other = bench._summarise("disaggregated(sampler=1/2)", _run([9, 5, 2, 2, 2, 2]), 4, 2)
+    runs = {"colocate": static, "disaggregated": other}
+    reading = bench._reading(runs | {"adaptive": moved}, args)
     gain = static["steady_s"] / moved["steady_s"] - 1
     assert f"({100 * gain:+.0f}%;" in reading, reading  # +23%, not the walls' +136%
     assert "after 2 warm-up steps" in reading
+    assert "under that ceiling" not in reading  # 6.5 s against a 1 + 1 + 2 + 2 = 6 s ceiling
+    # a re-placement run whose steps beat every static run's is flagged as variation
+    lucky = bench._summarise("runtime re-placement", _run([2, 1, 0.5, 0.5, 2, 2], 4, 0.1), 4, 2)
+    reading = bench._reading(runs | {"adaptive": lucky}, args)
+    assert "under that ceiling" in reading and "short 0.50 vs 1.00 s" in reading, reading
