@@ -93,6 +93,15 @@ def test_retain_equals_loading_the_kept_rows(rows: dict, modulus: int) -> None:
     assert _entries(retained) == _entries(loaded)
 
 
+def test_index_add_keeps_primary_keys_sorted_in_any_insert_order() -> None:
+    # ``Index.add`` appends a key above the last one and bisects the others in.
+    for order in ([1, 2, 3, 4], [4, 3, 2, 1], [2, 4, 1, 3]):
+        table = Table("t", indexes=(_group_index(),))
+        for pk in order:
+            table.insert(pk, {"group": 0, "v": 0})
+        assert table.indexes["by_group"].lookup(0) == [1, 2, 3, 4], order
+
+
 def test_load_refuses_a_table_with_rows() -> None:
     table = _table()
     table.insert(1, {"group": 0, "v": 0})

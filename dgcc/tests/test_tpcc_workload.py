@@ -171,6 +171,23 @@ def test_partition_of_maps_by_warehouse_and_replicates_items() -> None:
         workload.partition_of(("warehouse", 1), 0)
 
 
+def test_route_partitions_agree_with_route_keys() -> None:
+    workload = get_workload("tpcc", warehouses=5, remote_item_fraction=0.3, **SMALL)
+    procedures = collections.Counter()
+    for request in itertools.islice(workload.requests(4), 400):
+        procedures[request.procedure] += 1
+        keys = workload.route_keys(request.procedure, request.params)
+        for partitions in (1, 2, 3):
+            expected = {workload.partition_of(key, partitions) for key in keys}
+            got = workload.route_partitions(request.procedure, request.params, partitions)
+            assert got == expected, (request, partitions)
+    assert len(procedures) == 5, procedures
+    assert workload.route_partitions("other", {}, 2) is None
+    bad = {"w_id": 1, "d_id": 1, "c_id": 1, "lines": [(1, "2", 1)], "entry_d": 0}
+    with pytest.raises(TypeError, match="not ints"):  # the router then lets every node plan it
+        workload.route_partitions("new_order", bad, 2)
+
+
 @pytest.mark.slow
 def test_full_spec_warehouse_loads_quickly() -> None:
     workload = get_workload("tpcc", warehouses=1)

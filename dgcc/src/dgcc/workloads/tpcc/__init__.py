@@ -20,6 +20,7 @@ plan time and reads the stock in its serial position; see ``procedures``.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
@@ -36,6 +37,8 @@ from dgcc.workloads.tpcc.schema import MIX_STANDARD, PROCEDURES, TpccConfig, cre
 __all__ = ["MIX_STANDARD", "PROCEDURES", "REPLICATED", "TpccConfig", "TpccWorkload"]
 
 REPLICATED = -1  # partition_of() for ITEM keys: every partition holds a full copy
+_SUPPLY_W_ID = operator.itemgetter(1)  # of an order line (i_id, supply_w_id, quantity)
+_WAREHOUSE_ID_TYPES = frozenset({int, bool})  # what partition_of's isinstance(key[1], int) takes
 
 
 @register_workload
@@ -90,6 +93,24 @@ class TpccWorkload(Workload):
         if procedure in PROCEDURES:
             return [("warehouse", params["w_id"])]
         return None
+
+    def route_partitions(
+        self, procedure: str, params: Mapping[str, Any], partitions: int
+    ) -> set[int] | None:
+        """The partitions of ``route_keys`` by ``partition_of``'s arithmetic: no key tuple to
+        build and hash per order line (every call is routed on its origin, and again on each
+        peer it is sent to)."""
+        if procedure == "new_order":
+            warehouses = {params["w_id"], *map(_SUPPLY_W_ID, params["lines"])}
+        elif procedure == "payment":
+            warehouses = {params["w_id"], params["c_w_id"]}
+        elif procedure in PROCEDURES:
+            warehouses = {params["w_id"]}
+        else:
+            return None
+        if not _WAREHOUSE_ID_TYPES.issuperset(map(type, warehouses)):  # as partition_of checks
+            raise TypeError(f"{procedure}: warehouse ids {list(warehouses)!r:.80} are not ints")
+        return {(w - 1) % partitions for w in warehouses}
 
     def describe(self) -> dict[str, Any]:
         return {"workload": self.name, **self.config.describe()}
