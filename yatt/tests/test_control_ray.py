@@ -19,6 +19,10 @@ OVERRIDES = [
     "algo.prompts_per_step=2",
     "rollout.n_samples=4",
     "optim.lr=1e-3",
+    # Adam divides by sqrt(v) + eps: with the default 1e-8 a gradient that is zero up to
+    # rounding (summed in another order by a data-parallel split, or by another CPU's
+    # kernels) becomes a full +-lr step; 1e-4 keeps such noise far below the tolerance.
+    "optim.eps=1e-4",
     "rollout.max_new_tokens=6",
     "data.n_train=16",
     "data.n_heldout=0",

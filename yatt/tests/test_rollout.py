@@ -326,6 +326,14 @@ def _prompt_logits(forward: DecoderForward, prompt: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prepacked_matmuls_match_dense_ones_and_follow_updates(model_and_tokenizer, dtype):
     model, tokenizer = model_and_tokenizer
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        # a CPU without oneDNN bf16 (no AVX512-BF16/AMX): asking for prepacking is an error
+        with pytest.raises(ConfigError, match="prepacked weights need oneDNN on a CPU"):
+            DecoderForward(model, dtype, prepack=True)
+        default = DecoderForward(model, dtype)  # falls back to dense matmuls, and runs
+        _prompt_logits(default, _prompts(tokenizer)[3])
+        assert not default.decoder.packed
+        return
     packed, dense = DecoderForward(model, dtype, prepack=True), DecoderForward(model, dtype, False)
     prompt = _prompts(tokenizer)[3]
     tolerance = (
