@@ -97,6 +97,7 @@ def recover_nodes(logs: ClusterLogs, rounds: int) -> list[dict[str, float]]:
         del recovered
         timings.append(best)
     check_history(logs.drill, logs.data_dir, logs.history, merged, logs.answered)
+    rows_whole = sum(map(len, merged.values()))
     for best in timings:
-        best["rows_whole"] = sum(map(len, merged.values()))
+        best["rows_whole"] = rows_whole
     return timings

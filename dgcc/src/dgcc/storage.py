@@ -83,6 +83,11 @@ class Index:
             pks.sort()
         self._entries = entries
 
+    def rebuild(self, rows: Mapping[Any, Row]) -> None:
+        """Drop every entry and index ``rows`` at once (a table that lost rows in bulk)."""
+        self._entries = {}
+        self.build(rows)
+
     def lookup(self, index_key: Hashable) -> list[Any]:
         """Primary keys under ``index_key`` in ascending order (a copy)."""
         return list(self._entries.get(index_key, ()))
@@ -222,8 +227,7 @@ class Table:
         (a node keeping only its partitions of a freshly built database)."""
         self.rows = {pk: row for pk, row in self.rows.items() if keep(pk)}
         for index in self._indexes:
-            index._entries = {}
-            index.build(self.rows)
+            index.rebuild(self.rows)
 
 
 class Database:

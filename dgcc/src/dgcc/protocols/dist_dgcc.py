@@ -38,7 +38,7 @@ import heapq
 import itertools
 import logging
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ from dgcc.api import (
 )
 from dgcc.errors import BadRequest, ConfigError, ProcedureError
 from dgcc.protocols.dgcc import Graph, build_graph
-from dgcc.storage import Database
+from dgcc.storage import Database, Table
 from dgcc.workloads import Workload
 
 __all__ = [
@@ -206,17 +206,19 @@ class Router:
         return routes
 
 
+def _held_by(router: Router, node: int, table: Table) -> Callable[[Any], bool]:
+    """Whether ``node`` holds a row of ``table`` by primary key: it owns the row's conflict key,
+    or the key is replicated."""
+    owner, key_of = router.owner, table.conflict_key
+    return lambda pk: owner(key_of(pk)) in (node, REPLICATED)
+
+
 def owned_rows(db: Database, router: Router, node: int) -> dict[str, dict]:
     """Copies of the rows of ``db`` that ``node`` owns: its conflict keys plus replicated ones."""
-    node_of_key = router.node_of_key
     dump: dict[str, dict] = {}
     for name, table in db.tables.items():
-        key_of = table.conflict_key
-        dump[name] = {
-            pk: dict(row)
-            for pk, row in table.rows.items()
-            if node_of_key(key_of(pk)) in (node, REPLICATED)
-        }
+        held = _held_by(router, node, table)
+        dump[name] = {pk: dict(row) for pk, row in table.rows.items() if held(pk)}
     return dump
 
 
@@ -224,11 +226,9 @@ def keep_owned(db: Database, router: Router, node: int, whole: Sequence[str] = (
     """``db`` cut down, in place, to what ``node`` holds in memory and checkpoints: the rows it
     owns, the replicated ones, and every row of the tables in ``whole`` (those plan functions
     read on any node: the workload's ``plan_tables``)."""
-    owner = router.owner
     for name, table in db.tables.items():
         if name not in whole:
-            key_of = table.conflict_key
-            table.retain(lambda pk, key_of=key_of: owner(key_of(pk)) in (node, REPLICATED))
+            table.retain(_held_by(router, node, table))
     return db
 
 
