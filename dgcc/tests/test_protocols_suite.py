@@ -221,6 +221,45 @@ def test_two_node_cluster_equals_a_serial_order(tmp_path, protocol, workload_nam
 
 
 @pytest.mark.integration
+def test_a_2pc_node_forwards_a_call_whose_data_it_does_not_hold(tmp_path) -> None:
+    """Node 0 holds warehouse 1 only: a StockLevel of warehouse 2 called there is coordinated
+    by node 1 (its plan reads warehouse 2's ORDER rows), and sees the orders node 1 took."""
+    config = local_config(
+        2,
+        workload="tpcc",
+        workload_options=WORKLOADS["tpcc"],
+        seed=SEED,
+        protocol="no_wait",
+    )
+    stream = _stream("tpcc", 400)
+    new_orders = [  # all of their data on node 1
+        r
+        for r in stream
+        if r.procedure == "new_order"
+        and {r.params["w_id"], *(s for _, s, _ in r.params["lines"])} == {2}
+    ]
+    level = {"w_id": 2, "d_id": new_orders[0].params["d_id"], "threshold": 100}
+    with start_local(config, tmp_path, ready_timeout_s=60) as cluster:
+        node0, node1 = cluster.config.nodes
+        with (
+            Client(node0.host, node0.port, timeout_s=CALL_TIMEOUT_S) as called,
+            Client(node1.host, node1.port, timeout_s=CALL_TIMEOUT_S) as home,
+        ):
+            before = home.call("stock_level", level)
+            for request in new_orders[:10]:
+                assert called.call(request.procedure, request.params).status is not Status.ERROR
+            forwarded = called.call("stock_level", level)
+            direct = home.call("stock_level", level)
+            status, dump = called.status(), called.dump()
+    assert forwarded.committed and _plain(forwarded) == _plain(direct)
+    assert forwarded.result["o_id_range"] != before.result["o_id_range"]  # the new orders count
+    assert status["txn/forwarded"] == 11
+    whole = get_workload("tpcc", **WORKLOADS["tpcc"]).build(SEED)
+    assert status["rows_held"] < sum(len(table) for table in whole.tables.values())
+    assert {pk[0] for pk in dump["orders"]} == {1}, "node 0 holds warehouse 2's orders"
+
+
+@pytest.mark.integration
 def test_canary_occ_without_validation_is_caught(monkeypatch) -> None:
     """Both nodes in this process (so the canary switch reaches them): the checks must fail."""
     monkeypatch.setattr(OccCC, "validate", False)

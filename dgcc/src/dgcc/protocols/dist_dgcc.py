@@ -10,10 +10,11 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
     every node, which then agree on the plan or on the planning error. An origin routes each
     of its calls once (``Router.routes``): the routes that pick what each peer gets are kept
     for its own planning of the epoch. Planning against rows another node owns is only sound
-    for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): every node keeps the
-    whole load-time data, and rows it does not own are a frozen snapshot used for exactly
-    those plan-time reads, never written and never dumped (the price: every node holds a full
-    copy of the initial data; dropping the rows no plan reads is left for later).
+    for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): a node holds its own
+    partitions, the replicated rows and the whole of the workload's ``plan_tables`` (the
+    tables plans read on any participant); the rows of those it does not own are a frozen
+    load-time snapshot used for exactly those plan-time reads, never written and never dumped
+    (``keep_owned``).
     TPC-C's by-last-name customer needs no remote resolution: the plan only checks that the
     name exists (C_LAST never changes), and the piece that picks the customer runs on the
     customer's node under the district key that guards the name index.

@@ -3,13 +3,18 @@
 It reuses ``Node``'s listening, handshake, peer connections, admin answers and stats, and
 replaces the epochs with one coroutine per client call:
 
-  * The node a client called coordinates the transaction. It plans the call, then walks the
-    pieces in order; each run of consecutive pieces owned by one node (a piece touching only
-    replicated keys runs at the coordinator) executes there: locally, or by one ``pieces``
-    request carrying the inputs those pieces read. Many transactions are in flight per node
-    and interleave whenever one waits on a peer or a lock, so conflicts really happen.
-  * Each participant plans the call itself (plans read only load-time columns, so every node
-    gets the same pieces) and runs the pieces under its ``NodeCC`` as a ``Branch``.
+  * The node a client called coordinates the transaction when it owns some of the call's data;
+    a call routed wholly to other nodes is forwarded to the first of them, which coordinates it
+    and answers through the called node (a node holds only its partitions, the replicated rows
+    and the workload's plan-time tables, so that is where the call's plan can read what it
+    needs: TPC-C StockLevel reads its district's ORDER rows). The coordinator plans the call,
+    then walks the pieces in order; each run of consecutive pieces owned by one node (a piece
+    touching only replicated keys runs at the coordinator) executes there: locally, or by one
+    ``pieces`` request carrying the inputs those pieces read. Many transactions are in flight
+    per node and interleave whenever one waits on a peer or a lock, so conflicts really happen.
+  * Each participant plans the call itself (a participant's plan reads only load-time
+    columns, so every node gets the same pieces) and runs the pieces under its ``NodeCC`` as a
+    ``Branch``.
   * A logic abort or procedure error ends the transaction; a concurrency-control abort (a lock
     conflict, a WAIT_DIE death, a failed OCC validation or a "no" vote) undoes every branch and
     restarts the transaction after a randomised exponential backoff, keeping its first-attempt
@@ -30,8 +35,10 @@ new incarnation (part of every transaction id) before it takes calls.
 
 Peer messages are ``(kind, request id, sender, body)`` with kinds ``req`` and ``rep``; they are
 gathered per peer and written once per loop iteration. With ``order_log`` on, every node keeps
-its committed branches and answers ``order`` with them: ``((origin, seq), procedure, params,
-reads, writes)`` per branch, enough to rebuild the conflict graph (``protocols._history``).
+its committed branches and answers ``order`` with them: ``((called node, seq), procedure,
+params, reads, writes)`` per branch, enough to rebuild the conflict graph
+(``protocols._history``); the pair names the call as its client sent it (the transaction's
+timestamp carries it, also through a forward).
 """
 
 from __future__ import annotations
@@ -52,7 +59,6 @@ from dgcc.net.node import CALLS_WAITING_MAX, Node
 from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
 from dgcc.net.wire import FrameError, frame, read_frame
 from dgcc.protocols.dist_dgcc import REPLICATED
-from dgcc.storage import Database
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.twopc_log import TwoPhaseLog, TxnId
 
@@ -94,17 +100,14 @@ class TwoPhaseCommitNode(Node):
         self._branches: dict[BranchId, Branch] = {}
         self._replies: dict[int, asyncio.Future] = {}
         self._request_ids = itertools.count()
-        self._seq = itertools.count()
+        self._seq = itertools.count()  # the calls clients made here
+        self._forwarded_seq = itertools.count(-1, -1)  # calls other nodes forwarded here
         self._outgoing: dict[int, list[bytes]] = {}
         self._backoff = random.Random(config.seed * 1000 + node_id)
         self._committed: list[tuple] = []
         self._txn_tasks: set[asyncio.Task] = set()
-        self.stats.update({"txn/attempts": 0, "txn/cc_aborts": 0, "txn/retries": 0})
-
-    def build_db(self) -> Database:
-        """The whole initial database: a coordinator plans each call it is given, whichever
-        node owns the rows its plan reads (TPC-C StockLevel reads ORDER rows at plan time)."""
-        return self.workload.build(self.config.seed)
+        self.stats.update({"txn/attempts": 0, "txn/cc_aborts": 0, "txn/retries": 0,
+                           "txn/forwarded": 0})  # fmt: skip
 
     async def start(self) -> None:
         """Listen and connect to every peer; calls then start transactions directly."""
@@ -186,9 +189,14 @@ class TwoPhaseCommitNode(Node):
 
     async def _answer(self, peer: int, request_id: int, body: Sequence[Any]) -> None:
         op, branch_id = body[0], tuple(body[1])
-        if op == "pieces":
-            if not self._recovered.is_set():  # a peer that restarted first must not see old rows
-                await self._recovered.wait()
+        if op in ("pieces", "call") and not self._recovered.is_set():
+            await self._recovered.wait()  # a peer that restarted first must not see old rows
+        if op == "call":  # a call forwarded by the node its client called: coordinate it here
+            _, ts, procedure, params = body
+            seq = next(self._forwarded_seq)  # its branches' ids; our calls' seqs stay 0, 1, ..
+            outcome = await self._retry(seq, tuple(ts), TxnRequest(procedure, params))
+            result = (outcome.status.value, outcome.result, outcome.reason)
+        elif op == "pieces":
             _, _, ts, procedure, params, indices, inputs = body
             result = await self._run_pieces(
                 branch_id, tuple(ts), TxnRequest(procedure, params), indices, inputs
@@ -288,9 +296,9 @@ class TwoPhaseCommitNode(Node):
             lsn = self.wal.append(("commit", branch_id, images))
         installed = self.cc.commit(branch)
         if self.config.order_log:
-            txn = branch.txn
+            txn, call = branch.txn, branch.ts[1:]  # (called node, its seq): see _coordinate
             self._committed.append(
-                (branch_id[:2], txn.procedure.name, dict(txn.params), branch.seen, installed)
+                (call, txn.procedure.name, dict(txn.params), branch.seen, installed)
             )
         return lsn
 
@@ -311,12 +319,27 @@ class TwoPhaseCommitNode(Node):
 
     async def _coordinate(self, client: Any, call_id: int, request: TxnRequest) -> None:
         seq = next(self._seq)
-        ts = (time.time_ns(), self.id, seq)
+        ts = (time.time_ns(), self.id, seq)  # (.., self.id, seq) also names the call
         started_s = time.perf_counter()
-        outcome = await self._retry(seq, ts, request)
+        route = self.router.route(request)
+        if route is None or self.id in route:
+            outcome = await self._retry(seq, ts, request)
+        else:
+            outcome = await self._forward(min(route), ts, request)
         self.stats["timing_s/execute"] += time.perf_counter() - started_s
         self.stats[f"txn/{outcome.status.value}"] += 1
         client.result(call_id, outcome)
+
+    async def _forward(self, node: int, ts: Timestamp, request: TxnRequest) -> Outcome:
+        """Have ``node`` coordinate a call none of whose data is here; its outcome."""
+        self.stats["txn/forwarded"] += 1
+        body = ("call", ts, request.procedure, request.params)
+        try:
+            status, result, reason = await self._request(node, body)
+        except TimeoutError:
+            reason = f"node {node} gave no outcome of the forwarded call in {RPC_TIMEOUT_S:.0f} s"
+            return Outcome(Status.ERROR, reason=reason)
+        return Outcome(Status(status), result, reason)
 
     def _runs(self, planned: PlannedTxn) -> list[tuple[int, list[int]]]:
         """Consecutive pieces grouped by the node that runs them: [(node, piece indices)]."""
