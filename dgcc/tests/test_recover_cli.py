@@ -19,6 +19,7 @@ from dgcc import cli
 from dgcc.cluster import local_config
 from dgcc.durable import DurableConfig, DurableEngine
 from dgcc.protocols.dist_dgcc import Router
+from dgcc.wal.format import HEADER_BYTES, scan_bytes
 from dgcc.wal.node_log import LoggedEpochRun, NodeLog
 from dgcc.wal.recovery import Recovered
 from dgcc.wal.writer import list_segments
@@ -105,6 +106,26 @@ def test_torn_tail_is_reported_and_dropped(tmp_path: Path, monkeypatch: pytest.M
     record = json.loads(report.read_text())
     assert record["epoch"] == EPOCHS - 1
     assert len(record["dropped"]) == 1 and "torn payload" in record["dropped"][0]
+
+
+def test_damage_followed_by_intact_epochs_exits_2_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One flipped bit in an early epoch's block is no torn tail: recovery must not cut the
+    acknowledged epochs after it off the log."""
+    _run_engine(tmp_path, "ycsb", YCSB, "dependency")
+    _, segment = list_segments(tmp_path)[-1]
+    scan = scan_bytes(segment.read_bytes())
+    assert len(scan.blocks) >= 3
+    data = bytearray(segment.read_bytes())
+    data[scan.blocks[1].offset + HEADER_BYTES + 3] ^= 0x10  # the second epoch's payload
+    segment.write_bytes(bytes(data))
+    argv = ["recover", str(tmp_path), "--workload", "ycsb", *YCSB_FLAGS]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"intact block follows at offset {scan.blocks[2].offset}" in err
+    assert segment.read_bytes() == bytes(data), "recovery changed the damaged log"
 
 
 def test_violation_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dgcc.wal.format import HEADER_BYTES, BlockKind, decode_payload, encode_block, scan_bytes
+from dgcc.wal.format import (
+    HEADER_BYTES,
+    BlockKind,
+    WalCorrupt,
+    decode_payload,
+    encode_block,
+    scan_bytes,
+)
 from dgcc.wal.writer import WalWriter, list_segments
 
 payloads = st.lists(
@@ -82,6 +89,14 @@ def test_bit_flip_is_detected(items: list[object], data_strategy: st.DataObject)
     assert scan.valid_bytes == starts[hit]
     assert scan.problem is not None
     assert f"from offset {starts[hit]}:" in scan.problem
+    # Only damage to the last block can be a torn tail; before it, the next block is intact.
+    if hit == len(starts) - 1:
+        assert scan.intact_after is None
+        scan.refuse_damage()
+    else:
+        assert scan.intact_after == starts[hit + 1]
+        with pytest.raises(WalCorrupt, match=f"intact block follows at offset {starts[hit + 1]}"):
+            scan.refuse_damage()
 
 
 def test_unknown_kind_and_version_are_reported() -> None:
@@ -99,6 +114,7 @@ def test_epochs_must_increase() -> None:
     scan = scan_bytes(data, "x")
     assert len(scan.blocks) == 1
     assert "epoch 2 after epoch 2" in (scan.problem or "")
+    assert scan.intact_after == len(data) // 2  # an intact block out of order: no torn tail
 
 
 def test_encode_rejects_bad_epoch() -> None:

@@ -3,8 +3,12 @@
 Layout, little-endian: magic ``DGWL`` (4 bytes), version (u8), kind (u8), epoch (u64), payload
 length (u32), CRC-32 (u32) over the header's first 18 bytes and the payload; then the payload
 (a pickle of plain data that we wrote ourselves). ``scan_bytes`` reads blocks until the first
-one that is torn or corrupt and reports the file, the offset and the reason; everything from
-there on is an unacknowledged tail (an epoch is acknowledged only after its fsync).
+one that is torn or corrupt and reports the file, the offset and the reason. Segments are only
+ever appended to (``O_APPEND``, created fresh), so a crash can tear only the last write: a
+damaged block with no intact block after it is an unacknowledged tail (an epoch is
+acknowledged only after its fsync) that recovery may drop; one with an intact block after it
+(``ScanResult.intact_after``) is damage no crash leaves, and dropping from there would lose
+acknowledged epochs.
 """
 
 from __future__ import annotations
@@ -65,6 +69,23 @@ class ScanResult:
     blocks: list[Block]
     valid_bytes: int
     problem: str | None  # None: the file ends exactly after its last block
+    # With a problem: where an intact block lies past it (or the out-of-order block itself),
+    # so the damage is not a torn tail (``damage`` says what and where); None: nothing intact
+    # follows.
+    intact_after: int | None = None
+    damage: str = ""
+
+    def refuse_damage(self) -> None:
+        """Raise ``WalCorrupt`` when the problem is not a torn tail (an intact block follows).
+
+        Raises:
+            WalCorrupt: the damage is followed by an intact block; nothing is changed on disk.
+        """
+        if self.problem is not None and self.intact_after is not None:
+            raise WalCorrupt(
+                f"{self.damage}, and an intact block follows at offset {self.intact_after}: "
+                "damage no crash leaves, not a torn tail (nothing was changed on disk)"
+            )
 
 
 def encode_block(kind: BlockKind, epoch: int, payload_obj: Any) -> bytes:
@@ -104,19 +125,29 @@ def scan_bytes(data: bytes, name: str = "<bytes>") -> ScanResult:
     offset = 0
     while offset < len(data):
         reason, length, kind, epoch = _check_block(view, offset)
+        intact_after = None
+        if reason is not None:
+            intact_after = _intact_after(data, view, offset)
+        elif blocks and epoch <= blocks[-1].epoch:
+            reason, intact_after = f"epoch {epoch} after epoch {blocks[-1].epoch}", offset
         if reason is not None:
             problem = f"{name}: dropping {len(data) - offset} bytes from offset {offset}: {reason}"
-            return ScanResult(blocks, offset, problem)
-        if blocks and epoch <= blocks[-1].epoch:
-            problem = (
-                f"{name}: dropping {len(data) - offset} bytes from offset {offset}: epoch "
-                f"{epoch} after epoch {blocks[-1].epoch}"
-            )
-            return ScanResult(blocks, offset, problem)
+            damage = f"{name}: damaged block at offset {offset} ({reason})"
+            return ScanResult(blocks, offset, problem, intact_after, damage)
         start = offset + HEADER_BYTES
         blocks.append(Block(BlockKind(kind), epoch, bytes(view[start : start + length]), offset))
         offset = start + length
     return ScanResult(blocks, offset, None)
+
+
+def _intact_after(data: bytes, view: memoryview, offset: int) -> int | None:
+    """Where the first intact block starting past ``offset`` lies, if any."""
+    found = data.find(MAGIC, offset + 1)
+    while found != -1:
+        if _check_block(view, found)[0] is None:
+            return found
+        found = data.find(MAGIC, found + 1)
+    return None
 
 
 def _check_block(view: memoryview, offset: int) -> tuple[str | None, int, int, int]:

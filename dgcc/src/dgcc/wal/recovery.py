@@ -48,6 +48,10 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
 
     Args:
         repair: cut a torn tail off the last segment so new blocks follow intact ones.
+
+    Raises:
+        WalCorrupt: damage that is not a torn tail (in an earlier segment, or with an intact
+            block after it): recovery stops before changing anything.
     """
     segments = list_segments(directory)
     blocks: list[Block] = []
@@ -57,6 +61,7 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
         if scan.problem is not None:
             if position != len(segments) - 1:
                 raise WalCorrupt(f"damage before the log's end: {scan.problem}")
+            scan.refuse_damage()
             logger.warning("%s", scan.problem)
             dropped.append(scan.problem)
             if repair:

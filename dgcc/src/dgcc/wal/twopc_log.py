@@ -33,12 +33,10 @@ from typing import Any
 from dgcc.storage import Database
 from dgcc.wal import value
 from dgcc.wal.format import (
-    MAGIC,
     BlockKind,
     WalCorrupt,
     decode_payload,
     encode_block,
-    scan_bytes,
 )
 from dgcc.wal.recovery import read_log
 from dgcc.wal.writer import WalWriter, list_segments
@@ -72,7 +70,6 @@ def read_records(directory: Path, *, repair: bool = True) -> tuple[list[Record],
     """
     if not directory.exists() or not list_segments(directory):
         return [], 0, []
-    _refuse_damage_before_intact_blocks(directory)
     blocks, dropped = read_log(directory, 0, repair=repair)
     records: list[Record] = []
     for block in blocks:
@@ -83,24 +80,6 @@ def read_records(directory: Path, *, repair: bool = True) -> tuple[list[Record],
                 raise WalCorrupt(f"epoch {block.epoch}: unknown 2PC log record {record!r:.80}")
             records.append(record)
     return records, blocks[-1].epoch if blocks else 0, dropped
-
-
-def _refuse_damage_before_intact_blocks(directory: Path) -> None:
-    """Raise when a damaged block has an intact block after it: no crash leaves that (a crash
-    tears only the flush in flight, the last one), so acknowledged records would be lost."""
-    for _, path in list_segments(directory):
-        data = path.read_bytes()
-        scan = scan_bytes(data, str(path))
-        if scan.problem is None:
-            continue
-        found = data.find(MAGIC, scan.valid_bytes + 1)
-        while found != -1:
-            if scan_bytes(data[found:]).blocks:
-                raise WalCorrupt(
-                    f"{path}: damaged block at offset {scan.valid_bytes} with intact blocks "
-                    f"after it ({scan.problem.rsplit(': ', 1)[-1]})"
-                )
-            found = data.find(MAGIC, found + 1)
 
 
 def committed_txns(records: Collection[Record], decided_elsewhere: Collection[TxnId]) -> set[TxnId]:
