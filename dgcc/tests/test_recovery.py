@@ -17,8 +17,8 @@ from dgcc.errors import ConfigError, DgccError
 from dgcc.wal import dependency, parallel
 from dgcc.wal.checkpoint import load_snapshot, read_manifest
 from dgcc.wal.drill import DRILL_TPCC, batches, open_engine, reference_state
-from dgcc.wal.format import decode_payload
-from dgcc.wal.recovery import read_log, recover
+from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
+from dgcc.wal.recovery import read_log, recover, replay_block
 from dgcc.workloads.tpcc import TpccWorkload
 from dgcc.workloads.tpcc.checks import check
 from dgcc.workloads.tpcc.schema import create_tables
@@ -165,3 +165,32 @@ def test_a_malformed_request_replays_as_the_error_it_was(tmp_path: Path, mode: s
     assert decode_payload(blocks[0])["requests"][0] is None
     recovered = recover(tmp_path, create_tables, TpccWorkload(**DRILL_TPCC).registry())
     assert recovered.db.dump() == engine.db.dump()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("not json", "unreadable manifest"),
+        ("{}", "bad manifest"),
+        ("[1, 2]", "bad manifest"),
+        ('{"epoch": -3, "snapshot": "ckpt--00000000003.snap"}', "bad manifest"),
+        ('{"epoch": true, "snapshot": "ckpt-000000000001.snap"}', "bad manifest"),
+        ('{"epoch": 4, "snapshot": "."}', "bad manifest"),
+        ('{"epoch": 4, "snapshot": "ckpt-000000000005.snap"}', "bad manifest"),
+    ],
+)
+def test_a_manifest_we_did_not_write_is_one_line_walcorrupt(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    (tmp_path / "MANIFEST").write_text(text)
+    with pytest.raises(WalCorrupt, match=says) as error:
+        read_manifest(tmp_path)
+    assert "\n" not in str(error.value) and str(tmp_path / "MANIFEST") in str(error.value)
+    (tmp_path / "MANIFEST").write_text('{"epoch": 4, "snapshot": "ckpt-000000000004.snap"}')
+    assert read_manifest(tmp_path) == (4, tmp_path / "ckpt-000000000004.snap")
+
+
+def test_a_cluster_node_block_names_the_way_to_recover_it() -> None:
+    block = scan_bytes(encode_block(BlockKind.NODE, 1, {})).blocks[0]
+    with pytest.raises(WalCorrupt, match="recover it with --cluster CONFIG --node ID"):
+        replay_block(TpccWorkload(**DRILL_TPCC).schema(), None, block)  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ def write_checkpoint(directory: Path, db: Database, epoch: int) -> Path:
 
 def write_snapshot(directory: Path, db: Database, epoch: int) -> None:
     """Write the snapshot file of ``db`` after ``epoch``; the manifest does not name it yet."""
-    name = f"ckpt-{epoch:012d}.snap"
+    name = _snapshot_name(epoch)
     tmp = directory / (name + ".tmp")
     _write_file(tmp, encode_block(BlockKind.SNAPSHOT, epoch, db.dump()), "ckpt.mid_write")
     os.replace(tmp, directory / name)
@@ -67,7 +67,7 @@ def write_snapshot(directory: Path, db: Database, epoch: int) -> None:
 
 def publish(directory: Path, epoch: int) -> Path:
     """Point the manifest at the (complete) snapshot of ``epoch``: recovery starts there."""
-    name = f"ckpt-{epoch:012d}.snap"
+    name = _snapshot_name(epoch)
     assert (directory / name).exists(), f"publishing missing snapshot {name}"
     manifest_tmp = directory / (MANIFEST + ".tmp")
     _write_file(manifest_tmp, json.dumps({"epoch": epoch, "snapshot": name}).encode())
@@ -83,12 +83,23 @@ def read_manifest(directory: Path) -> tuple[int, Path] | None:
     path = directory / MANIFEST
     if not path.exists():
         return None
+    text = path.read_text(errors="replace")
     try:
-        manifest = json.loads(path.read_text())
-        epoch, name = int(manifest["epoch"]), str(manifest["snapshot"])
-    except (ValueError, KeyError, TypeError) as error:
+        manifest = json.loads(text)
+    except ValueError as error:
         raise WalCorrupt(f"{path}: unreadable manifest: {error}") from None
-    return epoch, directory / name
+    epoch = manifest.get("epoch") if isinstance(manifest, dict) else None
+    # ``publish`` writes exactly this shape; anything else was not written by us
+    if type(epoch) is not int or epoch < 0 or manifest.get("snapshot") != _snapshot_name(epoch):
+        raise WalCorrupt(
+            f"{path}: bad manifest {text.strip()!r:.120}: expected "
+            '{"epoch": E >= 0, "snapshot": "ckpt-<E, 12 digits>.snap"}'
+        )
+    return epoch, directory / manifest["snapshot"]
+
+
+def _snapshot_name(epoch: int) -> str:
+    return f"ckpt-{epoch:012d}.snap"
 
 
 def load_snapshot(path: Path, epoch: int, schema: Callable[[], Database]) -> Database:

@@ -108,8 +108,13 @@ def replay_block(
         value.replay_epoch(db, payload)
     elif block.kind is BlockKind.DEPENDENCY:
         dependency.replay_epoch(db, registry, payload, workers=workers)
+    elif block.kind is BlockKind.NODE:
+        raise WalCorrupt(
+            f"epoch {block.epoch}: a cluster node's log block: recover it with --cluster CONFIG "
+            "--node ID"
+        )
     else:
-        raise WalCorrupt(f"epoch {block.epoch}: block kind {block.kind!r} is not a log block")
+        raise WalCorrupt(f"epoch {block.epoch}: a {block.kind.name} block is not a log block")
 
 
 def _partitioned_payloads(blocks: list[Block]) -> list[dict] | None:
