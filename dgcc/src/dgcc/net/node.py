@@ -20,8 +20,12 @@ its log, answer its ``restart`` with that; it re-executes the epochs it missed a
 (``_catch_up``, ``dgcc.wal.rejoin``).
 
 A connection that sends a garbled, oversized or ill-shaped frame, or fails the handshake, is
-closed with a logged reason; nothing else is disturbed. ``delay_ms_max`` (tests only) delays
-each peer message by a seeded random time, which also reorders them.
+closed with a logged reason; nothing else is disturbed. A call with a usable id but a bad
+procedure or params is answered ERROR alone. A second connection claiming to be a peer whose
+link is still open is refused (without a secret anyone can claim to be a peer, and taking over
+the link would mark the real one lost); a restarted peer's retries get in once the old link
+ends. ``delay_ms_max`` (tests only) delays each peer message by a seeded random time, which
+also reorders them.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
 RESULTS_PER_FRAME_MAX = 1000  # keeps a results frame far below any sane frame limit
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
+_PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
 _STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
 
 
@@ -231,29 +236,42 @@ class Node:
             self.ready.set()
 
     async def _connect(self, peer: int) -> None:
-        """Open the sending connection to ``peer``, retrying while it starts (bounded)."""
+        """Open the sending connection to ``peer``, retrying while it starts (bounded).
+
+        Also retried: the peer refusing us because it still holds our previous link open (this
+        node restarted, or dropped that link, and the peer has not yet read its end).
+        """
         address = self.config.nodes[peer]
         deadline_s = time.monotonic() + CONNECT_TIMEOUT_S
         pause_s = 0.02
         while True:
             try:
                 reader, writer = await asyncio.open_connection(address.host, address.port)
-                break
             except OSError as error:
-                if time.monotonic() > deadline_s:
-                    raise ConnectionLost(
-                        f"node {self.id}: peer {peer} unreachable: {error}"
-                    ) from None
-                await asyncio.sleep(pause_s)  # backoff between connection attempts
-                pause_s = min(pause_s * 2, 0.5)
+                failure = str(error)
+            else:
+                answer = await self._introduce(peer, reader, writer)
+                if answer[0] == "ready":
+                    self._out[peer] = writer
+                    return
+                writer.close()
+                if answer[0] != "error" or _PEER_CONNECTED not in str(answer[1:2]):
+                    raise HandshakeError(f"node {self.id}: peer {peer} refused us: {answer!r:.80}")
+                failure = str(answer[1])
+            if time.monotonic() > deadline_s:
+                raise ConnectionLost(f"node {self.id}: peer {peer} unreachable: {failure}")
+            await asyncio.sleep(pause_s)  # backoff between connection attempts
+            pause_s = min(pause_s * 2, 0.5)
+
+    async def _introduce(
+        self, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple:
+        """Our side of the handshake on a new link to ``peer``; returns the peer's answer."""
         hello = await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
         if hello[0] != "hello" or len(hello) != 4 or hello[1] != VERSION or hello[2] != peer:
             raise HandshakeError(f"node {self.id}: bad hello from peer {peer}: {hello!r:.80}")
         writer.write(frame(("hello", VERSION, "node", self.id, mac_of(self.secret, hello[3]))))
-        answer = await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
-        if answer[0] != "ready":
-            raise HandshakeError(f"node {self.id}: peer {peer} refused us: {answer!r:.80}")
-        self._out[peer] = writer
+        return await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
 
     # -- connections ------------------------------------------------------------------------
 
@@ -284,6 +302,8 @@ class Node:
             if peer_lost and self._peer_readers.get(peer) is reader:
                 self._peer_lost(peer)
         finally:
+            if role == "node" and self._peer_readers.get(peer) is reader:
+                del self._peer_readers[peer]  # ended: the peer may connect again
             writer.close()
 
     async def _handshake(
@@ -303,8 +323,19 @@ class Node:
             raise HandshakeError(f"unknown peer node {peer!r}; peers are {self.peers}")
         if not check_mac(self.secret, nonce, mac):
             raise HandshakeError("wrong shared secret")
+        if role == "node" and self._peer_link_open(peer):
+            raise HandshakeError(f"node {self.id}: {_PEER_CONNECTED} {peer}")
         writer.write(frame(("ready", self.id)))
         return role, peer
+
+    def _peer_link_open(self, peer: int) -> bool:
+        """Whether ``peer``'s current link is open: neither ended nor holding only its end.
+
+        A restarted peer's old link has ended (its process died), or ends before its retries
+        give up; a live link means the newcomer is someone else claiming to be ``peer``.
+        """
+        reader = self._peer_readers.get(peer)
+        return reader is not None and not reader.at_eof()
 
     async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
         limit = self.config.frame_bytes_max
@@ -355,13 +386,26 @@ class Node:
             if kind == "calls":
                 if len(message) != 2 or not isinstance(message[1], tuple):
                     raise FrameError(f"ill-shaped calls message {message!r:.80}")
-                for call in message[1]:  # all checked before any joins the epoch
-                    _check_call(call)
-                self._add_calls(client, message[1])
+                self._take_calls(client, message[1])
             elif kind in handlers and len(message) == 2 and isinstance(message[1], int):
                 handlers[kind](client, message[1])
             else:
                 raise FrameError(f"unknown or ill-shaped client message {message!r:.80}")
+
+    def _take_calls(self, client: _Client, calls: tuple) -> None:
+        """Answer each ill-shaped call ERROR alone and add the rest, in order.
+
+        Raises:
+            FrameError: a call without a usable call id (nothing of the frame joins the epoch).
+        """
+        problems = [_call_problem(call) for call in calls]  # all checked before any joins
+        if not any(problems):
+            self._add_calls(client, calls)
+            return
+        for call, problem in zip(calls, problems, strict=True):
+            if problem is not None:
+                client.result(call[0], Outcome(Status.ERROR, reason=problem))
+        self._add_calls(client, tuple(c for c, p in zip(calls, problems, strict=True) if p is None))
 
     def _add_calls(self, client: _Client, calls: tuple) -> None:
         """Calls ``(call_id, procedure, params)`` join the open epoch, in order."""
@@ -715,12 +759,21 @@ class Node:
             self.stats[_STATUS_STAT[status]] += count
 
 
-def _check_call(call: object) -> None:
-    """One entry of a ``calls`` message: ``(call_id, procedure, params)``."""
-    if not isinstance(call, tuple) or len(call) != 3 or not isinstance(call[0], int):
-        raise FrameError(f"ill-shaped call {call!r:.80}")
-    if not isinstance(call[1], str) or not isinstance(call[2], dict):
-        raise FrameError(f"call needs a procedure name and a params map: {call!r:.80}")
+def _call_problem(call: object) -> str | None:
+    """What is wrong with one entry ``(call_id, procedure, params)`` of a ``calls`` message.
+
+    Raises:
+        FrameError: the entry has no usable call id, so no answer could reach its caller.
+    """
+    if not isinstance(call, tuple) or not call or not isinstance(call[0], int):
+        raise FrameError(f"ill-shaped call {call!r:.80}: it must start with an int call id")
+    if len(call) != 3:
+        return f"a call is (call_id, procedure, params), got {len(call)} items: {call!r:.80}"
+    if not isinstance(call[1], str):
+        return f"procedure must be a string, got {type(call[1]).__name__} {call[1]!r:.80}"
+    if not isinstance(call[2], dict):
+        return f"params must be a map, got {type(call[2]).__name__} {call[2]!r:.80}"
+    return None
 
 
 async def _collect_garbage() -> None:

@@ -1,0 +1,161 @@
+"""A node keeps its peer links and client connections through impostors and ill-shaped calls.
+
+Goal: a connection claiming to be a peer that is already connected is refused and the real link
+kept, while a restarted peer still gets in once its old link ends; one ill-shaped call in a
+``calls`` frame is answered ERROR alone, the other calls are answered and the connection kept.
+Method: in-process DistDGCC nodes on loopback in one event loop, spoken to with raw frames; a
+node subclass signals each refused handshake, so the tests wait on events, not on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dgcc.cluster import local_config
+from dgcc.net import AsyncClient, FrameError, HandshakeError
+from dgcc.net.node import Node, _call_problem
+from dgcc.net.wire import VERSION, frame, read_frame
+
+WAIT_S = 20.0
+YCSB = {"workload": "ycsb", "workload_options": {"records": 100}, "epoch_ms": 2.0}
+
+
+class _Watched(Node):
+    """A node that sets ``refused`` whenever it refuses a handshake."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.refused = asyncio.Event()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Any:
+        try:
+            return await super()._handshake(reader, writer)
+        except HandshakeError:
+            self.refused.set()
+            raise
+
+
+async def _hello(port: int, role: str, peer: int | None) -> tuple:
+    """Connect to a node's port and handshake as ``role``; (reader, writer, its answer)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await read_frame(reader, 4096)
+    writer.write(frame(("hello", VERSION, role, peer, b"")))
+    return reader, writer, await read_frame(reader, 4096)
+
+
+async def _answers(reader: asyncio.StreamReader, ids: set[int]) -> dict[int, tuple]:
+    """Read ``results`` frames until every call in ``ids`` is answered; by call id."""
+    answers: dict[int, tuple] = {}
+    while not ids <= answers.keys():
+        message = await asyncio.wait_for(read_frame(reader, 2**20), WAIT_S)
+        assert message[0] == "results", message
+        answers.update((entry[0], entry[1:]) for entry in message[1])
+    return answers
+
+
+def test_an_impostor_peer_is_refused_and_the_real_link_kept():
+    config = local_config(2, **YCSB)
+
+    async def go() -> tuple:
+        nodes = [_Watched(config, n) for n in range(2)]
+        await asyncio.gather(*(node.start() for node in nodes))
+        try:
+            _, writer, answer = await _hello(config.nodes[0].port, "node", 1)
+            writer.close()  # what used to make node 0 drop the real node 1
+            await writer.wait_closed()
+            async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
+                params = {"keys": [2, 3], "rmw": [True, True]}  # every epoch needs node 1
+                outcome = await client.call("ycsb_txn", params, timeout_s=WAIT_S)
+                status = await client.status()
+        finally:
+            for node in nodes:
+                node.stop()
+        return answer, outcome, status
+
+    answer, outcome, status = asyncio.run(go())
+    assert answer == ("error", "node 0: refused a second connection claiming to be node 1")
+    assert outcome.committed, outcome
+    assert status["peers_down"] == ()
+    assert status["net/rejected_connections"] == 1
+
+
+def test_a_restarted_peer_retries_until_its_old_link_ends():
+    """The newcomer is refused while the old node 1's link is open, and gets in after it ends."""
+    config = local_config(2, **YCSB)
+
+    async def go() -> tuple[Node, Node]:
+        first, old = _Watched(config, 0), _Watched(config, 1)
+        await asyncio.gather(first.start(), old.start())
+        old._server.close()  # frees the port; the old links stay open
+        await old._server.wait_closed()
+        new = Node(config, 1)
+        try:
+            starting = asyncio.create_task(new.start())  # connects to node 0: refused, retries
+            await asyncio.wait_for(first.refused.wait(), WAIT_S)
+            assert not starting.done()
+            old.stop()  # its link to node 0 ends, as when a process dies
+            await asyncio.wait_for(starting, WAIT_S)
+        finally:
+            for node in (first, old, new):
+                node.stop()
+        return first, new
+
+    first, new = asyncio.run(go())
+    assert 0 in new._out
+    assert first.stats["net/rejected_connections"] == 1
+    assert first._down == {1}  # the old link's end was seen; its rejoin would clear this
+
+
+def test_ill_shaped_calls_are_answered_alone_and_the_connection_kept():
+    config = local_config(1, **YCSB)
+    bad = {
+        2: ((2, 5, {}), "procedure must be a string, got int 5"),
+        3: ((3, "ycsb_txn", [1]), "params must be a map, got tuple (1,)"),
+        4: ((4, "ycsb_txn"), "a call is (call_id, procedure, params), got 2 items"),
+    }
+
+    async def go() -> tuple:
+        node = Node(config, 0)
+        await node.start()
+        try:
+            reader, writer, answer = await _hello(config.nodes[0].port, "client", None)
+            assert answer[0] == "ready", answer
+            good = (1, "ycsb_txn", {"keys": [7], "rmw": [True]})
+            writer.write(frame(("calls", (good,))))  # answered only once its epoch runs
+            writer.write(frame(("calls", tuple(call for call, _ in bad.values()))))
+            writer.write(frame(("calls", ((5, "no_such_procedure", {}), (6, *good[1:])))))
+            answers = await _answers(reader, {1, 2, 3, 4, 5, 6})
+            writer.write(frame(("status", 9)))
+            status = await asyncio.wait_for(read_frame(reader, 2**20), WAIT_S)
+            writer.write(frame(("calls", ((7, *good[1:]), ("x", "ycsb_txn", {})))))
+            closing = await asyncio.wait_for(read_frame(reader, 2**20), WAIT_S)
+            writer.close()
+        finally:
+            node.stop()
+        return answers, status, closing
+
+    answers, status, closing = asyncio.run(go())
+    assert [answers[i][0] for i in (1, 6)] == ["committed", "committed"], answers
+    for call_id, (_, reason) in bad.items():
+        assert answers[call_id][0] == "error"
+        assert reason in answers[call_id][2], answers[call_id]
+    assert answers[5][0] == "error", answers[5]
+    assert status[:2] == ("status", 9)
+    assert closing[0] == "error"
+    assert "must start with an int call id" in closing[1], closing
+
+
+@pytest.mark.parametrize(
+    "call",
+    [("x", "ycsb_txn", {}), (1.5, "p", {}), (), [1, "p", {}], None],
+)
+def test_a_call_without_a_usable_call_id_is_a_frame_error(call):
+    with pytest.raises(FrameError, match="int call id"):
+        _call_problem(call)
+
+
+def test_a_well_shaped_call_has_no_problem():
+    assert _call_problem((1, "ycsb_txn", {"keys": [1]})) is None
