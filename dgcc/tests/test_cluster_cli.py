@@ -41,6 +41,10 @@ def test_start_status_stop(tmp_path):
     assert started.returncode == 0, started.stderr
     assert started.stdout.count("listening on 127.0.0.1:") == 2
     try:
+        again = _cli("cluster", "start", "--nodes", "2", "--dir", directory, *options)
+        assert again.returncode == 2
+        assert "a cluster is already running in" in again.stderr, again.stderr
+        assert len(again.stderr.splitlines()) == 1, again.stderr
         status = _cli("cluster", "status", "--dir", directory)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("yes") == 2

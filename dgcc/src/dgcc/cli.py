@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import json
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     console = make_console()
     try:
+        if args.command in ("bench", "recover") and args.json is not None:
+            _check_writable(args.json)
         if args.command in cli_cluster.COMMANDS:
             return cli_cluster.dispatch(args)
         if args.command == "recover":
@@ -142,6 +146,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, WalCorrupt) as error:
         print(f"dgcc: error: {error}", file=sys.stderr)
         return 2
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before a run, not after it, when ``--json`` cannot be written.
+
+    Creates the missing parent folders (the run would too) and a nameless file in the last one.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"--json {str(path)!r} cannot be written: {error.strerror or error}"
+        ) from None
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -20,6 +21,8 @@ from typing import Any
 from dgcc.cluster import (
     CONFIG_FILE,
     STATE_FILE,
+    ClusterConfig,
+    StopResult,
     load_config,
     local_config,
     start_local,
@@ -166,13 +169,30 @@ def dispatch(args: argparse.Namespace) -> int:
         return bench_nodes(args)
     if args.action == "start":
         return _start(args)
-    config, pids = _state(args.dir)
+    config = _config_in(args.dir)
     if args.action == "status":
         return _status(config)
-    stopped = cluster_stop(config, pids=pids)
-    print(f"stopped {stopped} of {len(config.nodes)} nodes")
+    result = cluster_stop(config, directory=args.dir)
+    print(_stop_summary(result, len(config.nodes)))
+    if result.still_running:
+        return 1
     (args.dir / STATE_FILE).unlink(missing_ok=True)
     return 0
+
+
+def _stop_summary(result: StopResult, nodes: int) -> str:
+    """What ``stop`` did, counting only nodes known to be stopped as stopped."""
+    lines = [f"stopped {result.stopped} of {nodes} nodes"]
+    if result.by_signal:
+        lines[0] += f" (unreachable nodes {list(result.by_signal)} by SIGTERM)"
+    not_running = nodes - result.stopped - len(result.still_running)
+    if not_running:
+        lines.append(f"{not_running} of {nodes} nodes were not running")
+    if result.still_running:
+        lines.append(f"nodes {list(result.still_running)} still run after SIGTERM")
+    if result.not_ours:
+        lines.append(f"left pids {list(result.not_ours)} alone: not this cluster's node processes")
+    return "\n".join(lines)
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -198,6 +218,12 @@ def _node(args: argparse.Namespace) -> int:
     except RejoinError as error:
         print(f"dgcc: error: node {args.id} cannot rejoin: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        # One line in the node's log, which ``dgcc cluster start`` quotes when it fails.
+        address = config.nodes[args.id]
+        raise ConfigError(f"port {address.port} on {address.host} already in use") from None
     return 0
 
 
@@ -227,13 +253,11 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _state(directory: Path) -> tuple[Any, list[int]]:
+def _config_in(directory: Path) -> ClusterConfig:
     config_path = directory / CONFIG_FILE
-    if not config_path.exists():
+    if not config_path.is_file():
         raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
-    state_path = directory / STATE_FILE
-    pids = json.loads(state_path.read_text())["pids"] if state_path.exists() else []
-    return load_config(config_path), pids
+    return load_config(config_path)
 
 
 def _status(config: Any) -> int:

@@ -8,15 +8,18 @@ spawns one ``dgcc node`` process per node and returns once every node says it is
 prints one ``READY`` line on stdout when all its peers are connected); ``start_node`` starts
 one node of such a cluster again (it rejoins the running others, or joins a restart); ``stop``
 and ``status`` talk to the nodes through the client library, falling back to the recorded
-process ids.
+process ids. The recorded pids are trusted only for processes whose command line is the
+one ``_spawn`` used, so a stale state file never leads to signalling another program.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -37,8 +40,11 @@ __all__ = [
     "ClusterConfig",
     "LocalCluster",
     "NodeAddress",
+    "StopResult",
     "load_config",
     "local_config",
+    "read_pids",
+    "running_pids",
     "start_local",
     "start_node",
     "status",
@@ -51,6 +57,9 @@ logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120.0
 STATE_FILE = "cluster_state.json"
 CONFIG_FILE = "cluster.json"
+# A frame_bytes_max below this is a slip (units, sign): no real epoch batch fits under it.
+FRAME_BYTES_MIN = 1024
+LOG_TAIL_BYTES = 4096  # how much of a node's log is read for its last error line
 
 
 @dataclass(frozen=True)
@@ -60,10 +69,13 @@ class NodeAddress:
     port: int
 
     def __post_init__(self) -> None:
+        if isinstance(self.id, bool) or not isinstance(self.id, int):
+            raise ConfigError(f"node id must be an int, got {self.id!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int):
             raise ConfigError(f"node {self.id}: port must be an int, got {self.port!r}")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"node {self.id}: port {self.port} outside 0..65535")
+        # Port 0 would make the node listen on a random port its peers cannot know.
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"node {self.id}: port {self.port} outside 1..65535")
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"node {self.id}: host must be a non-empty string, got {self.host!r}")
 
@@ -130,17 +142,8 @@ class ClusterConfig:
         if ids != list(range(len(ids))):
             raise ConfigError(f"node ids must be 0..{len(ids) - 1} in order, got {ids}")
         self.placement()  # validates the partition map
-        for name in ("epoch_ms", "delay_ms_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-        ints = ("epoch_calls_max", 0), ("pipeline_epochs", 1), ("step_pieces", 1)
-        for name, low in (*ints, ("checkpoint_every_epochs", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
-        if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
-            raise ConfigError(f"data_dir must be a non-empty path string, got {self.data_dir!r}")
+        self._check_values()
+        self._check_workload_and_protocol()
         if self.epoch_ms == 0 and self.epoch_calls_max == 0:
             raise ConfigError("epoch_ms and epoch_calls_max cannot both be 0 (epochs never close)")
         if not all(node.loopback for node in self.nodes) and not self.shared_secret():
@@ -148,6 +151,49 @@ class ClusterConfig:
                 "a shared secret (secret or secret_env) is required when a node listens beyond "
                 f"loopback: {[n.host for n in self.nodes if not n.loopback]}"
             )
+
+    def _check_values(self) -> None:
+        """Numbers, strings and flags: bad ones fail here, not later inside a node process."""
+        for name in ("epoch_ms", "delay_ms_max"):
+            value = getattr(self, name)
+            number = not isinstance(value, bool) and isinstance(value, int | float)
+            if not number or not 0 <= value < math.inf:  # NaN fails the comparison too
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        ints = ("epoch_calls_max", 0), ("pipeline_epochs", 1), ("step_pieces", 1)
+        ints += ("checkpoint_every_epochs", 0), ("frame_bytes_max", FRAME_BYTES_MIN)
+        for name, low in (*ints, ("seed", None), ("delay_seed", None)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an int, got {value!r}")
+            if low is not None and value < low:
+                raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+        for name in ("secret", "secret_env", "data_dir"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.order_log, bool):
+            raise ConfigError(f"order_log must be true or false, got {self.order_log!r}")
+
+    def _check_workload_and_protocol(self) -> None:
+        """The names and options a node would build its workload and server from."""
+        # Imported here: both modules import this one.
+        from dgcc.net.servers import server_class
+        from dgcc.workloads import get_workload
+
+        if not isinstance(self.workload, str):
+            raise ConfigError(f"workload must be a name, got {self.workload!r}")
+        options = self.workload_options
+        if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+            raise ConfigError(f"workload_options must be a table of options, got {options!r}")
+        try:
+            get_workload(self.workload, **options)
+        except TypeError as error:  # an option the workload does not take
+            raise ConfigError(
+                f"workload_options {dict(options)!r} do not fit {self.workload!r}: {error}"
+            ) from None
+        if not isinstance(self.protocol, str):
+            raise ConfigError(f"protocol must be a name, got {self.protocol!r}")
+        server_class(self.protocol)
 
     def placement(self) -> Placement:
         if self.partition_nodes is None:
@@ -179,12 +225,20 @@ class ClusterConfig:
         if unknown:
             raise ConfigError(f"unknown cluster config keys {unknown}; allowed {sorted(known)}")
         values = dict(data)
+        nodes = data.get("nodes", ())
+        if not isinstance(nodes, list | tuple) or not all(isinstance(n, Mapping) for n in nodes):
+            raise ConfigError(f"nodes must be a list of tables (id, host, port), got {nodes!r}")
         try:
-            values["nodes"] = tuple(NodeAddress(**node) for node in data.get("nodes", ()))
+            values["nodes"] = tuple(NodeAddress(**node) for node in nodes)
         except TypeError as error:
-            raise ConfigError(f"bad node entry in {data.get('nodes')!r}: {error}") from None
-        if values.get("partition_nodes") is not None:
-            values["partition_nodes"] = tuple(values["partition_nodes"])
+            raise ConfigError(f"bad node entry in {nodes!r}: {error}") from None
+        partition_nodes = values.get("partition_nodes")
+        if partition_nodes is not None:
+            if not isinstance(partition_nodes, list | tuple):
+                raise ConfigError(
+                    f"partition_nodes must be a list of node ids, got {partition_nodes!r}"
+                )
+            values["partition_nodes"] = tuple(partition_nodes)
         return cls(**values)
 
 
@@ -272,15 +326,31 @@ def start_local(
     node's log to ``node<id>.log`` there.
 
     Raises:
-        ConfigError: a node exits or is not ready within ``ready_timeout_s``.
+        ConfigError: ``directory`` is unusable or a cluster still runs there (starting over it
+            would orphan those nodes), or a node exits or is not ready within
+            ``ready_timeout_s``.
     """
-    directory.mkdir(parents=True, exist_ok=True)
     config_path = directory / CONFIG_FILE
-    config_path.write_text(json.dumps(config.to_dict(), indent=1))
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+        running = running_pids(directory)
+        if running:
+            raise ConfigError(
+                f"a cluster is already running in {str(directory)!r} (pids {running}); "
+                "stop it first"
+            )
+        config_path.write_text(json.dumps(config.to_dict(), indent=1))
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use {str(directory)!r} as a cluster directory: {error.strerror or error}"
+        ) from None
+    log_starts = [_log_size(directory, node.id) for node in config.nodes]
     processes = [_spawn(directory, node.id) for node in config.nodes]
     _write_pids(directory, [p.pid for p in processes])
     cluster = LocalCluster(config, directory, processes)
-    _wait_ready_or_kill(processes, ready_timeout_s)
+    _wait_ready_or_kill(directory, processes, log_starts, ready_timeout_s)
     return cluster
 
 
@@ -293,8 +363,8 @@ def start_node(
     or joins the others' restart. Its pid replaces the old one in ``cluster_state.json``.
 
     Raises:
-        ConfigError: no cluster in ``directory``, ``node`` not one of its nodes, or the node
-            exits or is not ready within ``ready_timeout_s``.
+        ConfigError: no cluster in ``directory``, ``node`` not one of its nodes or still
+            running, or the node exits or is not ready within ``ready_timeout_s``.
     """
     config_path = directory / CONFIG_FILE
     if not config_path.exists():
@@ -304,24 +374,34 @@ def start_node(
         raise ConfigError(
             f"node {node!r} is not a node of the cluster in {directory} (0..{nodes - 1})"
         )
+    pids = (read_pids(directory) + [0] * nodes)[:nodes]
+    if _is_cluster_node(pids[node], directory, node):
+        raise ConfigError(f"node {node} (pid {pids[node]}) is still running in {directory}")
+    log_starts = [_log_size(directory, node)]
     process = _spawn(directory, node)
-    _wait_ready_or_kill([process], ready_timeout_s)
-    state_path = directory / STATE_FILE
-    pids = json.loads(state_path.read_text())["pids"] if state_path.exists() else [0] * nodes
+    _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)
     pids[node] = process.pid
     _write_pids(directory, pids)
     return process
+
+
+def _node_args(directory: Path, node: int) -> list[str]:
+    """The arguments after the interpreter that run node ``node`` of ``directory``'s cluster.
+
+    The config path is absolute, so ``_is_cluster_node`` recognises the process from any
+    working directory.
+    """
+    config_path = directory.resolve() / CONFIG_FILE
+    return ["-m", "dgcc", "node", "--config", str(config_path), "--id", str(node)]
 
 
 def _spawn(directory: Path, node: int) -> subprocess.Popen:
     """One ``dgcc node`` process of the cluster config in ``directory``, logging to a file."""
     log = open(directory / f"node{node}.log", "ab")  # noqa: SIM115 - the child owns it
     optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
-    command = [sys.executable, *optimize, "-m", "dgcc", "node"]
-    command += ["--config", str(directory / CONFIG_FILE), "--id", str(node)]
     try:
         return subprocess.Popen(
-            command,
+            [sys.executable, *optimize, *_node_args(directory, node)],
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -331,21 +411,109 @@ def _spawn(directory: Path, node: int) -> subprocess.Popen:
         log.close()
 
 
+def _is_cluster_node(pid: object, directory: Path, node: int) -> bool:
+    """Whether ``pid`` is a live process running node ``node`` of ``directory``'s cluster.
+
+    A state file may be stale and its pid reused by another program, so only a command line
+    ending in ``_spawn``'s arguments counts (a zombie has none). Without /proc nothing counts,
+    so nothing is ever signalled on a guess.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return False
+    expected = _node_args(directory, node)
+    return [os.fsdecode(arg) for arg in argv[-len(expected) :]] == expected
+
+
+def read_pids(directory: Path) -> list[int]:
+    """The node pids recorded in ``directory`` by node id (0: none); empty without a record.
+
+    Raises:
+        ConfigError: the state file is unreadable or not a list of pids.
+    """
+    path = directory / STATE_FILE
+    try:
+        state = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
+        raise ConfigError(
+            f"cluster state {str(path)!r} is unreadable ({error}); remove it if no cluster "
+            "runs there"
+        ) from None
+    pids = state.get("pids") if isinstance(state, dict) else None
+    if not isinstance(pids, list) or not all(type(pid) is int and pid >= 0 for pid in pids):
+        raise ConfigError(
+            f"cluster state {str(path)!r} holds no list of pids (got {state!r:.80}); "
+            "remove it if no cluster runs there"
+        )
+    return pids
+
+
+def running_pids(directory: Path) -> list[int]:
+    """The recorded pids that are still this cluster's node processes."""
+    pids = read_pids(directory)
+    return [pid for node, pid in enumerate(pids) if _is_cluster_node(pid, directory, node)]
+
+
 def _write_pids(directory: Path, pids: list[int]) -> None:
     state = {"pids": pids, "config": str(directory / CONFIG_FILE)}
     (directory / STATE_FILE).write_text(json.dumps(state))
 
 
-def _wait_ready_or_kill(processes: list[subprocess.Popen], timeout_s: float) -> None:
+def _log_size(directory: Path, node: int) -> int:
+    try:
+        return (directory / f"node{node}.log").stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _last_log_line(directory: Path, node: int, start: int) -> str:
+    """The last line node ``node`` wrote to its log after byte ``start``: its own error."""
+    try:
+        with (directory / f"node{node}.log").open("rb") as log:
+            end = log.seek(0, os.SEEK_END)
+            log.seek(max(start, end - LOG_TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError as error:
+        return f"its log is unreadable ({error.strerror})"
+    lines = [line.strip() for line in lines if line.strip()]
+    return lines[-1].removeprefix("dgcc: error: ")[:300] if lines else "nothing in its log"
+
+
+def _wait_ready_or_kill(
+    directory: Path,
+    processes: list[subprocess.Popen],
+    log_starts: list[int],
+    timeout_s: float,
+    *,
+    first_node: int = 0,
+) -> None:
+    """Wait for every node's READY line; on any failure kill them all and say which failed.
+
+    ``processes[i]`` runs node ``first_node + i``; its log grew from ``log_starts[i]`` bytes.
+    """
     try:
         wait_ready_lines(processes, timeout_s)
-    except BaseException:
+    except BaseException as error:
+        exited = [i for i, process in enumerate(processes) if process.poll() is not None]
         for process in processes:
             process.kill()
             process.wait()
             if process.stdout is not None:
                 process.stdout.close()
-        raise
+        if not isinstance(error, ConfigError) or not exited:
+            raise
+        i = exited[0]
+        node, code = first_node + i, processes[i].returncode
+        line = _last_log_line(directory, node, log_starts[i])
+        log = directory / f"node{node}.log"
+        raise ConfigError(
+            f"node {node} failed to start (exit {code}): {line} (see {log})"
+        ) from None
 
 
 def wait_ready_lines(processes: Sequence[subprocess.Popen], timeout_s: float) -> None:
@@ -392,28 +560,79 @@ def status(config: ClusterConfig, *, timeout_s: float = 5.0) -> list[dict[str, A
     return results
 
 
-def stop(config: ClusterConfig, *, timeout_s: float = 5.0, pids: Sequence[int] = ()) -> int:
-    """Ask every node to stop; SIGTERM the given pids of nodes that could not be reached.
+@dataclass(frozen=True)
+class StopResult:
+    """What ``stop`` did, by node id; ``not_ours`` are pids, which it left alone."""
 
-    Returns how many nodes acknowledged the stop request.
+    by_request: tuple[int, ...] = ()
+    by_signal: tuple[int, ...] = ()
+    still_running: tuple[int, ...] = ()
+    not_ours: tuple[int, ...] = ()
+
+    @property
+    def stopped(self) -> int:
+        return len(self.by_request) + len(self.by_signal)
+
+
+def stop(
+    config: ClusterConfig, *, timeout_s: float = 5.0, directory: Path | None = None
+) -> StopResult:
+    """Ask every node to stop; SIGTERM the recorded processes of nodes that cannot be reached.
+
+    With ``directory``, an unreachable node's pid from its state file is signalled only if
+    the process is that node of that cluster, and ``stop`` waits up to ``timeout_s`` for it
+    to exit.
     """
     from dgcc.net.client import Client
     from dgcc.net.wire import NetError
 
-    stopped = 0
-    unreachable = []
+    by_request, unreachable = [], []
     for node in config.nodes:
         try:
             with Client(
                 node.host, node.port, secret=config.shared_secret(), timeout_s=timeout_s
             ) as c:
                 c.stop_node()
-                stopped += 1
+                by_request.append(node.id)
         except (OSError, NetError) as error:
             logger.info("node %d not reachable for stop: %s", node.id, error)
             unreachable.append(node.id)
+    if directory is None or not unreachable:
+        return StopResult(by_request=tuple(by_request))
+    pids = read_pids(directory)
+    by_signal, still_running, not_ours = [], [], []
     for node_id in unreachable:
-        if node_id < len(pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pids[node_id], signal.SIGTERM)
-    return stopped
+        pid = pids[node_id] if node_id < len(pids) else 0
+        outcome = _terminate(pid, directory, node_id, timeout_s)
+        if outcome == "by_signal":
+            by_signal.append(node_id)
+        elif outcome == "still_running":
+            still_running.append(node_id)
+        elif outcome == "not_ours":
+            not_ours.append(pid)
+    return StopResult(tuple(by_request), tuple(by_signal), tuple(still_running), tuple(not_ours))
+
+
+def _terminate(pid: int, directory: Path, node: int, timeout_s: float) -> str | None:
+    """SIGTERM ``pid`` if it runs node ``node`` of ``directory``'s cluster, and wait for it.
+
+    A pidfd pins the process while its command line is checked, so a pid reused meanwhile is
+    never signalled, and waiting on it needs no polling. Returns ``"by_signal"`` (it exited),
+    ``"still_running"``, ``"not_ours"``, or None when no such process exists.
+    """
+    if pid <= 0:  # 0 and negative pids would signal process groups
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        if select.select([pidfd], [], [], 0)[0]:
+            return None  # it has exited: a zombie left for its parent to reap
+        if not _is_cluster_node(pid, directory, node):
+            return "not_ours"
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        exited, _, _ = select.select([pidfd], [], [], timeout_s)
+        return "by_signal" if exited else "still_running"
+    finally:
+        os.close(pidfd)

@@ -1,0 +1,251 @@
+"""Bad input to cluster configs and ``dgcc cluster``: one-line errors, and no stray signals.
+
+Method: build configs from bad values and check the ConfigError names the field and value;
+run ``main`` in-process on bad directories, state files and ``--json`` paths (each fails
+before any node starts); stand in for node processes with ``python -c`` children whose
+command line ends like a real node's (they wait on stdin, so they run until signalled),
+and bind, without listening, the ports of nodes that must be unreachable, so a connection
+is refused at once and no other process can take the port. One test starts a real node
+on a port already in use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dgcc.cli import main
+from dgcc.cli_cluster import _stop_summary
+from dgcc.cluster import (
+    STATE_FILE,
+    ClusterConfig,
+    NodeAddress,
+    StopResult,
+    _node_args,
+    _terminate,
+    _wait_ready_or_kill,
+    load_config,
+    local_config,
+    read_pids,
+    start_local,
+    start_node,
+    stop,
+)
+from dgcc.errors import ConfigError
+
+NODE = {"id": 0, "host": "127.0.0.1", "port": 7001}
+WAIT_S = 30.0
+
+
+def _config(**values: object) -> ClusterConfig:
+    return ClusterConfig.from_dict({"nodes": [NODE], **values})
+
+
+def _error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("dgcc: error: ")
+    return err
+
+
+@pytest.fixture
+def children():
+    """Processes a test starts; killed and reaped whatever the test did."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait(timeout=WAIT_S)
+        if process.stdin is not None:
+            process.stdin.close()
+
+
+def _fake_node(children: list, directory: Path, node: int) -> subprocess.Popen:
+    """A child whose command line ends with node ``node``'s arguments; it runs until killed."""
+    command = [sys.executable, "-c", "import sys; sys.stdin.read()", *_node_args(directory, node)]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE)
+    children.append(process)
+    return process
+
+
+def _other_program(children: list) -> subprocess.Popen:
+    command = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE)
+    children.append(process)
+    return process
+
+
+def _write_cluster(directory: Path, config: ClusterConfig, pids: list[int]) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / "cluster.json").write_text(json.dumps(config.to_dict()))
+    (directory / STATE_FILE).write_text(json.dumps({"pids": pids}))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"frame_bytes_max": "x"}, "frame_bytes_max must be an int, got 'x'"),
+        ({"frame_bytes_max": -1}, "frame_bytes_max must be an int >= 1024, got -1"),
+        ({"secret": 123}, "secret must be a non-empty string, got 123"),
+        ({"epoch_ms": float("inf")}, "epoch_ms must be a finite number >= 0, got inf"),
+        ({"epoch_ms": float("nan")}, "epoch_ms must be a finite number >= 0, got nan"),
+        ({"delay_ms_max": float("nan")}, "delay_ms_max must be a finite number >= 0, got nan"),
+        ({"seed": "x"}, "seed must be an int, got 'x'"),
+        ({"order_log": "yes"}, "order_log must be true or false, got 'yes'"),
+        ({"protocol": ["x"]}, "protocol must be a name, got ['x']"),
+        ({"protocol": "nope"}, "unknown protocol 'nope'"),
+        ({"workload": 5}, "workload must be a name, got 5"),
+        ({"workload": "nope"}, "unknown workload 'nope'"),
+        ({"workload_options": [1]}, "workload_options must be a table of options, got [1]"),
+        ({"workload_options": {"bogus": 1}}, "do not fit 'ycsb'"),
+        ({"partition_nodes": 5}, "partition_nodes must be a list of node ids, got 5"),
+        ({"nodes": "abc"}, "nodes must be a list of tables (id, host, port), got 'abc'"),
+        ({"nodes": [NODE | {"port": 0}]}, "node 0: port 0 outside 1..65535"),
+        ({"nodes": [NODE | {"id": "0"}]}, "node id must be an int, got '0'"),
+    ],
+)
+def test_bad_config_values_fail_when_built(values, message):
+    with pytest.raises(ConfigError) as raised:
+        _config(**values)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_json_infinity_and_nan_fail_when_loaded(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text('{"nodes": [{"id": 0, "host": "127.0.0.1", "port": 7001}], "epoch_ms": 1e400}')
+    with pytest.raises(ConfigError, match="epoch_ms must be a finite number >= 0, got inf"):
+        load_config(path)
+    assert _config(seed=-3, secret="s", order_log=True).seed == -3  # good values still pass
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("garbage", "is unreadable"),
+        ("{}", "holds no list of pids"),
+        ('{"pids": "abc"}', "holds no list of pids"),
+        ('{"pids": [-1]}', "holds no list of pids"),
+    ],
+)
+def test_a_bad_state_file_is_one_line_error(tmp_path, text, message, capsys):
+    (tmp_path / STATE_FILE).write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        read_pids(tmp_path)
+    err = _error_line(["cluster", "start", "--nodes", "1", "--dir", str(tmp_path)], capsys)
+    assert "remove it if no cluster runs there" in err
+
+
+def test_unusable_dir_and_json_paths_fail_up_front(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    start = ["cluster", "start", "--nodes", "1", "--dir"]
+    assert "Not a directory" in _error_line([*start, str(a_file)], capsys)
+    assert "No such file" in _error_line([*start, "/proc/nope"], capsys)
+    assert "no cluster in" in _error_line(["cluster", "stop", "--dir", str(a_file)], capsys)
+    bench = ["bench", "--seconds", "0.1", "--warmup-s", "0"]
+    err = _error_line([*bench, "--json", "/proc/nope/x.json"], capsys)
+    assert "--json '/proc/nope/x.json' cannot be written" in err
+    err = _error_line(["recover", str(tmp_path), "--json", str(a_file / "x.json")], capsys)
+    assert "cannot be written" in err
+    assert "Is a directory" in _error_line([*bench, "--json", str(tmp_path)], capsys)
+
+
+def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):
+    config = local_config(1)
+    node = _fake_node(children, tmp_path, 0)
+    _write_cluster(tmp_path, config, [node.pid])
+    state = (tmp_path / STATE_FILE).read_text()
+    with pytest.raises(ConfigError, match=rf"already running in .* \(pids \[{node.pid}\]\)"):
+        start_local(config, tmp_path)
+    with pytest.raises(ConfigError, match=f"node 0 \\(pid {node.pid}\\) is still running"):
+        start_node(tmp_path, 0)
+    assert (tmp_path / STATE_FILE).read_text() == state
+
+
+def test_stop_signals_only_this_clusters_nodes(tmp_path, children, capsys):
+    holders = [socket.socket() for _ in range(3)]  # bound, not listening: connects are refused
+    for holder in holders:
+        holder.bind(("127.0.0.1", 0))
+    nodes = tuple(NodeAddress(n, "127.0.0.1", h.getsockname()[1]) for n, h in enumerate(holders))
+    config = ClusterConfig(nodes=nodes)
+    node0, other = _fake_node(children, tmp_path, 0), _other_program(children)
+    stale = _fake_node(children, tmp_path / "elsewhere", 2)  # a node of another cluster
+    pids = [node0.pid, other.pid, stale.pid]
+    try:
+        _write_cluster(tmp_path, config, pids)
+        assert main(["cluster", "stop", "--dir", str(tmp_path)]) == 0
+        assert not (tmp_path / STATE_FILE).exists()
+        assert node0.wait(timeout=WAIT_S) == -signal.SIGTERM
+        _write_cluster(tmp_path, config, pids)  # now stale for node 0 too
+        assert stop(config, directory=tmp_path) == StopResult(not_ours=(other.pid, stale.pid))
+    finally:
+        for holder in holders:
+            holder.close()
+    assert other.poll() is None and stale.poll() is None
+    out = capsys.readouterr().out
+    assert "stopped 1 of 3 nodes (unreachable nodes [0] by SIGTERM)" in out
+    assert "2 of 3 nodes were not running" in out
+    assert f"left pids [{other.pid}, {stale.pid}] alone" in out
+
+
+def test_terminate_never_signals_groups_or_exited_processes(tmp_path, children):
+    assert _terminate(0, tmp_path, 0, WAIT_S) is None
+    assert _terminate(-1, tmp_path, 0, WAIT_S) is None
+    node = _fake_node(children, tmp_path, 0)
+    node.stdin.close()  # it reads EOF and exits
+    os.waitid(os.P_PID, node.pid, os.WEXITED | os.WNOWAIT)  # exited, left a zombie
+    assert _terminate(node.pid, tmp_path, 0, WAIT_S) is None
+    assert node.wait(timeout=WAIT_S) == 0  # it exited by itself, not by a signal
+
+
+def test_stop_summary_counts_only_stopped_nodes():
+    result = StopResult(by_request=(0,), still_running=(1,), not_ours=(99,))
+    assert _stop_summary(result, 3).splitlines() == [
+        "stopped 1 of 3 nodes",
+        "1 of 3 nodes were not running",
+        "nodes [1] still run after SIGTERM",
+        "left pids [99] alone: not this cluster's node processes",
+    ]
+
+
+@pytest.mark.parametrize("says", ["dgcc: error: port 1 on h already in use\n", ""])
+def test_a_node_that_fails_to_start_is_named_with_its_own_error(tmp_path, says, children):
+    log = tmp_path / "node3.log"
+    log.write_text("an error of an earlier run\n")
+    start = log.stat().st_size
+    script = f"import sys; sys.stderr.write({says!r}); sys.exit(2)"
+    with log.open("ab") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr
+        )
+    children.append(process)
+    with pytest.raises(ConfigError) as raised:
+        _wait_ready_or_kill(tmp_path, [process], [start], WAIT_S, first_node=3)
+    line = "port 1 on h already in use" if says else "nothing in its log"
+    assert str(raised.value) == f"node 3 failed to start (exit 2): {line} (see {log})"
+
+
+@pytest.mark.integration
+def test_a_busy_port_is_named_when_start_fails(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        path = tmp_path / "busy.json"
+        path.write_text(
+            json.dumps({"nodes": [NODE | {"port": port}], "workload_options": {"records": 100}})
+        )
+        err = _error_line(
+            ["cluster", "start", "--config", str(path), "--dir", str(tmp_path)], capsys
+        )
+    assert f"node 0 failed to start (exit 2): port {port} on 127.0.0.1 already in use" in err
+    assert f"(see {tmp_path / 'node0.log'})" in err
