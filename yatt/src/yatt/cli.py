@@ -32,7 +32,9 @@ class _UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(f"{self.prog}: {message}")
+        # main() prints "yatt: error: "; name only the subcommand ("train: ...") on top of it
+        command = self.prog.removeprefix("yatt").strip()
+        raise _UsageError(f"{command}: {message}" if command else message)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,7 +161,7 @@ def _demo(overrides: list[str]) -> None:
     from yatt.report import console
 
     start_s = time.perf_counter()
-    result = _train("demo", overrides)
+    result = _train("demo", ["logging.overwrite=true", *overrides])  # each demo starts afresh
     wall_s = time.perf_counter() - start_s
     if len(result.evals) >= 2:
         (_, before), (last_step, after) = result.evals[0], result.evals[-1]

@@ -9,6 +9,7 @@ its own sub-config; `to_dict`/`save_config` write the resolved tree next to outp
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import yaml
 
 from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
+from yatt.rewards import REWARD_FNS
 
 __all__ = [
     "AlgoConfig",
@@ -33,6 +35,7 @@ __all__ = [
     "RolloutConfig",
     "TrainConfig",
     "apply_overrides",
+    "check_eval_data",
     "load_config",
     "preset_names",
     "save_config",
@@ -49,6 +52,12 @@ ROLLOUT_DTYPES = ("float32", "bfloat16")
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
+
+
+def _require_reward(key: str, name: str) -> None:
+    """Reward names resolve at load, not when scoring or evaluating starts (after training)."""
+    if name not in REWARD_FNS:
+        raise ConfigError(f"{key}={name!r}: unknown reward; known: {sorted(REWARD_FNS)}")
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,8 @@ class RewardConfig:
     model_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in self.fns:
+            _require_reward("reward.fns", name)
         _require(
             len(self.fns) == len(self.weights),
             "reward.weights",
@@ -240,9 +251,32 @@ class OptimConfig:
     def __post_init__(self) -> None:
         schedules = ("linear", "constant", "cosine")
         _require(self.schedule in schedules, "optim.schedule", self.schedule, f"one of {schedules}")
-        _require(self.lr > 0, "optim.lr", self.lr, "> 0")
+        # NaN fails every comparison; inf passes '> 0', so each bound also asks for a finite value
+        _require(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "a finite float > 0")
+        _require(
+            math.isfinite(self.critic_lr) and self.critic_lr > 0,
+            "optim.critic_lr",
+            self.critic_lr,
+            "a finite float > 0",
+        )
         _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, ">= 0")
-        _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, ">= 0 (0 = off)")
+        _require(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            "optim.weight_decay",
+            self.weight_decay,
+            "a finite float >= 0",
+        )
+        _require(0 <= self.beta1 < 1, "optim.beta1", self.beta1, "in [0, 1)")
+        _require(0 <= self.beta2 < 1, "optim.beta2", self.beta2, "in [0, 1)")
+        _require(
+            math.isfinite(self.eps) and self.eps > 0, "optim.eps", self.eps, "a finite float > 0"
+        )
+        _require(
+            math.isfinite(self.grad_clip) and self.grad_clip >= 0,
+            "optim.grad_clip",
+            self.grad_clip,
+            "a finite float >= 0 (0 = off)",
+        )
 
 
 @dataclass(frozen=True)
@@ -289,13 +323,23 @@ class EvalConfig:
         _require(self.n >= 0, "eval.n", self.n, ">= 0")
         _require(self.n_periodic >= 0, "eval.n_periodic", self.n_periodic, ">= 0 (0 = eval.n)")
         _require(self.batch_size >= 1, "eval.batch_size", self.batch_size, ">= 1")
+        _require(self.max_new_tokens >= 1, "eval.max_new_tokens", self.max_new_tokens, ">= 1")
+        _require_reward("eval.reward_fn", self.reward_fn)
+
+    @property
+    def enabled(self) -> bool:
+        """True when the single-process trainer evaluates at all (at start, end or periodically)."""
+        return self.n > 0 and (self.at_start or self.at_end or self.every > 0)
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """Where outputs go and which sinks are on (JSONL is always on)."""
+    """Where outputs go and which sinks are on (JSONL is always on). A fresh run into a
+    `run_dir` that holds a previous run's outputs is refused unless `overwrite` (then they are
+    deleted first); `checkpoint.resume` continues a run in place."""
 
     run_dir: str = "runs/default"
+    overwrite: bool = False
     tensorboard: bool = False
     progress: bool = True
     plots: bool = True
@@ -332,6 +376,41 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
 
+    def __post_init__(self) -> None:
+        _require_ray_for_control(self.control)
+
+
+def _require_ray_for_control(control: ControlConfig) -> None:
+    """Refuse control.* settings that only the Ray controllers read.
+
+    `yatt train` runs the single-process Trainer unless control.backend is "ray", and the Trainer
+    reads no control.* key. Controllers built from the Python API with an in-process backend take
+    their own ControlConfig, not `Config.control`, so they are not affected.
+    """
+    if control.backend == "ray":
+        return
+    for item in dataclasses.fields(ControlConfig):
+        value = getattr(control, item.name)
+        if item.name != "backend" and value != item.default:
+            shown = list(value) if isinstance(value, tuple) else value
+            raise ConfigError(
+                f"control.{item.name}={shown!r} needs control.backend=ray "
+                f"(with control.backend={control.backend!r} the single-process trainer ignores it)"
+            )
+
+
+def check_eval_data(config: Config) -> None:
+    """Raise ConfigError if the single-process trainer would evaluate with no held-out prompts.
+
+    Not part of Config validation: the distributed controllers never evaluate, so their configs
+    (tests, benchmarks) set data.n_heldout=0 and leave eval.* at the preset's values.
+    """
+    if config.data.n_heldout == 0 and config.eval.enabled:
+        raise ConfigError(
+            f"data.n_heldout=0 leaves nothing to evaluate (eval.n={config.eval.n}): set eval.n=0 "
+            "(or disable eval: eval.at_start=false eval.at_end=false eval.every=0)"
+        )
+
 
 # ---------------------------------------------------------------- typed conversion
 
@@ -354,6 +433,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         raise AssertionError(f"union annotations are not supported in configs: {key}")
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str):
+        try:  # YAML 1.1 reads '1e-5' (no dot) as a string; overrides already accept it
+            return float(value)
+        except ValueError:
+            pass
     if annotation is bool and not isinstance(value, bool):
         raise ConfigError(f"'{key}' expects true/false, got {value!r}")
     if annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -364,7 +448,9 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    """Instantiate dataclass `cls` from a nested dict, strictly."""
+    """Instantiate dataclass `cls` from a nested dict, strictly (an empty section = defaults)."""
+    if values is None and prefix:  # `train:` with nothing under it
+        values = {}
     if not isinstance(values, dict):
         raise ConfigError(f"'{prefix or 'config'}' expects a mapping, got {values!r}")
     hints = _field_types(cls)

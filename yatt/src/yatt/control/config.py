@@ -57,7 +57,8 @@ class ControlConfig:
     length_schedule: "step:tokens" pairs, the response budget from that step on (overrides
         rollout.max_new_tokens); emulates response lengths that grow during training.
     extra_rewards: "package.module:function" reward functions (weight 1) every worker imports,
-        added to `reward.fns` (a distributed run cannot ship closures to its workers).
+        added to `reward.fns` (a distributed run cannot ship closures to its workers). The driver
+        imports each one when the config is built, so a bad path fails before any worker starts.
     """
 
     mode: str = "parallel"
@@ -122,7 +123,7 @@ class ControlConfig:
                 "'step:tokens' with tokens >= 1",
             )
         for path in self.extra_rewards:
-            _require(":" in path, "control.extra_rewards", path, "'package.module:function'")
+            load_callable(path, "control.extra_rewards")
 
 
 def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
@@ -135,17 +136,31 @@ def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
     return budget
 
 
-def load_callable(path: str):
-    """The function named by "package.module:function"; ConfigError if it cannot be imported."""
+def load_callable(path: str, key: str = "reward"):
+    """The function named by "package.module:function" (`key` names the setting in errors).
+
+    Raises:
+        ConfigError (one line) if the path is malformed, importing the module fails for any
+        reason (missing, SyntaxError, an exception raised at import), or the name is missing
+        or not callable.
+    """
     import importlib
 
     module_name, _, attr = path.partition(":")
+    if not (module_name and attr.isidentifier()):
+        raise ConfigError(f"{key}={path!r}: expected 'package.module:function'")
     try:
-        function = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import reward function {path!r}: {exc}") from None
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # user code: whatever its import raises becomes one line
+        detail = " ".join(str(exc).split())
+        raise ConfigError(
+            f"{key}={path!r}: cannot import {module_name!r} ({type(exc).__name__}: {detail})"
+        ) from None
+    function = getattr(module, attr, None)
+    if function is None:
+        raise ConfigError(f"{key}={path!r}: module {module_name!r} has no {attr!r}")
     if not callable(function):
-        raise ConfigError(f"reward {path!r} is not callable")
+        raise ConfigError(f"{key}={path!r}: {attr!r} is a {type(function).__name__}, not callable")
     return function
 
 
@@ -153,4 +168,5 @@ def make_reward_role(config, control: ControlConfig):
     """The RewardRole of `config.reward` plus `control.extra_rewards`."""
     from yatt.roles.reward import RewardRole
 
-    return RewardRole(config.reward, extra=[(load_callable(p), 1.0) for p in control.extra_rewards])
+    extra = [(load_callable(path, "control.extra_rewards"), 1.0) for path in control.extra_rewards]
+    return RewardRole(config.reward, extra=extra)

@@ -39,7 +39,12 @@ RewardFn = Callable[..., float]
 
 
 class RewardError(YattError):
-    """A reward function raised, or returned something other than a finite number."""
+    """A reward function raised, or returned something other than a finite number; `row` is
+    the batch row it failed on, when known (the trainer names that prompt's source)."""
+
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 def _no_options(fn: RewardFn) -> Callable[..., RewardFn]:
@@ -74,10 +79,12 @@ def _checked(value: Any, name: str, row: int) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         kind = type(value).__name__
         raise RewardError(
-            f"reward {name!r} returned {value!r} ({kind}) on row {row}; need a number"
+            f"reward {name!r} returned {value!r} ({kind}) on row {row}; need a number", row
         )
     if not isfinite(value):
-        raise RewardError(f"reward {name!r} returned {value!r} on row {row}; need a finite number")
+        raise RewardError(
+            f"reward {name!r} returned {value!r} on row {row}; need a finite number", row
+        )
     return float(value)
 
 
@@ -132,7 +139,7 @@ class CombinedReward:
             except Exception as exc:  # a user callback: report which fn and row failed
                 detail = " ".join(str(exc).split())  # keep the message on one line
                 message = f"reward {name!r} raised {type(exc).__name__}: {detail} on row {row}"
-                raise RewardError(message) from exc
+                raise RewardError(message, row) from exc
             scores.append(_checked(value, name, row))
         return scores
 

@@ -90,7 +90,9 @@ class GenerativeJudge:
             try:
                 prompt_ids.append(self._prompt_ids(prompt, completion, fields))
             except KeyError as exc:
-                raise RewardError(f"judge template needs field {exc} missing on row {row}") from exc
+                raise RewardError(
+                    f"judge template needs field {exc} missing on row {row}", row
+                ) from exc
         seeds = [self.seed + index for index in range(len(prompt_ids))]
         replies = [done.text for done in self.engine.generate(prompt_ids, self.params, seeds)]
         scores, failures = [], 0
@@ -99,7 +101,7 @@ class GenerativeJudge:
             if score is None:
                 if self.fallback is None:
                     shown = " ".join(reply.split())[:80]
-                    raise RewardError(f"judge reply on row {row} has no score: {shown!r}")
+                    raise RewardError(f"judge reply on row {row} has no score: {shown!r}", row)
                 failures += 1
                 score = self.fallback
             scores.append(score)

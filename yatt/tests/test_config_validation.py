@@ -1,0 +1,160 @@
+"""Config-time validation: settings that used to fail late (after training, inside a Ray worker,
+inside torch) or were silently ignored now raise a one-line ConfigError naming the key and value
+when the config is loaded. Method: load_config / ControlConfig only; nothing is trained."""
+
+import math
+
+import pytest
+
+from yatt.cli import main
+from yatt.config import check_eval_data, load_config
+from yatt.control.config import ControlConfig, load_callable
+from yatt.errors import ConfigError
+
+
+def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(preset, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        ("eval.reward_fn=bogus", ["eval.reward_fn='bogus'", "unknown reward", "math_answer"]),
+        ("reward.fns=[bogus]", ["reward.fns='bogus'", "unknown reward", "math_answer"]),
+        ("eval.max_new_tokens=0", ["eval.max_new_tokens", "0"]),
+        ("optim.beta1=1.5", ["optim.beta1", "1.5", "[0, 1)"]),
+        ("optim.beta2=1", ["optim.beta2", "1.0"]),
+        ("optim.eps=-1", ["optim.eps", "-1.0"]),
+        ("optim.eps=0", ["optim.eps", "0.0"]),
+        ("optim.weight_decay=-1", ["optim.weight_decay", "-1.0"]),
+        ("optim.lr=inf", ["optim.lr", "inf", "finite"]),
+        ("optim.lr=nan", ["optim.lr", "nan"]),
+        ("optim.critic_lr=0", ["optim.critic_lr"]),
+        ("optim.grad_clip=inf", ["optim.grad_clip", "inf"]),
+    ],
+)
+def test_bad_values_fail_at_load(override: str, fragments: list[str]) -> None:
+    message = _error([override])
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_valid_optim_and_reward_settings_load() -> None:
+    overrides = ["optim.beta1=0", "optim.weight_decay=0.1", "eval.reward_fn=format",
+                 "reward.fns=[math_boxed]"]  # fmt: skip
+    config = load_config("tiny_test", overrides)
+    assert config.optim.beta1 == 0.0
+    assert config.eval.reward_fn == "format"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "control.n_devices=2",
+        "control.placement=partial",
+        "control.mode=single",
+        "control.length_schedule=[0:4]",
+        "control.extra_rewards=[yatt.control.workload:char_mix_reward]",
+        "control.async_staleness=1",
+        "control.oversubscribe=true",
+    ],
+)
+def test_ray_only_control_keys_need_ray(override: str) -> None:
+    key = override.split("=")[0]
+    message = _error([override])
+    assert f"{key}=" in message
+    assert "needs control.backend=ray" in message
+    load_config("tiny_test", [override, "control.backend=ray"])
+
+
+def test_control_keys_at_their_defaults_are_fine_in_process() -> None:
+    defaults = ["control.mode=parallel", "control.n_devices=0", "control.over_dispatch=0",
+                "control.length_schedule=[]"]  # fmt: skip
+    config = load_config("tiny_test", defaults)
+    assert config.control.backend == "inprocess"
+
+
+def test_in_process_controllers_keep_their_own_control_config() -> None:
+    control = ControlConfig(backend="inprocess", n_devices=1, device_kind="cpu",
+                            extra_rewards=("yatt.control.workload:char_mix_reward",))  # fmt: skip
+    assert control.n_devices == 1
+
+
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    (tmp_path / "boom_reward.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "broken_reward.py").write_text("def f(:\n")
+    (tmp_path / "good_reward.py").write_text("def f(prompt, completion, **fields):\n    return 1\n"
+                                             "NOT_A_FUNCTION = 3\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("no_such_module_xyz:fn", "ModuleNotFoundError"),
+        ("boom_reward:f", "RuntimeError: boom"),
+        ("broken_reward:f", "SyntaxError"),
+        ("good_reward:missing", "has no 'missing'"),
+        ("good_reward:NOT_A_FUNCTION", "not callable"),
+        (":f", "'package.module:function'"),
+        ("good_reward:", "'package.module:function'"),
+        ("good_reward", "'package.module:function'"),
+    ],
+)
+def test_extra_rewards_resolve_in_the_driver(user_modules, path: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny_test", ["control.backend=ray", f"control.extra_rewards=[{path!r}]"])
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"control.extra_rewards={path!r}" in message
+    assert fragment in message
+
+
+def test_load_callable_returns_the_function(user_modules) -> None:
+    assert load_callable("good_reward:f")("", "") == 1
+    ray = ["control.backend=ray", "control.extra_rewards=good_reward:f"]
+    config = load_config("tiny_test", ray)
+    assert config.control.extra_rewards == ("good_reward:f",)
+
+
+def test_no_heldout_with_eval_on_is_refused_for_the_trainer() -> None:
+    with pytest.raises(ConfigError, match=r"data\.n_heldout=0 leaves nothing to evaluate"):
+        check_eval_data(load_config("tiny_test", ["data.n_heldout=0"]))
+    for off in (["eval.n=0"], ["eval.at_start=false", "eval.at_end=false"]):
+        check_eval_data(load_config("tiny_test", ["data.n_heldout=0", *off]))
+    periodic = ["data.n_heldout=0", "eval.at_start=false", "eval.at_end=false", "eval.every=2"]
+    with pytest.raises(ConfigError, match=r"eval\.n=0"):
+        check_eval_data(load_config("tiny_test", periodic))
+
+
+def test_yaml_numeric_strings_and_empty_sections(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("optim: {lr: 1e-5, eps: 1E-6}\nreward: {weights: [5e-1]}\ntrain:\neval:\n")
+    config = load_config(str(path))
+    assert math.isclose(config.optim.lr, 1e-5)
+    assert math.isclose(config.optim.eps, 1e-6)
+    assert config.reward.weights == (0.5,)
+    assert config.train.steps == load_config(None).train.steps
+    path.write_text("optim: {lr: fast}\n")
+    assert "'optim.lr' expects float" in _error([], str(path))
+    path.write_text("train: 3\n")
+    assert "'train' expects a mapping" in _error([], str(path))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train", "tiny_test", "--bogus"], "yatt: error: unrecognized arguments: --bogus"),
+        (["train"], "yatt: error: train: the following arguments are required: config"),
+    ],
+)
+def test_usage_errors_name_the_program_once(argv, expected, capsys) -> None:
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(expected)
+    assert "yatt: error: yatt" not in error
