@@ -45,6 +45,7 @@ def _run_variant(
     overrides = [
         f"train.steps={steps + warmup}", f"train.device={device}", f"train.torch_threads={threads}",
         "eval.n=0", "logging.progress=false", f"logging.run_dir=/tmp/yatt_bench_step/{name}",
+        "logging.overwrite=true",
         *VARIANTS[name],
     ]  # fmt: skip
     trainer = Trainer(load_config(preset, overrides))

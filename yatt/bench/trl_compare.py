@@ -130,8 +130,8 @@ def yatt_overrides(
         "optim.weight_decay=0.0", "optim.grad_clip=1.0",
         f"train.steps={settings.steps}", f"train.seed={settings.seed}",
         f"train.torch_threads={settings.threads}", "train.bf16_autocast=false",
-        "eval.n=0", f"logging.run_dir={run_dir}", "logging.progress=false",
-        "logging.plots=false",
+        "eval.n=0", f"logging.run_dir={run_dir}", "logging.overwrite=true",
+        "logging.progress=false", "logging.plots=false",
     ]  # fmt: skip
 
 

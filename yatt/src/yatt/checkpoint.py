@@ -23,6 +23,7 @@ __all__ = ["list_checkpoints", "load_trainer_state", "policy_folder", "save_trai
 
 logger = logging.getLogger(__name__)
 _STATE_FILE = "trainer_state.pt"
+_STATE_KEYS = ("step", "policy", "sampler", "rng")  # what `Trainer._resume` reads
 
 
 def policy_folder(checkpoint: Path) -> Path:
@@ -71,12 +72,35 @@ def save_training_checkpoint(
     return final
 
 
-def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    """The trainer state saved in a checkpoint folder; raises ConfigError if it is not one."""
+def load_trainer_state(checkpoint: Path, *, needs_critic: bool = False) -> dict[str, Any]:
+    """The trainer state saved in a checkpoint folder.
+
+    Raises ConfigError (one line naming the folder) if there is no state file, or if it is
+    unreadable (truncated, garbage, empty) or lacks the keys a resume needs.
+    """
     path = Path(checkpoint) / _STATE_FILE
     if not path.is_file():
         raise ConfigError(
             f"checkpoint.resume={str(checkpoint)!r} is not a checkpoint folder (no {_STATE_FILE})"
         )
-    # The file holds python RNG tuples and numpy states besides tensors; it is our own output.
-    return torch.load(path, weights_only=False)
+    try:
+        # The file holds python RNG tuples and numpy states besides tensors; it is our own output.
+        state = torch.load(path, weights_only=False)
+    except Exception as exc:  # damage surfaces as RuntimeError, UnpicklingError, EOFError, ...
+        raise ConfigError(_unreadable(checkpoint, f"{type(exc).__name__}: {exc}")) from exc
+    if not isinstance(state, dict):
+        raise ConfigError(_unreadable(checkpoint, f"holds a {type(state).__name__}, not a dict"))
+    wanted = (*_STATE_KEYS, "critic") if needs_critic else _STATE_KEYS
+    missing = [key for key in wanted if key not in state]
+    if missing:
+        raise ConfigError(_unreadable(checkpoint, f"missing keys {missing}"))
+    return state
+
+
+def _unreadable(checkpoint: Path, cause: str) -> str:
+    # One line, first sentence: torch's zip errors run on for a paragraph of advice.
+    cause = " ".join(cause.split()).split(". ")[0][:200]
+    return (
+        f"checkpoint.resume={checkpoint}: {_STATE_FILE} is unreadable "
+        f"(truncated or not a yatt checkpoint): {cause}"
+    )

@@ -42,11 +42,16 @@ _SUFFIXES = (".jsonl", ".parquet")
 
 @dataclass(frozen=True)
 class PromptExample:
-    """One prompt: text or chat messages, the reference answer, and any other row fields."""
+    """One prompt: text or chat messages, the reference answer, and any other row fields.
+
+    `source` is where the row came from ("file:line", "file row n"; empty for generated tasks),
+    for error messages only: it is not a row field and takes no part in comparisons.
+    """
 
     prompt: str | list[dict[str, str]]
     answer: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    source: str = field(default="", compare=False, repr=False)
 
     def reward_fields(self) -> dict[str, Any]:
         """Keyword arguments for a reward function: `answer` plus the extra fields."""
@@ -102,7 +107,7 @@ def _parse_answer(value: Any) -> str | None:
     return str(value)
 
 
-def _parse_row(row: Any) -> PromptExample:
+def _parse_row(row: Any, source: str) -> PromptExample:
     """Validate one decoded row -> PromptExample; raises _RowError naming the problem."""
     if not isinstance(row, dict):
         raise _RowError(f"row is a JSON {type(row).__name__}, expected an object")
@@ -112,14 +117,21 @@ def _parse_row(row: Any) -> PromptExample:
     prompt = _parse_prompt(row[prompt_key])
     answer = _parse_answer(row.get("answer"))
     extra = {key: value for key, value in row.items() if key not in (prompt_key, "answer")}
-    return PromptExample(prompt=prompt, answer=answer, fields=extra)
+    return PromptExample(prompt=prompt, answer=answer, fields=extra, source=source)
 
 
 def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
     """(location, decoded row or _RowError) for each non-blank line of a JSONL file."""
     rows: list[tuple[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:  # a whole-file problem (Latin-1, binary): no skipping
+                raise DataError(
+                    f"data file {str(path)!r}: not UTF-8 (byte 0x{raw[exc.start]:02x} at line "
+                    f"{number})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -159,7 +171,7 @@ def load_prompts(path: str | Path, *, skip_bad_rows: bool = False) -> PromptData
         try:
             if isinstance(row, _RowError):
                 raise row
-            examples.append(_parse_row(row))
+            examples.append(_parse_row(row, location))
         except _RowError as exc:
             if not skip_bad_rows:
                 raise DataError(f"{location}: {exc}") from None
@@ -246,7 +258,8 @@ def split_heldout(
     """Seeded split -> (train, heldout) with len(heldout) == n_heldout.
 
     Train rows whose prompt also appears in the held-out part are dropped (logged), so the
-    held-out score measures unseen prompts. Raises ConfigError unless 0 < n_heldout < len.
+    held-out score measures unseen prompts. Raises ConfigError unless 0 < n_heldout < len, or
+    if no train row is left.
     """
     if not 0 < n_heldout < len(examples):
         raise ConfigError(f"n_heldout must be in (0, {len(examples)}), got {n_heldout}")
@@ -257,6 +270,12 @@ def split_heldout(
     train = [
         examples[i] for i in order[n_heldout:] if _prompt_key(examples[i]) not in heldout_prompts
     ]
+    if not train:
+        distinct = len({_prompt_key(example) for example in examples})
+        raise ConfigError(
+            f"data.n_heldout={n_heldout}: no training prompts left after removing the held-out "
+            f"ones and their duplicates ({len(examples)} rows, {distinct} distinct prompts)"
+        )
     dropped = len(examples) - n_heldout - len(train)
     if dropped:
         logger.info("split_heldout: dropped %d train rows duplicating held-out prompts", dropped)

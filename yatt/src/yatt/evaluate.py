@@ -1,6 +1,7 @@
 """Held-out evaluation: greedy decoding, then the task's reward function as the judge.
 
 Accuracy = fraction of examples whose greedy completion scores >= 1 (e.g. `math_answer`).
+A reward function that fails on an example raises RewardError naming the example's source.
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ def evaluate_engine(
     reward_fn: str = "math_answer",
     use_chat_template: bool = True,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """(accuracy in [0, 1], one record per example) for greedy completions of `examples`."""
+    """(accuracy in [0, 1], one record per example) for greedy completions of `examples`.
+
+    Raises ConfigError for no examples, RewardError when `reward_fn` fails on one.
+    """
     from yatt.data import render_prompt
+    from yatt.errors import ConfigError
     from yatt.rewards import get_reward_fn
     from yatt.rollout import SamplingParams
 
-    assert examples, "nothing to evaluate"
+    if not examples:
+        raise ConfigError("nothing to evaluate: no held-out examples (data.n_heldout=0?)")
     score_fn = get_reward_fn(reward_fn)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, greedy=True)
     records: list[dict[str, Any]] = []
@@ -37,9 +43,9 @@ def evaluate_engine(
         prompts = [render_prompt(e, tokenizer, use_chat_template) for e in chunk]
         prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         completions = engine.generate(prompt_ids, params)
-        for example, prompt, completion in zip(chunk, prompts, completions):
-            fields = {"answer": example.answer, **example.fields}
-            score = float(score_fn(prompt, completion.text, **fields))
+        for index, (example, prompt, completion) in enumerate(zip(chunk, prompts, completions)):
+            where = example.source or f"held-out example {start + index}"
+            score = _score(score_fn, reward_fn, prompt, completion.text, example, where)
             records.append(
                 {
                     "prompt": prompt,
@@ -50,3 +56,16 @@ def evaluate_engine(
             )
     accuracy = sum(r["correct"] for r in records) / len(records)
     return accuracy, records
+
+
+def _score(score_fn: Any, name: str, prompt: str, text: str, example: Any, where: str) -> float:
+    from yatt.rewards import RewardError
+
+    try:
+        value = score_fn(prompt, text, **{"answer": example.answer, **example.fields})
+        return float(value)
+    except Exception as exc:  # a reward function is user code: name it and the example
+        detail = " ".join(str(exc).split())
+        raise RewardError(
+            f"eval reward {name!r} raised {type(exc).__name__}: {detail} on {where}"
+        ) from exc

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -138,8 +139,15 @@ def load_model(
     folder = _resolve(path_or_name)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"cannot load model from {str(folder)!r}: {exc}") from exc
+    except SafetensorError as exc:  # a truncated or overwritten weights file
+        weights = _WEIGHTS_FILE if (folder / _WEIGHTS_FILE).is_file() else "a *.safetensors file"
+        raise ModelError(
+            f"cannot load model from {str(folder)!r}: {weights} is unreadable (truncated or not "
+            f"safetensors): {' '.join(str(exc).split())}"
+        ) from exc
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        detail = " ".join(str(exc).split())
+        raise ModelError(f"cannot load model from {str(folder)!r}: {detail}") from exc
     return model.to(device)
 
 

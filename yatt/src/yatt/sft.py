@@ -34,7 +34,8 @@ def _encode_pairs(examples: list[Any], tokenizer: Any, use_chat_template: bool):
     prompts, answers = [], []
     for index, example in enumerate(examples):
         if example.answer is None:
-            raise DataError(f"SFT example {index} has no answer field")
+            where = example.source or f"example {index}"
+            raise DataError(f"SFT needs an answer on every row; {where} has none")
         prompt = render_prompt(example, tokenizer, use_chat_template)
         prompts.append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         answer_ids = tokenizer(str(example.answer), add_special_tokens=False)["input_ids"]
@@ -46,15 +47,20 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None) -> Path:
     """Fine-tune on (prompt, answer) pairs; returns the saved model folder."""
     from yatt.builders import build_data, build_model
     from yatt.models import save_checkpoint
-    from yatt.trainer import configure_threads
+    from yatt.trainer import claim_run_dir, configure_threads
 
+    run_dir = claim_run_dir(
+        config.logging.run_dir,
+        ("sft_metrics.jsonl", "model"),
+        overwrite=config.logging.overwrite,
+        resumable=False,
+    )
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
     if model is None:
         model, tokenizer = build_model(config.model)
     train_set, _ = build_data(config.data)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
-    run_dir = Path(config.logging.run_dir)
     save_config(config, run_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, fused=True,
                                   weight_decay=config.optim.weight_decay)  # fmt: skip

@@ -9,9 +9,11 @@ values (PPO), adv, update (policy, critic), weight_sync. Each step emits a flat 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,17 +28,71 @@ from yatt.batch import RolloutBatch
 from yatt.checkpoint import load_trainer_state, save_training_checkpoint
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
-from yatt.config import Config, save_config
+from yatt.config import Config, check_eval_data, save_config
+from yatt.errors import ConfigError
+from yatt.rewards import RewardError
 from yatt.roles.critic import CriticRole
 from yatt.roles.policy import PolicyRole
 from yatt.roles.reference import ReferenceRole
 from yatt.roles.reward import RewardRole
 from yatt.roles.rollout import RolloutRole
 
-__all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
+__all__ = ["PromptSampler", "TrainResult", "Trainer", "claim_run_dir", "configure_threads"]
 
 logger = logging.getLogger(__name__)
 _ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "gae"}
+_RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard")  # what a fresh run would clobber
+
+
+def claim_run_dir(
+    run_dir: str,
+    outputs: tuple[str, ...],
+    *,
+    resuming: bool = False,
+    overwrite: bool = False,
+    resumable: bool = True,
+) -> Path:
+    """Create the run folder `logging.run_dir`; returns it.
+
+    outputs: names inside the folder that a run writes. A fresh run (not `resuming`) into a
+    folder holding any of them is refused, unless `overwrite`: then they are deleted first.
+    resumable: the refusal suggests `checkpoint.resume=` (False for jobs that cannot resume).
+    Raises ConfigError for an empty name, a folder that cannot be created or written, or a
+    refused reuse.
+    """
+    if not run_dir.strip():
+        raise ConfigError("logging.run_dir is empty; name a folder for the run's outputs")
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"logging.run_dir={run_dir} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"logging.run_dir={run_dir}: cannot create it ({exc})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
+    found = [name for name in outputs if _holds_output(folder / name)]
+    if not found or resuming:
+        return folder
+    shown = ", ".join(f"{name}/" if (folder / name).is_dir() else name for name in found)
+    if not overwrite:
+        resume_hint = "pass checkpoint.resume=... to continue it, or " if resumable else ""
+        raise ConfigError(
+            f"logging.run_dir={run_dir} already holds a run ({shown}): "
+            f"{resume_hint}choose another folder, or set logging.overwrite=true to replace it"
+        )
+    logger.warning("overwriting the previous run in %s: deleting %s", folder, shown)
+    for name in found:
+        path = folder / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return folder
+
+
+def _holds_output(path: Path) -> bool:
+    """True for a non-empty file, or a folder with anything in it."""
+    if path.is_dir():
+        return any(path.iterdir())
+    return path.is_file() and path.stat().st_size > 0
 
 
 def configure_threads(torch_threads: int) -> int:
@@ -94,23 +150,38 @@ class Trainer:
     """Builds the roles from a Config and runs the RL loop on one process."""
 
     def __init__(
-        self, config: Config, *, model: Any = None, tokenizer: Any = None, reward: Any = None
+        self,
+        config: Config,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        reward: Any = None,
     ) -> None:
         """Build everything from `config`; `model`/`tokenizer`/`reward` replace the configured
-        ones (tests pass tiny models and fake rewards through here)."""
+        ones (tests pass tiny models and fake rewards through here). A fresh run into a
+        `logging.run_dir` that holds a previous run raises ConfigError, unless
+        `logging.overwrite` (then the previous metrics, checkpoints and TensorBoard logs are
+        deleted); so does evaluating with no held-out prompts (before any work is done)."""
         from yatt.builders import build_data, build_model
 
         self.config = config
-        self.run_dir = Path(config.logging.run_dir)
+        check_eval_data(config)
+        resume = config.checkpoint.resume
+        self.run_dir = claim_run_dir(
+            config.logging.run_dir,
+            _RUN_OUTPUTS,
+            resuming=bool(resume),
+            overwrite=config.logging.overwrite,
+        )
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
-        resume = config.checkpoint.resume
         self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
         if model is None:
             model, tokenizer = build_model(config.model, resume_from=resume or None)
         self.tokenizer = tokenizer
         self.prompt_texts = [self._render(example) for example in self.train_set]
         self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
+        self._sampled: list[int] = []  # train_set indices of the last sampled prompts
         self._build_roles(model, reward)
         self.step = 0
         self.timer = PhaseTimer()
@@ -150,14 +221,21 @@ class Trainer:
         self._eval_engine: Any = None if cfg.rollout.samples_off_policy else self.rollout.engine
 
     def _resume(self, checkpoint: Path) -> None:
-        state = load_trainer_state(checkpoint)
-        self.policy.load_state_dict(state["policy"])
-        if self.critic is not None:
-            self.critic.load_pretrained(checkpoint / "critic")
-            self.critic.load_state_dict(state["critic"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        self.step = int(state["step"])
+        state = load_trainer_state(checkpoint, needs_critic=self.critic is not None)
+        try:
+            self.policy.load_state_dict(state["policy"])
+            if self.critic is not None:
+                self.critic.load_pretrained(checkpoint / "critic")
+                self.critic.load_state_dict(state["critic"])
+            self.sampler.load_state_dict(state["sampler"])
+            set_rng_state(state["rng"])
+            self.step = int(state["step"])
+        except (KeyError, TypeError, ValueError, RuntimeError, OSError) as exc:
+            # A state from another model or algorithm, or edited by hand.
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise ConfigError(
+                f"checkpoint.resume={checkpoint}: its trainer state does not fit this run: {detail}"
+            ) from exc
         logger.info("resumed from %s at step %d", checkpoint, self.step)
 
     # ------------------------------------------------------------------ the loop
@@ -243,6 +321,7 @@ class Trainer:
         base = (cfg.train.seed * 1_000_003 + self.step * 1009 + round_index) * 4099
         seeds = [base + row for row in range(len(indices) * n_samples)]
         group_base = (self.step * (cfg.algo.max_refill_batches + 1) + round_index) * len(indices)
+        self._sampled = indices  # for naming a prompt's source when its reward fails
         examples = [self.train_set[i] for i in indices]
         rows = [{"answer": e.answer, **e.fields} for e in examples]
         return self.rollout.generate(
@@ -287,7 +366,10 @@ class Trainer:
 
     def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
         algo = self.config.algo
-        scores, reward_metrics = self.reward.score(batch)
+        try:
+            scores, reward_metrics = self.reward.score(batch)
+        except RewardError as exc:
+            raise RewardError(f"{exc} ({self._failed_prompt(exc.row)})", exc.row) from exc
         metrics = {
             "critic/score/mean": float(scores.mean()),
             "critic/score/max": float(scores.max()),
@@ -302,6 +384,13 @@ class Trainer:
             )  # fmt: skip
         metrics["critic/rewards/mean"] = float(rewards.mean())
         return rewards, metrics
+
+    def _failed_prompt(self, row: int | None) -> str:
+        """Where the prompt of a failed batch row (None: unknown) came from."""
+        sources = [self.train_set[i].source or f"train prompt {i}" for i in self._sampled]
+        if row is None:
+            return "batch prompts from " + ", ".join(sources)
+        return f"row {row} is a sample of {sources[row // self.config.rollout.n_samples]}"
 
     def _advantages(self, batch: RolloutBatch) -> None:
         algo = self.config.algo
@@ -430,14 +519,36 @@ def _kl_mean(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> 
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop rows logged after `last_step` (a resumed run rewrites them)."""
-    import json
-
+    """Drop rows logged after `last_step` (a resumed run rewrites them) and a torn last line
+    (a crash mid-write; logged). Raises ConfigError for a damaged line before the last."""
     if not path.is_file():
         return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        step = _row_step(line)
+        if step is None and number == len(lines):
+            logger.warning("%s: dropped a torn last line (the run stopped mid-write)", path)
+        elif step is None:
+            raise ConfigError(
+                f"{path}: row {number} is not a JSON metrics row with a step; "
+                "repair or remove it to resume"
+            )
+        elif step <= last_step:
+            kept.append(line)
+    staging = path.with_name(path.name + ".tmp")  # rewrite atomically: never half a file
+    staging.write_bytes(b"".join(line + b"\n" for line in kept))
+    staging.replace(path)
+
+
+def _row_step(line: bytes) -> float | None:
+    """The `step` of one JSONL metrics row, or None if the line is not such a row."""
+    try:
+        row = json.loads(line)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int | float) and not isinstance(step, bool) else None
 
 
 def finite_metrics(metrics: dict[str, float]) -> bool:

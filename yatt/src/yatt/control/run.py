@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from yatt.config import Config
@@ -21,11 +20,14 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     """Train `config.train.steps` steps with the controller `control` selects; writes
     `metrics.jsonl`, `timeline.png` and `control.json` into `config.logging.run_dir`."""
     from yatt.common import JsonlSink, MetricsLogger
-    from yatt.control.timeline import plot_timeline, spans_from_events
-
-    run_dir = Path(config.logging.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     from yatt.control import make_controller
+    from yatt.control.timeline import plot_timeline, spans_from_events
+    from yatt.trainer import claim_run_dir
+
+    outputs = ("metrics.jsonl", "timeline.png", "control.json")
+    run_dir = claim_run_dir(
+        config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
+    )
 
     controller = make_controller(config, control)
     try:
@@ -33,7 +35,6 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         n_devices = len(controller.cluster.devices)
     finally:
         controller.close()
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     sink = MetricsLogger([JsonlSink(run_dir / "metrics.jsonl")])
     for step, metrics in enumerate(result.history, start=1):
         sink.log(step, metrics)

@@ -1,0 +1,233 @@
+"""Damaged files and reused run folders give one-line errors that name the file, and lose nothing.
+
+Method: one real 1-step checkpoint of the tiny model (module fixture), copied and damaged per test
+(truncated, garbage, empty, missing keys); small data and metrics files written to tmp_path; a fake
+engine and tokenizer for evaluation. Each error must be a YattError whose message is one line.
+"""
+
+import json
+import logging
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from yatt.checkpoint import load_trainer_state, policy_folder
+from yatt.cli import main
+from yatt.config import load_config
+from yatt.data import PromptExample, load_prompts, split_heldout
+from yatt.errors import ConfigError, DataError, ModelError, YattError
+from yatt.evaluate import evaluate_engine
+from yatt.models import load_model, tiny_model
+from yatt.rewards import RewardError
+from yatt.trainer import Trainer, _truncate_jsonl, claim_run_dir
+
+TINY = ["train.steps=1", "eval.n=0", "rollout.n_samples=2", "algo.prompts_per_step=2"]
+
+
+def _one_line(exc_info: pytest.ExceptionInfo) -> str:
+    message = str(exc_info.value)
+    assert isinstance(exc_info.value, YattError)
+    assert "\n" not in message, message
+    return message
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run folder holding metrics.jsonl and checkpoints/step_000001 of a 1-step tiny run."""
+    run_dir = tmp_path_factory.mktemp("run")
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config(
+        "tiny_test", [*TINY, "checkpoint.at_end=true", f"logging.run_dir={run_dir}"]
+    )
+    Trainer(config, model=model, tokenizer=tokenizer).fit()
+    return run_dir
+
+
+@pytest.fixture
+def checkpoint(finished_run, tmp_path):
+    """A private copy of the fixture run's checkpoint, free to damage."""
+    return shutil.copytree(finished_run / "checkpoints" / "step_000001", tmp_path / "ck")
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "missing_keys", "not_dict"])
+def test_damaged_trainer_state_is_one_line(checkpoint, damage):
+    state = checkpoint / "trainer_state.pt"
+    if damage == "truncated":
+        _truncate(state)
+    elif damage == "garbage":
+        state.write_bytes(bytes(range(256)) * 8)
+    elif damage == "empty":
+        state.write_bytes(b"")
+    elif damage == "missing_keys":
+        torch.save({"step": 1}, state)
+    else:
+        torch.save([1, 2], state)
+    with pytest.raises(ConfigError) as exc_info:
+        load_trainer_state(checkpoint)
+    message = _one_line(exc_info)
+    assert message.startswith(f"checkpoint.resume={checkpoint}: trainer_state.pt is unreadable")
+    if damage == "missing_keys":
+        assert "['policy', 'sampler', 'rng']" in message
+
+
+def test_resume_from_truncated_state_fails_before_training(checkpoint, tmp_path):
+    _truncate(checkpoint / "trainer_state.pt")
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", [*TINY, f"checkpoint.resume={checkpoint}",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"trainer_state\.pt is unreadable") as exc_info:
+        Trainer(config, model=model, tokenizer=tokenizer)
+    _one_line(exc_info)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_weights_name_the_file(checkpoint, damage, capsys):
+    weights = policy_folder(checkpoint) / "model.safetensors"
+    if damage == "truncated":
+        _truncate(weights)
+    else:
+        weights.write_bytes(b"\xff" * 4096)
+    with pytest.raises(ModelError, match=r"model\.safetensors is unreadable") as exc_info:
+        load_model(policy_folder(checkpoint))
+    _one_line(exc_info)
+    assert main(["eval", str(checkpoint)]) == 2  # `yatt eval DIR`: one line, no traceback
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "model.safetensors is unreadable" in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
+def test_torn_last_metrics_line_is_dropped_and_the_rest_kept(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    rows = [json.dumps({"step": step, "x": 1.0}) for step in (1, 2, 3)]
+    path.write_text("\n".join(rows) + '\n{"step": 4, "x": 1.')
+    with caplog.at_level(logging.WARNING):
+        _truncate_jsonl(path, last_step=2)
+    assert path.read_text().splitlines() == rows[:2]
+    assert str(path) in caplog.text and "torn last line" in caplog.text
+
+
+def test_damaged_middle_metrics_line_refuses_and_keeps_the_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    text = '{"step": 1}\nnot json\n{"step": 2}\n'
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="row 2 is not a JSON metrics row") as exc_info:
+        _truncate_jsonl(path, last_step=2)
+    _one_line(exc_info)
+    assert path.read_text() == text
+
+
+def test_latin1_data_file_names_byte_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"not UTF-8 \(byte 0xe9 at line 1\)") as exc_info:
+        load_prompts(path)
+    assert str(path) in _one_line(exc_info)
+
+
+def test_identical_prompts_leave_no_training_prompts():
+    examples = [PromptExample("same prompt", "1")] * 10
+    with pytest.raises(ConfigError, match=r"no training prompts left.*\(10 rows, 1 distinct") as e:
+        split_heldout(examples, n_heldout=2)
+    _one_line(e)
+
+
+class _FakeTokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1, 2, 3]}
+
+
+class _FakeEngine:
+    def generate(self, prompt_ids, params):
+        return [SimpleNamespace(text="42") for _ in prompt_ids]
+
+
+def test_eval_reward_failure_names_the_source_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?"}\n')
+    examples = load_prompts(path)
+    with pytest.raises(RewardError, match=rf"math_answer.*on {path}:2$") as exc_info:
+        evaluate_engine(_FakeEngine(), _FakeTokenizer(), examples, use_chat_template=False)
+    _one_line(exc_info)
+    with pytest.raises(ConfigError, match="nothing to evaluate"):
+        evaluate_engine(_FakeEngine(), _FakeTokenizer(), [], use_chat_template=False)
+
+
+def test_train_reward_failure_names_the_data_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "What is 1 + 1?"}\n{"prompt": "What is 2 + 2?"}\n')
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", [*TINY, f"data.path={path}", "data.n_heldout=0",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    trainer = Trainer(config, model=model, tokenizer=tokenizer)
+    with pytest.raises(RewardError, match=rf"row \d is a sample of {path}:[12]\)$") as exc_info:
+        trainer.train_step()
+    _one_line(exc_info)
+
+
+def test_fresh_run_into_a_used_folder_is_refused(finished_run):
+    before = sorted(p.name for p in finished_run.rglob("*"))
+    config = load_config("tiny_test", [*TINY, f"logging.run_dir={finished_run}"])
+    with pytest.raises(ConfigError) as exc_info:
+        Trainer(config, model=object(), tokenizer=object())  # refused before the model is used
+    assert _one_line(exc_info) == (
+        f"logging.run_dir={finished_run} already holds a run (metrics.jsonl, checkpoints/): "
+        "pass checkpoint.resume=... to continue it, or choose another folder, or set "
+        "logging.overwrite=true to replace it"
+    )
+    assert sorted(p.name for p in finished_run.rglob("*")) == before  # nothing lost
+
+
+def test_claim_run_dir_resume_overwrite_and_bad_folders(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    outputs = ("metrics.jsonl", "checkpoints")
+    assert claim_run_dir(str(run_dir), outputs, resuming=True) == run_dir
+    assert (run_dir / "metrics.jsonl").is_file()
+    claim_run_dir(str(run_dir), outputs, overwrite=True)
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+    claim_run_dir(str(run_dir), outputs)  # now empty: a fresh run may use it
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for bad, fragment in [("", "is empty"), ("  ", "is empty"), (str(a_file), "is a file"),
+                          (str(a_file / "sub"), "cannot create it")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=fragment) as exc_info:
+            claim_run_dir(bad, outputs)
+        _one_line(exc_info)
+
+
+def test_sft_rerun_is_refused_without_a_resume_hint(tmp_path):
+    from yatt.sft import run_sft
+
+    (tmp_path / "sft_metrics.jsonl").write_text('{"step": 1}\n')
+    config = load_config("tiny_test", [f"logging.run_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as exc_info:
+        run_sft(config, model=object(), tokenizer=object())
+    assert _one_line(exc_info).endswith(
+        "already holds a run (sft_metrics.jsonl): choose another folder, or set "
+        "logging.overwrite=true to replace it"
+    )
+
+
+def test_logging_overwrite_replaces_a_previous_run(finished_run, tmp_path):
+    run_dir = tmp_path / "again"
+    shutil.copytree(finished_run, run_dir)
+    config = load_config(
+        "tiny_test", [*TINY, f"logging.run_dir={run_dir}", "logging.overwrite=true"]
+    )
+    trainer = Trainer(config)
+    assert trainer.run_dir == run_dir and not (run_dir / "checkpoints").exists()
+
+
+def test_evaluating_with_no_heldout_prompts_is_refused_before_any_work(tmp_path):
+    overrides = ["data.n_heldout=0", "eval.n=4", "eval.at_end=true", f"logging.run_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"^data.n_heldout=0 leaves nothing to evaluate"):
+        Trainer(load_config("tiny_test", overrides), model=object(), tokenizer=object())
+    assert not any(tmp_path.iterdir())  # refused before the run folder was touched
