@@ -21,7 +21,8 @@ from yatt.errors import ConfigError, DataError, ModelError, YattError
 from yatt.evaluate import evaluate_engine
 from yatt.models import load_model, tiny_model
 from yatt.rewards import RewardError
-from yatt.trainer import Trainer, _truncate_jsonl, claim_run_dir
+from yatt.run_dir import claim_run_dir
+from yatt.trainer import Trainer, _truncate_jsonl
 
 TINY = ["train.steps=1", "eval.n=0", "rollout.n_samples=2", "algo.prompts_per_step=2"]
 

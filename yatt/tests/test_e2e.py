@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from yatt.config import load_config
+from yatt.errors import ConfigError
 from yatt.models import tiny_model
 from yatt.trainer import Trainer
 
@@ -104,6 +105,23 @@ def test_resume_continues_exactly(tmp_path) -> None:
     logged = [json.loads(line)["step"] for line in
               (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
     assert logged == [1, 2, 3, 4]
+
+
+def test_resuming_behind_later_checkpoints_is_refused_unless_overwrite(tmp_path) -> None:
+    overrides = ["checkpoint.every=1", "checkpoint.keep_last=3", "eval.at_start=false",
+                 "eval.at_end=false"]  # fmt: skip
+    _run(tmp_path, overrides, steps=3)
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"step_00000{s}" for s in (1, 2, 3)]
+    metrics_before = (tmp_path / "metrics.jsonl").read_bytes()
+    resume = [f"checkpoint.resume={checkpoints / 'step_000001'}", *overrides]
+    with pytest.raises(ConfigError, match=r"step_000002, step_000003.*logging\.overwrite=true"):
+        _run(tmp_path, resume, steps=3)
+    assert len(list(checkpoints.iterdir())) == 3  # nothing touched
+    assert (tmp_path / "metrics.jsonl").read_bytes() == metrics_before
+    trainer, _ = _run(tmp_path, [*resume, "logging.overwrite=true"], steps=2)
+    assert trainer.step == 2
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]
 
 
 @pytest.mark.slow

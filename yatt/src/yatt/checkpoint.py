@@ -19,7 +19,13 @@ import torch
 from yatt.config import Config, save_config
 from yatt.errors import ConfigError
 
-__all__ = ["list_checkpoints", "load_trainer_state", "policy_folder", "save_training_checkpoint"]
+__all__ = [
+    "checkpoint_step",
+    "list_checkpoints",
+    "load_trainer_state",
+    "policy_folder",
+    "save_training_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 _STATE_FILE = "trainer_state.pt"
@@ -36,7 +42,14 @@ def policy_folder(checkpoint: Path) -> Path:
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint folders of a run, oldest first."""
     root = Path(run_dir) / "checkpoints"
-    return sorted(p for p in root.glob("step_*") if (p / _STATE_FILE).is_file())
+    found = [p for p in root.glob("step_*") if (p / _STATE_FILE).is_file()]
+    return sorted((p for p in found if checkpoint_step(p) >= 0), key=checkpoint_step)
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step in a checkpoint folder's name (`step_000050` -> 50); -1 for another name."""
+    digits = Path(checkpoint).name.removeprefix("step_")
+    return int(digits) if digits.isdigit() else -1
 
 
 def save_training_checkpoint(

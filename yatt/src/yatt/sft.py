@@ -47,7 +47,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None) -> Path:
     """Fine-tune on (prompt, answer) pairs; returns the saved model folder."""
     from yatt.builders import build_data, build_model
     from yatt.models import save_checkpoint
-    from yatt.trainer import claim_run_dir, configure_threads
+    from yatt.run_dir import claim_run_dir
+    from yatt.trainer import configure_threads
 
     run_dir = claim_run_dir(
         config.logging.run_dir,

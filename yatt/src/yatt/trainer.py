@@ -25,7 +25,12 @@ from yatt.algos.advantages import compute_advantages, dynamic_sampling_mask
 from yatt.algos.kl import kl_penalty_token_rewards
 from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
-from yatt.checkpoint import load_trainer_state, save_training_checkpoint
+from yatt.checkpoint import (
+    checkpoint_step,
+    list_checkpoints,
+    load_trainer_state,
+    save_training_checkpoint,
+)
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.config import Config, check_eval_data, save_config
@@ -36,63 +41,13 @@ from yatt.roles.policy import PolicyRole
 from yatt.roles.reference import ReferenceRole
 from yatt.roles.reward import RewardRole
 from yatt.roles.rollout import RolloutRole
+from yatt.run_dir import claim_run_dir
 
-__all__ = ["PromptSampler", "TrainResult", "Trainer", "claim_run_dir", "configure_threads"]
+__all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
 
 logger = logging.getLogger(__name__)
 _ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "gae"}
 _RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard")  # what a fresh run would clobber
-
-
-def claim_run_dir(
-    run_dir: str,
-    outputs: tuple[str, ...],
-    *,
-    resuming: bool = False,
-    overwrite: bool = False,
-    resumable: bool = True,
-) -> Path:
-    """Create the run folder `logging.run_dir`; returns it.
-
-    outputs: names inside the folder that a run writes. A fresh run (not `resuming`) into a
-    folder holding any of them is refused, unless `overwrite`: then they are deleted first.
-    resumable: the refusal suggests `checkpoint.resume=` (False for jobs that cannot resume).
-    Raises ConfigError for an empty name, a folder that cannot be created or written, or a
-    refused reuse.
-    """
-    if not run_dir.strip():
-        raise ConfigError("logging.run_dir is empty; name a folder for the run's outputs")
-    folder = Path(run_dir)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"logging.run_dir={run_dir} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"logging.run_dir={run_dir}: cannot create it ({exc})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
-    found = [name for name in outputs if _holds_output(folder / name)]
-    if not found or resuming:
-        return folder
-    shown = ", ".join(f"{name}/" if (folder / name).is_dir() else name for name in found)
-    if not overwrite:
-        resume_hint = "pass checkpoint.resume=... to continue it, or " if resumable else ""
-        raise ConfigError(
-            f"logging.run_dir={run_dir} already holds a run ({shown}): "
-            f"{resume_hint}choose another folder, or set logging.overwrite=true to replace it"
-        )
-    logger.warning("overwriting the previous run in %s: deleting %s", folder, shown)
-    for name in found:
-        path = folder / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return folder
-
-
-def _holds_output(path: Path) -> bool:
-    """True for a non-empty file, or a folder with anything in it."""
-    if path.is_dir():
-        return any(path.iterdir())
-    return path.is_file() and path.stat().st_size > 0
 
 
 def configure_threads(torch_threads: int) -> int:
@@ -236,7 +191,25 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint.resume={checkpoint}: its trainer state does not fit this run: {detail}"
             ) from exc
+        self._drop_later_checkpoints(checkpoint)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    def _drop_later_checkpoints(self, checkpoint: Path) -> None:
+        """Checkpoints of this run folder past the resumed step belong to a timeline the resumed
+        run abandons: refused (nothing touched) unless `logging.overwrite`, then deleted."""
+        later = [p for p in list_checkpoints(self.run_dir) if checkpoint_step(p) > self.step]
+        if not later:
+            return
+        names = ", ".join(p.name for p in later)
+        if not self.config.logging.overwrite:
+            raise ConfigError(
+                f"checkpoint.resume={checkpoint} is at step {self.step} but "
+                f"{self.run_dir / 'checkpoints'} holds later ones ({names}); resume from "
+                f"{later[-1]}, or set logging.overwrite=true to discard the later checkpoints"
+            )
+        logger.warning("resuming at step %d: deleting the later checkpoints %s", self.step, names)
+        for path in later:
+            shutil.rmtree(path)
 
     # ------------------------------------------------------------------ the loop
 

@@ -22,7 +22,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     from yatt.common import JsonlSink, MetricsLogger
     from yatt.control import make_controller
     from yatt.control.timeline import plot_timeline, spans_from_events
-    from yatt.trainer import claim_run_dir
+    from yatt.run_dir import claim_run_dir
 
     outputs = ("metrics.jsonl", "timeline.png", "control.json")
     run_dir = claim_run_dir(
