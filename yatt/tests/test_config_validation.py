@@ -158,3 +158,43 @@ def test_usage_errors_name_the_program_once(argv, expected, capsys) -> None:
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(expected)
     assert "yatt: error: yatt" not in error
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_with_its_line(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  steps: 3\n  seed: 1\n  steps: 5\n")
+    message = _error([], str(path))
+    assert "'steps' appears twice" in message and "line 4" in message
+    path.write_text("train:\n  steps: 3\neval:\n  n: 4\ntrain:\n  seed: 2\n")
+    assert "'train' appears twice" in _error([], str(path))
+    path.write_text("train: {steps: 3}\neval: {n: 4}\n")  # the same name in two sections is fine
+    assert load_config(str(path)).train.steps == 3
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+def test_group_estimators_need_two_samples_per_prompt(algo: str) -> None:
+    message = _error([f"algo.name={algo}", "rollout.n_samples=1"])
+    assert f"algo.name={algo}" in message and "rollout.n_samples=1" in message
+    config = load_config("tiny_test", ["algo.name=reinforce_pp", "rollout.n_samples=1"])
+    assert config.rollout.n_samples == 1
+
+
+def test_log_level_is_checked_and_applied(monkeypatch) -> None:
+    import logging
+
+    from yatt.cli import _configured
+
+    assert load_config("tiny_test", ["logging.level=warning"]).logging.level == "WARNING"
+    assert "'logging.level'" in _error(["logging.level=loud"])
+    monkeypatch.setenv("YATT_LOG_LEVEL", "chatty")
+    assert main(["train", "tiny_test"]) == 2  # refused before any work
+    root, before = logging.getLogger(), logging.getLogger().level
+    try:
+        monkeypatch.setenv("YATT_LOG_LEVEL", "INFO")  # the environment wins over the config
+        _configured(load_config("tiny_test", ["logging.level=ERROR"]))
+        assert root.level == before
+        monkeypatch.delenv("YATT_LOG_LEVEL")
+        _configured(load_config("tiny_test", ["logging.level=ERROR"]))
+        assert root.level == logging.ERROR
+    finally:
+        root.setLevel(before)

@@ -24,6 +24,7 @@ __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 EXIT_BAD_INPUT = 2
+LOG_LEVEL_ENV = "YATT_LOG_LEVEL"  # overrides logging.level
 
 
 class _UsageError(Exception):
@@ -73,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         from yatt.common import setup_logging
+        from yatt.config import log_level
 
-        setup_logging(os.environ.get("YATT_LOG_LEVEL", "INFO"))
+        setup_logging(log_level(os.environ.get(LOG_LEVEL_ENV, "INFO"), LOG_LEVEL_ENV))
         return _dispatch(args)
     except (_UsageError, YattError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
@@ -91,7 +93,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from yatt.config import load_config
         from yatt.sft import run_sft
 
-        run_sft(load_config(args.config, args.overrides))
+        run_sft(_configured(load_config(args.config, args.overrides)))
     elif args.command == "models":
         from yatt.models import prepare_model
 
@@ -101,13 +103,22 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configured(config):
+    """`config`, once its `logging.level` is applied (unless YATT_LOG_LEVEL overrides it)."""
+    from yatt.common import setup_logging
+
+    if LOG_LEVEL_ENV not in os.environ:
+        setup_logging(config.logging.level)
+    return config
+
+
 def _train(preset: str, overrides: list[str]):
     """Run one training job with a progress bar, then plots and the summary table."""
     from yatt.config import load_config
     from yatt.report import console, progress_bar, summary_table, write_plots
     from yatt.trainer import Trainer
 
-    config = load_config(preset, overrides)
+    config = _configured(load_config(preset, overrides))
     logger.info("config %s, run folder %s", preset, config.logging.run_dir)
     if config.control.backend == "ray":  # distributed controllers (yatt.control)
         from yatt.control import fit_distributed
@@ -140,6 +151,7 @@ def _eval(model: str, overrides: list[str]) -> None:
         if Path(model).exists()
         else [f"model.path={model}", *overrides],
     )
+    _configured(config)
     configure_threads(config.train.torch_threads)
     policy, tokenizer = build_model(config.model)
     _, heldout = build_data(config.data)

@@ -37,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "check_eval_data",
     "load_config",
+    "log_level",
     "preset_names",
     "save_config",
     "to_dict",
@@ -52,6 +53,17 @@ ROLLOUT_DTYPES = ("float32", "bfloat16")
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
+
+
+GROUP_ESTIMATORS = ("grpo", "rloo")  # advantages relative to the prompt's other samples
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(value: object, where: str) -> str:
+    """A log level name (any case) as logging spells it; ConfigError naming `where` if not."""
+    level = value.upper() if isinstance(value, str) else value
+    _require(level in LOG_LEVELS, where, value, f"one of {', '.join(LOG_LEVELS)}")
+    return level  # type: ignore[return-value]
 
 
 def _require_reward(key: str, name: str) -> None:
@@ -343,7 +355,10 @@ class LoggingConfig:
     tensorboard: bool = False
     progress: bool = True
     plots: bool = True
-    level: str = "INFO"
+    level: str = "INFO"  # the log level; the YATT_LOG_LEVEL environment variable overrides it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "level", log_level(self.level, "logging.level"))
 
 
 @dataclass(frozen=True)
@@ -378,6 +393,12 @@ class Config:
 
     def __post_init__(self) -> None:
         _require_ray_for_control(self.control)
+        if self.algo.name in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+            raise ConfigError(
+                f"algo.name={self.algo.name} scores each completion against the others of its "
+                f"prompt's group, so rollout.n_samples={self.rollout.n_samples} would make every "
+                "advantage 0; set rollout.n_samples >= 2 (or use reinforce_pp or ppo)"
+            )
 
 
 def _require_ray_for_control(control: ControlConfig) -> None:
@@ -500,6 +521,26 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+class _DuplicateKey(Exception):
+    """A mapping in a config file names a key twice (YAML would silently keep the last)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a mapping naming the same key twice."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                continue  # config keys are names; other keys are refused when the config loads
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise _DuplicateKey(f"key {key!r} appears twice in one section (line {line})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_preset(preset: str) -> dict[str, Any]:
     path = Path(preset)
     if not path.suffix:
@@ -509,7 +550,9 @@ def _read_preset(preset: str) -> dict[str, Any]:
             f"config '{preset}' is neither a YAML file nor a preset; presets: {preset_names()}"
         )
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", -1) + 1
         raise ConfigError(f"config file {path} is not valid YAML (line {line})") from None
