@@ -56,6 +56,7 @@ WORKLOAD_FLAGS = {
 }
 
 
+BATCH_SIZE_DEFAULT = 1000  # requests in flight in an in-process run
 DEMO_ROUNDS = 3  # alternating measured windows, so machine noise hits both protocols alike
 
 
@@ -116,9 +117,13 @@ def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
 def _add_run_flags(parser: argparse.ArgumentParser, *, seconds_default: float) -> None:
     parser.add_argument("--seconds", type=float, default=seconds_default, help="measured window")
     parser.add_argument("--warmup-s", type=float, default=1.0, help="warm-up before it")
-    parser.add_argument("--batch-size", type=int, default=1000, help="requests in flight")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help=f"requests in flight ({BATCH_SIZE_DEFAULT})"
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--executors", type=int, default=None, help="dgcc logical executors")
+    parser.add_argument(
+        "--executors", type=int, default=None, help="logical executors (--protocol dgcc)"
+    )
     parser.add_argument("--check-invariants", action="store_true", help="debug checks (slow)")
 
 
@@ -166,6 +171,7 @@ def _check_writable(path: Path) -> None:
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
+    _refuse_ignored_flags(args)
     if args.nodes is not None:
         return cli_cluster.bench_nodes(args)
     config = _config(args, args.workload, args.protocol, _workload_options(args))
@@ -178,6 +184,33 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         console.print(f"wrote {args.json}")
     return 1 if record["violations"] else 0
+
+
+def _refuse_ignored_flags(args: argparse.Namespace) -> None:
+    """A flag the chosen kind of run would ignore is an error, not a silent no-op."""
+    cluster_only = {
+        "--distributed-fraction": args.distributed_fraction,
+        "--inflight": args.inflight,
+        "--epoch-ms": args.epoch_ms,
+    }
+    in_process_only = {
+        "--batch-size": args.batch_size,
+        "--executors": args.executors,
+        "--check-invariants": args.check_invariants or None,
+    }
+    if args.nodes is None:
+        given = [flag for flag, value in cluster_only.items() if value is not None]
+        where = "a cluster run (--nodes N)"
+    else:
+        given = [flag for flag, value in in_process_only.items() if value is not None]
+        where = "an in-process run (without --nodes)"
+        if "--batch-size" in given:
+            where += "; a cluster run's load is --inflight"
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(f"{', '.join(given)} {verb} only to {where}")
+    if args.executors is not None and args.protocol != "dgcc":
+        raise ConfigError(f"--executors applies only to --protocol dgcc, not {args.protocol}")
 
 
 def _recover(args: argparse.Namespace, console: Console) -> int:
@@ -321,7 +354,7 @@ def _config(args: argparse.Namespace, workload: str, protocol: str, options: dic
         protocol=protocol,
         seconds=args.seconds,
         warmup_s=args.warmup_s,
-        batch_size=args.batch_size,
+        batch_size=BATCH_SIZE_DEFAULT if args.batch_size is None else args.batch_size,
         seed=args.seed,
         workload_options=options,
         protocol_options=protocol_options,

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 COMMANDS = ("node", "cluster")  # what ``register`` adds; ``bench --nodes`` goes to bench_nodes
 DIRECTORY_DEFAULT = Path(".dgcc_cluster")
+INFLIGHT_DEFAULT = 400  # calls in flight per node, `bench --nodes`
+EPOCH_MS_DEFAULT = 10.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -82,8 +84,12 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
         default=None,
         help="fraction of multi-node transactions (default: the workload's own mix)",
     )
-    bench.add_argument("--inflight", type=int, default=400, help="calls in flight per node")
-    bench.add_argument("--epoch-ms", type=float, default=10.0, help="epoch length (cluster)")
+    bench.add_argument(
+        "--inflight", type=int, default=None, help=f"calls in flight per node ({INFLIGHT_DEFAULT})"
+    )
+    bench.add_argument(
+        "--epoch-ms", type=float, default=None, help=f"epoch length ({EPOCH_MS_DEFAULT})"
+    )
 
 
 def bench_nodes(args: argparse.Namespace) -> int:
@@ -104,8 +110,8 @@ def bench_nodes(args: argparse.Namespace) -> int:
         workload_options=options,
         seconds=args.seconds,
         warmup_s=args.warmup_s,
-        inflight=args.inflight,
-        epoch_ms=args.epoch_ms,
+        inflight=INFLIGHT_DEFAULT if args.inflight is None else args.inflight,
+        epoch_ms=EPOCH_MS_DEFAULT if args.epoch_ms is None else args.epoch_ms,
         seed=args.seed,
         protocol=server_name(args.protocol),
     )

@@ -69,6 +69,25 @@ class Workload(ABC):
         """The partition owning a conflict key (used when the data is spread over nodes)."""
         raise NotImplementedError(f"{self.name} does not define partitioning yet")
 
+    def data_bytes(self) -> tuple[int, str] | None:
+        """Roughly the memory the loaded data takes, and the options that size it (for the
+        message when it cannot fit); None when the workload cannot tell."""
+        return None
+
+    def check_fits_memory(self) -> None:
+        """Refuse, before loading anything, data this machine's available memory cannot hold.
+
+        Raises:
+            ConfigError: the estimate (``data_bytes``) exceeds the memory available now.
+        """
+        sized, available = self.data_bytes(), available_memory_bytes()
+        if sized is None or available is None or sized[0] <= available:
+            return
+        raise ConfigError(
+            f"{self.name} with {sized[1]} needs about {sized[0] / 2**30:,.1f} GiB of memory, "
+            f"but this machine has {available / 2**30:,.1f} GiB available; load less data"
+        )
+
     def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:
         """Conflict keys naming every partition a call touches, from its parameters alone.
 
@@ -94,6 +113,18 @@ class Workload(ABC):
     def describe(self) -> dict[str, Any]:
         """The options this instance was built with, for reports."""
         return {}
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 WORKLOADS: dict[str, type[Workload]] = {}

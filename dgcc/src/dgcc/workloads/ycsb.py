@@ -27,6 +27,7 @@ __all__ = ["YcsbWorkload", "ZipfianGenerator"]
 
 TABLE = "usertable"
 THETA_MAX = 0.99
+YCSB_ROW_BYTES_BASE, YCSB_FIELD_BYTES = 64, 44  # measured: 10 fields, ~550 bytes a row
 DISTINCT_DRAWS_MAX = 64  # zipf draws per key before falling back to the next unused key
 
 
@@ -147,7 +148,13 @@ class YcsbWorkload(Workload):
     def schema(self) -> Database:
         return Database((Table(TABLE),))
 
+    def data_bytes(self) -> tuple[int, str]:
+        # A row is a dict of its fields and a counter; field values share a pool of strings.
+        row_bytes = YCSB_ROW_BYTES_BASE + YCSB_FIELD_BYTES * (len(self._field_names) + 1)
+        return self.records * row_bytes, f"records={self.records}"
+
     def build(self, seed: int) -> Database:
+        self.check_fits_memory()
         rng = random.Random(seed)
         alphabet = "abcdefghijklmnopqrstuvwxyz"
         # Fields share a pool of values: rows are independent dicts, the strings need not be.

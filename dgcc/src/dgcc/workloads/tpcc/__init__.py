@@ -32,11 +32,19 @@ from dgcc.workloads.tpcc.checks import check
 from dgcc.workloads.tpcc.generator import requests
 from dgcc.workloads.tpcc.loader import load
 from dgcc.workloads.tpcc.procedures import make_registry
-from dgcc.workloads.tpcc.schema import MIX_STANDARD, PROCEDURES, TpccConfig, create_tables
+from dgcc.workloads.tpcc.schema import (
+    DISTRICTS_PER_WAREHOUSE,
+    MIX_STANDARD,
+    PROCEDURES,
+    TpccConfig,
+    create_tables,
+)
 
 __all__ = ["MIX_STANDARD", "PROCEDURES", "REPLICATED", "TpccConfig", "TpccWorkload"]
 
 REPLICATED = -1  # partition_of() for ITEM keys: every partition holds a full copy
+ORDER_LINES_MEAN = 10  # lines of a loaded order: 5..15, uniform
+TPCC_ROW_BYTES = 720  # a loaded row, measured (tracemalloc) over the whole initial database
 _SUPPLY_W_ID = operator.itemgetter(1)  # of an order line (i_id, supply_w_id, quantity)
 _WAREHOUSE_ID_TYPES = frozenset({int, bool})  # what partition_of's isinstance(key[1], int) takes
 
@@ -59,7 +67,16 @@ class TpccWorkload(Workload):
     def schema(self) -> Database:
         return create_tables()
 
+    def data_bytes(self) -> tuple[int, str]:
+        c = self.config
+        districts = DISTRICTS_PER_WAREHOUSE * c.warehouses
+        orders = districts * c.orders_per_district
+        rows = c.items * (1 + c.warehouses) + districts * 2 * c.customers_per_district
+        rows += orders * (1 + ORDER_LINES_MEAN)  # ORDERS and ORDER_LINE (NEW_ORDER: a 30% tail)
+        return rows * TPCC_ROW_BYTES, f"warehouses={c.warehouses}, items={c.items}"
+
     def build(self, seed: int) -> Database:
+        self.check_fits_memory()
         return load(self.config, seed)  # loads into create_tables(), the same as schema()
 
     def registry(self) -> ProcedureRegistry:
