@@ -55,6 +55,44 @@ def test_fit_distributed_writes_metrics_timeline_and_summary(tmp_path):
     assert len(result.history) == 2
 
 
+def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, monkeypatch):
+    from yatt.builders import build_model
+    from yatt.control.controller import Controller
+    from yatt.models import load_model
+
+    final: dict = {}
+    real_close = Controller.close
+
+    def close(controller):  # the trained weights, as the workers hold them at the end
+        final.update(controller.weights())
+        real_close(controller)
+
+    monkeypatch.setattr(Controller, "close", close)
+    config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}",
+                                       "checkpoint.at_end=true"])  # fmt: skip
+    seen: list[int] = []
+
+    def progress(step, total, metrics):  # each row is on disk when its step is reported
+        rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        seen.append(json.loads(rows[-1])["step"])
+
+    fit_distributed(config, _control(), progress)
+    assert seen == [1, 2]
+    saved = load_model(tmp_path / "model").state_dict()
+    assert final and all(torch.equal(saved[k], v) for k, v in final.items() if k in saved)
+    initial = build_model(config.model)[0].state_dict()  # the seeded model every rank built
+    assert any(not torch.equal(initial[k], saved[k]) for k in saved)  # and then trained
+    assert (tmp_path / "model" / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize("override", ["checkpoint.every=1", "checkpoint.resume=runs/x/step_1"])
+def test_fit_distributed_refuses_trainer_only_checkpoint_settings(tmp_path, override):
+    config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}", override])
+    with pytest.raises(ConfigError, match="single-process trainer"):
+        fit_distributed(config, _control())
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
 def test_in_process_backend_refuses_several_policy_ranks():
     config = load_config("tiny_test", OVERRIDES)
     with pytest.raises(ConfigError, match="needs 2"):

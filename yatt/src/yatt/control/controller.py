@@ -6,6 +6,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from yatt.config import Config
@@ -90,6 +91,10 @@ class Controller(ABC):
     def bytes_moved(self) -> int:
         """Bytes the driver process sent to or received from workers so far."""
         return sum(h.bytes_moved for h in self.cluster.all_handles())
+
+    def save_policy(self, folder: Path) -> Path:
+        """Rank 0 writes the trained policy (with the tokenizer) into `folder`."""
+        return Path(self.cluster.ranks.handles[0].call("save_policy", str(folder)))
 
     def weights(self) -> dict:
         """The policy weights of rank 0 (all ranks hold the same after each update)."""

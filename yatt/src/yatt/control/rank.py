@@ -346,6 +346,14 @@ class RankWorker:
                 torch.cuda.synchronize(self.device.torch_device())
         return time.perf_counter() - start_s
 
+    def save_policy(self, folder: str) -> str:
+        """Write this rank's policy and the tokenizer as a model folder (every data-parallel
+        rank holds the same weights after an update); returns the folder."""
+        from pathlib import Path
+
+        assert self.policy is not None, f"{self.name} holds no policy rank"
+        return str(self.policy.save_pretrained(Path(folder), self.tokenizer))
+
     def export_state(self, with_optimizer: bool = True) -> dict[str, Any]:
         """Weights (and optimizer/scheduler state) of this policy rank, for a re-placement;
         packed for the transfer (see transfer.py)."""

@@ -10,35 +10,66 @@ from typing import Any
 from yatt.config import Config
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
+from yatt.errors import ConfigError
 
 __all__ = ["fit_distributed"]
 
 logger = logging.getLogger(__name__)
+MODEL_FOLDER = "model"  # the trained policy, with checkpoint.at_end
 
 
 def fit_distributed(config: Config, control: ControlConfig, progress: Any = None) -> RunResult:
     """Train `config.train.steps` steps with the controller `control` selects; writes
-    `metrics.jsonl`, `timeline.png` and `control.json` into `config.logging.run_dir`."""
+    `metrics.jsonl` (a row per step as it ends, rewritten at the end with the per-device idle
+    fractions), `timeline.png`, `control.json` and, with `checkpoint.at_end`, the trained
+    policy as the model folder `model/` into `config.logging.run_dir`.
+
+    Raises ConfigError, before any work, for periodic checkpoints or a resume, which only the
+    single-process trainer offers."""
     from yatt.common import JsonlSink, MetricsLogger
+    from yatt.config import save_config
     from yatt.control import make_controller
     from yatt.control.timeline import plot_timeline, spans_from_events
     from yatt.run_dir import claim_run_dir
 
-    outputs = ("metrics.jsonl", "timeline.png", "control.json")
+    _refuse_trainer_only_settings(config)
+    if config.eval.enabled:
+        logger.info(
+            "the distributed controllers do not evaluate (eval.* is not used); set "
+            "checkpoint.at_end=true and run `yatt eval` on the saved model"
+        )
+    outputs = ("metrics.jsonl", "timeline.png", "control.json", MODEL_FOLDER)
     run_dir = claim_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
     )
+    metrics_path = run_dir / "metrics.jsonl"
+    stream = MetricsLogger([JsonlSink(metrics_path)])
+
+    def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
+        stream.log(step, metrics)  # on disk as each step ends: a crash keeps the steps done
+        if progress is not None:
+            progress(step, total, metrics)
 
     controller = make_controller(config, control)
     try:
-        result = controller.fit(progress=progress)
+        try:
+            result = controller.fit(progress=step_done)
+        finally:
+            stream.close()
         n_devices = len(controller.cluster.devices)
+        if config.checkpoint.at_end:
+            saved = controller.save_policy(run_dir / MODEL_FOLDER)
+            save_config(config, saved / "config.yaml")
+            logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
     finally:
         controller.close()
-    sink = MetricsLogger([JsonlSink(run_dir / "metrics.jsonl")])
+    staging = metrics_path.with_name(metrics_path.name + ".tmp")  # rows with the idle metrics
+    staging.unlink(missing_ok=True)
+    sink = MetricsLogger([JsonlSink(staging)])
     for step, metrics in enumerate(result.history, start=1):
         sink.log(step, metrics)
     sink.close()
+    staging.replace(metrics_path)
     plot_timeline(spans_from_events(result.events), n_devices, run_dir / "timeline.png",
                   f"{control.mode} controllers, {control.placement}")  # fmt: skip
     summary = {"wall_s": result.wall_s, "driver_peak_rss_mb": result.driver_peak_rss_mb,
@@ -51,3 +82,17 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         result.bytes_moved,
     )
     return result
+
+
+def _refuse_trainer_only_settings(config: Config) -> None:
+    """Checkpoint settings the distributed controllers would otherwise silently ignore."""
+    checkpoint = config.checkpoint
+    if checkpoint.every or checkpoint.resume:
+        given = f"checkpoint.every={checkpoint.every}" if checkpoint.every else ""
+        if checkpoint.resume:
+            given = f"checkpoint.resume={checkpoint.resume}"
+        raise ConfigError(
+            f"{given}: the distributed controllers save only the final policy "
+            "(checkpoint.at_end=true); periodic checkpoints and resuming need the "
+            "single-process trainer (yatt train without control.backend=ray)"
+        )
