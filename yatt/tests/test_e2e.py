@@ -124,6 +124,21 @@ def test_resuming_behind_later_checkpoints_is_refused_unless_overwrite(tmp_path)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]
 
 
+def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path) -> None:
+    overrides = ["checkpoint.every=1", "checkpoint.keep_last=3", "eval.at_start=false",
+                 "eval.at_end=false"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"holds no checkpoint.*checkpoint\.resume=auto"):
+        _run(tmp_path, [*overrides, "checkpoint.resume=latest"], steps=3)
+    trainer, _ = _run(tmp_path, [*overrides, "checkpoint.resume=auto"], steps=3, until_step=2)
+    assert trainer.step == 2  # auto with nothing to resume: a fresh run, interrupted at 2
+    for keyword in ("latest", "auto"):
+        model, _ = tiny_model(seed=0)
+        config = load_config("tiny_test", ["train.steps=3", f"logging.run_dir={tmp_path}",
+                                           f"checkpoint.resume={keyword}", *overrides])  # fmt: skip
+        resumed = Trainer(config, reward=DirectionReward(model))
+        assert resumed.step == 2, keyword
+
+
 @pytest.mark.slow
 def test_toy_reward_rises(tmp_path) -> None:
     _, result = _run(tmp_path, ["optim.lr=1e-2", "optim.schedule=constant", "eval.n=0",

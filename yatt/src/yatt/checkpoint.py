@@ -24,10 +24,12 @@ __all__ = [
     "list_checkpoints",
     "load_trainer_state",
     "policy_folder",
+    "resolve_resume",
     "save_training_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
+RESUME_LATEST, RESUME_AUTO = "latest", "auto"  # checkpoint.resume keywords
 _STATE_FILE = "trainer_state.pt"
 _STATE_KEYS = ("step", "policy", "sampler", "rng")  # what `Trainer._resume` reads
 
@@ -44,6 +46,24 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     found = [p for p in root.glob("step_*") if (p / _STATE_FILE).is_file()]
     return sorted((p for p in found if checkpoint_step(p) >= 0), key=checkpoint_step)
+
+
+def resolve_resume(resume: str, run_dir: str | Path) -> str:
+    """The checkpoint folder `checkpoint.resume` names: a folder as given; `latest`: the newest
+    checkpoint of `run_dir` (ConfigError if it has none); `auto`: the newest if there is one,
+    else "" (a fresh start: rerunning the same command continues a preempted job)."""
+    if resume not in (RESUME_LATEST, RESUME_AUTO):
+        return resume
+    found = list_checkpoints(Path(run_dir))
+    if found:
+        logger.info("checkpoint.resume=%s: %s", resume, found[-1])
+        return str(found[-1])
+    if resume == RESUME_AUTO:
+        return ""
+    raise ConfigError(
+        f"checkpoint.resume=latest: {Path(run_dir) / 'checkpoints'} holds no checkpoint "
+        "(use checkpoint.resume=auto to start afresh when there is none)"
+    )
 
 
 def checkpoint_step(checkpoint: Path) -> int:

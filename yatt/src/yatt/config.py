@@ -363,7 +363,8 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Save every `every` steps (0 = only at the end if `at_end`); `resume` = checkpoint folder."""
+    """Save every `every` steps (0 = only at the end if `at_end`); `resume` = a checkpoint
+    folder, `latest` (the newest in logging.run_dir) or `auto` (that, or a fresh start)."""
 
     every: int = 0
     at_end: bool = False

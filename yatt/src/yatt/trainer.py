@@ -29,6 +29,7 @@ from yatt.checkpoint import (
     checkpoint_step,
     list_checkpoints,
     load_trainer_state,
+    resolve_resume,
     save_training_checkpoint,
 )
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
@@ -121,7 +122,7 @@ class Trainer:
 
         self.config = config
         check_eval_data(config)
-        resume = config.checkpoint.resume
+        resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         self.run_dir = claim_run_dir(
             config.logging.run_dir,
             _RUN_OUTPUTS,
