@@ -87,12 +87,11 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 def _refuse_trainer_only_settings(config: Config) -> None:
     """Checkpoint settings the distributed controllers would otherwise silently ignore."""
     checkpoint = config.checkpoint
-    if checkpoint.every or checkpoint.resume:
-        given = f"checkpoint.every={checkpoint.every}" if checkpoint.every else ""
-        if checkpoint.resume:
-            given = f"checkpoint.resume={checkpoint.resume}"
+    given = [f"checkpoint.every={checkpoint.every}"] if checkpoint.every else []
+    given += [f"checkpoint.resume={checkpoint.resume}"] if checkpoint.resume else []
+    if given:
         raise ConfigError(
-            f"{given}: the distributed controllers save only the final policy "
+            f"{', '.join(given)}: the distributed controllers save only the final policy "
             "(checkpoint.at_end=true); periodic checkpoints and resuming need the "
             "single-process trainer (yatt train without control.backend=ray)"
         )
