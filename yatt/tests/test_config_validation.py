@@ -169,6 +169,10 @@ def test_a_key_given_twice_in_a_config_file_is_refused_with_its_line(tmp_path) -
     assert "'train' appears twice" in _error([], str(path))
     path.write_text("train: {steps: 3}\neval: {n: 4}\n")  # the same name in two sections is fine
     assert load_config(str(path)).train.steps == 3
+    path.write_text("rollout: &r {max_new_tokens: 8}\neval: {<<: *r, n: 4}\n")  # a YAML merge
+    assert load_config(str(path)).eval.max_new_tokens == 8
+    path.write_text("rollout: &r {max_new_tokens: 8}\neval: {<<: *r, max_new_tokens: 6}\n")
+    assert load_config(str(path)).eval.max_new_tokens == 6  # overriding a merged key is fine
 
 
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])

@@ -522,6 +522,9 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+_YAML_MERGE = "tag:yaml.org,2002:merge"
+
+
 class _DuplicateKey(Exception):
     """A mapping in a config file names a key twice (YAML would silently keep the last)."""
 
@@ -530,11 +533,11 @@ class _StrictLoader(yaml.SafeLoader):
     """`yaml.SafeLoader` that refuses a mapping naming the same key twice."""
 
     def construct_mapping(self, node, deep=False):
-        seen: set[Any] = set()
+        seen: set[str] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str):
-                continue  # config keys are names; other keys are refused when the config loads
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _YAML_MERGE:
+                continue  # config keys are names; a merge (<<) may be overridden by design
+            key = key_node.value
             if key in seen:
                 line = key_node.start_mark.line + 1
                 raise _DuplicateKey(f"key {key!r} appears twice in one section (line {line})")
