@@ -22,6 +22,7 @@ from yatt.cli import main
         (["eval", "/no/such/folder"], "/no/such/folder"),
         (["demo", "algo.name=sac"], "sac"),
         (["train", "tiny_test", "data.path=/no/such/prompts.jsonl"], "/no/such/prompts.jsonl"),
+        (["report", "/no/such/run"], "no metrics.jsonl"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, fragment, capsys) -> None:
@@ -48,3 +49,25 @@ def test_process_exit_code_and_stderr() -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "algo.loss_agg" in lines[0]
+
+
+def test_report_summarises_a_run_folder_and_draws_its_plots(tmp_path, capsys) -> None:
+    import json
+
+    rows = [{"step": 0, "eval/accuracy": 0.25}]
+    for step in range(1, 9):
+        rows.append({"step": step, "critic/score/mean": step / 10, "timing_s/step": 2.0,
+                     "timing_s/gen": 1.5, "perf/throughput": 40.0})  # fmt: skip
+    rows.append({"step": 8, "eval/accuracy": 0.5})
+    lines = [json.dumps(row) for row in rows] + ['{"step": 9, "critic/sc']  # torn last line
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+    assert main(["report", str(tmp_path)]) == 0
+    table = capsys.readouterr().err
+    assert "25.0% @ step 0" in table and "50.0% @ step 8" in table
+    assert "0.150" in table and "0.750" in table  # reward over the first and last 2 steps
+    assert (tmp_path / "rewards.png").stat().st_size > 1000
+    assert (tmp_path / "timing.png").stat().st_size > 1000
+    lines.insert(2, "not json")  # damage before the last line is an error naming the row
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+    assert main(["report", str(tmp_path), "--no-plots"]) == 2
+    assert "row 3" in capsys.readouterr().err

@@ -1,9 +1,10 @@
-"""The `yatt` command: train, eval, sft, models prepare, demo.
+"""The `yatt` command: train, eval, sft, models prepare, report, demo.
 
     yatt train grpo_addition rollout.n_samples=8 train.steps=50
     yatt eval runs/demo/checkpoints/step_000150 eval.n=200
     yatt sft tiny_test data.path=answers.jsonl
     yatt models prepare smollm2
+    yatt report runs/demo
     yatt demo
 
 Bad input (config, data, model folders, arguments) prints one line on stderr and exits 2.
@@ -56,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare = model_commands.add_parser("prepare", help="convert a bundled model to safetensors")
     prepare.add_argument("name", help="a known model name, e.g. smollm2")
+    report = commands.add_parser("report", help="summary table and plots of a run folder")
+    report.add_argument("run_dir", help="a run folder (logging.run_dir) holding metrics.jsonl")
+    report.add_argument("--no-plots", action="store_true", help="only print the summary table")
     demo = commands.add_parser("demo", help="GRPO on two-digit addition; learns in ~10 minutes")
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo preset")
     return parser
@@ -98,6 +102,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from yatt.models import prepare_model
 
         print(prepare_model(args.name))
+    elif args.command == "report":
+        _report(Path(args.run_dir), plots=not args.no_plots)
     elif args.command == "demo":
         _demo(args.overrides)
     return 0
@@ -125,7 +131,7 @@ def _train(preset: str, overrides: list[str]):
 
         with progress_bar(config.train.steps, 0, config.logging.progress) as progress:
             result = fit_distributed(config, config.control, progress)
-        console.print(summary_table(result.history, []))
+        _report(Path(config.logging.run_dir), plots=config.logging.plots)
         return result
     trainer = Trainer(config)
     with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
@@ -135,6 +141,17 @@ def _train(preset: str, overrides: list[str]):
             logger.info("wrote %s", path)
     console.print(summary_table(result.history, result.evals))
     return result
+
+
+def _report(run_dir: Path, plots: bool) -> None:
+    """The summary table of a run folder's metrics, and its plots written beside them."""
+    from yatt.report import console, evals_of, load_history, summary_table, write_plots
+
+    history = load_history(run_dir)
+    console.print(summary_table(history, evals_of(history)))
+    if plots and history:
+        for path in write_plots(history, run_dir):
+            logger.info("wrote %s", path)
 
 
 def _eval(model: str, overrides: list[str]) -> None:

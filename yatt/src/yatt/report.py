@@ -10,12 +10,22 @@ import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-__all__ = ["console", "progress_bar", "summary_table", "write_plots"]
+from yatt.errors import DataError
+
+__all__ = [
+    "console",
+    "evals_of",
+    "load_history",
+    "progress_bar",
+    "summary_table",
+    "write_plots",
+]
 
 console = Console(stderr=True)
 ProgressFn = Callable[[int, int, dict[str, float]], None]
@@ -95,4 +105,38 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     return [
         plot_rewards(history, run_dir / "rewards.png"),
         plot_timings(history, run_dir / "timing.png"),
+    ]
+
+
+def load_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The metric rows of `run_dir/metrics.jsonl` (a training run, single-process or Ray).
+
+    A torn last line (the run stopped mid-write) is left out. Raises DataError, one line, for a
+    folder without the file or a damaged row before the last.
+    """
+    import json
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"{run_dir}: no metrics.jsonl here (is it a yatt run folder?)")
+    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int | float):
+            rows.append(row)
+        elif number < len(lines):
+            raise DataError(f"{path}: row {number} is not a JSON metrics row with a step")
+    return rows
+
+
+def evals_of(history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, held-out accuracy) of the rows that carry an evaluation."""
+    return [
+        (int(row["step"]), row["eval/accuracy"])
+        for row in history
+        if isinstance(row.get("eval/accuracy"), int | float)
     ]
