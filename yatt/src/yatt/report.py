@@ -114,23 +114,16 @@ def load_history(run_dir: Path) -> list[dict[str, Any]]:
     A torn last line (the run stopped mid-write) is left out. Raises DataError, one line, for a
     folder without the file or a damaged row before the last.
     """
-    import json
+    from yatt.common import read_metrics
 
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{run_dir}: no metrics.jsonl here (is it a yatt run folder?)")
-    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
-    rows: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if isinstance(row, dict) and isinstance(row.get("step"), int | float):
-            rows.append(row)
-        elif number < len(lines):
-            raise DataError(f"{path}: row {number} is not a JSON metrics row with a step")
-    return rows
+    try:
+        rows, _ = read_metrics(path)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    return [row for _, row in rows]
 
 
 def evals_of(history: list[dict[str, Any]]) -> list[tuple[int, float]]:

@@ -9,7 +9,6 @@ values (PPO), adv, update (policy, critic), weight_sync. Each step emits a flat 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -32,7 +31,7 @@ from yatt.checkpoint import (
     resolve_resume,
     save_training_checkpoint,
 )
-from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
+from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink, read_metrics
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.config import Config, check_eval_data, save_config
 from yatt.errors import ConfigError
@@ -497,32 +496,16 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     (a crash mid-write; logged). Raises ConfigError for a damaged line before the last."""
     if not path.is_file():
         return
-    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, start=1):
-        step = _row_step(line)
-        if step is None and number == len(lines):
-            logger.warning("%s: dropped a torn last line (the run stopped mid-write)", path)
-        elif step is None:
-            raise ConfigError(
-                f"{path}: row {number} is not a JSON metrics row with a step; "
-                "repair or remove it to resume"
-            )
-        elif step <= last_step:
-            kept.append(line)
+    try:
+        rows, torn = read_metrics(path)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; repair or remove it to resume") from None
+    if torn:
+        logger.warning("%s: dropped a torn last line (the run stopped mid-write)", path)
+    kept = [line for line, row in rows if row["step"] <= last_step]
     staging = path.with_name(path.name + ".tmp")  # rewrite atomically: never half a file
     staging.write_bytes(b"".join(line + b"\n" for line in kept))
     staging.replace(path)
-
-
-def _row_step(line: bytes) -> float | None:
-    """The `step` of one JSONL metrics row, or None if the line is not such a row."""
-    try:
-        row = json.loads(line)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        return None
-    step = row.get("step") if isinstance(row, dict) else None
-    return step if isinstance(step, int | float) and not isinstance(step, bool) else None
 
 
 def finite_metrics(metrics: dict[str, float]) -> bool:

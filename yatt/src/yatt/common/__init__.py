@@ -2,7 +2,7 @@
 plots. Nothing here imports another yatt module."""
 
 from yatt.common.logsetup import setup_logging
-from yatt.common.metrics import JsonlSink, MetricsLogger, TensorBoardSink, read_jsonl
+from yatt.common.metrics import JsonlSink, MetricsLogger, TensorBoardSink, read_metrics
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import PhaseTimer
 
@@ -11,7 +11,7 @@ __all__ = [
     "MetricsLogger",
     "PhaseTimer",
     "TensorBoardSink",
-    "read_jsonl",
+    "read_metrics",
     "rng_state",
     "seed_everything",
     "set_rng_state",

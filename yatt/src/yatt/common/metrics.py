@@ -64,7 +64,25 @@ class MetricsLogger:
             sink.close()
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a metrics JSONL file."""
-    with Path(path).open() as file:
-        return [json.loads(line) for line in file if line.strip()]
+def read_metrics(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bool]:
+    """The rows of a metrics JSONL file, each with its line as written, and whether a torn last
+    line (a run stopped mid-write) was left out.
+
+    Raises ValueError naming the row for a line before the last that is not a JSON object with
+    a numeric `step`.
+    """
+    lines = [line for line in Path(path).read_bytes().split(b"\n") if line.strip()]
+    rows: list[tuple[bytes, dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            row = None
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, int | float) and not isinstance(step, bool):
+            rows.append((line, row))  # type: ignore[arg-type]
+        elif number == len(lines):
+            return rows, True
+        else:
+            raise ValueError(f"{path}: row {number} is not a JSON metrics row with a step")
+    return rows, False
