@@ -5,9 +5,10 @@ when the config is loaded. Method: load_config / ControlConfig only; nothing is 
 import math
 
 import pytest
+import yaml
 
 from yatt.cli import main
-from yatt.config import check_eval_data, load_config
+from yatt.config import _StrictLoader, check_eval_data, load_config
 from yatt.control.config import ControlConfig, load_callable
 from yatt.errors import ConfigError
 
@@ -173,6 +174,9 @@ def test_a_key_given_twice_in_a_config_file_is_refused_with_its_line(tmp_path) -
     assert load_config(str(path)).eval.max_new_tokens == 8
     path.write_text("rollout: &r {max_new_tokens: 8}\neval: {<<: *r, max_new_tokens: 6}\n")
     assert load_config(str(path)).eval.max_new_tokens == 6  # overriding a merged key is fine
+    # an anchored mapping that overrides a merged key, merged again before it is built itself
+    nested = "base: &B {a: 1}\nx: {inner: &X {<<: *B, a: 2}}\ny: {<<: *X}\n"
+    assert yaml.load(nested, Loader=_StrictLoader) == yaml.safe_load(nested)
 
 
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
@@ -189,6 +193,8 @@ def test_log_level_is_checked_and_applied(monkeypatch) -> None:
     from yatt.cli import _configured
 
     assert load_config("tiny_test", ["logging.level=warning"]).logging.level == "WARNING"
+    assert load_config("tiny_test", ["logging.level=warn"]).logging.level == "WARNING"
+    assert load_config("tiny_test", ["logging.level=fatal"]).logging.level == "CRITICAL"
     assert "'logging.level'" in _error(["logging.level=loud"])
     monkeypatch.setenv("YATT_LOG_LEVEL", "chatty")
     assert main(["train", "tiny_test"]) == 2  # refused before any work

@@ -85,11 +85,19 @@ def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, 
     assert (tmp_path / "model" / "config.yaml").is_file()
 
 
-@pytest.mark.parametrize("override", ["checkpoint.every=1", "checkpoint.resume=runs/x/step_1"])
-def test_fit_distributed_refuses_trainer_only_checkpoint_settings(tmp_path, override):
-    config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}", override])
-    with pytest.raises(ConfigError, match="single-process trainer"):
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["checkpoint.every=1"],
+        ["checkpoint.resume=latest"],
+        ["checkpoint.every=2", "checkpoint.resume=auto"],
+    ],
+)
+def test_fit_distributed_refuses_trainer_only_checkpoint_settings(tmp_path, overrides):
+    config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}", *overrides])
+    with pytest.raises(ConfigError, match="single-process trainer") as info:
         fit_distributed(config, _control())
+    assert all(setting in str(info.value) for setting in overrides)  # each one named
     assert not any(tmp_path.iterdir())  # refused before any work
 
 

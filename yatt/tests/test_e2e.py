@@ -139,6 +139,39 @@ def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path) -> None:
         assert resumed.step == 2, keyword
 
 
+def test_auto_without_a_checkpoint_refuses_a_used_folder(tmp_path) -> None:
+    overrides = ["eval.at_start=false", "eval.at_end=false"]
+    _run(tmp_path, overrides, steps=3, until_step=1)  # stopped before any checkpoint
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(ConfigError) as info:
+        _run(tmp_path, [*overrides, "checkpoint.resume=auto"], steps=3)
+    message = str(info.value)
+    assert "checkpoint.resume=auto found no checkpoint" in message
+    assert "logging.overwrite=true" in message and "pass checkpoint.resume" not in message
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before  # nothing touched
+
+
+def test_resuming_from_another_run_folder_claims_this_one_afresh(tmp_path) -> None:
+    overrides = ["checkpoint.every=1", "checkpoint.keep_last=3", "eval.at_start=false",
+                 "eval.at_end=false"]  # fmt: skip
+    _run(tmp_path / "source", overrides, steps=2)
+    _run(tmp_path / "other", overrides, steps=3)  # a different run, further along
+    checkpoint = tmp_path / "source" / "checkpoints" / "step_000001"
+    fork = [f"checkpoint.resume={checkpoint}", *overrides]
+    with pytest.raises(ConfigError, match="already holds a run") as info:
+        _run(tmp_path / "other", fork, steps=3)  # not "resume from other's step_3"
+    assert "step_000003" not in str(info.value)
+    assert len(list((tmp_path / "other" / "checkpoints").iterdir())) == 3
+    trainer, _ = _run(tmp_path / "fresh", fork, steps=2)
+    assert trainer.step == 2  # continued from the source's step 1 in a folder of its own
+    names = sorted(p.name for p in (tmp_path / "fresh" / "checkpoints").iterdir())
+    assert names == ["step_000002"]
+    assert sorted(p.name for p in (tmp_path / "source" / "checkpoints").iterdir()) == [
+        "step_000001",
+        "step_000002",
+    ]
+
+
 @pytest.mark.slow
 def test_toy_reward_rises(tmp_path) -> None:
     _, result = _run(tmp_path, ["optim.lr=1e-2", "optim.schedule=constant", "eval.n=0",

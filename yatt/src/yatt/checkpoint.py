@@ -20,6 +20,9 @@ from yatt.config import Config, save_config
 from yatt.errors import ConfigError
 
 __all__ = [
+    "RESUME_AUTO",
+    "RESUME_LATEST",
+    "checkpoint_run_dir",
     "checkpoint_step",
     "list_checkpoints",
     "load_trainer_state",
@@ -51,7 +54,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def resolve_resume(resume: str, run_dir: str | Path) -> str:
     """The checkpoint folder `checkpoint.resume` names: a folder as given; `latest`: the newest
     checkpoint of `run_dir` (ConfigError if it has none); `auto`: the newest if there is one,
-    else "" (a fresh start: rerunning the same command continues a preempted job)."""
+    else "" (a fresh start, which a folder holding a run refuses): rerunning the same command
+    continues a preempted job from its last checkpoint."""
     if resume not in (RESUME_LATEST, RESUME_AUTO):
         return resume
     found = list_checkpoints(Path(run_dir))
@@ -69,7 +73,14 @@ def resolve_resume(resume: str, run_dir: str | Path) -> str:
 def checkpoint_step(checkpoint: Path) -> int:
     """The step in a checkpoint folder's name (`step_000050` -> 50); -1 for another name."""
     digits = Path(checkpoint).name.removeprefix("step_")
-    return int(digits) if digits.isdigit() else -1
+    return int(digits) if digits.isascii() and digits.isdigit() else -1
+
+
+def checkpoint_run_dir(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint was saved in (`<run_dir>/checkpoints/step_N`), resolved;
+    None for a folder laid out otherwise."""
+    checkpoint = Path(checkpoint).resolve()
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
 def save_training_checkpoint(

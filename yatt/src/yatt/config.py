@@ -60,8 +60,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def log_level(value: object, where: str) -> str:
-    """A log level name (any case) as logging spells it; ConfigError naming `where` if not."""
+    """A log level name (any case; WARN and FATAL as logging reads them) as logging spells it;
+    ConfigError naming `where` if not."""
     level = value.upper() if isinstance(value, str) else value
+    level = {"WARN": "WARNING", "FATAL": "CRITICAL"}.get(level, level)  # type: ignore[arg-type]
     _require(level in LOG_LEVELS, where, value, f"one of {', '.join(LOG_LEVELS)}")
     return level  # type: ignore[return-value]
 
@@ -530,19 +532,26 @@ class _DuplicateKey(Exception):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a mapping naming the same key twice."""
+    """`yaml.SafeLoader` that refuses a mapping naming the same key twice.
 
-    def construct_mapping(self, node, deep=False):
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _YAML_MERGE:
-                continue  # config keys are names; a merge (<<) may be overridden by design
-            key = key_node.value
-            if key in seen:
-                line = key_node.start_mark.line + 1
-                raise _DuplicateKey(f"key {key!r} appears twice in one section (line {line})")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    Checked where PyYAML flattens merges (`<<: *anchor`), once per mapping and before its
+    merged keys join it: a key a merge brings in may be overridden, by design."""
+
+    def flatten_mapping(self, node):
+        checked = self.__dict__.setdefault("_checked", set())
+        if id(node) not in checked:
+            checked.add(id(node))
+            seen: set[str] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _YAML_MERGE:
+                    continue  # config keys are names
+                if key_node.value in seen:
+                    line = key_node.start_mark.line + 1
+                    raise _DuplicateKey(
+                        f"key {key_node.value!r} appears twice in one section (line {line})"
+                    )
+                seen.add(key_node.value)
+        super().flatten_mapping(node)
 
 
 def _read_preset(preset: str) -> dict[str, Any]:

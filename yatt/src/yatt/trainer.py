@@ -25,6 +25,8 @@ from yatt.algos.kl import kl_penalty_token_rewards
 from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
+    RESUME_AUTO,
+    checkpoint_run_dir,
     checkpoint_step,
     list_checkpoints,
     load_trainer_state,
@@ -122,12 +124,24 @@ class Trainer:
         self.config = config
         check_eval_data(config)
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
-        self.run_dir = claim_run_dir(
-            config.logging.run_dir,
-            _RUN_OUTPUTS,
-            resuming=bool(resume),
-            overwrite=config.logging.overwrite,
+        # A checkpoint of this run folder continues the run in place; one of another folder
+        # starts a new run here from its state (the folder is claimed as for a fresh run).
+        self._in_place = (
+            bool(resume)
+            and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
         )
+        try:
+            self.run_dir = claim_run_dir(
+                config.logging.run_dir,
+                _RUN_OUTPUTS,
+                resuming=self._in_place,
+                overwrite=config.logging.overwrite,
+                resumable=not config.checkpoint.resume,  # no hint when one was asked for
+            )
+        except ConfigError as exc:
+            if config.checkpoint.resume == RESUME_AUTO and not resume:
+                raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
+            raise
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
@@ -191,7 +205,8 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint.resume={checkpoint}: its trainer state does not fit this run: {detail}"
             ) from exc
-        self._drop_later_checkpoints(checkpoint)
+        if self._in_place:
+            self._drop_later_checkpoints(checkpoint)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
 
     def _drop_later_checkpoints(self, checkpoint: Path) -> None:

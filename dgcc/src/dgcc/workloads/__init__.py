@@ -77,6 +77,9 @@ class Workload(ABC):
     def check_fits_memory(self) -> None:
         """Refuse, before loading anything, data this machine's available memory cannot hold.
 
+        A check of this process alone against ``MemAvailable`` (cgroup limits are not read):
+        several node processes loading at once on one machine can still exceed it together.
+
         Raises:
             ConfigError: the estimate (``data_bytes``) exceeds the memory available now.
         """

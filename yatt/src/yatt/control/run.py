@@ -34,24 +34,26 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 
     _refuse_trainer_only_settings(config)
     if config.eval.enabled:
+        then = "" if config.checkpoint.at_end else "set checkpoint.at_end=true and "
         logger.info(
-            "the distributed controllers do not evaluate (eval.* is not used); set "
-            "checkpoint.at_end=true and run `yatt eval` on the saved model"
+            "the distributed controllers do not evaluate (eval.* is not used); %srun "
+            "`yatt eval` on the saved model",
+            then,
         )
     outputs = ("metrics.jsonl", "timeline.png", "control.json", MODEL_FOLDER)
     run_dir = claim_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
     )
     metrics_path = run_dir / "metrics.jsonl"
-    stream = MetricsLogger([JsonlSink(metrics_path)])
-
-    def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
-        stream.log(step, metrics)  # on disk as each step ends: a crash keeps the steps done
-        if progress is not None:
-            progress(step, total, metrics)
-
     controller = make_controller(config, control)
     try:
+        stream = MetricsLogger([JsonlSink(metrics_path)])
+
+        def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
+            stream.log(step, metrics)  # on disk as each step ends: a crash keeps the steps done
+            if progress is not None:
+                progress(step, total, metrics)
+
         try:
             result = controller.fit(progress=step_done)
         finally:
