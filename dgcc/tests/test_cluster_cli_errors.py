@@ -171,6 +171,18 @@ def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):
     assert (tmp_path / STATE_FILE).read_text() == state
 
 
+def test_start_refuses_data_the_local_nodes_cannot_hold_together(tmp_path, monkeypatch):
+    from dgcc import workloads
+
+    options = {"records": 10_000}
+    one_node = workloads.get_workload("ycsb", **options).data_bytes()[0]
+    monkeypatch.setattr(workloads, "available_memory_bytes", lambda: int(2.5 * one_node))
+    config = local_config(3, workload="ycsb", workload_options=options)
+    with pytest.raises(ConfigError, match=r"3 local nodes of ycsb with records=10000 need about"):
+        start_local(config, tmp_path)  # each fits alone; three loading at once do not
+    assert not any(tmp_path.iterdir())  # refused before anything was written or spawned
+
+
 def test_stop_signals_only_this_clusters_nodes(tmp_path, children, capsys):
     holders = [socket.socket() for _ in range(3)]  # bound, not listening: connects are refused
     for holder in holders:
