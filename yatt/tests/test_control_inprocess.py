@@ -68,8 +68,8 @@ def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, 
         real_close(controller)
 
     monkeypatch.setattr(Controller, "close", close)
-    config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}",
-                                       "checkpoint.at_end=true"])  # fmt: skip
+    outputs = ["checkpoint.at_end=true", "logging.tensorboard=true"]
+    config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}", *outputs])
     seen: list[int] = []
 
     def progress(step, total, metrics):  # each row is on disk when its step is reported
@@ -83,6 +83,7 @@ def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, 
     initial = build_model(config.model)[0].state_dict()  # the seeded model every rank built
     assert any(not torch.equal(initial[k], saved[k]) for k in saved)  # and then trained
     assert (tmp_path / "model" / "config.yaml").is_file()
+    assert any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize(
@@ -91,9 +92,10 @@ def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, 
         ["checkpoint.every=1"],
         ["checkpoint.resume=latest"],
         ["checkpoint.every=2", "checkpoint.resume=auto"],
+        ["train.time_limit_s=60"],
     ],
 )
-def test_fit_distributed_refuses_trainer_only_checkpoint_settings(tmp_path, overrides):
+def test_fit_distributed_refuses_trainer_only_settings(tmp_path, overrides):
     config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}", *overrides])
     with pytest.raises(ConfigError, match="single-process trainer") as info:
         fit_distributed(config, _control())

@@ -21,12 +21,13 @@ MODEL_FOLDER = "model"  # the trained policy, with checkpoint.at_end
 def fit_distributed(config: Config, control: ControlConfig, progress: Any = None) -> RunResult:
     """Train `config.train.steps` steps with the controller `control` selects; writes
     `metrics.jsonl` (a row per step as it ends, rewritten at the end with the per-device idle
-    fractions), `timeline.png`, `control.json` and, with `checkpoint.at_end`, the trained
-    policy as the model folder `model/` into `config.logging.run_dir`.
+    fractions), TensorBoard logs with `logging.tensorboard`, `timeline.png`, `control.json`
+    and, with `checkpoint.at_end`, the trained policy as the model folder `model/` into
+    `config.logging.run_dir`.
 
-    Raises ConfigError, before any work, for periodic checkpoints or a resume, which only the
-    single-process trainer offers."""
-    from yatt.common import JsonlSink, MetricsLogger
+    Raises ConfigError, before any work, for periodic checkpoints, a resume or a time limit,
+    which only the single-process trainer offers."""
+    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
     from yatt.control.timeline import plot_timeline, spans_from_events
@@ -40,14 +41,17 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             "`yatt eval` on the saved model",
             then,
         )
-    outputs = ("metrics.jsonl", "timeline.png", "control.json", MODEL_FOLDER)
+    outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", MODEL_FOLDER)
     run_dir = claim_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
     )
     metrics_path = run_dir / "metrics.jsonl"
     controller = make_controller(config, control)
     try:
-        stream = MetricsLogger([JsonlSink(metrics_path)])
+        sinks: list[Any] = [JsonlSink(metrics_path)]
+        if config.logging.tensorboard:
+            sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        stream = MetricsLogger(sinks)
 
         def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
             stream.log(step, metrics)  # on disk as each step ends: a crash keeps the steps done
@@ -87,13 +91,17 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 
 
 def _refuse_trainer_only_settings(config: Config) -> None:
-    """Checkpoint settings the distributed controllers would otherwise silently ignore."""
+    """Settings the distributed controllers would otherwise silently ignore."""
     checkpoint = config.checkpoint
     given = [f"checkpoint.every={checkpoint.every}"] if checkpoint.every else []
     given += [f"checkpoint.resume={checkpoint.resume}"] if checkpoint.resume else []
+    given += (
+        [f"train.time_limit_s={config.train.time_limit_s:g}"] if config.train.time_limit_s else []
+    )
     if given:
         raise ConfigError(
-            f"{', '.join(given)}: the distributed controllers save only the final policy "
-            "(checkpoint.at_end=true); periodic checkpoints and resuming need the "
-            "single-process trainer (yatt train without control.backend=ray)"
+            f"{', '.join(given)}: the distributed controllers run train.steps steps and save "
+            "only the final policy (checkpoint.at_end=true); periodic checkpoints, resuming "
+            "and a time limit need the single-process trainer (yatt train without "
+            "control.backend=ray)"
         )
