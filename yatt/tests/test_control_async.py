@@ -177,6 +177,11 @@ def test_staleness_zero_is_the_synchronous_run_and_k_is_a_bound():
     assert not any(e[2] == "swap" for e in async_run.events)  # disaggregated: nothing shared
 
 
+def test_a_time_limit_stops_an_async_run_with_steps_generated_ahead():
+    run, _ = _run(["train.time_limit_s=1e-9"], async_staleness=2)  # steps 2-3 were in flight
+    assert len(run.history) == 1
+
+
 def test_dynamic_sampling_with_over_dispatch_in_async_mode_agrees_across_modes():
     dapo = ("algo.dynamic_sampling=true", "algo.max_refill_batches=6")
     changes = {"async_staleness": 1, "over_dispatch": 0.5,

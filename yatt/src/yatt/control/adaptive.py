@@ -27,7 +27,7 @@ from typing import Any
 from yatt.config import Config
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import RunResult, add_idle_metrics
+from yatt.control.controller import RunResult, add_idle_metrics, time_is_up
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import peak_rss_mb
@@ -150,6 +150,8 @@ class AdaptiveController:
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
+            if time_is_up(self.config, run_start_s, step, total):
+                break
         result = RunResult(history=history, wall_s=time.perf_counter() - run_start_s)
         for handle in self.cluster.all_handles():
             self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")

@@ -25,8 +25,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     and, with `checkpoint.at_end`, the trained policy as the model folder `model/` into
     `config.logging.run_dir`.
 
-    Raises ConfigError, before any work, for periodic checkpoints, a resume or a time limit,
-    which only the single-process trainer offers."""
+    Raises ConfigError, before any work, for periodic checkpoints or a resume, which only the
+    single-process trainer offers."""
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
@@ -91,17 +91,13 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 
 
 def _refuse_trainer_only_settings(config: Config) -> None:
-    """Settings the distributed controllers would otherwise silently ignore."""
+    """Checkpoint settings the distributed controllers would otherwise silently ignore."""
     checkpoint = config.checkpoint
     given = [f"checkpoint.every={checkpoint.every}"] if checkpoint.every else []
     given += [f"checkpoint.resume={checkpoint.resume}"] if checkpoint.resume else []
-    given += (
-        [f"train.time_limit_s={config.train.time_limit_s:g}"] if config.train.time_limit_s else []
-    )
     if given:
         raise ConfigError(
-            f"{', '.join(given)}: the distributed controllers run train.steps steps and save "
-            "only the final policy (checkpoint.at_end=true); periodic checkpoints, resuming "
-            "and a time limit need the single-process trainer (yatt train without "
-            "control.backend=ray)"
+            f"{', '.join(given)}: the distributed controllers save only the final policy "
+            "(checkpoint.at_end=true); periodic checkpoints and resuming need the "
+            "single-process trainer (yatt train without control.backend=ray)"
         )
