@@ -330,7 +330,11 @@ def start_local(
             unusable or a cluster still runs there (starting over it would orphan those
             nodes), or a node exits or is not ready within ``ready_timeout_s``.
     """
-    _check_memory(config)
+    from dgcc.workloads import get_workload
+
+    # Before anything is written or spawned: each node loads the whole initial database.
+    workload = get_workload(config.workload, **dict(config.workload_options))
+    workload.check_fits_memory(copies=len(config.nodes))
     config_path = directory / CONFIG_FILE
     try:
         if directory.exists() and not directory.is_dir():
@@ -353,24 +357,6 @@ def start_local(
     cluster = LocalCluster(config, directory, processes)
     _wait_ready_or_kill(directory, processes, log_starts, ready_timeout_s)
     return cluster
-
-
-def _check_memory(config: ClusterConfig) -> None:
-    """Refuse, before spawning any node, data the local nodes cannot hold together: each loads
-    the whole initial database before keeping its share (``dgcc.workloads.Workload``)."""
-    from dgcc.workloads import available_memory_bytes, get_workload
-
-    sized = get_workload(config.workload, **dict(config.workload_options)).data_bytes()
-    available = available_memory_bytes()
-    if sized is None or available is None:
-        return
-    need = sized[0] * len(config.nodes)
-    if need > available:
-        raise ConfigError(
-            f"{len(config.nodes)} local nodes of {config.workload} with {sized[1]} need about "
-            f"{need / 2**30:,.1f} GiB of memory together (each loads the whole database before "
-            f"keeping its share), but this machine has {available / 2**30:,.1f} GiB available"
-        )
 
 
 def start_node(

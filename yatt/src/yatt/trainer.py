@@ -35,6 +35,7 @@ from yatt.checkpoint import (
 )
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink, read_metrics
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
+from yatt.common.timers import time_limit_reached
 from yatt.config import Config, check_eval_data, save_config
 from yatt.errors import ConfigError
 from yatt.rewards import RewardError
@@ -249,7 +250,8 @@ class Trainer:
             while self.step < last_step:
                 metrics = self.train_step()
                 self.step += 1
-                out_of_time = self._out_of_time(start_s)
+                limit_s = cfg.train.time_limit_s
+                out_of_time = time_limit_reached(limit_s, start_s, self.step, cfg.train.steps)
                 if self._eval_due() or (out_of_time and cfg.eval.at_end and cfg.eval.n > 0):
                     final = self.step == cfg.train.steps or out_of_time
                     n_examples = cfg.eval.n if final else (cfg.eval.n_periodic or cfg.eval.n)
@@ -444,18 +446,6 @@ class Trainer:
         if metrics_logger is not None:
             metrics_logger.log(self.step, {"eval/accuracy": accuracy, "timing_s/eval": eval_s})
         return accuracy
-
-    def _out_of_time(self, start_s: float) -> bool:
-        limit_s = self.config.train.time_limit_s
-        if (
-            not limit_s
-            or time.perf_counter() - start_s < limit_s
-            or self.step >= self.config.train.steps
-        ):
-            return False
-        logger.warning("train.time_limit_s=%g reached: stopping after step %d of %d",
-                       limit_s, self.step, self.config.train.steps)  # fmt: skip
-        return True
 
     def _eval_due(self) -> bool:
         cfg = self.config.eval

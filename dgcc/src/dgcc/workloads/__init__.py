@@ -74,21 +74,27 @@ class Workload(ABC):
         message when it cannot fit); None when the workload cannot tell."""
         return None
 
-    def check_fits_memory(self) -> None:
-        """Refuse, before loading anything, data this machine's available memory cannot hold.
+    def check_fits_memory(self, copies: int = 1) -> None:
+        """Refuse, before loading anything, data this machine's available memory cannot hold:
+        ``copies`` processes each loading it at once (local cluster nodes), this one by default.
 
-        A check of this process alone against ``MemAvailable`` (cgroup limits are not read):
-        several node processes loading at once on one machine can still exceed it together.
+        Read from ``MemAvailable`` (cgroup limits are not read).
 
         Raises:
-            ConfigError: the estimate (``data_bytes``) exceeds the memory available now.
+            ConfigError: ``copies`` times the estimate (``data_bytes``) exceeds the memory
+                available now.
         """
         sized, available = self.data_bytes(), available_memory_bytes()
-        if sized is None or available is None or sized[0] <= available:
+        if sized is None or available is None or copies * sized[0] <= available:
             return
+        who, needs, together = self.name, "needs", ""
+        if copies > 1:
+            who, needs = f"{copies} local nodes of {self.name}", "need"
+            together = " together (each loads the whole database before keeping its share)"
         raise ConfigError(
-            f"{self.name} with {sized[1]} needs about {sized[0] / 2**30:,.1f} GiB of memory, "
-            f"but this machine has {available / 2**30:,.1f} GiB available; load less data"
+            f"{who} with {sized[1]} {needs} about {copies * sized[0] / 2**30:,.1f} GiB of "
+            f"memory{together}, but this machine has {available / 2**30:,.1f} GiB available; "
+            "load less data"
         )
 
     def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:

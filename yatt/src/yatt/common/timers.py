@@ -1,8 +1,11 @@
 """Phase timers: `with timer.phase("gen"): ...` accumulates wall seconds per named phase."""
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+logger = logging.getLogger(__name__)
 
 
 class PhaseTimer:
@@ -25,3 +28,14 @@ class PhaseTimer:
         out = {f"{prefix}{name}": seconds for name, seconds in self._seconds.items()}
         self._seconds = {}
         return out
+
+
+def time_limit_reached(limit_s: float, start_s: float, done: int, total: int) -> bool:
+    """Whether a run started at `start_s` (perf_counter) has used up `limit_s` (`train.
+    time_limit_s`; 0 = no limit) after `done` of `total` steps with steps left; logged."""
+    if not limit_s or done >= total or time.perf_counter() - start_s < limit_s:
+        return False
+    logger.warning(
+        "train.time_limit_s=%g reached: stopping after step %d of %d", limit_s, done, total
+    )
+    return True

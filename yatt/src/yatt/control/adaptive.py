@@ -24,10 +24,11 @@ import logging
 import time
 from typing import Any
 
+from yatt.common.timers import time_limit_reached
 from yatt.config import Config
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import RunResult, add_idle_metrics, time_is_up
+from yatt.control.controller import RunResult, add_idle_metrics
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import peak_rss_mb
@@ -150,8 +151,8 @@ class AdaptiveController:
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            if time_is_up(self.config, run_start_s, step, total):
-                break
+            if time_limit_reached(self.config.train.time_limit_s, run_start_s, step + 1, total):
+                break  # steps generated ahead are dropped
         result = RunResult(history=history, wall_s=time.perf_counter() - run_start_s)
         for handle in self.cluster.all_handles():
             self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from yatt.common.timers import time_limit_reached
 from yatt.config import Config
 from yatt.control.cluster import Cluster
 from yatt.control.config import ControlConfig
@@ -47,18 +48,6 @@ def add_idle_metrics(history: list[dict[str, float]], events: list, n_devices: i
         start_s = end_s
 
 
-def time_is_up(config: Config, start_s: float, step: int, total: int) -> bool:
-    """Whether `train.time_limit_s` ran out by the end of step `step` (0-based) with steps
-    left (logged); the run then stops there, and steps generated ahead are dropped."""
-    limit_s = config.train.time_limit_s
-    if not limit_s or step + 1 >= total or time.perf_counter() - start_s < limit_s:
-        return False
-    logger.warning(
-        "train.time_limit_s=%g reached: stopping after step %d of %d", limit_s, step + 1, total
-    )
-    return True
-
-
 class Controller(ABC):
     """Runs RL steps on a Cluster; `fit` returns the run's metrics and observability data."""
 
@@ -85,8 +74,8 @@ class Controller(ABC):
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            if time_is_up(self.config, start_s, step, total):
-                break
+            if time_limit_reached(self.config.train.time_limit_s, start_s, step + 1, total):
+                break  # steps generated ahead are dropped
         result = RunResult(history=history, wall_s=time.perf_counter() - start_s)
         handles = self.cluster.all_handles()
         for handle, stats in zip(handles, [h.submit("stats") for h in handles]):
