@@ -1,7 +1,8 @@
 """DistDGCC against 2PL NO_WAIT, 2PL WAIT_DIE, OCC and Calvin on one cluster harness.
 
 Usage: ``python dgcc/bench/protocols.py [--quick] [--seconds S] [--inflight 25,100,400,800]
-[--scenarios tpcc-1wh,ycsb-0.99] [--fractions 0.1,0.2,0.5] [--protocols dgcc,calvin]``
+[--repeats 3] [--scenarios tpcc-1wh,ycsb-0.99] [--fractions 0.1,0.2,0.5]
+[--protocols dgcc,calvin]``
 (``--protocols``: a side-by-side check of a few; the full report wants every protocol)
 
 Every protocol runs on the same transport, client loop (``dgcc.net.loadgen``), workloads,
@@ -11,8 +12,9 @@ process per node, warm-up then a measured window. Scenarios: high contention (TP
 warehouses per node; uniform YCSB), each with 10% of transactions forced to span both nodes.
 Each protocol is tuned over the same calls-in-flight candidates, ascending, and reported at
 its best; one rule stops any protocol's sweep once a run falls below ``SWEEP_DROP`` of its best
-so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and Calvin; the 2PC
-baselines retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``).
+so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and Calvin; the 2PC baselines
+retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The best point
+is then rerun, the protocols in turn, and the median of ``--repeats`` runs there stands for it.
 The high-contention scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs
 are the headline ones), every protocol at every point. Writes ``protocols.json`` (every
 record), ``protocols.md`` (a section for docs/benchmarks.md) and ``protocols.png`` to
@@ -59,6 +61,7 @@ SWEEP_FRACTIONS = (0.0, 0.1, 0.2, 0.5)  # at high contention; includes FRACTION 
 QUICK_FRACTIONS = (0.1, 0.5)
 INFLIGHTS = (25, 100, 400, 800)  # calls in flight per node, swept in this order
 SWEEP_DROP = 0.8  # a protocol's sweep stops below this share of its best commits/s so far
+REPEATS = 3  # runs at each protocol's best inflight (the sweep's one and reruns); median shown
 
 
 def _options(name: str, quick: bool) -> dict[str, Any]:
@@ -97,17 +100,57 @@ def bench_config(
 def best_by_protocol(
     records: list[dict[str, Any]], fraction: float = FRACTION
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """(scenario, protocol) -> the record with the most commits/s over the inflight sweep, among
-    the runs with ``fraction`` distributed."""
-    best: dict[tuple[str, str], dict[str, Any]] = {}
+    """(scenario, protocol) -> its run at the best calls-in-flight of the sweep, among the runs
+    with ``fraction`` distributed: the sweep's best run (``repeat`` 0) picks the inflight, and
+    where that point was rerun (``repeat`` 1, 2 ...) the median run by commits/s stands for it,
+    so one lucky or unlucky window does not decide a ratio."""
+    picked: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records:
-        if record["config"]["distributed_fraction"] != fraction:
+        if record["config"]["distributed_fraction"] != fraction or record.get("repeat", 0):
             continue
         key = (record["scenario"], record["config"]["protocol"])
         rate = record["metrics"]["txn/commits_per_s"]
-        if key not in best or rate > best[key]["metrics"]["txn/commits_per_s"]:
-            best[key] = record
-    return best
+        if key not in picked or rate > picked[key]["metrics"]["txn/commits_per_s"]:
+            picked[key] = record
+    return {key: _median_run(records, record) for key, record in picked.items()}
+
+
+def runs_at(records: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run of ``record``'s scenario, protocol, fraction and inflight, by ``repeat``."""
+    same = ("protocol", "distributed_fraction", "inflight", "nodes")
+    config = record["config"]
+    runs = [
+        other
+        for other in records
+        if other["scenario"] == record["scenario"]
+        and all(other["config"].get(k) == config.get(k) for k in same)
+    ]
+    return sorted(runs, key=lambda other: other.get("repeat", 0))
+
+
+def _median_run(records: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+    runs = sorted(runs_at(records, record), key=lambda other: other["metrics"]["txn/commits_per_s"])
+    return runs[(len(runs) - 1) // 2]  # the lower middle of an even count
+
+
+def round_ratios(
+    records: list[dict[str, Any]], fraction: float = FRACTION
+) -> dict[str, list[float]]:
+    """Per scenario: DistDGCC's commits/s over the chosen baseline's (``ratios``) in each round
+    of runs at their best inflight (round k: both protocols' run with ``repeat`` k, taken in
+    turn, so close in time); the spread behind the median ratio."""
+    best = best_by_protocol(records, fraction)
+    result: dict[str, list[float]] = {}
+    for scenario, (_, rival) in ratios(best).items():
+        ours = runs_at(records, best[(scenario, "dgcc")])
+        theirs = runs_at(records, best[(scenario, rival)])
+        rounds = min(len(ours), len(theirs))
+        result[scenario] = [
+            ours[k]["metrics"]["txn/commits_per_s"]
+            / max(theirs[k]["metrics"]["txn/commits_per_s"], 1e-9)
+            for k in range(rounds)
+        ]
+    return result
 
 
 def ratios(
@@ -168,7 +211,7 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         f"then a {args.seconds:g} s window per run; each protocol ran with "
         f"{', '.join(map(str, sorted(args.inflight)))} calls in flight per node, in that order "
         f"(one rule for all: a protocol's sweep at a point stops once a run falls below "
-        f"{SWEEP_DROP:.0%} of its best so far, past its peak), and is shown at its best. "
+        f"{SWEEP_DROP:.0%} of its best so far, past its peak){_rerun_text(args.repeats)}. "
         f"{facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
         f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}. "
         "2PL and OCC coordinate at the called node with two-phase commit and retry "
@@ -207,6 +250,7 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
     lines.append("")
     two_phase = ratios(best, TWO_PHASE)
     per_cpu = ratios(best, metric=CPU_METRIC)
+    rounds = round_ratios(records)
     for scenario, (ratio, rival) in ratios(best).items():
         target = TARGETS[SCENARIOS[scenario][2]]
         verdict = "meets" if ratio >= target else "misses"
@@ -214,14 +258,31 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         if scenario in two_phase:
             versus_2pc = f"over the best 2PC baseline ({two_phase[scenario][1]}) "
             versus_2pc += f"{two_phase[scenario][0]:.2f}x; "
+        spread = ""
+        if len(rounds[scenario]) > 1:
+            spread = f", {_range(rounds[scenario])} round by round"
         lines.append(
-            f"- {scenario}: DistDGCC / best baseline ({rival}) = **{ratio:.2f}x** "
+            f"- {scenario}: DistDGCC / best baseline ({rival}) = **{ratio:.2f}x**{spread} "
             f"({verdict} the {target:g}x target); {versus_2pc}per node CPU second, over the "
             f"best baseline ({per_cpu[scenario][1]}) {per_cpu[scenario][0]:.2f}x"
         )
     lines += sweep_markdown(records, args.fractions)
     lines += ["", "![protocols side by side](protocols.png)", ""]
     return "\n".join(lines)
+
+
+def _rerun_text(repeats: int) -> str:
+    if repeats <= 1:
+        return ", and is shown at its best"
+    return (
+        f"; each protocol's best point was then rerun {repeats - 1} more "
+        f"time{'s' if repeats > 2 else ''}, the protocols taking turns, and is shown by the "
+        f"median of its {repeats} runs there, so that no single window decides a ratio"
+    )
+
+
+def _range(values: list[float]) -> str:
+    return f"{min(values):.2f}x-{max(values):.2f}x"
 
 
 def high_scenarios(records: list[dict[str, Any]]) -> list[str]:
@@ -239,7 +300,8 @@ def sweep_markdown(records: list[dict[str, Any]], fractions: tuple[float, ...]) 
         "",
         "Same runs as above, with the share of transactions forced to span both nodes varied "
         f"(the {FRACTION:.0%} rows are the headline runs); commits/s at each protocol's best "
-        "calls-in-flight, and DistDGCC over the best baseline at each point, in commits/s and "
+        "calls-in-flight (the median run there, as above), and DistDGCC over the best baseline "
+        "at each point, in commits/s (with the range over the rounds of reruns) and "
         "in commits per node CPU second (where the CPU ratio is near the throughput ratio, "
         "both sides are CPU-bound and the gap is cost per transaction; where throughput "
         "gains more, the baseline's nodes wait).",
@@ -257,10 +319,12 @@ def sweep_markdown(records: list[dict[str, Any]], fractions: tuple[float, ...]) 
             rates = [best[(scenario, p)]["metrics"]["txn/commits_per_s"] for p in PROTOCOLS]
             ratio, rival = ratios(best)[scenario]
             cpu_ratio, cpu_rival = ratios(best, metric=CPU_METRIC)[scenario]
+            rounds = round_ratios(records, fraction)[scenario]
+            spread = f", {_range(rounds)}" if len(rounds) > 1 else ""
             lines.append(
                 f"| {scenario} | {fraction:.0%} | "
                 + " | ".join(f"{rate:,.0f}" for rate in rates)
-                + f" | {ratio:.2f}x ({rival}) | {cpu_ratio:.2f}x ({cpu_rival}) |"
+                + f" | {ratio:.2f}x ({rival}{spread}) | {cpu_ratio:.2f}x ({cpu_rival}) |"
             )
     return lines
 
@@ -326,6 +390,12 @@ def _fractions(text: str) -> tuple[float, ...]:
     return values
 
 
+def _repeats(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 20:
+        raise argparse.ArgumentTypeError(f"repeats must be an int in 1..20, got {text!r}")
+    return int(text)
+
+
 def _scenarios(text: str) -> tuple[str, ...]:
     names = tuple(part for part in text.split(",") if part)
     unknown = sorted(set(names) - set(SCENARIOS))
@@ -344,41 +414,56 @@ def sweep(scenarios: tuple[str, ...], args, console: Console) -> list[dict[str, 
     """Every protocol at each scenario point over ascending calls in flight; one record a run.
 
     The protocols take turns at each inflight value (side by side in time). One rule for all:
-    a protocol's sweep at a point stops once ``peak_passed``.
+    a protocol's sweep at a point stops once ``peak_passed``. Then each protocol's best
+    inflight at the point is rerun ``args.repeats - 1`` times, the protocols again in turn.
     """
     points = [
         (scenario, fraction, NODES)
         for scenario in scenarios
         for fraction in (args.fractions if SCENARIOS[scenario][2] == "high" else (FRACTION,))
     ]
-    return sweep_points(points, args, console)
+    return sweep_points(points, args, console, repeats=args.repeats)
 
 
 def sweep_points(
-    points: list[tuple[str, float, int]], args, console: Console
+    points: list[tuple[str, float, int]], args, console: Console, *, repeats: int = 1
 ) -> list[dict[str, Any]]:
-    """``sweep`` over explicit (scenario, distributed fraction, nodes) points."""
+    """``sweep`` over explicit (scenario, distributed fraction, nodes) points; every record
+    carries its ``repeat`` (0: the inflight sweep; k > 0: the k-th rerun of the best)."""
     inflights = sorted(args.inflight)
     records: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as progress:
-        runs_max = len(points) * len(inflights) * len(args.protocols)
-        task = progress.add_task("protocol runs", total=runs_max)
+        per_point = len(args.protocols) * (len(inflights) + repeats - 1)
+        task = progress.add_task("protocol runs", total=len(points) * per_point)
+
+        def run(
+            scenario: str, fraction: float, nodes: int, protocol: str, inflight: int, repeat: int
+        ) -> dict[str, Any]:
+            label = f"{scenario} {fraction:.0%} {nodes}n {protocol} {inflight}"
+            progress.update(task, description=label + (f" rerun {repeat}" if repeat else ""))
+            bench = bench_config(scenario, fraction, protocol, inflight, args, nodes=nodes)
+            record = run_bench(bench) | {"scenario": scenario, "repeat": repeat}
+            records.append(record)
+            line = f"{summary_line(record)} protocol={protocol} scenario={scenario}"
+            print(f"{line} repeat={repeat}", flush=True)
+            return record
+
         for scenario, fraction, nodes in points:
             rates: dict[str, list[float]] = {protocol: [] for protocol in args.protocols}
+            best: dict[str, tuple[float, int]] = {}  # protocol -> (commits/s, inflight)
             for position, inflight in enumerate(inflights):
                 for protocol in [p for p in args.protocols if not peak_passed(rates[p])]:
-                    progress.update(
-                        task,
-                        description=f"{scenario} {fraction:.0%} {nodes}n {protocol} {inflight}",
-                    )
-                    bench = bench_config(scenario, fraction, protocol, inflight, args, nodes=nodes)
-                    record = run_bench(bench) | {"scenario": scenario}
-                    records.append(record)
-                    line = f"{summary_line(record)} protocol={protocol} scenario={scenario}"
-                    print(line, flush=True)
-                    rates[protocol].append(record["metrics"]["txn/commits_per_s"])
+                    record = run(scenario, fraction, nodes, protocol, inflight, 0)
+                    rate = record["metrics"]["txn/commits_per_s"]
+                    rates[protocol].append(rate)
+                    if protocol not in best or rate > best[protocol][0]:
+                        best[protocol] = (rate, inflight)
                     skipped = len(inflights) - 1 - position if peak_passed(rates[protocol]) else 0
                     progress.advance(task, 1 + skipped)
+            for repeat in range(1, repeats):
+                for protocol in args.protocols:
+                    run(scenario, fraction, nodes, protocol, best[protocol][1], repeat)
+                    progress.advance(task)
     return records
 
 
@@ -402,6 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         default=PROTOCOLS,
         help=f"subset of {','.join(PROTOCOLS)} (dgcc always runs; the report needs all)",
     )
+    parser.add_argument(
+        "--repeats",
+        type=_repeats,
+        default=None,
+        help="runs at each protocol's best inflight, the sweep's included (default 3; 1 quick)",
+    )
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument(
         "--scenarios", type=_scenarios, default=None, help=f"subset of {','.join(SCENARIOS)}"
@@ -423,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
     args.inflight = args.inflight or ([100] if args.quick else list(INFLIGHTS))
+    args.repeats = args.repeats or (1 if args.quick else REPEATS)
     assert set(PROTOCOLS) == set(SERVERS), f"bench covers {PROTOCOLS}, servers {list(SERVERS)}"
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -440,8 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     per_cpu = ratios(best, metric=CPU_METRIC)
     for scenario, (ratio, rival) in ratios(best).items():
         cpu_ratio, cpu_rival = per_cpu[scenario]
+        rounds = round_ratios(records)[scenario]
+        spread = f" ({_range(rounds)} round by round)" if len(rounds) > 1 else ""
         console.print(
-            f"{scenario}: DistDGCC / {rival} = {ratio:.2f}x commits/s, "
+            f"{scenario}: DistDGCC / {rival} = {ratio:.2f}x commits/s{spread}, "
             f"/ {cpu_rival} = {cpu_ratio:.2f}x commits per node CPU second"
         )
     for fraction in args.fractions if len(args.fractions) > 1 else ():

@@ -99,3 +99,31 @@ def test_ratios_and_plot_cover_only_the_protocols_that_ran(
     assert bench.ratios(best, bench.TWO_PHASE) == {}  # no 2PC baseline ran
     bench.plot(records, (0.1, 0.2, 0.5), tmp_path / "subset.png")
     assert (tmp_path / "subset.png").stat().st_size > 0
+
+
+def test_reruns_of_the_best_point_are_summarised_by_their_median(bench: ModuleType) -> None:
+    """The sweep (repeat 0) picks the inflight; its reruns there give the median run shown
+    and the round-by-round ratios behind it."""
+    records = _records(bench)
+    reruns = {"dgcc": (600, 800), "calvin": (500, 300)}
+    for protocol, rates in reruns.items():
+        for repeat, rate in enumerate(rates, start=1):
+            records.append(_record("tpcc-1wh", protocol, 0.1, 100, rate) | {"repeat": repeat})
+    records.append(_record("tpcc-1wh", "calvin", 0.1, 400, 5000) | {"repeat": 1})  # no pick
+    best = bench.best_by_protocol(records)
+    assert best[("tpcc-1wh", "dgcc")]["metrics"]["txn/commits_per_s"] == 800  # 600, 800, 1000
+    assert best[("tpcc-1wh", "calvin")]["config"]["inflight"] == 100
+    assert best[("tpcc-1wh", "calvin")]["metrics"]["txn/commits_per_s"] == 400  # 300, 400, 500
+    assert bench.ratios(best)["tpcc-1wh"] == (2.0, "calvin")
+    rounds = bench.round_ratios(records)["tpcc-1wh"]
+    assert rounds == pytest.approx([1000 / 400, 600 / 500, 800 / 300])
+    assert bench.round_ratios(records, 0.5)["tpcc-1wh"] == [4.0]  # not rerun: one round
+    lines = bench.sweep_markdown(records, (0.1, 0.5))
+    assert lines[-2].endswith("| 2.00x (calvin, 1.20x-2.67x) | 1.00x (calvin) |")
+
+
+@pytest.mark.parametrize("text", ["0", "21", "x", "-1"])
+def test_repeats_must_be_a_small_positive_int(bench: ModuleType, text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="repeats"):
+        bench._repeats(text)
+    assert bench._repeats("3") == 3
