@@ -46,7 +46,8 @@ def test_data_that_cannot_fit_is_refused_before_loading(name: str, monkeypatch) 
         get_workload(name, **SMALL[name]).build(1)
     message = str(info.value)
     option = next(iter(SMALL[name]))
-    assert f"{option}=" in message and "GiB available" in message and "\n" not in message
+    assert f"{option}=" in message and "GiB is available here" in message
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize("name", sorted(HUGE))
@@ -55,3 +56,64 @@ def test_huge_sizes_fail_on_this_machine_at_once(name: str) -> None:
         pytest.skip("no /proc/meminfo here")
     with pytest.raises(ConfigError, match="needs about"):
         get_workload(name, **HUGE[name]).build(1)
+
+
+def _cgroup(root, files: dict[str, str]):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+V2 = {"cgroup.controllers": "memory pids\n"}  # marks a cgroup v2 mount
+
+
+@pytest.mark.parametrize(
+    ("files", "membership", "headroom"),
+    [
+        # cgroup v2 at the mount's root (a container): 4 GiB limit, 3 GiB used of which
+        # 1 GiB is reclaimable file cache
+        (
+            V2 | {"memory.max": "4294967296\n", "memory.current": "3221225472\n",
+                  "memory.stat": "anon 1\ninactive_file 1073741824\n"},
+            "0::/\n",
+            2 * 2**30,
+        ),
+        (V2 | {"memory.max": "max\n", "memory.current": "1\n"}, "0::/\n", None),  # no limit
+        # cgroup v2 without a namespace: this process's cgroup and the one above it are
+        # limited (the host root has no memory.max); the tighter headroom counts
+        (
+            V2 | {"a/memory.max": "1000\n", "a/memory.current": "100\n",
+                  "a/b/memory.max": "5000\n", "a/b/memory.current": "4500\n"},
+            "0::/a/b\n",
+            500,
+        ),
+        # cgroup v1: 2 GiB limit, 1.5 GiB used, no stat file; the membership's path is not
+        # mounted here (a container sees its own cgroup as the root)
+        (
+            {"memory/memory.limit_in_bytes": "2147483648\n",
+             "memory/memory.usage_in_bytes": "1610612736\n"},
+            "4:memory:/elsewhere\n1:cpu:/\n",
+            2**29,
+        ),
+        (
+            {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+             "memory/memory.usage_in_bytes": "5\n"},
+            "4:memory:/\n",
+            None,
+        ),  # v1, no limit
+        (V2 | {"memory.max": "garbled\n"}, "0::/\n", None),  # unreadable: no cap, no error
+        ({}, "", None),
+    ],
+)  # fmt: skip
+def test_a_memory_cgroup_limit_caps_the_available_memory(
+    tmp_path, monkeypatch, files, membership, headroom
+) -> None:
+    root = _cgroup(tmp_path / "cgroup", files)
+    (tmp_path / "membership").write_text(membership)
+    assert workloads._cgroup_headroom(root, tmp_path / "membership") == headroom
+    monkeypatch.setattr(workloads, "_meminfo_available", lambda: 3 * 2**30)
+    monkeypatch.setattr(workloads, "_cgroup_headroom", lambda root: headroom)
+    expected = 3 * 2**30 if headroom is None else min(3 * 2**30, headroom)
+    assert workloads.available_memory_bytes() == expected

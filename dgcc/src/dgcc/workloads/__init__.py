@@ -7,8 +7,10 @@ generates a deterministic request stream from a seed, and checks its consistency
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from dgcc.api import Outcome, ProcedureRegistry, TxnRequest
@@ -78,7 +80,7 @@ class Workload(ABC):
         """Refuse, before loading anything, data this machine's available memory cannot hold:
         ``copies`` processes each loading it at once (local cluster nodes), this one by default.
 
-        Read from ``MemAvailable`` (cgroup limits are not read).
+        Read from ``MemAvailable``, capped by a memory cgroup's limit (``available_memory_bytes``).
 
         Raises:
             ConfigError: ``copies`` times the estimate (``data_bytes``) exceeds the memory
@@ -93,7 +95,7 @@ class Workload(ABC):
             together = " together (each loads the whole database before keeping its share)"
         raise ConfigError(
             f"{who} with {sized[1]} {needs} about {copies * sized[0] / 2**30:,.1f} GiB of "
-            f"memory{together}, but this machine has {available / 2**30:,.1f} GiB available; "
+            f"memory{together}, but only {available / 2**30:,.1f} GiB is available here; "
             "load less data"
         )
 
@@ -124,8 +126,19 @@ class Workload(ABC):
         return {}
 
 
-def available_memory_bytes() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` (None where there is no such file)."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_UNLIMITED = 2**60  # a cgroup v1 "no limit" is a page-rounded 2**63 - 1
+
+
+def available_memory_bytes(cgroup_root: Path = CGROUP_ROOT) -> int | None:
+    """Memory this process can still take: ``MemAvailable`` of ``/proc/meminfo``, capped by
+    the headroom under its memory cgroup's limit where one is set (a container's), read from
+    ``cgroup_root`` (None where neither can be read)."""
+    known = [v for v in (_meminfo_available(), _cgroup_headroom(cgroup_root)) if v is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
@@ -134,6 +147,65 @@ def available_memory_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _cgroup_headroom(root: Path, membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The least headroom under a memory limit of this process's cgroup or of any cgroup above
+    it (cgroup v2 under ``root``, else v1 under ``root/memory``; the path from ``membership``,
+    the mount's root where that is not mounted, as in a container): the limit less the usage,
+    the usage less the inactive file cache the kernel reclaims first. None with no limit set
+    or no cgroup readable."""
+    layouts = (  # (mount, its marker, the hierarchy's name in membership, limit, usage, stat key)
+        (root, "cgroup.controllers", "", "memory.max", "memory.current", "inactive_file"),
+        (root / "memory", "memory.limit_in_bytes", "memory", "memory.limit_in_bytes",
+         "memory.usage_in_bytes", "total_inactive_file"),
+    )  # fmt: skip
+    for mount, marker, hierarchy, limit_file, usage_file, inactive_key in layouts:
+        if not (mount / marker).is_file():
+            continue
+        folder = mount / _cgroup_path(membership, hierarchy).lstrip("/")
+        if not folder.is_dir():
+            folder = mount
+        headrooms = []
+        while True:
+            headroom = _headroom(folder, limit_file, usage_file, inactive_key)
+            if headroom is not None:
+                headrooms.append(headroom)
+            if folder == mount:
+                break
+            folder = folder.parent
+        return min(headrooms, default=None)
+    return None
+
+
+def _cgroup_path(membership: Path, hierarchy: str) -> str:
+    """This process's cgroup in ``hierarchy`` ("" for v2, "memory" for v1), or "/"."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in membership.read_text(encoding="ascii").splitlines():
+            _, names, path = line.split(":", 2)
+            if (not hierarchy and not names) or hierarchy in names.split(","):
+                return path
+    return "/"
+
+
+def _headroom(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    try:
+        limit_text = (folder / limit_file).read_text(encoding="ascii").strip()
+        if limit_text == "max":
+            return None
+        limit = int(limit_text)
+        usage = int((folder / usage_file).read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
+    if limit >= _UNLIMITED:
+        return None
+    inactive = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in (folder / "memory.stat").read_text(encoding="ascii").splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key:
+                inactive = int(value)
+    return max(0, limit - max(0, usage - inactive))
 
 
 WORKLOADS: dict[str, type[Workload]] = {}
