@@ -11,10 +11,11 @@ process per node, warm-up then a measured window. Scenarios: high contention (TP
 1 warehouse per node; YCSB with zipfian theta 0.99) and low contention (TPC-C with 4
 warehouses per node; uniform YCSB), each with 10% of transactions forced to span both nodes.
 Each protocol is tuned over the same calls-in-flight candidates, ascending, and reported at
-its best; one rule stops any protocol's sweep once a run falls below ``SWEEP_DROP`` of its best
-so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and Calvin; the 2PC baselines
-retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The best point
-is then rerun, the protocols in turn, and the median of ``--repeats`` runs there stands for it.
+its best; one rule stops any protocol's sweep once ``SWEEP_PATIENCE`` runs in a row fall below
+``SWEEP_DROP`` of its best so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and
+Calvin; the 2PC baselines retry after a randomised exponential backoff, see
+``dgcc.net.servers.twopc``). The best point is then rerun, the protocols in turn, and the median
+of ``--repeats`` runs there stands for it.
 The high-contention scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs
 are the headline ones), every protocol at every point. Writes ``protocols.json`` (every
 record), ``protocols.md`` (a section for docs/benchmarks.md) and ``protocols.png`` to
@@ -60,7 +61,8 @@ SWEEP_FRACTIONS = (0.0, 0.1, 0.2, 0.5)  # at high contention; includes FRACTION 
 # protocol costs with no cross-node work, the point the distributed ones are measured from)
 QUICK_FRACTIONS = (0.1, 0.5)
 INFLIGHTS = (25, 100, 400, 800)  # calls in flight per node, swept in this order
-SWEEP_DROP = 0.8  # a protocol's sweep stops below this share of its best commits/s so far
+SWEEP_DROP = 0.8  # a protocol's sweep stops below this share of its best commits/s so far,
+SWEEP_PATIENCE = 2  # once this many runs in a row fell there (one dip is not a peak passed)
 REPEATS = 3  # runs at each protocol's best inflight (the sweep's one and reruns); median shown
 
 
@@ -98,12 +100,13 @@ def bench_config(
 
 
 def best_by_protocol(
-    records: list[dict[str, Any]], fraction: float = FRACTION
+    records: list[dict[str, Any]], fraction: float = FRACTION, *, median: bool = True
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """(scenario, protocol) -> its run at the best calls-in-flight of the sweep, among the runs
     with ``fraction`` distributed: the sweep's best run (``repeat`` 0) picks the inflight, and
     where that point was rerun (``repeat`` 1, 2 ...) the median run by commits/s stands for it,
-    so one lucky or unlucky window does not decide a ratio."""
+    so one lucky or unlucky window does not decide a ratio (``median=False``: the sweep's best
+    run itself, to set beside another sweep's best)."""
     picked: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records:
         if record["config"]["distributed_fraction"] != fraction or record.get("repeat", 0):
@@ -112,6 +115,8 @@ def best_by_protocol(
         rate = record["metrics"]["txn/commits_per_s"]
         if key not in picked or rate > picked[key]["metrics"]["txn/commits_per_s"]:
             picked[key] = record
+    if not median:
+        return picked
     return {key: _median_run(records, record) for key, record in picked.items()}
 
 
@@ -137,20 +142,21 @@ def round_ratios(
     records: list[dict[str, Any]], fraction: float = FRACTION
 ) -> dict[str, list[float]]:
     """Per scenario: DistDGCC's commits/s over the chosen baseline's (``ratios``) in each round
-    of runs at their best inflight (round k: both protocols' run with ``repeat`` k, taken in
-    turn, so close in time); the spread behind the median ratio."""
+    of runs at their best inflight (round k: both protocols' run with ``repeat`` k; the reruns
+    take turns, so a round's two runs are close in time); the spread behind the median ratio."""
     best = best_by_protocol(records, fraction)
     result: dict[str, list[float]] = {}
     for scenario, (_, rival) in ratios(best).items():
-        ours = runs_at(records, best[(scenario, "dgcc")])
-        theirs = runs_at(records, best[(scenario, rival)])
-        rounds = min(len(ours), len(theirs))
+        ours = _by_repeat(runs_at(records, best[(scenario, "dgcc")]))
+        theirs = _by_repeat(runs_at(records, best[(scenario, rival)]))
         result[scenario] = [
-            ours[k]["metrics"]["txn/commits_per_s"]
-            / max(theirs[k]["metrics"]["txn/commits_per_s"], 1e-9)
-            for k in range(rounds)
+            ours[k] / max(theirs[k], 1e-9) for k in sorted(ours.keys() & theirs.keys())
         ]
     return result
+
+
+def _by_repeat(runs: list[dict[str, Any]]) -> dict[int, float]:
+    return {run.get("repeat", 0): run["metrics"]["txn/commits_per_s"] for run in runs}
 
 
 def ratios(
@@ -210,8 +216,9 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         f"{FRACTION:.0%} of transactions forced to span both nodes, {args.warmup_s:g} s warm-up "
         f"then a {args.seconds:g} s window per run; each protocol ran with "
         f"{', '.join(map(str, sorted(args.inflight)))} calls in flight per node, in that order "
-        f"(one rule for all: a protocol's sweep at a point stops once a run falls below "
-        f"{SWEEP_DROP:.0%} of its best so far, past its peak){_rerun_text(args.repeats)}. "
+        f"(one rule for all: a protocol's sweep at a point stops once {SWEEP_PATIENCE} runs in "
+        f"a row fall below {SWEEP_DROP:.0%} of its best so far, past its peak)"
+        f"{_rerun_text(args.repeats)}. "
         f"{facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
         f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}. "
         "2PL and OCC coordinate at the called node with two-phase commit and retry "
@@ -380,7 +387,7 @@ def _inflights(text: str) -> list[int]:
 
 def _fractions(text: str) -> tuple[float, ...]:
     try:
-        values = tuple(float(part) for part in text.split(",") if part)
+        values = tuple(dict.fromkeys(float(part) for part in text.split(",") if part))
     except ValueError:
         raise argparse.ArgumentTypeError(f"fractions must be numbers, got {text!r}") from None
     if FRACTION not in values or not all(0.0 <= v <= 1.0 for v in values):
@@ -405,9 +412,11 @@ def _scenarios(text: str) -> tuple[str, ...]:
 
 
 def peak_passed(rates: list[float]) -> bool:
-    """Whether a sweep (commits/s at ascending inflight) is past its peak: the last run fell
-    below ``SWEEP_DROP`` of the best, so larger inflight values are not worth running."""
-    return len(rates) > 1 and rates[-1] < SWEEP_DROP * max(rates)
+    """Whether a sweep (commits/s at ascending inflight) is past its peak: its last
+    ``SWEEP_PATIENCE`` runs all fell below ``SWEEP_DROP`` of the best, so larger inflight values
+    are not worth running (a single dip may be a noisy window before a later, higher peak)."""
+    last = rates[-SWEEP_PATIENCE:]
+    return len(rates) > SWEEP_PATIENCE and all(rate < SWEEP_DROP * max(rates) for rate in last)
 
 
 def sweep(scenarios: tuple[str, ...], args, console: Console) -> list[dict[str, Any]]:

@@ -142,8 +142,9 @@ def markdown(
         f"span both nodes, a {seconds:g} s window), each protocol at its best calls-in-flight "
         f"without a log; {how} With the log on every node writes its own directory with fsync "
         f"on, and a call is answered only once it is durable; each protocol's logged runs sweep "
-        f"calls in flight afresh (25, 100, 400, 800, stopping once a run falls below 80% of the "
-        f"best so far, the protocols bench's rule) and the best is shown. DistDGCC (dependency "
+        f"calls in flight afresh (25, 100, 400, 800, stopping once {protocols.SWEEP_PATIENCE} "
+        f"runs in a row fall below {protocols.SWEEP_DROP:.0%} of the best so far, the protocols "
+        f"bench's rule) and the best is shown. DistDGCC (dependency "
         f"logging) and Calvin (input logging) group-commit one block per node per epoch and "
         f"answer once every node has the epoch. The 2PC baselines force a prepare record (the "
         f"branch's after-images) before voting yes and the commit decision before sending "
@@ -237,7 +238,7 @@ def after_sweep(
     records: list[dict[str, Any]], args, facts: dict[str, Any], out_dir: Path, console: Console
 ) -> None:
     """``protocols.py --log``: log the sweep's best headline high-contention runs."""
-    best = protocols.best_by_protocol(records)
+    best = protocols.best_by_protocol(records, median=False)  # a sweep's best, as the logged
     unlogged = {key: record for key, record in best.items() if key[0] in SCENARIOS}
     if not unlogged:
         console.print(f"--log: none of {SCENARIOS} ran, nothing to log")

@@ -76,12 +76,15 @@ def test_fractions_must_be_valid_and_include_the_headline(bench: ModuleType, tex
     assert bench._fractions("0.5,0.1") == (0.5, 0.1)
 
 
-def test_sweep_stops_once_a_run_falls_well_below_the_best(bench: ModuleType) -> None:
+def test_sweep_stops_once_runs_stay_well_below_the_best(bench: ModuleType) -> None:
     assert not bench.peak_passed([])
     assert not bench.peak_passed([100.0])
     assert not bench.peak_passed([100.0, 300.0, 250.0])  # within SWEEP_DROP of the best
-    assert bench.peak_passed([100.0, 300.0, 200.0])
-    assert bench.peak_passed([3000.0, 400.0])
+    assert not bench.peak_passed([100.0, 300.0, 200.0])  # one dip: a later peak may follow
+    assert not bench.peak_passed([3949.0, 2542.0])  # (Calvin on YCSB 0.99 peaks at 800 later)
+    assert not bench.peak_passed([300.0, 200.0, 310.0])
+    assert bench.peak_passed([100.0, 300.0, 200.0, 230.0])
+    assert bench.peak_passed([3000.0, 400.0, 300.0])
 
 
 def test_protocol_subsets_keep_dgcc_and_reject_unknown_names(bench: ModuleType) -> None:
