@@ -32,6 +32,7 @@ OVERRIDES = [
     "model.path=tiny",
     "data.n_train=256",
     "data.n_heldout=0",
+    "eval.n=0",
     "rollout.n_samples=4",
     "rollout.max_new_tokens=8",
     "train.torch_threads=1",

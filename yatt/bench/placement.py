@@ -58,6 +58,7 @@ def _config(args: argparse.Namespace):
             f"model.path={args.model}",
             "data.n_train=256",
             "data.n_heldout=0",
+            "eval.n=0",
             "train.torch_threads=1",
             f"train.steps={args.steps}",
             f"algo.prompts_per_step={args.prompts}",

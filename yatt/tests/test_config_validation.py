@@ -9,8 +9,9 @@ import yaml
 
 from yatt.cli import main
 from yatt.config import _StrictLoader, check_eval_data, load_config
-from yatt.control.config import ControlConfig, load_callable
+from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
+from yatt.rewards import get_reward_fn, load_callable
 
 
 def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
@@ -26,6 +27,8 @@ def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
     [
         ("eval.reward_fn=bogus", ["eval.reward_fn='bogus'", "unknown reward", "math_answer"]),
         ("reward.fns=[bogus]", ["reward.fns='bogus'", "unknown reward", "math_answer"]),
+        ("eval.reward_fn=no_such_pkg:fn", ["eval.reward_fn='no_such_pkg:fn'", "cannot import"]),
+        ("reward.fns=[yatt.rewards:nope]", ["reward.fns='yatt.rewards:nope'", "has no 'nope'"]),
         ("eval.max_new_tokens=0", ["eval.max_new_tokens", "0"]),
         ("optim.beta1=1.5", ["optim.beta1", "1.5", "[0, 1)"]),
         ("optim.beta2=1", ["optim.beta2", "1.0"]),
@@ -50,6 +53,9 @@ def test_valid_optim_and_reward_settings_load() -> None:
     config = load_config("tiny_test", overrides)
     assert config.optim.beta1 == 0.0
     assert config.eval.reward_fn == "format"
+    judge = "yatt.control.workload:parity_reward"  # a user's function, by import path
+    config = load_config("tiny_test", [f"eval.reward_fn={judge}", f"reward.fns=[{judge}]"])
+    assert get_reward_fn(config.eval.reward_fn)("", "abc") == 1.0
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,7 @@ def test_reclaimed_prompts_go_to_the_front_of_the_queue():
 
 OVERRIDES = ["train.steps=4", "algo.prompts_per_step=2", f"rollout.n_samples={N_SAMPLES}",
              "optim.lr=1e-2", "rollout.max_new_tokens=6", "data.n_train=64",
-             "data.n_heldout=0"]  # fmt: skip
+             "data.n_heldout=0", "eval.n=0"]  # fmt: skip
 
 
 def _run(config_overrides=(), **changes):

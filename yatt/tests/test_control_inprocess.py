@@ -11,7 +11,8 @@ from yatt.control import ControlConfig, fit_distributed, make_controller
 from yatt.errors import ConfigError
 
 OVERRIDES = ["train.steps=2", "algo.prompts_per_step=2", "rollout.n_samples=4", "optim.lr=1e-3",
-             "rollout.max_new_tokens=6", "data.n_train=16", "data.n_heldout=0"]  # fmt: skip
+             "rollout.max_new_tokens=6", "data.n_train=16", "data.n_heldout=0",
+             "eval.n=0"]  # fmt: skip
 REWARD = ("yatt.control.workload:char_mix_reward",)
 
 
@@ -119,3 +120,96 @@ def test_in_process_backend_refuses_several_policy_ranks():
         from yatt.control.async_rollout import ShardQueue
 
         ShardQueue(16, 0, prompts_per_step=2, world=3, rank=0)
+
+
+EVAL = ["data.n_heldout=6", "eval.n=6", "eval.every=1", "eval.n_periodic=3",
+        "eval.at_start=true", "eval.at_end=true",
+        "eval.reward_fn=yatt.control.workload:parity_reward"]  # fmt: skip
+
+
+def _reference_accuracy(config, state: dict | None, n_examples: int) -> float:
+    """The single-process trainer's evaluation of the model with weights `state`."""
+    from yatt.builders import build_data, build_model
+    from yatt.evaluate import evaluate_engine
+    from yatt.rollout import make_engine
+
+    model, tokenizer = build_model(config.model)
+    if state is not None:
+        model.load_state_dict(state)
+    _, heldout = build_data(config.data)
+    cfg = config.eval
+    accuracy, _ = evaluate_engine(
+        make_engine(config.rollout.backend, model.eval(), tokenizer), tokenizer,
+        heldout[:n_examples], batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+        reward_fn=cfg.reward_fn, use_chat_template=config.data.use_chat_template,
+    )  # fmt: skip
+    return accuracy
+
+
+def test_controllers_evaluate_at_start_periodically_and_at_the_end():
+    """The eval judge is a user function by import path: parity of the completion's length,
+    which a random tiny model scores a mix of 0 and 1 on (math answers: all 0)."""
+    base = [o for o in OVERRIDES if not o.startswith(("data.n_heldout", "eval."))]
+    config = load_config("tiny_test", [*base, *EVAL])
+    controller = make_controller(config, _control())
+    try:
+        run = controller.fit()
+        final = controller.weights()
+        policy = controller.cluster.ranks.handles[0].worker
+        policy.rank, policy.world = 1, 2  # the second of two ranks scores every other problem
+        odd = policy.evaluate(6)
+        policy.rank = 0
+        even = policy.evaluate(6)
+    finally:
+        controller.close()
+    assert [step for step, _ in run.evals] == [0, 1, 2]
+    assert [row.get("eval/accuracy") for row in run.history] == [a for _, a in run.evals[1:]]
+    assert run.evals[0][1] == _reference_accuracy(config, None, 6)  # the initial policy's
+    assert run.evals[-1][1] == _reference_accuracy(config, final, 6)  # all 6 at the end
+    assert odd[1] == even[1] == 3 and (odd[0] + even[0]) / 6 == run.evals[-1][1]
+    assert 0 < run.evals[-1][1] < 1  # parity of greedy completions: a mix, not all 0 or 1
+
+
+def test_fit_distributed_logs_the_evaluations(tmp_path):
+    base = [o for o in OVERRIDES if not o.startswith(("data.n_heldout", "eval."))]
+    config = load_config("tiny_test", [*base, *EVAL, "eval.every=0", f"logging.run_dir={tmp_path}"])
+    seen: list[int] = []
+    result = fit_distributed(config, _control(), lambda step, total, metrics: seen.append(step))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2] and seen == [1, 2]  # step 0: no bar
+    assert [row["step"] for row in rows if "eval/accuracy" in row] == [0, 2]
+    assert [accuracy for _, accuracy in result.evals] == [rows[0]["eval/accuracy"],
+                                                          rows[2]["eval/accuracy"]]  # fmt: skip
+    assert rows[0]["timing_s/eval"] > 0 and "timing_s/eval" not in rows[2]  # as the trainer's
+    assert "perf/idle_frac" in rows[2]
+
+
+def test_fit_distributed_refuses_to_evaluate_without_held_out_problems(tmp_path):
+    base = [o for o in OVERRIDES if not o.startswith("eval.")]
+    config = load_config("tiny_test", [*base, "eval.n=4", f"logging.run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^data.n_heldout=0 leaves nothing to evaluate"):
+        fit_distributed(config, _control())
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+@pytest.mark.parametrize(
+    ("settings", "due", "at_limit"),
+    [
+        # (every, n_periodic, at_end): problems evaluated after steps 1..5 of 5, and after
+        # step 3 when it reached the time limit
+        ((2, 3, True), [0, 3, 0, 3, 10], 10),
+        ((2, 0, False), [0, 10, 0, 10, 0], 0),
+        ((0, 3, True), [0, 0, 0, 0, 10], 10),
+        ((5, 3, False), [0, 0, 0, 0, 10], 0),  # periodic on the last step: all of them
+        ((3, 2, False), [0, 0, 2, 0, 0], 10),  # periodic at the limit: the final size
+    ],
+)
+def test_evaluations_are_due_as_the_eval_settings_say(settings, due, at_limit):
+    from yatt.config import EvalConfig
+    from yatt.evaluate import examples_due
+
+    every, n_periodic, at_end = settings
+    cfg = EvalConfig(every=every, n=10, n_periodic=n_periodic, at_end=at_end)
+    assert [examples_due(cfg, step, 5) for step in range(1, 6)] == due
+    assert examples_due(cfg, 3, 5, out_of_time=True) == at_limit
+    assert examples_due(EvalConfig(n=0, every=1), 5, 5) == 0

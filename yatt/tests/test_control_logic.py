@@ -6,7 +6,7 @@ import torch
 
 from yatt.control.async_rollout import ShardQueue
 from yatt.control.cluster import _reusable, role_devices
-from yatt.control.config import ControlConfig, load_callable
+from yatt.control.config import ControlConfig
 from yatt.control.devices import Device, discover_devices, widen
 from yatt.control.placement import PLACEMENTS, candidate_placements, make_placement
 from yatt.control.replacement import (
@@ -22,6 +22,7 @@ from yatt.control.sim import Task, best_static, project_costs, run_tasks, simula
 from yatt.control.timeline import Span, idle_fractions, plot_timeline, spans_from_events
 from yatt.control.workers import InProcessBackend, WorkerGroup, make_backend, payload_nbytes
 from yatt.errors import ConfigError
+from yatt.rewards import load_callable
 
 
 def test_cpu_devices_are_cores():

@@ -26,6 +26,7 @@ OVERRIDES = [
     "rollout.max_new_tokens=6",
     "data.n_train=16",
     "data.n_heldout=0",
+    "eval.n=0",
 ]
 REWARD = ("yatt.control.workload:char_mix_reward",)
 
@@ -37,8 +38,15 @@ def ray_session():
     ray.shutdown()
 
 
+# A final held-out eval (each policy rank scores its share of the problems), judged by a user's
+# function by import path: length parity, on which a random tiny model gets a mix of 0 and 1.
+EVAL = ["data.n_heldout=6", "eval.n=6", "eval.at_start=false", "eval.at_end=true",
+        "eval.reward_fn=yatt.control.workload:parity_reward"]  # fmt: skip
+
+
 def _run_both(placement: str, payload_bytes: int = 0, **changes):
-    config = load_config("tiny_test", OVERRIDES)
+    base = [o for o in OVERRIDES if not o.startswith(("data.n_heldout", "eval."))]
+    config = load_config("tiny_test", [*base, *EVAL])
     control = ControlConfig(
         mode="single",
         backend="ray",
@@ -74,6 +82,8 @@ def _assert_same(single, parallel):
                     "actor/pg_loss", "batch/rows"):  # fmt: skip
             assert s_row[key] == pytest.approx(p_row[key], rel=1e-6, abs=1e-9), key
     assert single_run.history[0]["actor/grad_norm"] > 0  # the updates did something
+    assert [step for step, _ in single_run.evals] == [len(single_run.history)]
+    assert single_run.evals == parallel_run.evals  # same weights, same problems: same score
 
 
 @pytest.mark.parametrize("placement", ["colocate", "disaggregated", "partial"])

@@ -20,7 +20,7 @@ import yaml
 
 from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
-from yatt.rewards import REWARD_FNS
+from yatt.rewards import REWARD_FNS, load_callable
 
 __all__ = [
     "AlgoConfig",
@@ -69,9 +69,15 @@ def log_level(value: object, where: str) -> str:
 
 
 def _require_reward(key: str, name: str) -> None:
-    """Reward names resolve at load, not when scoring or evaluating starts (after training)."""
-    if name not in REWARD_FNS:
-        raise ConfigError(f"{key}={name!r}: unknown reward; known: {sorted(REWARD_FNS)}")
+    """Reward names resolve at load, not when scoring or evaluating starts (after training):
+    a registered name, or a "package.module:function" path that imports."""
+    if ":" in name:
+        load_callable(name, key)
+    elif name not in REWARD_FNS:
+        raise ConfigError(
+            f"{key}={name!r}: unknown reward; known: {sorted(REWARD_FNS)} "
+            "or 'package.module:function'"
+        )
 
 
 @dataclass(frozen=True)
@@ -224,7 +230,8 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Reward = sum of weighted rule functions (names from yatt.rewards) [+ a BT reward model]."""
+    """Reward = sum of weighted rule functions (names from yatt.rewards, or a user's own as
+    "package.module:function") [+ a BT reward model]."""
 
     fns: tuple[str, ...] = ("math_answer",)
     weights: tuple[float, ...] = (1.0,)
@@ -342,7 +349,7 @@ class EvalConfig:
 
     @property
     def enabled(self) -> bool:
-        """True when the single-process trainer evaluates at all (at start, end or periodically)."""
+        """True when a training run evaluates at all (at start, end or periodically)."""
         return self.n > 0 and (self.at_start or self.at_end or self.every > 0)
 
 
@@ -424,10 +431,11 @@ def _require_ray_for_control(control: ControlConfig) -> None:
 
 
 def check_eval_data(config: Config) -> None:
-    """Raise ConfigError if the single-process trainer would evaluate with no held-out prompts.
+    """Raise ConfigError if a run would evaluate with no held-out prompts (the trainer and the
+    distributed controllers call it before any work).
 
-    Not part of Config validation: the distributed controllers never evaluate, so their configs
-    (tests, benchmarks) set data.n_heldout=0 and leave eval.* at the preset's values.
+    Not part of Config validation: `yatt eval`, SFT and other tools load configs whose eval.*
+    they read, or do not use, with any held-out split.
     """
     if config.data.n_heldout == 0 and config.eval.enabled:
         raise ConfigError(

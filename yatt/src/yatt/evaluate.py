@@ -7,11 +7,27 @@ A reward function that fails on an example raises RewardError naming the example
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["evaluate_engine"]
+__all__ = ["evaluate_engine", "examples_due"]
 
 logger = logging.getLogger(__name__)
+
+
+def examples_due(cfg: Any, step: int, total: int, out_of_time: bool = False) -> int:
+    """How many held-out problems to evaluate once step `step` of `total` is done (0: none).
+
+    `cfg` is an EvalConfig. The final evaluation (`at_end`: after the last step, or after the
+    step that reached `train.time_limit_s`) takes all `n`; a periodic one (every `every`
+    steps) the first `n_periodic` (0: all `n`), unless it is also the last step.
+    """
+    if cfg.n == 0:
+        return 0
+    final = step == total or out_of_time
+    if not (cfg.every > 0 and step % cfg.every == 0) and not (final and cfg.at_end):
+        return 0
+    return cfg.n if final else (cfg.n_periodic or cfg.n)
 
 
 def evaluate_engine(
@@ -23,9 +39,12 @@ def evaluate_engine(
     max_new_tokens: int = 16,
     reward_fn: str = "math_answer",
     use_chat_template: bool = True,
+    numbers: Sequence[int] | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
     """(accuracy in [0, 1], one record per example) for greedy completions of `examples`.
 
+    `numbers`: each example's position in the whole held-out set, for error messages (a data-
+    parallel rank scores every world-th one); by default 0, 1, 2, ...
     Raises ConfigError for no examples, RewardError when `reward_fn` fails on one.
     """
     from yatt.data import render_prompt
@@ -44,7 +63,8 @@ def evaluate_engine(
         prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         completions = engine.generate(prompt_ids, params)
         for index, (example, prompt, completion) in enumerate(zip(chunk, prompts, completions)):
-            where = example.source or f"held-out example {start + index}"
+            number = start + index if numbers is None else numbers[start + index]
+            where = example.source or f"held-out example {number}"
             score = _score(score_fn, reward_fn, prompt, completion.text, example, where)
             records.append(
                 {

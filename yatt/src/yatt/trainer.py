@@ -235,7 +235,7 @@ class Trainer:
         until_step: stop after this step (the schedule still spans `train.steps`), e.g. to
         simulate an interrupted run.
         """
-        from yatt.evaluate import evaluate_engine
+        from yatt.evaluate import evaluate_engine, examples_due
 
         cfg = self.config
         save_config(cfg, self.run_dir)
@@ -252,9 +252,8 @@ class Trainer:
                 self.step += 1
                 limit_s = cfg.train.time_limit_s
                 out_of_time = time_limit_reached(limit_s, start_s, self.step, cfg.train.steps)
-                if self._eval_due() or (out_of_time and cfg.eval.at_end and cfg.eval.n > 0):
-                    final = self.step == cfg.train.steps or out_of_time
-                    n_examples = cfg.eval.n if final else (cfg.eval.n_periodic or cfg.eval.n)
+                n_examples = examples_due(cfg.eval, self.step, cfg.train.steps, out_of_time)
+                if n_examples:
                     metrics["eval/accuracy"] = self._evaluate(evaluate_engine, None, n_examples)
                     result.evals.append((self.step, metrics["eval/accuracy"]))
                 metrics_logger.log(self.step, metrics)
@@ -446,12 +445,6 @@ class Trainer:
         if metrics_logger is not None:
             metrics_logger.log(self.step, {"eval/accuracy": accuracy, "timing_s/eval": eval_s})
         return accuracy
-
-    def _eval_due(self) -> bool:
-        cfg = self.config.eval
-        periodic = cfg.every > 0 and self.step % cfg.every == 0
-        final = cfg.at_end and self.step == self.config.train.steps
-        return cfg.n > 0 and (periodic or final)
 
     def _open_sinks(self) -> MetricsLogger:
         path = self.run_dir / "metrics.jsonl"

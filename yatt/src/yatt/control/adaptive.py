@@ -25,10 +25,10 @@ import time
 from typing import Any
 
 from yatt.common.timers import time_limit_reached
-from yatt.config import Config
+from yatt.config import Config, check_eval_data
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import RunResult, add_idle_metrics
+from yatt.control.controller import RunResult, add_idle_metrics, start_eval, step_eval
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import peak_rss_mb
@@ -119,9 +119,16 @@ class AdaptiveController:
         return end_s - start_s
 
     def fit(self, steps: int | None = None, progress: Any = None) -> RunResult:
+        """As `Controller.fit`, deciding before each step whether to move (held-out
+        evaluations run on the ranks of the plan of the moment, outside the step times the
+        planner sees)."""
+        check_eval_data(self.config)
         total = steps or self.config.train.steps
-        history = []
+        result = RunResult(history=[])
+        history = result.history
         run_start_s = time.perf_counter()
+        start_eval(self.config, self.cluster.ranks, total, progress, result)
+        self._drain()
         for step in range(total):
             decision = self.replanner.decide(step, self.plan, total - step)
             move_s = None
@@ -135,7 +142,6 @@ class AdaptiveController:
             metrics["timing_s/step"] = time.perf_counter() - step_start_s
             metrics["perf/throughput"] = metrics["batch/tokens"] / metrics["timing_s/step"]
             metrics["control/move_s"] = move_s or 0.0
-            metrics["control/step_end_s"] = time.time()
             metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
             budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
             spans = [Span(*event) for event in self._drain()]
@@ -148,12 +154,18 @@ class AdaptiveController:
             )
             if not move_s:  # a step right after a move refills the async pipeline: not typical
                 self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
+            out_of_time = time_limit_reached(self.config.train.time_limit_s, run_start_s,
+                                             step + 1, total)  # fmt: skip
+            step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,
+                      result)  # fmt: skip
+            self._drain()  # the evaluation's spans: on the timeline, not in the planner's costs
+            metrics["control/step_end_s"] = time.time()
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            if time_limit_reached(self.config.train.time_limit_s, run_start_s, step + 1, total):
+            if out_of_time:
                 break  # steps generated ahead are dropped
-        result = RunResult(history=history, wall_s=time.perf_counter() - run_start_s)
+        result.wall_s = time.perf_counter() - run_start_s
         for handle in self.cluster.all_handles():
             self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")
         result.workers, result.events = self._workers, self._spans

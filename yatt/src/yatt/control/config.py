@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from yatt.errors import ConfigError
+from yatt.rewards import load_callable
 
 __all__ = [
     "CPU_MAPPINGS",
     "MAX_STALENESS",
     "MODES",
     "ControlConfig",
-    "load_callable",
     "make_reward_role",
     "max_new_tokens_at",
 ]
@@ -134,34 +134,6 @@ def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
         if step >= start:
             budget = tokens
     return budget
-
-
-def load_callable(path: str, key: str = "reward"):
-    """The function named by "package.module:function" (`key` names the setting in errors).
-
-    Raises:
-        ConfigError (one line) if the path is malformed, importing the module fails for any
-        reason (missing, SyntaxError, an exception raised at import), or the name is missing
-        or not callable.
-    """
-    import importlib
-
-    module_name, _, attr = path.partition(":")
-    if not (module_name and attr.isidentifier()):
-        raise ConfigError(f"{key}={path!r}: expected 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # user code: whatever its import raises becomes one line
-        detail = " ".join(str(exc).split())
-        raise ConfigError(
-            f"{key}={path!r}: cannot import {module_name!r} ({type(exc).__name__}: {detail})"
-        ) from None
-    function = getattr(module, attr, None)
-    if function is None:
-        raise ConfigError(f"{key}={path!r}: module {module_name!r} has no {attr!r}")
-    if not callable(function):
-        raise ConfigError(f"{key}={path!r}: {attr!r} is a {type(function).__name__}, not callable")
-    return function
 
 
 def make_reward_role(config, control: ControlConfig):

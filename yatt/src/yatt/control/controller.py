@@ -10,12 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from yatt.common.timers import time_limit_reached
-from yatt.config import Config
+from yatt.config import Config, check_eval_data
 from yatt.control.cluster import Cluster
 from yatt.control.config import ControlConfig
 from yatt.control.rank import peak_rss_mb
+from yatt.errors import ConfigError
 
-__all__ = ["Controller", "RunResult", "add_idle_metrics"]
+__all__ = [
+    "Controller",
+    "RunResult",
+    "add_idle_metrics",
+    "evaluate_ranks",
+    "start_eval",
+    "step_eval",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +33,7 @@ class RunResult:
     """Metric history, per-worker stats and the phase events of a run."""
 
     history: list[dict[str, float]]
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out accuracy)
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     events: list[tuple[int, str, str, float, float]] = field(default_factory=list)
     driver_peak_rss_mb: float = 0.0
@@ -34,7 +43,9 @@ class RunResult:
 
 def add_idle_metrics(history: list[dict[str, float]], events: list, n_devices: int) -> None:
     """Per step, `perf/idle_frac/dev{i}` and their mean `perf/idle_frac` from the phase events
-    inside the step's window (moves count as idle)."""
+    inside the step's window (moves count as idle; so do devices that wait while the policy
+    ranks evaluate, which happens inside the window of the step it follows, and of step 1 for
+    the evaluation before training)."""
     from yatt.control.timeline import Span, idle_fractions
 
     spans = [Span(*event) for event in events if event[2] != "move"]
@@ -46,6 +57,45 @@ def add_idle_metrics(history: list[dict[str, float]], events: list, n_devices: i
             row.update({f"perf/idle_frac/dev{d}": f for d, f in enumerate(idle)})
             row["perf/idle_frac"] = sum(idle) / n_devices
         start_s = end_s
+
+
+def evaluate_ranks(ranks: Any, n_examples: int, step: int) -> dict[str, float]:
+    """Held-out accuracy of the policy on the first `n_examples` problems, each policy rank
+    scoring its share with its own weights (no process gathers the problems or completions):
+    `eval/accuracy` and `timing_s/eval`.
+
+    Raises ConfigError when there is no held-out problem to score."""
+    start_s = time.perf_counter()
+    shares = ranks.call_all("evaluate", n_examples)
+    correct, count = sum(share[0] for share in shares), sum(share[1] for share in shares)
+    eval_s = time.perf_counter() - start_s
+    if not count:
+        raise ConfigError(f"eval.n={n_examples}: the held-out set is empty, nothing to evaluate")
+    accuracy = correct / count
+    logger.info("step %d: held-out accuracy %.1f%% on %d (%.1f s)", step, 100 * accuracy, count,
+                eval_s)  # fmt: skip
+    return {"eval/accuracy": accuracy, "timing_s/eval": eval_s}
+
+
+def start_eval(config: Config, ranks: Any, total: int, progress: Any, result: RunResult) -> None:
+    """`eval.at_start`: score the initial policy; the row goes to `progress` as step 0."""
+    if not (config.eval.at_start and config.eval.n > 0):
+        return
+    row = evaluate_ranks(ranks, config.eval.n, 0)
+    result.evals.append((0, row["eval/accuracy"]))
+    if progress is not None:
+        progress(0, total, row)
+
+
+def step_eval(config: Config, ranks: Any, metrics: dict[str, float], step: int, total: int,
+              out_of_time: bool, result: RunResult) -> None:  # fmt: skip
+    """The periodic or final evaluation due after step `step` (1-based), into its metrics."""
+    from yatt.evaluate import examples_due
+
+    n_examples = examples_due(config.eval, step, total, out_of_time)
+    if n_examples:  # the accuracy only, as the trainer's rows (its seconds are logged)
+        metrics["eval/accuracy"] = evaluate_ranks(ranks, n_examples, step)["eval/accuracy"]
+        result.evals.append((step, metrics["eval/accuracy"]))
 
 
 class Controller(ABC):
@@ -61,22 +111,32 @@ class Controller(ABC):
         """One RL step over the global batch; returns the step's reduced metrics."""
 
     def fit(self, steps: int | None = None, progress: Any = None) -> RunResult:
+        """Run `steps` (default `train.steps`) steps, evaluating on held-out problems as
+        `eval.*` asks (at start, every `eval.every` steps, at the end), as the single-process
+        trainer does; `progress(step, total, metrics)` gets each step's row (and step 0's
+        evaluation row)."""
+        check_eval_data(self.config)
         total = steps or self.config.train.steps
-        history = []
+        result = RunResult(history=[])
         start_s = time.perf_counter()
+        start_eval(self.config, self.cluster.ranks, total, progress, result)
         for step in range(total):
             step_start_s = time.perf_counter()
             metrics = self.step(step)
             metrics["timing_s/step"] = time.perf_counter() - step_start_s
             metrics["perf/throughput"] = metrics["batch/tokens"] / metrics["timing_s/step"]
+            out_of_time = time_limit_reached(self.config.train.time_limit_s, start_s, step + 1,
+                                             total)  # fmt: skip
+            step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,
+                      result)  # fmt: skip
             metrics["control/bytes_moved"] = float(self.bytes_moved())
             metrics["control/step_end_s"] = time.time()
-            history.append(metrics)
+            result.history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            if time_limit_reached(self.config.train.time_limit_s, start_s, step + 1, total):
+            if out_of_time:
                 break  # steps generated ahead are dropped
-        result = RunResult(history=history, wall_s=time.perf_counter() - start_s)
+        result.wall_s = time.perf_counter() - start_s
         handles = self.cluster.all_handles()
         for handle, stats in zip(handles, [h.submit("stats") for h in handles]):
             result.workers[handle.name] = stats.result()

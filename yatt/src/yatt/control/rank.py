@@ -152,11 +152,12 @@ class RankWorker:
         if kept is None:
             model, self.tokenizer = build_model(config.model)
             model = model.to(self.device.torch_device()).eval()
-            self.train_set, _ = build_data(config.data)
+            self.train_set, self.heldout_set = build_data(config.data)
             self._rendered: dict[int, str] = {}
         else:
             model = kept.model
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
+        self._eval_engine: Any = None  # greedy decoding with the policy's own weights
         self.holds_state = kept is not None
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
@@ -292,6 +293,42 @@ class RankWorker:
         with self._phase("reward", "reward"):
             rewards, _ = self.reward.score(shard.batch)
         return rewards
+
+    def evaluate(self, n_examples: int) -> tuple[int, int]:
+        """Greedy held-out accuracy of this rank's policy on its share (every `world`-th) of
+        the first `n_examples` held-out problems: (correct, evaluated). The ranks hold the same
+        weights, so their shares add up to the whole set's score."""
+        from yatt.evaluate import evaluate_engine
+        from yatt.rollout import make_engine
+
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        numbers = range(self.rank, min(n_examples, len(self.heldout_set)), self.world)
+        if not numbers:  # fewer problems than ranks
+            return 0, 0
+        if self._eval_engine is None:
+            self._eval_engine = self._policy_engine(make_engine)
+        cfg = self.config.eval
+        with self._phase("policy", "eval"):
+            _, records = evaluate_engine(
+                self._eval_engine, self.tokenizer, [self.heldout_set[i] for i in numbers],
+                batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                reward_fn=cfg.reward_fn, use_chat_template=self.config.data.use_chat_template,
+                numbers=numbers,
+            )  # fmt: skip
+        return sum(record["correct"] for record in records), len(records)
+
+    def _policy_engine(self, make_engine: Any) -> Any:
+        """A decoding engine over the policy's own (live) weights: this rank's sampler engine
+        where it runs them in full precision, else a new one over them (never a vLLM engine,
+        which would hold a copy that no update reaches)."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        rollout = self.config.rollout
+        engine = None if self.rollout is None else self.rollout.engine
+        same_weights = engine is not None and getattr(engine, "model", None) is self.policy.model
+        if same_weights and not rollout.samples_off_policy and rollout.backend != "vllm":
+            return engine
+        backend = "yatt" if rollout.backend == "vllm" else rollout.backend
+        return make_engine(backend, self.policy.model, self.tokenizer)
 
     def load_weights(self, version: int, state: dict[str, Any]) -> int:
         """Sampler: stage the policy weights of `version` (weight sync; `state` as `weights(

@@ -7,7 +7,7 @@ import json
 import logging
 from typing import Any
 
-from yatt.config import Config
+from yatt.config import Config, check_eval_data
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
 from yatt.errors import ConfigError
@@ -19,14 +19,15 @@ MODEL_FOLDER = "model"  # the trained policy, with checkpoint.at_end
 
 
 def fit_distributed(config: Config, control: ControlConfig, progress: Any = None) -> RunResult:
-    """Train `config.train.steps` steps with the controller `control` selects; writes
-    `metrics.jsonl` (a row per step as it ends, rewritten at the end with the per-device idle
+    """Train `config.train.steps` steps with the controller `control` selects, evaluating on
+    held-out problems as `eval.*` asks; writes `metrics.jsonl` (a row per step as it ends, and
+    a step-0 row for `eval.at_start`, rewritten at the end with the per-device idle
     fractions), TensorBoard logs with `logging.tensorboard`, `timeline.png`, `control.json`
     and, with `checkpoint.at_end`, the trained policy as the model folder `model/` into
     `config.logging.run_dir`.
 
     Raises ConfigError, before any work, for periodic checkpoints or a resume, which only the
-    single-process trainer offers."""
+    single-process trainer offers, and for an evaluation with no held-out problems."""
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
@@ -34,13 +35,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     from yatt.run_dir import claim_run_dir
 
     _refuse_trainer_only_settings(config)
-    if config.eval.enabled:
-        then = "" if config.checkpoint.at_end else "set checkpoint.at_end=true and "
-        logger.info(
-            "the distributed controllers do not evaluate (eval.* is not used); %srun "
-            "`yatt eval` on the saved model",
-            then,
-        )
+    check_eval_data(config)
     outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", MODEL_FOLDER)
     run_dir = claim_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
@@ -53,9 +48,13 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
         stream = MetricsLogger(sinks)
 
+        start_rows: list[dict[str, float]] = []  # step 0: the evaluation before training
+
         def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
             stream.log(step, metrics)  # on disk as each step ends: a crash keeps the steps done
-            if progress is not None:
+            if step == 0:
+                start_rows.append(metrics)
+            elif progress is not None:
                 progress(step, total, metrics)
 
         try:
@@ -72,6 +71,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     staging = metrics_path.with_name(metrics_path.name + ".tmp")  # rows with the idle metrics
     staging.unlink(missing_ok=True)
     sink = MetricsLogger([JsonlSink(staging)])
+    for metrics in start_rows:
+        sink.log(0, metrics)
     for step, metrics in enumerate(result.history, start=1):
         sink.log(step, metrics)
     sink.close()

@@ -1,11 +1,13 @@
 """Rewards: rule functions, a registry, and CombinedReward (weighted sum with per-part metrics).
 
-A reward function is a plain callable `fn(prompt: str, completion: str, **fields) -> float`.
-`fields` are the dataset row's fields (`PromptExample.reward_fields()`: `answer` plus every extra
-column), so a function must accept `**fields` it does not use. It returns a finite number; one
-that raises or returns anything else makes CombinedReward raise RewardError naming fn and row.
-Batch scorers (the Bradley–Terry model in `rewards.model`, the LLM judge in `rewards.judge`)
-instead provide `score_batch(prompts, completions, rows) -> list[float]` and a `name`.
+A reward setting names a registered function (`REWARD_FNS`) or a user's own, as
+"package.module:function" (`load_callable`). A reward function is a plain callable
+`fn(prompt: str, completion: str, **fields) -> float`. `fields` are the dataset row's fields
+(`PromptExample.reward_fields()`: `answer` plus every extra column), so a function must accept
+`**fields` it does not use. It returns a finite number; one that raises or returns anything else
+makes CombinedReward raise RewardError naming fn and row. Batch scorers (the Bradley–Terry model
+in `rewards.model`, the LLM judge in `rewards.judge`) instead provide
+`score_batch(prompts, completions, rows) -> list[float]` and a `name`.
 """
 
 import logging
@@ -28,6 +30,7 @@ __all__ = [
     "RewardFn",
     "format_reward",
     "get_reward_fn",
+    "load_callable",
     "math_answer",
     "math_boxed",
     "reasoning_gym_reward",
@@ -66,13 +69,48 @@ REWARD_FNS: dict[str, Callable[..., RewardFn]] = {
 
 
 def get_reward_fn(name: str, **options: Any) -> RewardFn:
-    """The registered reward function `name` built with `options`; ConfigError lists the names."""
+    """The registered reward function `name` built with `options`, or the function a
+    "package.module:function" path names; ConfigError lists the names."""
+    if ":" in name:
+        if options:
+            raise ConfigError(f"reward {name!r} takes no options, got {sorted(options)}")
+        return load_callable(name)
     if name not in REWARD_FNS:
-        raise ConfigError(f"unknown reward {name!r}; valid: {sorted(REWARD_FNS)}")
+        raise ConfigError(
+            f"unknown reward {name!r}; valid: {sorted(REWARD_FNS)} or 'package.module:function'"
+        )
     try:
         return REWARD_FNS[name](**options)
     except TypeError as exc:
         raise ConfigError(f"bad options {options} for reward {name!r}: {exc}") from exc
+
+
+def load_callable(path: str, key: str = "reward"):
+    """The function named by "package.module:function" (`key` names the setting in errors).
+
+    Raises:
+        ConfigError (one line) if the path is malformed, importing the module fails for any
+        reason (missing, SyntaxError, an exception raised at import), or the name is missing
+        or not callable.
+    """
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    if not (module_name and attr.isidentifier()):
+        raise ConfigError(f"{key}={path!r}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # user code: whatever its import raises becomes one line
+        detail = " ".join(str(exc).split())
+        raise ConfigError(
+            f"{key}={path!r}: cannot import {module_name!r} ({type(exc).__name__}: {detail})"
+        ) from None
+    function = getattr(module, attr, None)
+    if function is None:
+        raise ConfigError(f"{key}={path!r}: module {module_name!r} has no {attr!r}")
+    if not callable(function):
+        raise ConfigError(f"{key}={path!r}: {attr!r} is a {type(function).__name__}, not callable")
+    return function
 
 
 def _checked(value: Any, name: str, row: int) -> float:
@@ -112,7 +150,8 @@ class CombinedReward:
             if isinstance(weight, bool) or not isinstance(weight, int | float):
                 raise ConfigError(f"reward weight must be a number, got {weight!r}")
             fn = get_reward_fn(component) if isinstance(component, str) else component
-            name = component if isinstance(component, str) else _component_name(component)
+            named = isinstance(component, str) and ":" not in component  # a registered name
+            name = component if named else _component_name(fn)
             if name in {part[0] for part in self.parts}:
                 name = f"{name}_{len(self.parts)}"
             self.parts.append((name, fn, float(weight)))
