@@ -121,16 +121,15 @@ def best_by_protocol(
 
 
 def runs_at(records: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every run of ``record``'s scenario, protocol, fraction and inflight, by ``repeat``."""
+    """Every run (sweep and reruns) of ``record``'s scenario, protocol, fraction and inflight."""
     same = ("protocol", "distributed_fraction", "inflight", "nodes")
     config = record["config"]
-    runs = [
+    return [
         other
         for other in records
         if other["scenario"] == record["scenario"]
         and all(other["config"].get(k) == config.get(k) for k in same)
     ]
-    return sorted(runs, key=lambda other: other.get("repeat", 0))
 
 
 def _median_run(records: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:

@@ -299,14 +299,13 @@ class RankWorker:
         the first `n_examples` held-out problems: (correct, evaluated). The ranks hold the same
         weights, so their shares add up to the whole set's score."""
         from yatt.evaluate import evaluate_engine
-        from yatt.rollout import make_engine
 
         assert self.policy is not None, f"{self.name} hosts no policy"
         numbers = range(self.rank, min(n_examples, len(self.heldout_set)), self.world)
         if not numbers:  # fewer problems than ranks
             return 0, 0
         if self._eval_engine is None:
-            self._eval_engine = self._policy_engine(make_engine)
+            self._eval_engine = self._policy_engine()
         cfg = self.config.eval
         with self._phase("policy", "eval"):
             _, records = evaluate_engine(
@@ -317,10 +316,12 @@ class RankWorker:
             )  # fmt: skip
         return sum(record["correct"] for record in records), len(records)
 
-    def _policy_engine(self, make_engine: Any) -> Any:
+    def _policy_engine(self) -> Any:
         """A decoding engine over the policy's own (live) weights: this rank's sampler engine
         where it runs them in full precision, else a new one over them (never a vLLM engine,
         which would hold a copy that no update reaches)."""
+        from yatt.rollout import make_engine
+
         assert self.policy is not None, f"{self.name} hosts no policy"
         rollout = self.config.rollout
         engine = None if self.rollout is None else self.rollout.engine
