@@ -2,6 +2,7 @@
 distributed entry point writes its outputs, and bad splits are refused."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -56,7 +57,9 @@ def test_fit_distributed_writes_metrics_timeline_and_summary(tmp_path):
     assert len(result.history) == 2
 
 
-def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, monkeypatch):
+@pytest.mark.parametrize("replace_every", [0, 1])  # 1: the adaptive (re-placing) controller
+def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, monkeypatch,
+                                                                      replace_every):  # fmt: skip
     from yatt.builders import build_model
     from yatt.control.controller import Controller
     from yatt.models import load_model
@@ -77,7 +80,7 @@ def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, 
         rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
         seen.append(json.loads(rows[-1])["step"])
 
-    fit_distributed(config, _control(), progress)
+    fit_distributed(config, _control(replace_every=replace_every), progress)
     assert seen == [1, 2]
     saved = load_model(tmp_path / "model").state_dict()
     assert final and all(torch.equal(saved[k], v) for k, v in final.items() if k in saved)
@@ -102,14 +105,45 @@ def test_time_limit_stops_the_run_after_the_step_that_reaches_it(tmp_path, caplo
         ["checkpoint.every=1"],
         ["checkpoint.resume=latest"],
         ["checkpoint.every=2", "checkpoint.resume=auto"],
+        ["algo.name=reinforce_pp"],
+        ["algo.kl_coef=0.1"],
+        ["algo.overlong_buffer=2"],
     ],
 )
-def test_fit_distributed_refuses_trainer_only_settings(tmp_path, overrides):
+def test_fit_distributed_refuses_trainer_only_settings(tmp_path, overrides, monkeypatch):
+    """The in-process controllers take their own ControlConfig (Config.control stays the
+    trainer's), so fit_distributed and build_cluster check the settings themselves."""
     config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}", *overrides])
     with pytest.raises(ConfigError, match="single-process trainer") as info:
         fit_distributed(config, _control())
-    assert all(setting in str(info.value) for setting in overrides)  # each one named
+    for setting in overrides:  # each one named, with its value
+        key, value = setting.split("=")
+        assert f"{key}=" in str(info.value) and value in str(info.value)
     assert not any(tmp_path.iterdir())  # refused before any work
+    monkeypatch.setattr("yatt.control.cluster.make_backend", _no_workers)
+    with pytest.raises(ConfigError, match="single-process trainer"):
+        make_controller(config, _control())  # the Python API: refused before any worker
+
+
+def _no_workers(*args):
+    raise AssertionError("a worker backend was made for a refused config")
+
+
+def test_ray_backend_without_ray_is_one_line_before_the_run_folder(tmp_path, monkeypatch, capsys):
+    from yatt.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where it is missing
+    monkeypatch.delenv("YATT_LOG_LEVEL", raising=False)  # quiet: stderr holds only the error
+    run_dir = tmp_path / "run"
+    argv = ["train", "tiny_test", *OVERRIDES, "control.backend=ray", f"logging.run_dir={run_dir}",
+            "logging.level=WARNING"]  # fmt: skip
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("yatt: error: control.backend=ray needs Ray"), error
+    assert error.count("\n") == 1, error
+    assert not run_dir.exists()  # refused before the run folder is claimed
+    with pytest.raises(ConfigError, match="needs Ray"):  # the Python API, the same line
+        make_controller(load_config("tiny_test", OVERRIDES), _control(backend="ray"))
 
 
 def test_in_process_backend_refuses_several_policy_ranks():

@@ -249,6 +249,33 @@ def test_engine_shares_weights_and_restores_training_mode(model_and_tokenizer):
     assert [c.token_ids for c in before] != [c.token_ids for c in after]
 
 
+def test_weight_sync_pushes_only_into_a_separate_copy(model_and_tokenizer):
+    """An engine sampling its own copy (as vLLM's) gets the policy's new weights on sync; one
+    sampling the policy module itself needs no push."""
+    import copy
+
+    from yatt.config import RolloutConfig
+    from yatt.roles.rollout import RolloutRole
+    from yatt.rollout.vllm import VLLMEngine
+
+    model, tokenizer = model_and_tokenizer
+    policy = copy.deepcopy(model)
+    with torch.no_grad():
+        policy.lm_head.weight.mul_(-1.0)  # an "update": the copy is now stale
+    role = RolloutRole(RolloutEngine(copy.deepcopy(model), tokenizer), tokenizer, RolloutConfig())
+    assert not role.engine.shares_weights(policy)
+    prompts = _prompts(tokenizer)[:2]
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    expected = [c.token_ids for c in RolloutEngine(policy, tokenizer).generate(prompts, params)]
+    assert [c.token_ids for c in role.engine.generate(prompts, params)] != expected
+    role.sync_weights(policy)
+    assert [c.token_ids for c in role.engine.generate(prompts, params)] == expected
+    assert RolloutEngine(policy, tokenizer).shares_weights(policy)
+    vllm_engine = object.__new__(VLLMEngine)  # no vllm here: only the method under test
+    vllm_engine.model = policy  # it keeps the policy module, yet samples its own copy
+    assert not vllm_engine.shares_weights(policy)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [

@@ -35,6 +35,7 @@ __all__ = [
     "RolloutConfig",
     "TrainConfig",
     "apply_overrides",
+    "check_controller_settings",
     "check_eval_data",
     "load_config",
     "log_level",
@@ -55,7 +56,9 @@ def _require(ok: bool, key: str, value: object, allowed: str) -> None:
         raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
 
 
-GROUP_ESTIMATORS = ("grpo", "rloo")  # advantages relative to the prompt's other samples
+# Advantages relative to the prompt's other samples: they depend only on the rows of one group,
+# so the distributed controllers' shards (whole groups) compute them exactly.
+GROUP_ESTIMATORS = ("grpo", "rloo")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -403,6 +406,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _require_ray_for_control(self.control)
+        if self.control.backend == "ray":
+            check_controller_settings(self, self.control)
         if self.algo.name in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
             raise ConfigError(
                 f"algo.name={self.algo.name} scores each completion against the others of its "
@@ -428,6 +433,37 @@ def _require_ray_for_control(control: ControlConfig) -> None:
                 f"control.{item.name}={shown!r} needs control.backend=ray "
                 f"(with control.backend={control.backend!r} the single-process trainer ignores it)"
             )
+
+
+def check_controller_settings(config: Config, control: ControlConfig) -> None:
+    """Raise ConfigError for settings the distributed controllers (yatt.control) would fail on
+    mid-run or silently ignore: estimators other than GROUP_ESTIMATORS (no critic, no
+    token-level returns), a KL term (no reference model), the overlong penalty, periodic
+    checkpoints and resuming. (`train.torch_threads` is a speed knob, not refused: a Ray
+    worker runs one thread per core of its device, and fit_distributed logs that.)
+
+    Config validation calls it for control.backend=ray; build_cluster and fit_distributed
+    call it for controllers built from the Python API (any backend), before any worker starts.
+    """
+    algo, checkpoint = config.algo, config.checkpoint
+    supported = f"algo.name in {list(GROUP_ESTIMATORS)}"
+    refused = [  # (unsupported, the setting as given, what the controllers support)
+        (algo.name not in GROUP_ESTIMATORS, f"algo.name={algo.name!r}", supported),
+        (algo.kl_coef > 0, f"algo.kl_coef={algo.kl_coef}", "algo.kl_coef=0 (no reference)"),
+        (algo.overlong_buffer > 0, f"algo.overlong_buffer={algo.overlong_buffer}",
+         "algo.overlong_buffer=0 (no overlong penalty)"),
+        (checkpoint.every > 0, f"checkpoint.every={checkpoint.every}",
+         "checkpoint.every=0 (the final policy only, with checkpoint.at_end=true)"),
+        (bool(checkpoint.resume), f"checkpoint.resume={checkpoint.resume}",
+         "no checkpoint.resume"),
+    ]  # fmt: skip
+    given = [(setting, allowed) for bad, setting, allowed in refused if bad]
+    if given:
+        raise ConfigError(
+            f"{', '.join(setting for setting, _ in given)}: not supported by the distributed "
+            f"controllers, which need {'; '.join(allowed for _, allowed in given)}; use the "
+            "single-process trainer (yatt train without control.backend=ray)"
+        )
 
 
 def check_eval_data(config: Config) -> None:

@@ -1,8 +1,11 @@
 """Supervised fine-tuning (SFT) warm start: learn each example's reference answer after its prompt.
 
-Uses the same config tree as RL (model, data, optim, train, eval, logging): `train.steps`
-optimizer steps of `sft.batch_size` examples, masked NLL on the answer tokens only (+ EOS). The
-result is a safetensors folder `<run_dir>/model` that `yatt train ... model.path=` can start from.
+Reads these sections of the RL config tree: model, data, optim (lr, weight_decay, schedule,
+warmup_steps, grad_clip), train (steps, seed, torch_threads) and logging (run_dir, overwrite):
+`train.steps` optimizer steps of `algo.micro_batch_size` examples drawn with replacement, masked
+NLL on the answer tokens only (+ EOS). It does not evaluate (score the result with `yatt eval`).
+The result is a safetensors folder `<run_dir>/model` that `yatt train ... model.path=` can start
+from.
 """
 
 from __future__ import annotations

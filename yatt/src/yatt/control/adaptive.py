@@ -26,9 +26,9 @@ from typing import Any
 
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, check_eval_data
-from yatt.control.cluster import Cluster, build_cluster
+from yatt.control.cluster import build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import RunResult, add_idle_metrics, start_eval, step_eval
+from yatt.control.controller import Controller, RunResult, add_idle_metrics, start_eval, step_eval
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import peak_rss_mb
@@ -40,8 +40,10 @@ __all__ = ["AdaptiveController"]
 logger = logging.getLogger(__name__)
 
 
-class AdaptiveController:
+class AdaptiveController(Controller):
     """Parallel controllers under runtime re-placement every `control.replace_every` steps.
+    The `Controller` methods (`save_policy`, `weights`, `close`, ...) act on the cluster of
+    the plan of the moment.
 
     `decode_step_s`: seconds of one decode step at batch 1 on one device (the generation floor
     per token), measured by the caller; the floor of a step is that times the step's response
@@ -55,10 +57,9 @@ class AdaptiveController:
     def __init__(self, config: Config, control: ControlConfig, decode_step_s: float,
                  gen_parallel: float = 0.0, train_parallel: float = 1.0) -> None:  # fmt: skip
         assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
-        self.config, self.control = config, control
+        super().__init__(config, control, build_cluster(config, control, ParallelRank))
         self.decode_step_s = decode_step_s
         self.parallel = {"gen_parallel": gen_parallel, "train_parallel": train_parallel}
-        self.cluster: Cluster = build_cluster(config, control, ParallelRank)
         self.plan: Placement = self.cluster.placement
         self.controller = ParallelController(config, control, self.cluster)
         overlap = control.async_staleness > 0
@@ -138,7 +139,7 @@ class AdaptiveController:
                 self.decisions.append(decision)
             self.controller._last_step = total - 1
             step_start_s = time.perf_counter()
-            metrics = self.controller.step(step)
+            metrics = self.step(step)
             metrics["timing_s/step"] = time.perf_counter() - step_start_s
             metrics["perf/throughput"] = metrics["batch/tokens"] / metrics["timing_s/step"]
             metrics["control/move_s"] = move_s or 0.0
@@ -173,8 +174,9 @@ class AdaptiveController:
         add_idle_metrics(history, self._spans, self.plan.n_devices)
         return result
 
-    def close(self) -> None:
-        self.cluster.shutdown()
+    def step(self, step: int) -> dict[str, float]:
+        """One step on the plan of the moment (`fit` decides the moves between steps)."""
+        return self.controller.step(step)
 
 
 def initial_plan(control: ControlConfig, n_devices: int) -> Placement:

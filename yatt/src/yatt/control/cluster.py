@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from yatt.config import Config
+from yatt.config import Config, check_controller_settings
 from yatt.control.config import ControlConfig
 from yatt.control.devices import Device, discover_devices, widen
 from yatt.control.placement import Placement, make_placement
@@ -123,8 +123,12 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
     cluster starts with spares up to one process per core.
 
     Raises:
-        ConfigError: an unusable split, or several policy ranks on the in-process backend.
+        ConfigError: an unusable split, several policy ranks on the in-process backend, a
+            setting the controllers do not support (`check_controller_settings`), or a backend
+            that is not installed.
     """
+    if previous is None:
+        check_controller_settings(config, control)
     devices = discover_devices(control.device_kind, control.n_devices, control.oversubscribe)
     placement = make_placement(control.placement, len(devices), control.n_sampler)
     on = role_devices(placement, devices, control.cpu_mapping)

@@ -33,8 +33,12 @@ class ControlConfig:
 
     mode: "single" (one driver holds the whole batch, as verl) or "parallel" (one controller per
         data-parallel group of the policy, each with its own shard; only collectives are global).
-    backend: "inprocess" (one process, one device) or "ray" (actors in a placement group). The
-        CLI trains with the single-process `yatt.trainer.Trainer` unless backend is "ray".
+    backend: "inprocess" or "ray". In a run's `Config.control` (the CLI), "inprocess" (the
+        default) means no controllers: `yatt train` runs the single-process
+        `yatt.trainer.Trainer` and every other control.* key must keep its default; "ray" runs
+        the controllers with Ray actors in a placement group. A ControlConfig given to the
+        controllers from the Python API with "inprocess" runs every worker as an object in the
+        calling process (one policy rank, no collectives; for tests and small runs).
     placement: "colocate", "disaggregated" or "partial" (see placement.py).
     n_devices: devices to use (0 = all); device_kind: "auto", "cpu" or "cuda".
     n_sampler: sampler devices for disaggregated/partial (0 = half).

@@ -1,12 +1,15 @@
 """Placement plans: which devices each role's workers occupy.
 
 Three schemas (WeChat-YATT's) over `n` devices:
-- colocate: every role on every device; phases run one after another and the idle role's state
-  is offloaded (to host memory on GPUs) between phases.
+- colocate: every role on every device; phases run one after another, the sampler sharing the
+  policy's module (its weights stay put); on GPUs the policy's optimizer moments wait in host
+  memory outside the update (rank.py `_swap_optimizer`; partial does the same).
 - disaggregated: the sampler (with the reward service) on the first `k` devices, the policy on
-  the other `n - k`; generation of step t+1 overlaps training of step t (one step of staleness).
+  the other `n - k`; synchronous by default, and with `control.async_staleness=s > 0`
+  generation of steps t+1..t+s overlaps training of step t (up to s steps of staleness).
 - partial: the sampler on the first `k` devices and the reward service (a generative reward model)
-  on the next ones, working asynchronously; the policy trains on all `n` devices.
+  on the next ones; the policy trains on all `n` devices, so the sampler's devices also train
+  and it samples in sync with training (rank.py `effective_staleness`).
 Runtime re-placement (replacement.py) moves between these plans by changing `kind` and `k`.
 """
 

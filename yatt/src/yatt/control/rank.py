@@ -354,8 +354,6 @@ class RankWorker:
     def update(self, shard: Shard) -> dict[str, float]:
         """Policy rank: one update on this shard (advantages set); grads are summed over ranks."""
         assert self.policy is not None, f"{self.name} hosts no policy"
-        if self.rollout is not None:  # colocated sampler shares the module: it moves on too
-            self.weights_version += 1
         swap_s = self._swap_optimizer(onto_device=True)
         with self._phase("policy", "update_actor"):
             batch = shard.batch  # async shards carry the sampler's behaviour log-probs
@@ -364,6 +362,11 @@ class RankWorker:
             metrics = self.policy.update(batch)
             metrics["batch/feature_checksum"] = float(shard.features.sum(dtype=torch.int64))
         metrics["timing_s/swap"] = swap_s + self._swap_optimizer(onto_device=False)
+        if self.rollout is not None:  # a colocated sampler moves on with the policy
+            if not self.rollout.engine.shares_weights(self.policy.model):  # its own copy (vLLM)
+                with self._phase("sampler", "load_weights"):
+                    self.rollout.sync_weights(self.policy.model)
+            self.weights_version += 1
         return metrics
 
     def _swap_optimizer(self, onto_device: bool) -> float:

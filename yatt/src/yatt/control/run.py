@@ -7,10 +7,9 @@ import json
 import logging
 from typing import Any
 
-from yatt.config import Config, check_eval_data
+from yatt.config import Config, check_controller_settings, check_eval_data
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
-from yatt.errors import ConfigError
 
 __all__ = ["fit_distributed"]
 
@@ -26,16 +25,27 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     and, with `checkpoint.at_end`, the trained policy as the model folder `model/` into
     `config.logging.run_dir`.
 
-    Raises ConfigError, before any work, for periodic checkpoints or a resume, which only the
-    single-process trainer offers, and for an evaluation with no held-out problems."""
+    Raises ConfigError, before the run folder is claimed or any worker starts, for settings
+    only the single-process trainer offers (see `check_controller_settings`: periodic
+    checkpoints, resuming, PPO and REINFORCE++, a KL term, the overlong penalty), for
+    control.backend=ray without Ray installed, and for an evaluation with no held-out
+    problems."""
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
     from yatt.control.timeline import plot_timeline, spans_from_events
+    from yatt.control.workers import require_backend
     from yatt.run_dir import claim_run_dir
 
-    _refuse_trainer_only_settings(config)
+    check_controller_settings(config, control)
+    require_backend(control.backend)
     check_eval_data(config)
+    if control.backend == "ray" and config.train.torch_threads:
+        logger.info(
+            "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "
+            "core of its device (control.cpu_mapping)",
+            config.train.torch_threads,
+        )
     outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", MODEL_FOLDER)
     run_dir = claim_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
@@ -89,16 +99,3 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         result.bytes_moved,
     )
     return result
-
-
-def _refuse_trainer_only_settings(config: Config) -> None:
-    """Checkpoint settings the distributed controllers would otherwise silently ignore."""
-    checkpoint = config.checkpoint
-    given = [f"checkpoint.every={checkpoint.every}"] if checkpoint.every else []
-    given += [f"checkpoint.resume={checkpoint.resume}"] if checkpoint.resume else []
-    if given:
-        raise ConfigError(
-            f"{', '.join(given)}: the distributed controllers save only the final policy "
-            "(checkpoint.at_end=true); periodic checkpoints and resuming need the "
-            "single-process trainer (yatt train without control.backend=ray)"
-        )

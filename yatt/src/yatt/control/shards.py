@@ -17,7 +17,7 @@ from torch import Tensor
 
 from yatt.algos.advantages import compute_advantages
 from yatt.batch import RolloutBatch
-from yatt.errors import ConfigError
+from yatt.config import GROUP_ESTIMATORS
 
 __all__ = [
     "ESTIMATORS",
@@ -30,8 +30,9 @@ __all__ = [
 ]
 
 # Estimators whose advantages depend only on the rows of one group: a shard holds whole
-# groups, so shard-local and global computation agree exactly.
-ESTIMATORS = ("grpo", "rloo")
+# groups, so shard-local and global computation agree exactly. Config validation refuses the
+# others before any worker starts (check_controller_settings).
+ESTIMATORS = GROUP_ESTIMATORS
 _SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_bytes")
 
 
@@ -70,11 +71,7 @@ def make_features(seeds: tuple[int, ...], payload_bytes: int) -> Tensor:
 
 def set_advantages(batch: RolloutBatch, estimator: str, norm_std: bool) -> None:
     """Fill batch.advantages (B, R) from batch.rewards with a group-local estimator."""
-    if estimator not in ESTIMATORS:
-        raise ConfigError(
-            f"algo.name={estimator!r} is not supported by the distributed "
-            f"controllers; supported: {list(ESTIMATORS)}"
-        )
+    assert estimator in ESTIMATORS, f"estimator {estimator!r} is not one of {ESTIMATORS}"
     assert batch.rewards is not None, "advantages need rewards"
     advantages, _ = compute_advantages(
         estimator, rewards=batch.rewards, group_ids=batch.group_ids, norm_std=norm_std

@@ -15,6 +15,7 @@ controller benchmarks compare data movement. Only this module and its Ray backen
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from abc import ABC, abstractmethod
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "call_now",
     "make_backend",
     "payload_nbytes",
+    "require_backend",
     "wait_first",
 ]
 
@@ -261,8 +263,19 @@ class RayBackend(Backend):
         remove_placement_group(self.group)
 
 
+def require_backend(name: str) -> None:
+    """Raise ConfigError when backend `name` needs a package that is not installed (Ray)."""
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "control.backend=ray needs Ray, which is not installed: pip install './yatt[ray]' "
+            "(or train without control.backend=ray)"
+        )
+
+
 def make_backend(name: str, devices: list[Device]) -> Backend:
-    """Backend by name ("inprocess" or "ray"); raises ConfigError for others."""
+    """Backend by name ("inprocess" or "ray"); raises ConfigError for others, or for Ray when
+    it is not installed."""
+    require_backend(name)
     if name == "inprocess":
         return InProcessBackend()
     if name == "ray":

@@ -82,8 +82,8 @@ class RolloutRole(Role):
         return batch.check()
 
     def sync_weights(self, policy_model: torch.nn.Module) -> None:
-        """Copy the policy's weights into the engine (a no-op when they share the module)."""
-        if self.engine.model is policy_model:
+        """Copy the policy's weights into the engine (a no-op when it samples the module)."""
+        if self.engine.shares_weights(policy_model):
             return
         self.engine.load_state_dict(policy_model.state_dict())
 

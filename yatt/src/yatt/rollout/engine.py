@@ -81,6 +81,10 @@ class EngineBase:
         """Copy new weights into the sampled model (for a separate, non-shared copy)."""
         self.model.load_state_dict(state)
 
+    def shares_weights(self, module: torch.nn.Module) -> bool:
+        """Whether sampling reads ``module``'s live weights (so an update needs no push)."""
+        return self.model is module
+
     def generate_text(
         self, prompts: list[str], params: SamplingParams, seeds: list[int] | None = None
     ) -> list[Completion]:

@@ -109,6 +109,10 @@ class VLLMEngine(EngineBase):
         reason = "length" if output.finish_reason == "length" else "stop"
         return Completion(list(prompt), token_ids, output.text, reason, logprobs)
 
+    def shares_weights(self, module: torch.nn.Module) -> bool:
+        """Never: vLLM samples its own copy, which only ``load_state_dict`` updates."""
+        return False
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Push new weights (HF names) into vLLM's copy of the model."""
         items = list(state.items())
