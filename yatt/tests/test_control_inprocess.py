@@ -46,6 +46,21 @@ def test_length_schedule_changes_the_response_budget():
     assert max(lengths[:2]) <= 2 < lengths[2] <= 5
 
 
+def test_adaptive_controller_measures_its_decode_floor():
+    """`yatt train ... control.replace_every=K` gives no calibration: the re-placing controller
+    times batch-1 decoding on its sampler (about one step per token, prefill included)."""
+    config = load_config("tiny_test", OVERRIDES)
+    controller = make_controller(config, _control(replace_every=1))
+    try:
+        assert 0 < controller.decode_step_s < 1.0
+        controller.fit()
+        # the planner's generation floor is that step time x the response budget (6 tokens)
+        floor_s = controller.replanner.costs.gen_floor_s
+        assert floor_s == pytest.approx(6 * controller.decode_step_s)
+    finally:
+        controller.close()
+
+
 def test_fit_distributed_writes_metrics_timeline_and_summary(tmp_path):
     config = load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={tmp_path}"])
     result = fit_distributed(config, _control())

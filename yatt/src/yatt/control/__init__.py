@@ -27,7 +27,7 @@ def make_controller(config, control: ControlConfig):
     if control.replace_every:
         from yatt.control.adaptive import AdaptiveController
 
-        return AdaptiveController(config, control, decode_step_s=0.0)
+        return AdaptiveController(config, control)  # it measures the decode floor itself
     if control.mode == "single":
         from yatt.control.single import SingleController
 

@@ -46,18 +46,25 @@ class AdaptiveController(Controller):
     the plan of the moment.
 
     `decode_step_s`: seconds of one decode step at batch 1 on one device (the generation floor
-    per token), measured by the caller; the floor of a step is that times the step's response
-    budget. `gen_parallel`, `train_parallel`: the Amdahl fractions of that floor and of an
-    update over one worker's devices (see replacement.py; the defaults are data-parallel ranks'
-    and GPUs'), measured by the caller for multi-core CPU workers.
+    per token); the floor of a step is that times the step's response budget. None (as `yatt
+    train` passes): a sampler worker of the first plan measures it on its devices before the
+    run (`RankWorker.decode_step_s`), which is one device's where a worker owns one device
+    (GPUs, `control.cpu_mapping=ranks`). `gen_parallel`, `train_parallel`: the Amdahl
+    fractions of that floor and of an update over one worker's devices (see replacement.py;
+    the defaults are data-parallel ranks' and GPUs'), measured by the caller for multi-core CPU
+    workers (`control.cpu_mapping=threads`; yatt/bench/placement.py's `calibrate`).
     """
 
     mode = "adaptive"
 
-    def __init__(self, config: Config, control: ControlConfig, decode_step_s: float,
+    def __init__(self, config: Config, control: ControlConfig, decode_step_s: float | None = None,
                  gen_parallel: float = 0.0, train_parallel: float = 1.0) -> None:  # fmt: skip
         assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
         super().__init__(config, control, build_cluster(config, control, ParallelRank))
+        if decode_step_s is None:
+            decode_step_s = self.cluster.sampler_for(0).call("decode_step_s")
+            logger.info("re-placement: decode step at batch 1 measured at %.1f ms",
+                        1000 * decode_step_s)  # fmt: skip
         self.decode_step_s = decode_step_s
         self.parallel = {"gen_parallel": gen_parallel, "train_parallel": train_parallel}
         self.plan: Placement = self.cluster.placement

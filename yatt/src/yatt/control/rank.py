@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import resource
 import socket
 import time
@@ -325,11 +326,28 @@ class RankWorker:
         assert self.policy is not None, f"{self.name} hosts no policy"
         rollout = self.config.rollout
         engine = None if self.rollout is None else self.rollout.engine
-        same_weights = engine is not None and getattr(engine, "model", None) is self.policy.model
-        if same_weights and not rollout.samples_off_policy and rollout.backend != "vllm":
+        shared = engine is not None and engine.shares_weights(self.policy.model)  # not vLLM
+        if shared and not rollout.samples_off_policy:
             return engine
         backend = "yatt" if rollout.backend == "vllm" else rollout.backend
         return make_engine(backend, self.policy.model, self.tokenizer)
+
+    def decode_step_s(self, tokens: int = 16) -> float:
+        """Sampler: seconds of one decode step at batch 1 on this worker's devices (best of
+        two runs of `tokens` steps of the first training prompt, after one warm-up): the
+        generation floor per response token that runtime re-placement plans with."""
+        assert self.rollout is not None, f"{self.name} hosts no sampler"
+        assert tokens >= 1, f"tokens={tokens}"
+        engine = self.rollout.engine
+        prompt = self.rollout.encode([self._prompt(0)])
+        params = dataclasses.replace(self.rollout.params, max_new_tokens=tokens, ignore_eos=True)
+        engine.generate(prompt, dataclasses.replace(params, max_new_tokens=2), seeds=[0])
+        best_s = math.inf
+        for seed in (1, 2):
+            start_s = time.perf_counter()
+            [completion] = engine.generate(prompt, params, seeds=[seed])
+            best_s = min(best_s, (time.perf_counter() - start_s) / len(completion.token_ids))
+        return best_s
 
     def load_weights(self, version: int, state: dict[str, Any]) -> int:
         """Sampler: stage the policy weights of `version` (weight sync; `state` as `weights(
