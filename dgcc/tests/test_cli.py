@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from dgcc import ConfigError
+from dgcc import ConfigError, cli
 from dgcc.bench import BenchConfig, run_benchmark, run_side_by_side, summary_line
 from dgcc.cli import main
 
@@ -60,6 +60,7 @@ def test_bench_counts_logic_aborts_by_cause(capsys) -> None:
         (["bench", *SMALL_YCSB, "-o", "nokey"], "key=value"),
         (["bench", *SMALL_YCSB, "--seconds", "abc"], "invalid float value"),
         (["bench", *SMALL_YCSB, "--inflight", "40"], "--inflight applies only to a cluster run"),
+        (["bench", *SMALL_YCSB, "--durable"], "--durable applies only to a cluster run"),
         (
             ["bench", *SMALL_YCSB, "--epoch-ms", "2", "--distributed-fraction", "0.1"],
             "--distributed-fraction, --epoch-ms apply only to a cluster run",
@@ -82,6 +83,15 @@ def test_bad_flags_give_one_line_and_exit_2(argv, message, capsys) -> None:
     assert len(err.splitlines()) == 1, err
     assert err.startswith("dgcc: error: ")
     assert message in err
+
+
+def test_top_level_help_gives_the_whole_summary_sentence(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    summary = cli.__doc__.split("\n\n")[0]
+    assert summary.endswith(".")
+    assert " ".join(summary.split()) in " ".join(capsys.readouterr().out.split())
 
 
 def test_bench_config_validation() -> None:

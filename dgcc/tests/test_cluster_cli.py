@@ -2,16 +2,22 @@
 
 Method: run ``python -m dgcc`` (the ``dgcc`` entry point) as a user would; each command
 returns only when its work is done (start waits for every node's READY line), so the test
-reads exit codes and output, never the clock.
+reads exit codes and output, never the clock. A killed node is waited for through a pidfd.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
 
 import pytest
+
+from dgcc.cluster import load_config, read_pids
+from dgcc.net import Client
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +62,49 @@ def test_start_status_stop(tmp_path):
     after = _cli("cluster", "status", "--dir", directory)
     assert after.returncode == 1
     assert after.stdout.count("down") == 2
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a node process (not our child: its launcher has exited) and wait for its end."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        assert select.select([pidfd], [], [], TIMEOUT_S)[0], f"pid {pid} still runs"
+    finally:
+        os.close(pidfd)
+
+
+def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
+    directory = tmp_path / "cluster"
+    options = ["--workload", "smallbank", "--accounts", "100", "--nodes", "2"]
+    data = ["--data-dir", str(tmp_path / "data"), "--checkpoint-every-epochs", "2"]
+    started = _cli("cluster", "start", "--dir", str(directory), *options, *data)
+    assert started.returncode == 0, started.stderr
+    assert "restart a stopped node with" in started.stdout
+    node0 = load_config(directory / "cluster.json").nodes[0]
+    try:
+        with Client(node0.host, node0.port, timeout_s=TIMEOUT_S) as client:
+            # accounts 0..49 live on node 0, 50..99 on node 1
+            paid = client.call("send_payment", {"source": 10, "target": 80, "amount": 7})
+            assert paid.committed, paid
+            before = client.call("balance", {"customer": 80}).result["balance_cents"]
+        _kill(read_pids(directory)[1])
+        again = _cli("cluster", "start", "--dir", str(directory), "--node", "1")
+        assert again.returncode == 0, again.stderr
+        assert "node 1 started again" in again.stdout
+        with Client(node0.host, node0.port, timeout_s=TIMEOUT_S) as client:
+            paid = client.call("send_payment", {"source": 10, "target": 80, "amount": 5})
+            assert paid.committed, paid
+            after = client.call("balance", {"customer": 80}).result["balance_cents"]
+        assert after == before + 5  # node 1 recovered the first payment and took the second
+        status = _cli("cluster", "status", "--dir", str(directory))
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("yes") == 2
+    finally:
+        stopped = _cli("cluster", "stop", "--dir", str(directory))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 2 of 2 nodes" in stopped.stdout
+    assert sorted(os.listdir(tmp_path / "data")) == ["node0", "node1"]
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):

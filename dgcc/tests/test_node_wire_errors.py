@@ -1,15 +1,18 @@
 """A node keeps its peer links and client connections through impostors and ill-shaped calls.
 
 Goal: a connection claiming to be a peer that is already connected is refused and the real link
-kept, while a restarted peer still gets in once its old link ends; one ill-shaped call in a
-``calls`` frame is answered ERROR alone, the other calls are answered and the connection kept.
-Method: in-process DistDGCC nodes on loopback in one event loop, spoken to with raw frames; a
-node subclass signals each refused handshake, so the tests wait on events, not on time.
+kept, while a restarted peer still gets in once its old link ends; a real peer that sends a
+garbled or ill-shaped frame counts as lost (status shows it down, a log line names it); one
+ill-shaped call in a ``calls`` frame is answered ERROR alone, the other calls are answered and
+the connection kept. Method: in-process DistDGCC nodes on loopback in one event loop, spoken to
+with raw frames; node subclasses signal each refused handshake and each lost peer, so the tests
+wait on events, not on time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -36,6 +39,18 @@ class _Watched(Node):
         except HandshakeError:
             self.refused.set()
             raise
+
+
+class _Losing(Node):
+    """A node that sets ``lost`` whenever it marks a peer lost."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.lost = asyncio.Event()
+
+    def _peer_lost(self, peer: int) -> None:
+        super()._peer_lost(peer)
+        self.lost.set()
 
 
 async def _hello(port: int, role: str, peer: int | None) -> tuple:
@@ -107,6 +122,35 @@ def test_a_restarted_peer_retries_until_its_old_link_ends():
     assert 0 in new._out
     assert first.stats["net/rejected_connections"] == 1
     assert first._down == {1}  # the old link's end was seen; its rejoin would clear this
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\x00\x00\x00\x01\xc1", "undecodable frame of 1 bytes"),  # 0xc1: never msgpack
+        (frame(("values", "x")), "ill-shaped peer message"),
+    ],
+    ids=["undecodable", "ill_shaped"],
+)
+def test_a_bad_frame_from_a_peer_counts_as_that_peer_lost(data, problem, caplog):
+    config = local_config(2, **YCSB)
+    caplog.set_level(logging.WARNING, logger="dgcc.net.node")
+
+    async def go() -> dict:
+        first, second = _Losing(config, 0), Node(config, 1)
+        await asyncio.gather(first.start(), second.start())
+        try:
+            second._out[0].write(data)  # on node 1's real link to node 0
+            await asyncio.wait_for(first.lost.wait(), WAIT_S)
+            return first.status()
+        finally:
+            for node in (first, second):
+                node.stop()
+
+    status = asyncio.run(go())
+    assert status["peers_down"] == [1]
+    assert status["net/rejected_connections"] == 1
+    assert f"node 0: peer 1 sent a bad frame: {problem}" in caplog.text, caplog.text
 
 
 def test_ill_shaped_calls_are_answered_alone_and_the_connection_kept():

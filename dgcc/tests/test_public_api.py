@@ -31,6 +31,7 @@ EXPECTED = {
     "Status",
     "Table",
     "TxnRequest",
+    "UnknownProcedure",
     "get_protocol",
 }
 
@@ -47,6 +48,17 @@ def test_package_all_is_exactly_the_public_api() -> None:
         if not name.startswith("_") and not inspect.ismodule(getattr(dgcc, name))
     }
     assert public <= set(dgcc.__all__), public - set(dgcc.__all__)
+
+
+def test_package_exports_every_core_exception() -> None:
+    import dgcc.errors
+
+    defined = {
+        name
+        for name, value in vars(dgcc.errors).items()
+        if isinstance(value, type) and issubclass(value, Exception)
+    }
+    assert defined <= set(dgcc.__all__), defined - set(dgcc.__all__)
 
 
 @pytest.mark.parametrize(

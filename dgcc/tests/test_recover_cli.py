@@ -2,9 +2,11 @@
 
 Goal: the state the CLI recovers equals the live engine's state at its last epoch (TPC-C with
 command and dependency logs, YCSB with a value log); the record reports the mode, epochs and
-transactions replayed; a torn tail is reported and dropped; bad input exits 2 with one line and
-a violated invariant exits 1. Method: a small DurableEngine run in a temp directory, then
-``dgcc.cli.main`` in-process with ``recover`` wrapped to keep the recovered database.
+transactions replayed; a torn tail is reported and dropped; the workload a directory records
+needs no flags and flags that disagree with it are refused; bad input, a 2PC node's directory
+and a log that no longer replays exit 2 with one line, and a violated invariant exits 1.
+Method: a small DurableEngine run in a temp directory, then ``dgcc.cli.main`` in-process with
+``recover`` wrapped to keep the recovered database.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from dgcc import cli
 from dgcc.cluster import local_config
 from dgcc.durable import DurableConfig, DurableEngine
 from dgcc.protocols.dist_dgcc import Router
-from dgcc.wal.format import HEADER_BYTES, scan_bytes
+from dgcc.wal.format import HEADER_BYTES, BlockKind, encode_block, scan_bytes
 from dgcc.wal.node_log import LoggedEpochRun, NodeLog
 from dgcc.wal.recovery import Recovered
-from dgcc.wal.writer import list_segments
+from dgcc.wal.writer import WalWriter, list_segments
 from dgcc.workloads import get_workload
 
 SEED, BATCH, EPOCHS = 3, 20, 5
@@ -33,10 +35,16 @@ YCSB = {"records": 500, "theta": 0.9}
 YCSB_FLAGS = ["--records", "500", "--theta", "0.9"]
 
 
-def _run_engine(directory: Path, name: str, options: dict, mode: str) -> list[dict]:
-    """Run EPOCHS epochs durably; the state dump after each epoch (index 0: initial)."""
+def _run_engine(
+    directory: Path, name: str, options: dict, mode: str, *, record: bool = True
+) -> list[dict]:
+    """Run EPOCHS epochs durably; the state dump after each epoch (index 0: initial).
+
+    ``record``: the directory records its workload (as a library user may leave out).
+    """
     workload = get_workload(name, **options)
-    config = DurableConfig(directory=directory, mode=mode, fork_checkpoint=False)
+    recorded = {"workload": name, "workload_options": options} if record else {}
+    config = DurableConfig(directory=directory, mode=mode, fork_checkpoint=False, **recorded)
     engine = DurableEngine(
         config, workload.registry(), workload.schema, lambda: workload.build(SEED)
     )
@@ -129,10 +137,88 @@ def test_damage_followed_by_intact_epochs_exits_2_and_changes_nothing(
 
 
 def test_violation_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _run_engine(tmp_path, "ycsb", YCSB, "command")
+    # Without a workload record, recovery takes the flags' word (here: too few records).
+    _run_engine(tmp_path, "ycsb", YCSB, "command", record=False)
     argv = ["recover", str(tmp_path), "--workload", "ycsb", "--records", "400", "--theta", "0.9"]
     assert cli.main(argv) == 1
     assert "usertable has 500 rows, expected 400" in capsys.readouterr().out
+
+
+def test_a_recorded_workload_needs_no_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dumps = _run_engine(tmp_path, "ycsb", YCSB, "command")
+    status, kept = _recover_cli(monkeypatch, ["recover", str(tmp_path)])
+    assert status == 0
+    assert kept[0].db.dump() == dumps[-1]
+
+
+def _one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``dgcc`` with ``argv``, which must exit 2 with one error line; that line."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dgcc: error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--records", "400"], "was written by ycsb with records=500, not 400 (it records"),
+        (["--workload", "tpcc"], "was written by workload 'ycsb', not 'tpcc'"),
+        (["--warehouses", "1"], "workload 'ycsb' rejects options"),
+    ],
+)
+def test_flags_that_disagree_with_the_recorded_workload_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    _run_engine(tmp_path, "ycsb", YCSB, "command")
+    assert message in _one_error_line(["recover", str(tmp_path), *flags], capsys)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "does not record its workload: recover needs --workload"),
+        (["--workload", "ycsb", "--warehouses", "1"], "workload 'ycsb' rejects options"),
+    ],
+)
+def test_an_unrecorded_workload_needs_right_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    _run_engine(tmp_path, "ycsb", YCSB, "command", record=False)
+    assert message in _one_error_line(["recover", str(tmp_path), *flags], capsys)
+
+
+def test_a_log_that_no_longer_replays_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replanning under fewer records fails a logged call: a DgccError, one line, exit 2."""
+    _run_engine(tmp_path, "ycsb", YCSB, "dependency", record=False)
+    argv = ["recover", str(tmp_path), "--workload", "ycsb", "--records", "400"]
+    err = _one_error_line(argv, capsys)
+    assert "no longer plans: ycsb_txn: key must be an int in [0, 400)" in err
+
+
+def test_a_2pc_node_directory_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "node0"
+    directory.mkdir()
+    writer = WalWriter(directory, 1)  # a 2PC node's first block, as it starts
+    writer.append(1, encode_block(BlockKind.TWOPC, 1, [("start",)]))
+    writer.close()
+    config = local_config(1, workload="ycsb", workload_options=YCSB, protocol="no_wait")
+    config_path = tmp_path / "cluster.json"
+    config_path.write_text(json.dumps(config.to_dict()))
+    for flags in (["--cluster", str(config_path), "--node", "0"], ["--workload", "ycsb"]):
+        err = _one_error_line(["recover", str(directory), *flags], capsys)
+        assert f"{directory} is a 2PC node's log" in err
+        assert "restart the node in its cluster" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    err = _one_error_line(["recover", str(empty), "--workload", "ycsb"], capsys)
+    assert "no checkpoint manifest and no log" in err
 
 
 def test_missing_directory_exits_2_with_one_line(

@@ -15,7 +15,12 @@ import pytest
 from dgcc.durable import DurableConfig
 from dgcc.errors import ConfigError, DgccError
 from dgcc.wal import dependency, parallel
-from dgcc.wal.checkpoint import load_snapshot, read_manifest
+from dgcc.wal.checkpoint import (
+    WORKLOAD_RECORD,
+    load_snapshot,
+    read_manifest,
+    read_workload_record,
+)
 from dgcc.wal.drill import DRILL_TPCC, batches, open_engine, reference_state
 from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
 from dgcc.wal.recovery import read_log, recover, replay_block
@@ -59,7 +64,7 @@ def test_recovered_state_equals_serial_replay(
 def test_inline_checkpoint_truncates_log(tmp_path: Path, reference: dict) -> None:
     _run(tmp_path, "dependency", checkpoint_every_epochs=3, fork_checkpoint=False)
     names = sorted(path.name for path in tmp_path.iterdir())
-    assert names == ["MANIFEST", "ckpt-000000000006.snap", "wal-000000000007.log"]
+    assert names == ["MANIFEST", "WORKLOAD", "ckpt-000000000006.snap", "wal-000000000007.log"]
     recovered = recover(tmp_path, create_tables, TpccWorkload(**DRILL_TPCC).registry())
     assert (recovered.checkpoint_epoch, recovered.replayed_epochs) == (6, 2)
     assert recovered.db.dump() == reference
@@ -104,6 +109,20 @@ def test_bad_config_is_rejected(tmp_path: Path) -> None:
         DurableConfig(tmp_path, mode="dependency", protocol="serial")
     with pytest.raises(ConfigError, match="-1"):
         DurableConfig(tmp_path, checkpoint_every_epochs=-1)
+    with pytest.raises(ConfigError, match="workload must be a name, got 3"):
+        DurableConfig(tmp_path, workload=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"workload_options \{'records': 5\} without a workload"):
+        DurableConfig(tmp_path, workload_options={"records": 5})
+    with pytest.raises(ConfigError, match="workload_options must be JSON values"):
+        DurableConfig(tmp_path, workload="ycsb", workload_options={"keys": {1, 2}})
+
+
+def test_a_new_directory_records_its_workload(tmp_path: Path) -> None:
+    open_engine(tmp_path, "command", SEED).close()
+    assert read_workload_record(tmp_path) == ("tpcc", DRILL_TPCC)
+    (tmp_path / WORKLOAD_RECORD).write_text('{"workload": 1}')
+    with pytest.raises(WalCorrupt, match="bad workload record"):
+        read_workload_record(tmp_path)
 
 
 def test_forked_checkpoint_is_the_state_at_its_epoch(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """dgcc: a distributed in-memory transaction engine with dependency-graph concurrency control.
 
 Public API: stored procedures as pieces (``Procedure``, ``Piece``), requests and outcomes,
-tables, and the protocol registry. See ``docs/architecture.md``.
+tables, the protocol registry, and the exceptions of ``dgcc.errors`` (the network and log ones
+live in ``dgcc.net`` and ``dgcc.wal``). See ``docs/architecture.md``.
 """
 
 from dgcc import debug
@@ -15,7 +16,14 @@ from dgcc.api import (
     Status,
     TxnRequest,
 )
-from dgcc.errors import BadParams, BadRequest, ConfigError, DgccError, ProcedureError
+from dgcc.errors import (
+    BadParams,
+    BadRequest,
+    ConfigError,
+    DgccError,
+    ProcedureError,
+    UnknownProcedure,
+)
 from dgcc.protocols import PROTOCOLS, get_protocol
 from dgcc.storage import Database, Index, Table
 
@@ -37,6 +45,7 @@ __all__ = [
     "Status",
     "Table",
     "TxnRequest",
+    "UnknownProcedure",
     "debug",
     "get_protocol",
 ]

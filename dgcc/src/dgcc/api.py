@@ -104,7 +104,9 @@ class Procedure:
             and floats, ``list``/``tuple`` accept either sequence kind).
         plan: ``plan(params, view) -> pieces``; ``view`` is read-only state at the start of the
             batch, for reconnaissance of data-dependent keys. Raising ``BadParams`` rejects the
-            call.
+            call; any other exception fails it alike (an ERROR outcome naming the procedure
+            and the exception). It must be deterministic: every node that plans a call must
+            reach the same pieces, or the same failure.
         result: builds the client's result from the piece outputs (name -> value); by default
             the outputs dict itself.
         replay: ``replay(db, params)`` redoes the writes of a call that committed, straight on
@@ -226,9 +228,10 @@ def plan_batch(
 ) -> list[PlannedTxn | Outcome]:
     """Plan every request against the state at the start of the batch.
 
-    A request that cannot be planned (unknown procedure, bad params, malformed) becomes an ERROR
-    outcome in its slot; the rest of the batch is unaffected. Every protocol plans this way, so
-    reconnaissance sees the same state under each of them.
+    A request that cannot be planned (unknown procedure, bad params, malformed, or a plan
+    function that raised) becomes an ERROR outcome in its slot; the rest of the batch is
+    unaffected. Every protocol plans this way, so reconnaissance sees the same state under each
+    of them, and every node that plans a call reaches the same decision on it.
     """
     view = db.read_view()
     planned: list[PlannedTxn | Outcome] = []
@@ -242,12 +245,18 @@ def plan_batch(
 
 def _plan_one(
     registry: ProcedureRegistry, view: ReadView, index: int, request: object
-) -> PlannedTxn:
+) -> PlannedTxn | Outcome:
     if not isinstance(request, TxnRequest):
         raise BadRequest(f"malformed request {request!r}: expected TxnRequest(procedure, params)")
     procedure = registry.get(request.procedure)
     _check_params(procedure, request.params)
-    pieces = tuple(procedure.plan(request.params, view))
+    try:
+        pieces = tuple(procedure.plan(request.params, view))
+    except BadRequest:
+        raise
+    except Exception as error:  # a bug in the procedure: this call fails, as in ``run_piece``
+        reason = f"{procedure.name}.plan raised {type(error).__name__}: {error}"
+        return Outcome(Status.ERROR, reason=reason)
     if debug.check_invariants:
         _check_plan(procedure, pieces)
     return PlannedTxn(index, procedure, request.params, pieces)

@@ -1,8 +1,9 @@
-"""The ``dgcc`` command line: ``dgcc bench`` (one closed-loop benchmark), ``demo``, ``recover``,
-``drill``.
+"""The dgcc command line: bench, demo, recover, drill, report and the cluster commands.
 
-Progress bars and tables are drawn with rich here, never in the library. Bad flags or options
-print one ``dgcc: error: ...`` line and exit with status 2.
+Progress bars and tables are drawn with rich here, never in the library. Bad flags or options,
+and every other error dgcc raises on purpose (a ``DgccError``: a damaged log, a node that cannot
+be reached), print one ``dgcc: error: ...`` line and exit with status 2; anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,16 +25,24 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from dgcc import cli_cluster, cli_drill, debug, report
-from dgcc.bench import BenchConfig, make_console, run_benchmark, run_side_by_side, summary_line
+from dgcc.bench import (
+    BenchConfig,
+    make_console,
+    make_workload,
+    run_benchmark,
+    run_side_by_side,
+    summary_line,
+)
 from dgcc.cluster import load_config
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, DgccError
 from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_dgcc import Router
-from dgcc.wal.format import WalCorrupt, decode_payload
+from dgcc.wal.checkpoint import read_workload_record
+from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import recover_node
 from dgcc.wal.recovery import read_log, recover
-from dgcc.workloads import get_workload
+from dgcc.workloads import Workload, get_workload
 
 __all__ = ["main"]
 
@@ -80,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(demo, seconds_default=10.0)
     recover = commands.add_parser("recover", help="recover a durability directory and check it")
     recover.add_argument("directory", type=Path, help="the node's log and checkpoint directory")
-    recover.add_argument("--workload", help="tpcc, ycsb or smallbank (or give --cluster)")
+    recover.add_argument(
+        "--workload", help="tpcc, ycsb or smallbank, if the directory does not record it"
+    )
     recover.add_argument("--workers", type=int, default=1, help="replay workers (dependency log)")
     recover.add_argument(
         "--cluster", type=Path, help="a cluster node's directory: the cluster config (.toml/.json)"
@@ -148,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "bench":
                 return _bench(args, console)
             return _demo(args, console)
-    except (ConfigError, WalCorrupt) as error:
+    except DgccError as error:
         print(f"dgcc: error: {error}", file=sys.stderr)
         return 2
 
@@ -192,6 +203,7 @@ def _refuse_ignored_flags(args: argparse.Namespace) -> None:
         "--distributed-fraction": args.distributed_fraction,
         "--inflight": args.inflight,
         "--epoch-ms": args.epoch_ms,
+        "--durable": args.durable or None,
     }
     in_process_only = {
         "--batch-size": args.batch_size,
@@ -222,9 +234,7 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"--workers must be in 1..1024, got {args.workers}")
     if args.cluster is not None:
         return _recover_node(args, console)
-    if args.workload is None:
-        raise ConfigError("recover needs --workload (or --cluster and --node for a node's log)")
-    workload = get_workload(args.workload, **_workload_options(args))
+    name, workload = _recovery_workload(directory, args.workload, _workload_options(args))
     started_s = time.perf_counter()
     try:
         with console.status(f"recovering {directory}"):
@@ -232,13 +242,13 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
                 directory, workload.schema, workload.registry(), workers=args.workers
             )
     except KeyError as error:  # a snapshot table the schema lacks: another workload's directory
-        raise ConfigError(f"{directory} holds table {error} unknown to {args.workload!r}") from None
+        raise ConfigError(f"{directory} holds table {error} unknown to {name!r}") from None
     recovery_s = time.perf_counter() - started_s
     blocks, _ = read_log(directory, recovered.checkpoint_epoch, repair=False)
     payloads = [decode_payload(block) for block in blocks]
     record = {
         "directory": str(directory),
-        "workload": workload.describe() or {"workload": args.workload},
+        "workload": workload.describe() or {"workload": name},
         "modes": sorted({block.kind.name.lower() for block in blocks}),
         "checkpoint_epoch": recovered.checkpoint_epoch,
         "epoch": recovered.epoch,
@@ -259,6 +269,42 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         console.print(f"wrote {args.json}")
     return 1 if record["violations"] else 0
+
+
+def _recovery_workload(
+    directory: Path, name: str | None, given: dict[str, Any]
+) -> tuple[str, Workload]:
+    """The workload that wrote ``directory``: the one it records, which the flags (``name``
+    and the ``given`` options) may only restate, else the one the flags name.
+
+    Raises:
+        ConfigError: no workload recorded or named, or flags that disagree with the record
+            (as the workloads' ``describe`` reports their options).
+    """
+    recorded = read_workload_record(directory)
+    if recorded is None:
+        if name is None:
+            raise ConfigError(
+                f"{directory} does not record its workload: recover needs --workload (or "
+                "--cluster and --node for a cluster node's directory)"
+            )
+        return name, make_workload(name, given)
+    written_name, options = recorded
+    if name not in (None, written_name):
+        raise ConfigError(f"{directory} was written by workload {written_name!r}, not {name!r}")
+    written = make_workload(written_name, options)
+    have, want = written.describe(), make_workload(written_name, options | given).describe()
+    differ = [
+        f"{key}={have.get(key)!r}, not {value!r}"
+        for key, value in want.items()
+        if have.get(key) != value
+    ]
+    if differ:
+        raise ConfigError(
+            f"{directory} was written by {written_name} with {'; '.join(differ)} (it records "
+            f"options {options}): drop or correct the workload flags"
+        )
+    return written_name, written
 
 
 def _recover_node(args: argparse.Namespace, console: Console) -> int:
@@ -330,13 +376,9 @@ def recovery_table(record: dict[str, Any]) -> Table:
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
-    try:
-        get_workload("tpcc", warehouses=1)
-        name, options = "tpcc", {"warehouses": 1}
-    except ConfigError:  # only until the TPC-C workload is installed
-        console.print("[yellow]tpcc is not available; the demo runs ycsb (theta 0.8) instead[/]")
-        name, options = "ycsb", {"theta": 0.8}
-    configs = [_config(args, name, protocol, options) for protocol in ("dgcc", "serial")]
+    configs = [
+        _config(args, "tpcc", protocol, {"warehouses": 1}) for protocol in ("dgcc", "serial")
+    ]
     with console.status("loading") as status:
         records = run_side_by_side(configs, rounds=DEMO_ROUNDS, progress=status.update)
     console.print(results_table(records))

@@ -1,9 +1,10 @@
 """The cluster commands: ``dgcc node``, ``dgcc cluster start|stop|status``, ``dgcc bench --nodes``.
 
 ``register(commands)`` adds the ``node`` and ``cluster`` sub-commands to the ``dgcc`` parser,
-``add_bench_flags(parser)`` adds ``--nodes``/``--distributed-fraction``/``--inflight`` to
-``dgcc bench``, and ``dispatch(args)`` runs them; the ``dgcc`` entry point (``dgcc.cli``) owns
-the parser, and the launcher spawns nodes through it (``python -m dgcc node ...``).
+``add_bench_flags(parser)`` adds ``--nodes``/``--distributed-fraction``/``--inflight``/
+``--epoch-ms``/``--durable`` to ``dgcc bench``, and ``dispatch(args)`` runs them; the ``dgcc``
+entry point (``dgcc.cli``) owns the parser, and the launcher spawns nodes through it
+(``python -m dgcc node ...``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from dgcc.cluster import (
 from dgcc.cluster import status as cluster_status
 from dgcc.cluster import stop as cluster_stop
 from dgcc.errors import ConfigError
+from dgcc.net.loadgen import (
+    EPOCH_MS_DEFAULT,
+    TPCC_WAREHOUSES_PER_NODE,
+    check_tpcc_placement,
+    cluster_workload_options,
+)
 
 __all__ = ["COMMANDS", "add_bench_flags", "bench_nodes", "dispatch", "register"]
 
@@ -39,13 +46,22 @@ logger = logging.getLogger(__name__)
 COMMANDS = ("node", "cluster")  # what ``register`` adds; ``bench --nodes`` goes to bench_nodes
 DIRECTORY_DEFAULT = Path(".dgcc_cluster")
 INFLIGHT_DEFAULT = 400  # calls in flight per node, `bench --nodes`
-EPOCH_MS_DEFAULT = 10.0
+# `cluster start` without --config (its epoch length, like `bench --nodes`'s, is loadgen's)
+NODES_DEFAULT = 2
+WORKLOAD_DEFAULT = "ycsb"
+SEED_DEFAULT = 1
+PROTOCOL_DEFAULT = "dgcc"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``node`` and ``cluster`` to a ``dgcc`` sub-command set."""
     node = commands.add_parser("node", help="run one cluster node (one OS process)")
-    node.add_argument("--config", type=Path, required=True, help="cluster config (.toml/.json)")
+    node.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="cluster config (.toml/.json; `cluster start` writes DIR/cluster.json)",
+    )
     node.add_argument("--id", type=int, required=True, help="this node's id in the config")
     node.add_argument(
         "--data-dir", help="log and recover under DIR/node<id> (overrides the config's data_dir)"
@@ -54,30 +70,89 @@ def register(commands: argparse._SubParsersAction) -> None:
     cluster = commands.add_parser("cluster", help="start, stop or query a local cluster")
     cluster.set_defaults(check_invariants=False)
     actions = cluster.add_subparsers(dest="action", required=True)
-    start = actions.add_parser("start", help="start N node processes on loopback")
-    start.add_argument("--nodes", type=int, default=2)
-    start.add_argument("--config", type=Path, help="a config file instead of --nodes")
-    start.add_argument("--workload", default="ycsb")
-    start.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
-    start.add_argument("--epoch-ms", type=float, default=5.0)
-    start.add_argument("--seed", type=int, default=1)
-    start.add_argument("--protocol", default="dgcc", help="dgcc, calvin, no_wait, wait_die or occ")
+    start = actions.add_parser(
+        "start", help="start N node processes on loopback, or (--node) one node again"
+    )
+    _add_start_flags(start)
+    stop = actions.add_parser(
+        "stop", help="stop every node (by request; unreachable recorded pids by SIGTERM)"
+    )
+    status = actions.add_parser(
+        "status", help="each node's address, pid, readiness, epochs and counts"
+    )
+    for parser in (start, stop, status):
+        parser.add_argument(
+            "--dir",
+            type=Path,
+            default=DIRECTORY_DEFAULT,
+            help=f"cluster state directory: config, pids, node logs ({DIRECTORY_DEFAULT})",
+        )
+
+
+def _add_start_flags(start: argparse.ArgumentParser) -> None:
+    """``cluster start``'s flags. Those that build the config default to None, so ``_start``
+    can tell which were given (``--config`` and ``--node`` refuse them)."""
+    from dgcc.cli import _add_workload_flags  # the parser that calls register is dgcc.cli's
+
+    start.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help=f"node processes ({NODES_DEFAULT}); TPC-C warehouses (--warehouses or -o) then "
+        f"count per node ({TPCC_WAREHOUSES_PER_NODE} per node)",
+    )
+    start.add_argument(
+        "--config", type=Path, help="a config file (keys: dgcc/README.md) instead of the flags"
+    )
+    start.add_argument("--workload", help=f"tpcc, ycsb or smallbank ({WORKLOAD_DEFAULT})")
+    _add_workload_flags(start)
+    start.add_argument(
+        "--epoch-ms", type=float, help=f"close an epoch after this many ms ({EPOCH_MS_DEFAULT})"
+    )
+    start.add_argument(
+        "--seed", type=int, help=f"data load seed, the same on every node ({SEED_DEFAULT})"
+    )
+    start.add_argument(
+        "--protocol", help=f"dgcc, calvin, no_wait, wait_die or occ ({PROTOCOL_DEFAULT})"
+    )
+    start.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="logging on: node n logs to and recovers from DIR/node<n> (logs already there "
+        "are recovered); needed to restart a node alone with --node",
+    )
+    start.add_argument(
+        "--checkpoint-every-epochs",
+        type=int,
+        metavar="N",
+        help="with --data-dir: a checkpoint every N epochs (0: only the initial one)",
+    )
+    start.add_argument(
+        "--secret-env",
+        metavar="NAME",
+        help="nodes and clients must prove the shared secret held in environment variable "
+        "NAME (set it for status, stop and --node too)",
+    )
     start.add_argument(
         "--node",
         type=int,
-        help="start only this node of the cluster in --dir again (after it died: it recovers "
-        "from its log and rejoins the running nodes)",
+        metavar="ID",
+        help="start only this node of the cluster in --dir again, with that cluster's config "
+        "(after it died: it recovers from its log and rejoins the running nodes; the cluster "
+        "needs --data-dir)",
     )
-    for action in ("start", "stop", "status"):
-        parser = start if action == "start" else actions.add_parser(action, help=f"{action}")
-        parser.add_argument(
-            "--dir", type=Path, default=DIRECTORY_DEFAULT, help="cluster state directory"
-        )
 
 
 def add_bench_flags(bench: argparse.ArgumentParser) -> None:
     """The flags that make ``dgcc bench`` drive a cluster of node processes."""
-    bench.add_argument("--nodes", type=int, default=None, help="run on a cluster of N nodes")
+    bench.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run on a new cluster of N node processes in a temporary folder; TPC-C warehouses "
+        f"(--warehouses or -o) then count per node ({TPCC_WAREHOUSES_PER_NODE} per node)",
+    )
     bench.add_argument(
         "--distributed-fraction",
         type=float,
@@ -88,7 +163,15 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
         "--inflight", type=int, default=None, help=f"calls in flight per node ({INFLIGHT_DEFAULT})"
     )
     bench.add_argument(
-        "--epoch-ms", type=float, default=None, help=f"epoch length ({EPOCH_MS_DEFAULT})"
+        "--epoch-ms",
+        type=float,
+        default=None,
+        help=f"close an epoch after this many ms or inflight/4 calls ({EPOCH_MS_DEFAULT})",
+    )
+    bench.add_argument(
+        "--durable",
+        action="store_true",
+        help="with --nodes: every node logs; calls are answered once durable",
     )
 
 
@@ -97,24 +180,9 @@ def bench_nodes(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from dgcc.cli import WORKLOAD_FLAGS, _parse_key_values
-    from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
+    from dgcc.net.loadgen import run_bench, summary_line
 
-    options = {name: getattr(args, name, None) for name in WORKLOAD_FLAGS}
-    options = {name: value for name, value in options.items() if value is not None}
-    options |= _parse_key_values(getattr(args, "workload_option", []) or [])
-    bench = ClusterBenchConfig(
-        workload=args.workload,
-        nodes=args.nodes,
-        distributed_fraction=args.distributed_fraction,
-        workload_options=options,
-        seconds=args.seconds,
-        warmup_s=args.warmup_s,
-        inflight=INFLIGHT_DEFAULT if args.inflight is None else args.inflight,
-        epoch_ms=EPOCH_MS_DEFAULT if args.epoch_ms is None else args.epoch_ms,
-        seed=args.seed,
-        protocol=server_name(args.protocol),
-    )
+    bench = _bench_config(args)
     console = Console()
     columns = (TextColumn("{task.description}"), BarColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -131,6 +199,26 @@ def bench_nodes(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return 0
+
+
+def _bench_config(args: argparse.Namespace) -> Any:
+    """The ``ClusterBenchConfig`` of a parsed ``dgcc bench --nodes N``."""
+    from dgcc.cli import _workload_options
+    from dgcc.net.loadgen import ClusterBenchConfig
+
+    return ClusterBenchConfig(
+        workload=args.workload,
+        nodes=args.nodes,
+        distributed_fraction=args.distributed_fraction,
+        workload_options=_workload_options(args),
+        seconds=args.seconds,
+        warmup_s=args.warmup_s,
+        inflight=INFLIGHT_DEFAULT if args.inflight is None else args.inflight,
+        epoch_ms=EPOCH_MS_DEFAULT if args.epoch_ms is None else args.epoch_ms,
+        seed=args.seed,
+        protocol=server_name(args.protocol),
+        durable=args.durable,
+    )
 
 
 def results_table(records: list[dict[str, Any]]) -> Any:
@@ -234,29 +322,90 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from dgcc.cli import _parse_key_values
-
+    given = _config_flags_given(args)
     if args.node is not None:
+        given = ["--config"] * (args.config is not None) + given
+        _refuse(given, "--node (the node restarts with the config of the cluster in --dir)")
         process = start_node(args.dir, args.node)
         print(f"node {args.node} started again (pid {process.pid}); config and logs in {args.dir}")
         return 0
     if args.config is not None:
+        _refuse(given, "--config (the config file holds every setting)")
         config = load_config(args.config)
     else:
-        options = _parse_key_values(args.workload_option)
-        config = local_config(
-            args.nodes,
-            workload=args.workload,
-            workload_options=options,
-            epoch_ms=args.epoch_ms,
-            seed=args.seed,
-            protocol=server_name(args.protocol),
-        )
+        config = _flags_config(args)
+    check_tpcc_placement(config)
+    config.shared_secret()  # an unset secret_env fails here, not inside every node
+    if config.data_dir is not None:
+        _make_data_dir(Path(config.data_dir))
     cluster = start_local(config, args.dir)
     for node, process in zip(config.nodes, cluster.processes, strict=True):
         print(f"node {node.id} listening on {node.host}:{node.port} (pid {process.pid})")
     print(f"config and logs in {args.dir}; stop with: dgcc cluster stop --dir {args.dir}")
+    if config.data_dir is not None:
+        print(
+            f"logging to {config.data_dir}; restart a stopped node with: "
+            f"dgcc cluster start --dir {args.dir} --node ID"
+        )
     return 0
+
+
+def _config_flags_given(args: argparse.Namespace) -> list[str]:
+    """The ``cluster start`` flags given that build a config (all default to None or [])."""
+    from dgcc.cli import WORKLOAD_FLAGS
+
+    names = ["nodes", "workload", *WORKLOAD_FLAGS, "workload_option", "epoch_ms", "seed"]
+    names += ["protocol", "data_dir", "checkpoint_every_epochs", "secret_env"]
+    return [
+        f"--{name.replace('_', '-')}" for name in names if getattr(args, name) not in (None, [])
+    ]
+
+
+def _refuse(flags: list[str], where: str) -> None:
+    if flags:
+        verb = "does" if len(flags) == 1 else "do"
+        raise ConfigError(f"{', '.join(flags)} {verb} not apply with {where}")
+
+
+def _flags_config(args: argparse.Namespace) -> ClusterConfig:
+    """The loopback config ``cluster start`` builds from its flags."""
+    from dgcc.cli import _workload_options
+
+    if args.checkpoint_every_epochs is not None and args.data_dir is None:
+        raise ConfigError(
+            "--checkpoint-every-epochs needs --data-dir (checkpoints are written there)"
+        )
+    nodes = NODES_DEFAULT if args.nodes is None else args.nodes
+    workload = args.workload or WORKLOAD_DEFAULT
+    data_dir = None
+    if args.data_dir is not None:
+        if not args.data_dir:
+            raise ConfigError("--data-dir must name a directory, got ''")
+        # Absolute: `cluster start --node` may run from another working directory.
+        data_dir = str(Path(args.data_dir).resolve())
+    return local_config(
+        nodes,
+        workload=workload,
+        workload_options=cluster_workload_options(workload, _workload_options(args), nodes),
+        epoch_ms=EPOCH_MS_DEFAULT if args.epoch_ms is None else args.epoch_ms,
+        seed=SEED_DEFAULT if args.seed is None else args.seed,
+        protocol=server_name(args.protocol or PROTOCOL_DEFAULT),
+        data_dir=data_dir,
+        checkpoint_every_epochs=args.checkpoint_every_epochs or 0,
+        secret_env=args.secret_env,
+    )
+
+
+def _make_data_dir(path: Path) -> None:
+    """Create the data dir now, so an unusable one is one error here, not one per node."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use {str(path)!r} as a data dir: {error.strerror or error}"
+        ) from None
 
 
 def _config_in(directory: Path) -> ClusterConfig:

@@ -6,9 +6,9 @@ the data seed and the shared secret (or the environment variable holding it). A 
 required as soon as one node listens beyond loopback. ``start_local`` writes a loopback config,
 spawns one ``dgcc node`` process per node and returns once every node says it is ready (each
 prints one ``READY`` line on stdout when all its peers are connected); ``start_node`` starts
-one node of such a cluster again (it rejoins the running others, or joins a restart); ``stop``
-and ``status`` talk to the nodes through the client library, falling back to the recorded
-process ids. The recorded pids are trusted only for processes whose command line is the
+one node of such a cluster again, if it logs (it rejoins the running others, or joins a
+restart); ``stop`` and ``status`` talk to the nodes through the client library, falling back to
+the recorded process ids. The recorded pids are trusted only for processes whose command line is the
 one ``_spawn`` used, so a stale state file never leads to signalling another program.
 """
 
@@ -91,7 +91,7 @@ class NodeAddress:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """One cluster.
+    """One cluster; dgcc/README.md shows a config file with these keys.
 
     Args:
         nodes: the nodes, ids ``0 .. n - 1`` in order.
@@ -111,7 +111,9 @@ class ClusterConfig:
         protocol: the concurrency control the nodes run (``dgcc.net.servers.SERVERS``).
         data_dir: logging on: node n logs to and recovers from ``data_dir/node<n>`` and answers
             a call only once it is durable (DistDGCC and Calvin: its epoch, on every node;
-            the 2PC protocols: its commit record, ``dgcc.wal.twopc_log``).
+            the 2PC protocols: its commit record, ``dgcc.wal.twopc_log``). Only then can one
+            node be restarted alone (``start_node``). A relative path is taken from the
+            node process's working directory.
         checkpoint_every_epochs: with ``data_dir``, a forked checkpoint every this many
             epochs (0 = only the initial one).
     """
@@ -300,7 +302,8 @@ class LocalCluster:
         """Start node ``node`` again after it died; the other processes are left alone.
 
         Raises:
-            ConfigError: ``node`` is not a node of the cluster, or its process still runs.
+            ConfigError: ``node`` is not a node of the cluster, its process still runs, or
+                it cannot restart (see ``start_node``).
         """
         if not 0 <= node < len(self.processes):
             raise ConfigError(
@@ -364,17 +367,20 @@ def start_node(
 ) -> subprocess.Popen:
     """Start node ``node`` of the local cluster whose config is in ``directory``, alone.
 
-    The node recovers from its own log and rejoins its running peers (dependency logging on),
-    or joins the others' restart. Its pid replaces the old one in ``cluster_state.json``.
+    The node recovers from its own log and rejoins its running peers, or joins the others'
+    restart; so the cluster must log (``data_dir`` set). Its pid replaces the old one in
+    ``cluster_state.json``.
 
     Raises:
         ConfigError: no cluster in ``directory``, ``node`` not one of its nodes or still
-            running, or the node exits or is not ready within ``ready_timeout_s``.
+            running, a cluster without ``data_dir`` (refused before anything starts), or the
+            node exits or is not ready within ``ready_timeout_s``.
     """
     config_path = directory / CONFIG_FILE
     if not config_path.exists():
         raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
-    nodes = len(load_config(config_path).nodes)
+    config = load_config(config_path)
+    nodes = len(config.nodes)
     if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
         raise ConfigError(
             f"node {node!r} is not a node of the cluster in {directory} (0..{nodes - 1})"
@@ -382,6 +388,12 @@ def start_node(
     pids = (read_pids(directory) + [0] * nodes)[:nodes]
     if _is_cluster_node(pids[node], directory, node):
         raise ConfigError(f"node {node} (pid {pids[node]}) is still running in {directory}")
+    if config.data_dir is None:  # it would start empty and wait for peers that never answer
+        raise ConfigError(
+            f"node {node} cannot restart alone: the cluster in {str(directory)!r} runs without "
+            "logging (no data_dir), so the node has no log to recover and rejoin from; stop "
+            "the cluster and start it with a data dir (dgcc cluster start --data-dir DIR)"
+        )
     log_starts = [_log_size(directory, node)]
     process = _spawn(directory, node)
     _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)

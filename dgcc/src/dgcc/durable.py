@@ -6,16 +6,19 @@ that have become durable meanwhile, so the fsync of epoch e overlaps the executi
 ``flush`` waits for the last one. ``run_epoch`` does both for one epoch. The logging mode is a
 run-time setting: ``none | command | value | dependency`` (``wal/``). Checkpoints are taken every
 ``checkpoint_every_epochs`` epochs by a forked child; the log is truncated when one completes.
-Opening a directory that holds a checkpoint recovers from it.
+Opening a directory that holds a checkpoint recovers from it. A new directory records the
+workload that writes it, when the config names one (``dgcc recover`` reads it).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dgcc.api import Outcome, PlannedTxn, ProcedureRegistry, TxnRequest
 from dgcc.errors import ConfigError
@@ -23,7 +26,13 @@ from dgcc.protocols import get_protocol
 from dgcc.protocols.dgcc import DgccProtocol, Graph
 from dgcc.storage import Database
 from dgcc.wal import command, dependency, parallel, value
-from dgcc.wal.checkpoint import Checkpointer, read_manifest, remove_old_snapshots, write_checkpoint
+from dgcc.wal.checkpoint import (
+    Checkpointer,
+    read_manifest,
+    remove_old_snapshots,
+    write_checkpoint,
+    write_workload_record,
+)
 from dgcc.wal.format import BlockKind, encode_block
 from dgcc.wal.recovery import recover
 from dgcc.wal.writer import WalWriter
@@ -52,6 +61,10 @@ class DurableConfig:
         partitions: with ``dependency``, also log each piece's partition (of this many) and the
             values crossing partitions, so recovery can replay partitions in parallel
             processes; 0 = off. Needs ``partition_of`` on the engine.
+        workload: the name of the workload whose procedures and data the engine runs, or None;
+            a new directory records it with ``workload_options`` (JSON values), so recovery
+            rebuilds that workload and refuses another.
+        workload_options: that workload's options.
     """
 
     directory: Path
@@ -62,6 +75,8 @@ class DurableConfig:
     recovery_workers: int = 1
     sync: bool = True
     partitions: int = 0
+    workload: str | None = None
+    workload_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in LOG_MODES:
@@ -77,6 +92,14 @@ class DurableConfig:
         workers = self.recovery_workers
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
             raise ConfigError(f"recovery_workers must be in 1..1024, got {workers!r}")
+        if self.workload is not None and not isinstance(self.workload, str):
+            raise ConfigError(f"workload must be a name, got {self.workload!r}")
+        if self.workload is None and self.workload_options:
+            raise ConfigError(f"workload_options {dict(self.workload_options)} without a workload")
+        try:
+            json.dumps(dict(self.workload_options))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"workload_options must be JSON values: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +144,8 @@ class DurableEngine:
         directory.mkdir(parents=True, exist_ok=True)
         self.recovered = None
         if read_manifest(directory) is None:
+            if config.workload is not None:
+                write_workload_record(directory, config.workload, config.workload_options)
             self.db = initial()
             write_checkpoint(directory, self.db, 0)
             self.epoch = 0

@@ -1,13 +1,23 @@
-"""The dgcc exception tree.
+"""The dgcc exception tree (the network and log classes live beside the code raising them).
 
     DgccError
      ├── BadRequest           a client's call is wrong; only that transaction fails
      │    ├── UnknownProcedure
      │    └── BadParams
      ├── ConfigError          a setting, CLI flag or config file is wrong
-     └── ProcedureError       a procedure's definition breaks the piece contract (a bug in it)
+     ├── ProcedureError       a procedure's definition breaks the piece contract (a bug in it)
+     ├── NetError             dgcc.net: a transport failure or a peer breaking the wire protocol
+     │    ├── FrameError      bytes off the wire are not a valid frame or message
+     │    ├── HandshakeError  version, role or shared secret mismatch
+     │    ├── ConnectionLost  the other side closed or reset the connection
+     │    └── CallTimeout     no answer within the caller's timeout
+     ├── WalCorrupt           dgcc.wal: a log or checkpoint damaged where no crash could leave it
+     ├── RejoinError          dgcc.wal.rejoin: a restarted node cannot rejoin its running peers
+     └── DrillFailure         dgcc.wal.trials: a recovered state broke a durability promise
 
-A logic abort (an overdraft, TPC-C's invalid item) is an Outcome, never an exception.
+A logic abort (an overdraft, TPC-C's invalid item) is an Outcome, never an exception; so is a
+procedure whose plan or piece raises (an ERROR outcome for that call alone), except that with
+``debug.check_invariants`` on a broken piece contract raises ProcedureError.
 """
 
 

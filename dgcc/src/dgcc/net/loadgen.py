@@ -7,7 +7,8 @@ paying customer, which only NewOrder and Payment can have). ``None`` keeps the w
 mix (TPC-C's standard 1% / 15% remote fractions). ``run_bench`` starts the node processes and
 one client process per node, each with ``inflight`` calls always outstanding on one pipelined
 connection (answers arrive batched per epoch; each submits the next call from a callback), and
-measures a window after a warm-up.
+measures a window after a warm-up. ``cluster_workload_options`` makes TPC-C warehouses count per
+node, here and in ``dgcc cluster start``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,67 @@ from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
 from dgcc.workloads.ycsb import ZipfianGenerator
 
-__all__ = ["ClusterBenchConfig", "request_pool", "run_bench"]
+__all__ = [
+    "EPOCH_MS_DEFAULT",
+    "TPCC_WAREHOUSES_PER_NODE",
+    "ClusterBenchConfig",
+    "check_tpcc_placement",
+    "cluster_workload_options",
+    "request_pool",
+    "run_bench",
+]
 
 logger = logging.getLogger(__name__)
 
 POOL_SIZE = 20_000
 CLIENT_EXIT_TIMEOUT_S = 60.0
+# The epoch length of cluster benchmarks and of the cluster CLI (`bench --nodes`, `cluster
+# start`); docs/benchmarks.md reports runs at this value.
+EPOCH_MS_DEFAULT = 2.0
+TPCC_WAREHOUSES_PER_NODE = 2  # when a cluster run names no warehouse count (weak scaling)
+
+
+def cluster_workload_options(
+    workload: str, options: Mapping[str, Any], nodes: int
+) -> dict[str, Any]:
+    """``options`` for a cluster of ``nodes`` nodes: TPC-C ``warehouses`` counts per node.
+
+    Weak scaling, and every node owns warehouses (warehouse w lives on partition
+    (w - 1) % partitions); without a count, ``TPCC_WAREHOUSES_PER_NODE`` per node.
+
+    Raises:
+        ConfigError: a TPC-C warehouse count per node that is not an int >= 1.
+    """
+    options = dict(options)
+    if workload == "tpcc":
+        per_node = options.get("warehouses", TPCC_WAREHOUSES_PER_NODE)
+        if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+            raise ConfigError(f"tpcc warehouses per node must be an int >= 1, got {per_node!r}")
+        options["warehouses"] = per_node * nodes
+    return options
+
+
+def check_tpcc_placement(config: ClusterConfig) -> None:
+    """Refuse a TPC-C cluster in which some node would own no warehouse (it would hold no data).
+
+    Raises:
+        ConfigError: naming the idle nodes and the warehouse count that would fill them.
+    """
+    if config.workload != "tpcc":
+        return
+    workload = get_workload("tpcc", **dict(config.workload_options))
+    owners = config.placement().partition_nodes
+    warehouses = workload.config.warehouses
+    owning = {
+        owners[workload.partition_of(("warehouse", w), len(owners))]
+        for w in range(1, warehouses + 1)
+    }
+    idle = sorted(set(range(len(config.nodes))) - owning)
+    if idle:
+        raise ConfigError(
+            f"tpcc with warehouses={warehouses} leaves nodes {idle} of {len(config.nodes)} "
+            f"owning no warehouse; give at least {len(owners)} warehouses"
+        )
 
 
 def _ranges(size: int, partitions: int) -> list[range]:
@@ -247,13 +303,15 @@ class ClusterBenchConfig:
         workload: ``tpcc``, ``ycsb`` or ``smallbank``.
         nodes: node processes (one client process each).
         distributed_fraction: see ``request_pool``; None keeps the workload's own mix.
-        workload_options: the workload's options (TPC-C ``warehouses`` is per node here).
+        workload_options: the workload's options (TPC-C ``warehouses`` is per node here, see
+            ``cluster_workload_options``).
         seconds: the measured window; ``warmup_s`` runs before it.
         inflight: calls outstanding per node.
-        epoch_ms: epoch length.
+        epoch_ms: close an epoch after this long (``EPOCH_MS_DEFAULT``); it also closes at
+            ``inflight // 4`` calls.
         protocol: the nodes' concurrency control (a key of ``dgcc.net.servers.SERVERS``).
-        durable: dependency logging on every node (in the run's temp folder): calls are
-            answered only once their epoch is durable on every node.
+        durable: logging on every node (``ClusterConfig.data_dir`` in the run's temp folder):
+            calls are answered only once they are durable.
         seed: data and request seed.
     """
 
@@ -264,7 +322,7 @@ class ClusterBenchConfig:
     seconds: float = 5.0
     warmup_s: float = 1.0
     inflight: int = 400
-    epoch_ms: float = 2.0
+    epoch_ms: float = EPOCH_MS_DEFAULT
     seed: int = 1
     protocol: str = "dgcc"
     durable: bool = False
@@ -276,13 +334,6 @@ class ClusterBenchConfig:
             raise ConfigError(f"seconds must be in (0, 3600], got {self.seconds!r}")
         if not 1 <= self.inflight <= 100_000:
             raise ConfigError(f"inflight must be in 1..100000, got {self.inflight!r}")
-
-
-def _cluster_options(bench: ClusterBenchConfig) -> dict[str, Any]:
-    options = dict(bench.workload_options)
-    if bench.workload == "tpcc":  # weak scaling: warehouses per node
-        options["warehouses"] = options.get("warehouses", 2) * bench.nodes
-    return options
 
 
 def _snapshot(config: ClusterConfig) -> dict[str, float]:
@@ -306,7 +357,9 @@ def run_bench(
         config = local_config(
             bench.nodes,
             workload=bench.workload,
-            workload_options=_cluster_options(bench),
+            workload_options=cluster_workload_options(
+                bench.workload, bench.workload_options, bench.nodes
+            ),
             epoch_ms=bench.epoch_ms,
             epoch_calls_max=max(1, bench.inflight // 4),
             seed=bench.seed,

@@ -20,12 +20,13 @@ its log, answer its ``restart`` with that; it re-executes the epochs it missed a
 (``_catch_up``, ``dgcc.wal.rejoin``).
 
 A connection that sends a garbled, oversized or ill-shaped frame, or fails the handshake, is
-closed with a logged reason; nothing else is disturbed. A call with a usable id but a bad
-procedure or params is answered ERROR alone. A second connection claiming to be a peer whose
-link is still open is refused (without a secret anyone can claim to be a peer, and taking over
-the link would mark the real one lost); a restarted peer's retries get in once the old link
-ends. ``delay_ms_max`` (tests only) delays each peer message by a seeded random time, which
-also reorders them.
+closed with a logged reason; nothing else is disturbed, except that a peer sending one on its
+link counts as lost, as when that link drops. A call with a usable id but a bad procedure or
+params is answered ERROR alone. A second connection claiming to be a peer whose link is still
+open is refused (without a secret anyone can claim to be a peer, and taking over the link would
+mark the real one lost); a restarted peer's retries get in once the old link ends.
+``delay_ms_max`` (tests only) delays each peer message by a seeded random time, which also
+reorders them.
 """
 
 from __future__ import annotations
@@ -292,7 +293,12 @@ class Node:
                 await self._serve_client(reader, _Client(writer, peer_name))
         except (FrameError, HandshakeError, TimeoutError) as error:
             self.stats["net/rejected_connections"] += 1
-            logger.warning("node %d: closing connection from %s: %s", self.id, peer_name, error)
+            if role == "node" and self._peer_readers.get(peer) is reader:
+                # A peer that breaks the wire protocol is lost, as if its link had dropped.
+                logger.warning("node %d: peer %d sent a bad frame: %s", self.id, peer, error)
+                self._peer_lost(peer)
+            else:
+                logger.warning("node %d: closing connection from %s: %s", self.id, peer_name, error)
             if not writer.is_closing():
                 writer.write(frame(("error", str(error)[:200])))
         except (ConnectionLost, ConnectionError) as error:
@@ -742,7 +748,8 @@ class Node:
                 self.durability.when_durable(epoch + 1, answer)
 
     def _complete_epoch(self, assembler: ResultAssembler, callers: list) -> None:
-        """Every node finished the epoch: answer its callers (the durability hook point)."""
+        """Every node finished the epoch (and, with a data dir, made it durable): answer its
+        callers."""
         counts = dict.fromkeys(_STATUS_STAT, 0)
         by_client: dict[_Client, list[tuple]] = {}  # most epochs: one client
         for (client, call_id), (status, result, reason) in zip(

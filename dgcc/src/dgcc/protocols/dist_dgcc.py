@@ -7,7 +7,8 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Routing. A node plans only the transactions it takes part in. ``route`` maps a request's
     parameters to the nodes owning its data, through the workload's ``route_keys`` (TPC-C by
     warehouse, YCSB by key, Smallbank by customer); a request it cannot route is planned by
-    every node, which then agree on the plan or on the planning error. An origin routes each
+    every node, which then agree on the plan or on the planning error (a plan that raises, or
+    pieces that break the placement rules below, fail the call alone). An origin routes each
     of its calls once (``Router.routes``): the routes that pick what each peer gets are kept
     for its own planning of the epoch. Planning against rows another node owns is only sound
     for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): a node holds its own
@@ -29,8 +30,9 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
     independent accesses) need the graph; a node runs the others first, in serial order (a
     topological order of theirs), those whose values peers wait for and their ancestors ahead.
   * Results. Each node reports, per origin, the outputs it produced and the abort decisions
-    it took; the origin assembles outcomes once every node reported the epoch (the hook
-    where durability will wait). Execution is deterministic, so there is no two-phase commit.
+    it took; the origin assembles outcomes once every node reported the epoch, and answers
+    them once every node has also made the epoch durable when the cluster logs
+    (``dgcc.wal.node_log``). Execution is deterministic, so there is no two-phase commit.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ class Router:
             if keys is None:
                 return None
             nodes = self.nodes_of(keys)
-        except (KeyError, TypeError, IndexError, ValueError, ConfigError):
+        except Exception:  # the workload's routing may raise anything on bad params
             return None  # a bad request: every node plans it and reports the same error
         nodes.discard(REPLICATED)
         return frozenset(nodes) or None
@@ -322,7 +324,11 @@ class EpochRun:
                 local = range(len(planned.pieces))  # no list per transaction
                 self._subs.append(_SubTxn(index, origin, slot, planned, None, local))
                 continue
-            runs_on = self._placement_of(planned, routed)
+            try:
+                runs_on = self._placement_of(planned, routed)
+            except ProcedureError as error:  # each node planning the call places it alike
+                self._errors.append((origin, slot, str(error)))
+                continue
             local = [k for k, nodes in enumerate(runs_on) if self.node in nodes]
             if local:
                 self._subs.append(_SubTxn(index, origin, slot, planned, runs_on, local))
@@ -330,7 +336,12 @@ class EpochRun:
     def _placement_of(
         self, planned: PlannedTxn, routed: frozenset[int] | None
     ) -> list[tuple[int, ...]]:
-        """Piece index -> the nodes that run it (one owner, or every participant)."""
+        """Piece index -> the nodes that run it (one owner, or every participant).
+
+        Raises:
+            ProcedureError: a piece spans nodes or writes replicated keys, or the pieces lie
+                outside the call's route (``_plan`` fails the call alone).
+        """
         owners: list[int] = []
         node_of_key, nodes_of = self.router.node_of_key, self.router.nodes_of
         for piece in planned.pieces:

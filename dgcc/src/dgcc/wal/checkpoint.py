@@ -5,6 +5,8 @@ undo. ``Checkpointer`` forks a child that holds a copy-on-write image of that st
 the snapshot while the parent runs the next epochs. The snapshot is one checksummed block
 (``format``); the manifest names the newest complete snapshot and is replaced atomically (tmp,
 fsync, rename, directory fsync), so a crash at any point leaves the previous checkpoint usable.
+A directory may also record, the same way, the workload and options that wrote it
+(``WORKLOAD``), so recovery can rebuild that workload and refuse another.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from dgcc.storage import Database
 from dgcc.wal.crashpoints import crashpoint
@@ -23,17 +26,21 @@ from dgcc.wal.writer import fsync_dir
 
 __all__ = [
     "MANIFEST",
+    "WORKLOAD_RECORD",
     "Checkpointer",
     "load_snapshot",
     "publish",
     "read_manifest",
+    "read_workload_record",
     "write_checkpoint",
     "write_snapshot",
+    "write_workload_record",
 ]
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST"
+WORKLOAD_RECORD = "WORKLOAD"
 _SNAPSHOT = re.compile(r"^ckpt-(\d{12})\.snap$")
 
 
@@ -96,6 +103,40 @@ def read_manifest(directory: Path) -> tuple[int, Path] | None:
             '{"epoch": E >= 0, "snapshot": "ckpt-<E, 12 digits>.snap"}'
         )
     return epoch, directory / manifest["snapshot"]
+
+
+def write_workload_record(directory: Path, name: str, options: Mapping[str, Any]) -> None:
+    """Record in ``directory`` that workload ``name`` with ``options`` (JSON values) writes it."""
+    tmp = directory / (WORKLOAD_RECORD + ".tmp")
+    _write_file(tmp, json.dumps({"workload": name, "options": dict(options)}).encode())
+    os.replace(tmp, directory / WORKLOAD_RECORD)
+    fsync_dir(directory)
+
+
+def read_workload_record(directory: Path) -> tuple[str, dict[str, Any]] | None:
+    """(name, options) of the workload ``directory`` records, or None if it records none.
+
+    Raises:
+        WalCorrupt: the record is not one ``write_workload_record`` writes.
+    """
+    path = directory / WORKLOAD_RECORD
+    if not path.exists():
+        return None
+    text = path.read_text(errors="replace")
+    try:
+        record = json.loads(text)
+    except ValueError as error:
+        raise WalCorrupt(f"{path}: unreadable workload record: {error}") from None
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("workload"), str)
+        or not isinstance(record.get("options"), dict)
+    ):
+        raise WalCorrupt(
+            f'{path}: bad workload record {text.strip()!r:.120}: expected {{"workload": NAME, '
+            '"options": {...}}'
+        )
+    return record["workload"], record["options"]
 
 
 def _snapshot_name(epoch: int) -> str:

@@ -172,7 +172,8 @@ def plan_replayed(
     their piece counts), and the piece-count check below catches a plan that changed.
 
     Raises:
-        DgccError: a re-planned transaction does not match its logged piece count.
+        DgccError: a re-planned transaction fails to plan or does not match its logged piece
+            count.
     """
     requests, request_slots = payload["requests"], payload["request_slots"]
     counts = payload["piece_counts"]
@@ -185,6 +186,11 @@ def plan_replayed(
             pieces = tuple(procedure.plan(params, view))
         except BadRequest as error:
             raise DgccError(f"replayed transaction {slot} no longer plans: {error}") from None
+        except Exception as error:  # it planned when logged: another workload, or not pure
+            raise DgccError(
+                f"replayed transaction {slot} no longer plans: {name}.plan raised "
+                f"{type(error).__name__}: {error}"
+            ) from None
         if len(pieces) != counts[slot]:
             raise DgccError(
                 f"replayed transaction {slot} has {len(pieces)} pieces; the log has {counts[slot]}"

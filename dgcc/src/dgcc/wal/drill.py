@@ -52,7 +52,13 @@ def reference_state(seed: int, batch: int, epochs: int) -> Database:
 
 def open_engine(directory: Path, mode: str, seed: int, **options: object) -> DurableEngine:
     workload = TpccWorkload(**DRILL_TPCC)
-    config = DurableConfig(directory=directory, mode=mode, **options)  # type: ignore[arg-type]
+    config = DurableConfig(
+        directory=directory,
+        mode=mode,
+        workload=TpccWorkload.name,
+        workload_options=DRILL_TPCC,
+        **options,  # type: ignore[arg-type]
+    )
     initial = lambda: workload.build(seed)  # noqa: E731
     return DurableEngine(
         config,

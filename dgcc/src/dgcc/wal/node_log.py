@@ -40,7 +40,7 @@ from dgcc.wal.checkpoint import (
 )
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import Block, BlockKind, WalCorrupt, decode_payload, encode_block
-from dgcc.wal.recovery import cut_after, read_log
+from dgcc.wal.recovery import cut_after, no_checkpoint, read_log
 from dgcc.wal.rejoin import RejoinError, RejoinPlan, Retained, plan_rejoin
 from dgcc.wal.writer import WalWriter
 
@@ -168,7 +168,7 @@ def recover_node(
     started_s = time.perf_counter()
     manifest = read_manifest(directory)
     if manifest is None:
-        raise WalCorrupt(f"{directory}: no checkpoint manifest; nothing to recover from")
+        raise no_checkpoint(directory)
     checkpoint_epoch, snapshot = manifest
     if upto_epoch is not None and checkpoint_epoch > upto_epoch:
         raise WalCorrupt(f"{directory}: checkpoint {checkpoint_epoch} is past epoch {upto_epoch}")

@@ -28,7 +28,7 @@ from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import Block, BlockKind, WalCorrupt, decode_payload, scan_bytes
 from dgcc.wal.writer import fsync_dir, list_segments
 
-__all__ = ["Recovered", "cut_after", "read_log", "recover", "replay_block"]
+__all__ = ["Recovered", "cut_after", "no_checkpoint", "read_log", "recover", "replay_block"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,26 @@ def cut_after(directory: Path, epoch: int) -> None:
             continue
         _cut(path, later[0].offset)
         logger.warning("%s: dropped unacknowledged epochs %d..", path, later[0].epoch)
+
+
+def no_checkpoint(directory: Path) -> WalCorrupt:
+    """The error for ``directory`` without a checkpoint manifest, saying what it holds instead.
+
+    A 2PC node's log (``twopc_log``) never has one: its branches in doubt need their
+    coordinators' decisions, so only the restarted node recovers it, from its cluster.
+    """
+    segments = list_segments(directory)
+    if not segments:
+        return WalCorrupt(f"{directory}: no checkpoint manifest and no log: nothing to recover")
+    first = scan_bytes(segments[0][1].read_bytes(), str(segments[0][1])).blocks
+    if first and first[0].kind is BlockKind.TWOPC:
+        return WalCorrupt(
+            f"{directory} is a 2PC node's log: it has no checkpoint and its transactions in "
+            "doubt need their coordinators' decisions, so it cannot be recovered offline; "
+            "restart the node in its cluster (dgcc cluster start --node ID, or dgcc node), "
+            "which redoes the log"
+        )
+    return WalCorrupt(f"{directory}: a log but no checkpoint manifest; nothing to recover from")
 
 
 def _cut(path: Path, valid_bytes: int) -> None:
@@ -161,7 +181,7 @@ def recover(
     started_s = time.perf_counter()
     manifest = read_manifest(directory)
     if manifest is None:
-        raise WalCorrupt(f"{directory}: no checkpoint manifest; nothing to recover from")
+        raise no_checkpoint(directory)
     checkpoint_epoch, snapshot = manifest
     blocks, dropped = read_log(directory, checkpoint_epoch, repair=repair)
     read_s, read_cpu_s = time.perf_counter(), time.process_time()

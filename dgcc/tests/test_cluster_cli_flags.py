@@ -1,0 +1,186 @@
+"""``dgcc cluster start`` and ``dgcc bench --nodes`` flags: the config they build, and refusals.
+
+Method: parse the flags with the real ``dgcc`` parser and build the config the command would
+start, or run ``main`` in-process on flags it must refuse; every refusal happens before any
+node process starts, so these tests start none. The config keys documented in dgcc/README.md
+are checked against ``ClusterConfig`` and its example file is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dgcc.cli import WORKLOAD_FLAGS, build_parser, main
+from dgcc.cli_cluster import _bench_config, _flags_config
+from dgcc.cluster import ClusterConfig, load_config, local_config
+from dgcc.errors import ConfigError
+from dgcc.net.loadgen import EPOCH_MS_DEFAULT, ClusterBenchConfig, check_tpcc_placement
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SMALL_TPCC = ["--items", "100", "--customers-per-district", "10", "--orders-per-district", "10"]
+
+
+def _start_config(*flags: str) -> ClusterConfig:
+    return _flags_config(build_parser().parse_args(["cluster", "start", *flags]))
+
+
+def _error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("dgcc: error: ")
+    return err
+
+
+def _write_cluster(directory: Path, **options: object) -> None:
+    """A cluster dir as ``cluster start`` leaves it, with nothing running."""
+    directory.mkdir()
+    config = local_config(2, workload="smallbank", workload_options={"accounts": 100}, **options)
+    (directory / "cluster.json").write_text(json.dumps(config.to_dict()))
+
+
+def test_tpcc_warehouses_count_per_node_so_every_node_owns_some():
+    config = _start_config("--nodes", "3", "--workload", "tpcc", *SMALL_TPCC)
+    assert config.workload_options["warehouses"] == 3 * 2  # the default: 2 per node
+    check_tpcc_placement(config)
+    config = _start_config("--nodes", "2", "--workload", "tpcc", "--warehouses", "3", *SMALL_TPCC)
+    assert config.workload_options["warehouses"] == 6
+    assert config.workload_options["items"] == 100
+    with pytest.raises(ConfigError, match="tpcc warehouses per node must be an int >= 1, got 0"):
+        _start_config("--workload", "tpcc", "-o", "warehouses=0")
+
+
+def test_a_tpcc_config_file_leaving_a_node_without_warehouses_is_refused(tmp_path, capsys):
+    config = local_config(2, workload="tpcc", workload_options={"warehouses": 1, "items": 100})
+    path = tmp_path / "one_warehouse.json"
+    path.write_text(json.dumps(config.to_dict()))
+    err = _error_line(["cluster", "start", "--config", str(path), "--dir", str(tmp_path)], capsys)
+    assert "tpcc with warehouses=1 leaves nodes [1] of 2 owning no warehouse" in err
+    assert "give at least 2 warehouses" in err
+    assert not (tmp_path / "cluster.json").exists()  # refused before anything was written
+
+
+def test_durability_flags_build_the_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = _start_config(
+        "--data-dir", "data", "--checkpoint-every-epochs", "50", "--secret-env", "DGCC_TEST"
+    )
+    assert config.data_dir == str(tmp_path / "data")  # absolute: --node may run elsewhere
+    assert config.checkpoint_every_epochs == 50
+    assert config.secret_env == "DGCC_TEST"
+    assert _start_config().data_dir is None
+
+
+def test_cli_epoch_ms_defaults_agree_with_the_cluster_benchmarks():
+    assert _start_config().epoch_ms == EPOCH_MS_DEFAULT
+    args = build_parser().parse_args(["bench", "--nodes", "2", "--workload", "ycsb"])
+    bench = _bench_config(args)
+    assert bench.epoch_ms == EPOCH_MS_DEFAULT == ClusterBenchConfig("ycsb", 2).epoch_ms
+    assert bench.durable is False
+
+
+def test_bench_durable_asks_for_logging_nodes():
+    args = build_parser().parse_args(["bench", "--nodes", "2", "--durable", "--warehouses", "1"])
+    bench = _bench_config(args)
+    assert bench.durable is True
+    assert bench.workload_options == {"warehouses": 1}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--checkpoint-every-epochs", "5"], "--checkpoint-every-epochs needs --data-dir"),
+        (["--data-dir", ""], "--data-dir must name a directory, got ''"),
+        (["--data-dir", "d", "--checkpoint-every-epochs", "-1"], "must be an int >= 0, got -1"),
+        (["--secret-env", "DGCC_TEST_UNSET"], "secret_env 'DGCC_TEST_UNSET' is not set"),
+        (["--epoch-ms", "-1"], "epoch_ms must be a finite number >= 0, got -1.0"),
+    ],
+)
+def test_bad_start_flags_are_one_line_errors(tmp_path, monkeypatch, capsys, flags, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DGCC_TEST_UNSET", raising=False)
+    err = _error_line(["cluster", "start", "--dir", "run", *flags], capsys)
+    assert message in err
+    assert not any(tmp_path.iterdir())  # refused before any directory or process
+
+
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    err = _error_line(
+        ["cluster", "start", "--dir", str(tmp_path / "run"), "--data-dir", str(a_file)], capsys
+    )
+    assert f"cannot use {str(a_file)!r} as a data dir: Not a directory" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--nodes", "3", "--workload", "tpcc"], "--nodes, --workload do not apply with --node"),
+        (["--protocol", "calvin"], "--protocol does not apply with --node"),
+        (["--warehouses", "2", "-o", "theta=0.5"], "--warehouses, --workload-option do not"),
+        (["--config", "x.toml"], "--config does not apply with --node"),
+        (["--data-dir", "d", "--seed", "3"], "--seed, --data-dir do not apply with --node"),
+    ],
+)
+def test_node_refuses_the_flags_it_would_ignore(tmp_path, capsys, flags, named):
+    _write_cluster(tmp_path / "run", data_dir=str(tmp_path / "data"))
+    argv = ["cluster", "start", "--dir", str(tmp_path / "run"), "--node", "1", *flags]
+    err = _error_line(argv, capsys)
+    assert named in err
+    assert "the node restarts with the config of the cluster in --dir" in err
+
+
+def test_config_refuses_the_flags_it_would_ignore(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(local_config(1).to_dict()))
+    argv = ["cluster", "start", "--config", str(path), "--dir", str(tmp_path / "run")]
+    err = _error_line([*argv, "--nodes", "3", "--epoch-ms", "1"], capsys)
+    assert "--nodes, --epoch-ms do not apply with --config" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_node_of_a_cluster_without_logging_is_refused_at_once(tmp_path, capsys):
+    run = tmp_path / "run"
+    _write_cluster(run)  # started without --data-dir
+    err = _error_line(["cluster", "start", "--dir", str(run), "--node", "1"], capsys)
+    assert "node 1 cannot restart alone" in err
+    assert "runs without logging (no data_dir)" in err
+    assert "--data-dir DIR" in err
+    assert not (run / "node1.log").exists()  # no node process was started
+
+
+def _sub_commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def test_cluster_commands_and_flags_all_have_help():
+    actions = _sub_commands(_sub_commands(build_parser()).choices["cluster"])
+    for choice in actions._choices_actions:
+        assert choice.help and choice.help != choice.dest, choice.dest
+    shared = {f"--{name.replace('_', '-')}" for name in WORKLOAD_FLAGS} | {"-h"}
+    for name, command in actions.choices.items():
+        for action in command._actions:
+            if not set(action.option_strings) & shared:  # dgcc.cli's workload flags, -h
+                assert action.help, f"cluster {name} {action.option_strings}"
+
+
+def test_readme_documents_every_config_key_and_its_example_loads(tmp_path, monkeypatch):
+    text = README.read_text()
+    documented = re.findall(r"^\| `(\w+)`(?:, `(\w+)`)?", text, re.MULTILINE)
+    keys = {key for pair in documented for key in pair if key}
+    assert keys == {field.name for field in dataclasses.fields(ClusterConfig)}
+    example = re.search(r"```toml\n(.*?)```", text, re.DOTALL)
+    assert example is not None
+    path = tmp_path / "cluster.toml"
+    path.write_text(example.group(1))
+    monkeypatch.setenv("DGCC_SECRET", "s")  # hosts beyond loopback need the secret
+    config = load_config(path)
+    assert [node.host for node in config.nodes] == ["10.0.0.1", "10.0.0.2"]
+    assert (config.data_dir, config.secret_env) == ("/var/lib/dgcc", "DGCC_SECRET")

@@ -1,0 +1,209 @@
+"""A faulty procedure fails only its own call, under every protocol, in a process and on nodes.
+
+Goal: a plan function that raises (here ZeroDivisionError for ``d == 0``) and pieces that break
+DistDGCC's placement rules (one piece spanning two nodes) become an ERROR outcome naming the
+procedure and the problem, for that call alone; the rest of the batch commits, and a node keeps
+serving. Method: a tiny bank under every registered protocol in one process; both nodes' epoch
+runs of DistDGCC and Calvin in one process for calls that every node plans (a multi-node
+decision); and in-process 2-node clusters of every server on loopback, with a YCSB subclass
+that adds the faulty procedure (which it cannot route, so every node plans it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import pytest
+
+from dgcc import (
+    PROTOCOLS,
+    Database,
+    Piece,
+    Procedure,
+    ProcedureRegistry,
+    Status,
+    Table,
+    TxnRequest,
+    get_protocol,
+)
+from dgcc.api import PieceContext
+from dgcc.cluster import local_config
+from dgcc.net import AsyncClient
+from dgcc.net.servers import SERVERS, server_class
+from dgcc.net.wire import decode, encode
+from dgcc.protocols.dist_dgcc import Placement, ResultAssembler, Router
+from dgcc.workloads import WORKLOADS
+from dgcc.workloads.ycsb import TABLE, YcsbWorkload
+
+KEYS = 20  # keys 0..9 live on node 0, 10..19 on node 1
+WAIT_S = 20.0
+PLAN_FAILED = "bump.plan raised ZeroDivisionError: integer division or modulo by zero"
+
+
+def _bump_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+    """Add ``100 // d`` to each key's row: planning divides, so ``d == 0`` raises."""
+    amount = 100 // params["d"]
+
+    def bump(key: int) -> Piece:
+        def run(ctx: PieceContext) -> None:
+            ctx.update("kv", key, {"v": ctx.get("kv", key)["v"] + amount})
+
+        return Piece(f"bump{key}", run, reads=(("kv", key),), writes=(("kv", key),))
+
+    return [bump(key) for key in params["keys"]]
+
+
+def _span_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+    """One piece writing every key: on a cluster it spans nodes when the keys do."""
+    keys = tuple(("kv", key) for key in params["keys"])
+    return [Piece("all", lambda ctx: None, writes=keys)]
+
+
+def _registry() -> ProcedureRegistry:
+    return ProcedureRegistry(
+        [
+            Procedure("bump", {"keys": list, "d": int}, _bump_plan),
+            Procedure("span", {"keys": list}, _span_plan),
+        ]
+    )
+
+
+def _db() -> Database:
+    db = Database((Table("kv"),))
+    db["kv"].rows.update({key: {"v": 0} for key in range(KEYS)})
+    return db
+
+
+def _bump(keys: list[int], d: int) -> TxnRequest:
+    return TxnRequest("bump", {"keys": keys, "d": d})
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_plan_that_raises_fails_its_call_alone(protocol: str) -> None:
+    db = _db()
+    batch = [_bump([1, 12], 1), _bump([2, 13], 0), _bump([1], 2)]
+    outcomes = get_protocol(protocol)(db, _registry()).run_batch(batch)
+    assert [outcome.status for outcome in outcomes] == [
+        Status.COMMITTED,
+        Status.ERROR,
+        Status.COMMITTED,
+    ]
+    assert outcomes[1].reason == PLAN_FAILED
+    values = {key: row["v"] for key, row in db["kv"].rows.items() if row["v"]}
+    assert values == {1: 150, 12: 100}
+
+
+class _TwoNodes:
+    """The key-value workload's routing over two nodes: keys 0..9 on node 0, 10..19 on 1."""
+
+    def partition_of(self, key: Hashable, partitions: int) -> int:
+        return key[1] * partitions // KEYS
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
+        return [("kv", key) for key in params["keys"]]
+
+
+def _wire(message: Any) -> Any:
+    return decode(encode(("m", message)))[1]
+
+
+@pytest.mark.parametrize("protocol", ["dgcc", "calvin"])
+def test_every_node_fails_a_faulty_multi_node_call_alike(protocol: str) -> None:
+    run_class = server_class(protocol).epoch_run
+    registry = _registry()
+    router = Router(_TwoNodes(), Placement.round_robin(2))
+    dbs = [_db(), _db()]
+    batch = [
+        _bump([1, 12], 1),
+        _bump([2, 13], 0),  # the plan raises on both nodes
+        TxnRequest("span", {"keys": [3, 14]}),  # its piece spans both nodes
+        _bump([4], 1),
+    ]
+    runs = [run_class(node, dbs[node], registry, router, [batch, []]) for node in (0, 1)]
+    while not all(run.finished for run in runs):
+        moved = sum(run.step(100) for run in runs)
+        for run in runs:
+            for target, entries in run.take_outbox().items():
+                runs[target].deliver(_wire(entries))
+                moved += 1
+        assert moved, "no piece ran and no value moved"
+    assembler = ResultAssembler(registry, batch, 2)
+    for node, run in enumerate(runs):
+        assembler.add(node, _wire(run.reports().get(0, [])))
+    outcomes = assembler.outcomes()
+    assert [outcome.status for outcome in outcomes] == [
+        Status.COMMITTED,
+        Status.ERROR,
+        Status.ERROR,
+        Status.COMMITTED,
+    ]
+    assert outcomes[1].reason == PLAN_FAILED
+    assert outcomes[2].reason == "span: piece 'all' spans nodes [0, 1]"
+    assert dbs[0]["kv"].rows[1]["v"] == 100 and dbs[1]["kv"].rows[12]["v"] == 100
+    assert dbs[0]["kv"].rows[2]["v"] == 0 and dbs[1]["kv"].rows[13]["v"] == 0
+
+
+class _FaultyYcsb(YcsbWorkload):
+    """YCSB plus ``ycsb_div``, which reads ``keys`` but first divides by ``d`` when planned."""
+
+    name = "faulty_ycsb"
+
+    def registry(self) -> ProcedureRegistry:
+        registry = super().registry()
+        registry.register(Procedure("ycsb_div", {"keys": list, "d": int}, _div_plan))
+        return registry
+
+
+def _div_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+    scale = 100 // params["d"]
+    return [
+        Piece(f"read{key}", lambda ctx, key=key: ctx.get(TABLE, key)["counter"] * scale,
+              reads=((TABLE, key),))
+        for key in params["keys"]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", sorted(SERVERS))
+def test_a_node_keeps_serving_after_a_plan_raises(
+    protocol: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(WORKLOADS, _FaultyYcsb.name, _FaultyYcsb)
+    config = local_config(
+        2,
+        workload=_FaultyYcsb.name,
+        workload_options={"records": 100},
+        protocol=protocol,
+        epoch_ms=2.0,
+    )
+    node_class = server_class(protocol)
+
+    async def go() -> tuple[list, list[dict]]:
+        nodes = [node_class(config, node) for node in (0, 1)]
+        await asyncio.gather(*(node.start() for node in nodes))
+        try:
+            async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
+                calls = [
+                    ("ycsb_div", {"keys": [2, 80], "d": 0}),  # both nodes' keys
+                    ("ycsb_div", {"keys": [2, 80], "d": 1}),
+                    ("ycsb_txn", {"keys": [3, 81], "rmw": [True, True]}),
+                ]
+                outcomes = []
+                for procedure, params in calls:  # one after another: the node must survive
+                    outcomes.append(await client.call(procedure, params, timeout_s=WAIT_S))
+            statuses = [node.status() for node in nodes]
+            assert not any(node.stopped.is_set() for node in nodes)
+        finally:
+            for node in nodes:
+                node.stop()
+        return outcomes, statuses
+
+    outcomes, statuses = asyncio.run(go())
+    assert [outcome.status for outcome in outcomes] == [
+        Status.ERROR,
+        Status.COMMITTED,
+        Status.COMMITTED,
+    ], outcomes
+    assert "ycsb_div.plan raised ZeroDivisionError" in outcomes[0].reason
+    assert [status["peers_down"] for status in statuses] == [[], []]
