@@ -105,6 +105,11 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped 2 of 2 nodes" in stopped.stdout
     assert sorted(os.listdir(tmp_path / "data")) == ["node0", "node1"]
+    # the data dir records its workload: a cluster of other options may not reuse it
+    options = ["--workload", "smallbank", "--accounts", "200", "--nodes", "2"]
+    other = _cli("cluster", "start", "--dir", str(tmp_path / "other"), *options, *data)
+    assert other.returncode == 2, other.stdout
+    assert "holds the log of workload 'smallbank' with options {'accounts': 100}" in other.stderr
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):

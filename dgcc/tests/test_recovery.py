@@ -17,6 +17,7 @@ from dgcc.errors import ConfigError, DgccError
 from dgcc.wal import dependency, parallel
 from dgcc.wal.checkpoint import (
     WORKLOAD_RECORD,
+    check_workload_record,
     load_snapshot,
     read_manifest,
     read_workload_record,
@@ -123,6 +124,20 @@ def test_a_new_directory_records_its_workload(tmp_path: Path) -> None:
     (tmp_path / WORKLOAD_RECORD).write_text('{"workload": 1}')
     with pytest.raises(WalCorrupt, match="bad workload record"):
         read_workload_record(tmp_path)
+
+
+def test_a_directory_is_claimed_by_one_workload(tmp_path: Path) -> None:
+    node = tmp_path / "node0"
+    check_workload_record(node, "ycsb", {"records": 50}, claim=False)  # no record: nothing to say
+    assert not node.exists()
+    check_workload_record(node, "ycsb", {"records": 50, "pair": (1, 2)}, claim=True)
+    assert read_workload_record(node) == ("ycsb", {"records": 50, "pair": [1, 2]})
+    check_workload_record(node, "ycsb", {"pair": (1, 2), "records": 50}, claim=True)  # the same
+    with pytest.raises(ConfigError, match=r"workload 'ycsb' with options .*'records': 50.*not"):
+        check_workload_record(node, "ycsb", {"records": 60, "pair": (1, 2)}, claim=False)
+    with pytest.raises(ConfigError, match="not 'tpcc'"):
+        check_workload_record(node, "tpcc", {"records": 50, "pair": (1, 2)}, claim=True)
+    assert read_workload_record(node) == ("ycsb", {"records": 50, "pair": [1, 2]})  # kept
 
 
 def test_forked_checkpoint_is_the_state_at_its_epoch(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from dgcc.errors import ConfigError, DgccError
 from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_dgcc import Router
-from dgcc.wal.checkpoint import read_workload_record
+from dgcc.wal.checkpoint import check_workload_record, read_workload_record
 from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import recover_node
 from dgcc.wal.recovery import read_log, recover
@@ -312,6 +312,7 @@ def _recover_node(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.cluster)
     if args.node is None or not 0 <= args.node < len(config.nodes):
         raise ConfigError(f"--node {args.node} is not a node of {args.cluster}")
+    check_workload_record(args.directory, config.workload, config.workload_options, claim=False)
     workload = get_workload(config.workload, **dict(config.workload_options))
     router = Router(workload, config.placement())
     started_s = time.perf_counter()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dgcc.errors import ConfigError
 from dgcc.storage import Database
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
@@ -28,6 +29,7 @@ __all__ = [
     "MANIFEST",
     "WORKLOAD_RECORD",
     "Checkpointer",
+    "check_workload_record",
     "load_snapshot",
     "publish",
     "read_manifest",
@@ -137,6 +139,32 @@ def read_workload_record(directory: Path) -> tuple[str, dict[str, Any]] | None:
             '"options": {...}}'
         )
     return record["workload"], record["options"]
+
+
+def check_workload_record(
+    directory: Path, name: str, options: Mapping[str, Any], *, claim: bool
+) -> None:
+    """Refuse to run or recover workload ``name`` with ``options`` on a directory another
+    workload wrote; with ``claim``, a directory that records none (new, or written before
+    directories recorded their workload) is recorded as this workload's.
+
+    Raises:
+        ConfigError: the directory records another workload or other options.
+        WalCorrupt: its record is damaged.
+    """
+    wanted = json.loads(json.dumps(dict(options)))  # as the record holds them (lists, not tuples)
+    recorded = read_workload_record(directory) if directory.is_dir() else None
+    if recorded is None:
+        if claim:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_workload_record(directory, name, wanted)
+        return
+    if recorded != (name, wanted):
+        raise ConfigError(
+            f"{directory} holds the log of workload {recorded[0]!r} with options {recorded[1]}, "
+            f"not {name!r} with {wanted}: give this cluster a new data dir, or the config that "
+            "wrote it"
+        )
 
 
 def _snapshot_name(epoch: int) -> str:

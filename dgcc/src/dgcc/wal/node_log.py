@@ -32,6 +32,7 @@ from dgcc.protocols.dist_dgcc import EpochRun, Router
 from dgcc.storage import Database, collector_paused
 from dgcc.wal.checkpoint import (
     Checkpointer,
+    check_workload_record,
     load_snapshot,
     publish,
     read_manifest,
@@ -505,10 +506,12 @@ class NodeDurability:
 
 def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
     """The durability of node ``node`` of ``config``: None unless ``config.data_dir`` is set.
+    A new directory records the cluster's workload; one that records another is refused.
 
     The epoch log serves DistDGCC and Calvin; the 2PC servers replace it with their own.
     """
     if config.data_dir is None:
         return None
     directory = Path(config.data_dir) / f"node{node}"
+    check_workload_record(directory, config.workload, config.workload_options, claim=True)
     return NodeDurability(directory, node, len(config.nodes), config.checkpoint_every_epochs)
