@@ -1,4 +1,5 @@
-"""Shared test set-up for dgcc: a fixture that turns invariants on, an in-process cluster
+"""Shared test set-up for dgcc: fixtures that turn invariants on and that make the example user
+workload (``dgcc/examples``) importable, an in-process cluster
 simulator shared by the DistDGCC and Calvin node-schedule tests, and a loader for the bench
 scripts whose bookkeeping the tests check.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -31,6 +33,16 @@ from dgcc.protocols.dist_dgcc import (
 )
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture
+def examples_importable(monkeypatch) -> None:
+    """``dgcc/examples`` importable here and in the node processes a test starts (as a user
+    puts their own workload module on ``PYTHONPATH``)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES_DIR))
+    paths = [str(EXAMPLES_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
 
 
 def _load_bench(name: str) -> ModuleType:

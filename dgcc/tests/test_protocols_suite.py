@@ -48,6 +48,8 @@ WORKLOADS = {
     },
     "ycsb": {"records": 400, "ops_per_txn": 4, "theta": 0.99, "read_ratio": 0.5},
     "smallbank": {"accounts": 60, "hot_accounts": 4, "hot_fraction": 0.8},
+    # a workload of one's own, named by import path (dgcc/examples/inventory.py)
+    "inventory:Inventory": {"items": 24, "units": 6},
 }
 # TPC-C StockLevel fixes its order range when planned (read committed, clause 3.4.1); in the
 # cluster it is planned on arrival, so only its absence of writes is checked, not its result.
@@ -95,7 +97,7 @@ def _single_run(protocol: str, workload_name: str, batches: list[list[TxnRequest
     _check_invariants(workload_name, db)
 
 
-@pytest.mark.usefixtures("invariants")
+@pytest.mark.usefixtures("invariants", "examples_importable")
 @pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_single_process_equals_a_serial_order(protocol: str, workload_name: str) -> None:
@@ -198,7 +200,8 @@ def _replay_serially(workload_name: str, requests, outcomes, history) -> dict:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("workload_name", ["tpcc", "ycsb", "smallbank"])
+@pytest.mark.usefixtures("examples_importable")
+@pytest.mark.parametrize("workload_name", sorted(WORKLOADS))
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_two_node_cluster_equals_a_serial_order(tmp_path, protocol, workload_name) -> None:
     requests, outcomes, orders, merged, stats = _cluster_run(tmp_path, protocol, workload_name)
@@ -209,7 +212,7 @@ def test_two_node_cluster_equals_a_serial_order(tmp_path, protocol, workload_nam
         assert len(history) == committed
         assert _replay_serially(workload_name, requests, outcomes, history) == _wire(merged)
         assert stats["txn/multi_node"] > 0
-        if workload_name != "tpcc":  # the hot YCSB keys and Smallbank accounts must conflict
+        if workload_name in ("ycsb", "smallbank"):  # their hot keys and accounts must conflict
             assert stats["txn/cc_aborts"] > 0
     else:
         assert orders[0] == orders[1], "nodes disagree on the global order"

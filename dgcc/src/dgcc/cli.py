@@ -79,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dgcc", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     bench = commands.add_parser("bench", help="run one closed-loop benchmark")
-    bench.add_argument("--workload", default="ycsb", help="tpcc, ycsb or smallbank")
+    bench.add_argument(
+        "--workload",
+        default="ycsb",
+        help="tpcc, ycsb, smallbank, or your own as package.module:Class",
+    )
     bench.add_argument("--protocol", default="dgcc", choices=sorted(PROTOCOLS))
     _add_run_flags(bench, seconds_default=10.0)
     bench.add_argument("--json", type=Path, help="write the result record to this path")
@@ -90,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     recover = commands.add_parser("recover", help="recover a durability directory and check it")
     recover.add_argument("directory", type=Path, help="the node's log and checkpoint directory")
     recover.add_argument(
-        "--workload", help="tpcc, ycsb or smallbank, if the directory does not record it"
+        "--workload",
+        help="tpcc, ycsb, smallbank or package.module:Class, if the directory does not record it",
     )
     recover.add_argument("--workers", type=int, default=1, help="replay workers (dependency log)")
     recover.add_argument(

@@ -104,7 +104,10 @@ def _add_start_flags(start: argparse.ArgumentParser) -> None:
     start.add_argument(
         "--config", type=Path, help="a config file (keys: dgcc/README.md) instead of the flags"
     )
-    start.add_argument("--workload", help=f"tpcc, ycsb or smallbank ({WORKLOAD_DEFAULT})")
+    start.add_argument(
+        "--workload",
+        help=f"tpcc, ycsb, smallbank, or package.module:Class ({WORKLOAD_DEFAULT})",
+    )
     _add_workload_flags(start)
     start.add_argument(
         "--epoch-ms", type=float, help=f"close an epoch after this many ms ({EPOCH_MS_DEFAULT})"

@@ -4,7 +4,8 @@
 with probability ``distributed_fraction``, also touches data of another node (YCSB: half of its
 keys; Smallbank: a payment to a remote customer; TPC-C: a remote supply warehouse or a remote
 paying customer, which only NewOrder and Payment can have). ``None`` keeps the workload's own
-mix (TPC-C's standard 1% / 15% remote fractions). ``run_bench`` starts the node processes and
+mix (TPC-C's standard 1% / 15% remote fractions); a workload of your own runs its own mix
+only. ``run_bench`` starts the node processes and
 one client process per node, each with ``inflight`` calls always outstanding on one pipelined
 connection (answers arrive batched per epoch; each submits the next call from a callback), and
 measures a window after a warm-up. ``cluster_workload_options`` makes TPC-C warehouses count per
@@ -119,12 +120,17 @@ def request_pool(
     """``count`` requests for clients of ``node``; see the module docstring."""
     if fraction is not None and not 0.0 <= fraction <= 1.0:
         raise ConfigError(f"distributed fraction must be in [0, 1], got {fraction}")
-    makers = {"ycsb": _ycsb_pool, "smallbank": _smallbank_pool, "tpcc": _tpcc_pool}
-    maker = makers.get(config.workload)
-    if maker is None:
-        raise ConfigError(f"no cluster load for workload {config.workload!r}; use {sorted(makers)}")
+    maker = _POOLS.get(config.workload, _own_pool)
     rng = random.Random(seed * 7919 + node)
     return maker(config, node, fraction, rng, count)
+
+
+def _own_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
+    """Another workload (your own ``package.module:Class``): its own request stream, seeded
+    per node; which calls cross nodes is its mix's business, not a knob here."""
+    assert fraction is None, f"{config.workload}: a distributed fraction of its own mix"
+    workload = get_workload(config.workload, **dict(config.workload_options))
+    return list(itertools.islice(workload.requests(rng.randrange(2**31)), count))
 
 
 def _ycsb_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
@@ -204,6 +210,11 @@ def _tpcc_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
                 params["c_w_id"], params["c_d_id"] = far, rng.randint(1, 10)
         pool.append(TxnRequest(request.procedure, params))
     return pool
+
+
+# The built-in workloads' cluster loads (with a distributed-fraction knob); any other
+# workload runs its own request mix (``_own_pool``).
+_POOLS = {"tpcc": _tpcc_pool, "ycsb": _ycsb_pool, "smallbank": _smallbank_pool}
 
 
 # -- one client process ---------------------------------------------------------------------
@@ -334,6 +345,12 @@ class ClusterBenchConfig:
             raise ConfigError(f"seconds must be in (0, 3600], got {self.seconds!r}")
         if not 1 <= self.inflight <= 100_000:
             raise ConfigError(f"inflight must be in 1..100000, got {self.inflight!r}")
+        fraction = self.distributed_fraction
+        if fraction is not None and self.workload not in _POOLS:
+            raise ConfigError(
+                f"a distributed fraction needs a built-in workload ({', '.join(_POOLS)}); "
+                f"{self.workload!r} runs the mix of its own requests()"
+            )
 
 
 def _snapshot(config: ClusterConfig) -> dict[str, float]:

@@ -2,12 +2,16 @@
 
 A workload builds its tables and loads its initial data, registers its stored procedures,
 generates a deterministic request stream from a seed, and checks its consistency invariants.
-``WORKLOADS`` maps the CLI name (``tpcc``, ``ycsb``, ``smallbank``) to the class.
+``WORKLOADS`` maps the CLI name (``tpcc``, ``ycsb``, ``smallbank``) to the class; wherever a
+workload is named (CLI, cluster config), ``package.module:Class`` names your own subclass
+instead (``dgcc/examples/inventory.py`` is one).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -217,14 +221,49 @@ def register_workload(cls: type[Workload]) -> type[Workload]:
 
 
 def get_workload(name: str, **options: Any) -> Workload:
-    _load_builtin()
-    try:
-        cls = WORKLOADS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown workload {name!r}; choose one of: {', '.join(sorted(WORKLOADS))}"
-        ) from None
+    """The workload ``name`` built with ``options``: a built-in (``WORKLOADS``), or your own
+    as ``package.module:Class``, a ``Workload`` subclass importable where the engine runs (a
+    cluster's node processes import it too: install it, or put it on ``PYTHONPATH``).
+
+    Raises:
+        ConfigError: an unknown name, or a path that does not import or names no Workload.
+    """
+    cls = import_workload(name) if ":" in name else None
+    if cls is None:
+        _load_builtin()
+        try:
+            cls = WORKLOADS[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown workload {name!r}; choose one of: {', '.join(sorted(WORKLOADS))}, "
+                "or package.module:Class for your own"
+            ) from None
     return cls(**options)
+
+
+def import_workload(path: str) -> type[Workload]:
+    """The ``Workload`` subclass that ``package.module:Class`` names.
+
+    Raises:
+        ConfigError: naming the path and what is wrong with it.
+    """
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"workload {path!r}: expected package.module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"workload {path!r}: cannot import {module_name!r}: {error}") from None
+    cls = getattr(module, attribute, None)
+    if not (isinstance(cls, type) and issubclass(cls, Workload)):
+        found = "nothing" if cls is None else repr(cls)
+        raise ConfigError(
+            f"workload {path!r}: {module_name}.{attribute} is {found}, not a dgcc Workload subclass"
+        )
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise ConfigError(f"workload {path!r}: {cls.__name__} does not implement {missing}")
+    return cls
 
 
 def _load_builtin() -> None:
@@ -232,4 +271,4 @@ def _load_builtin() -> None:
     from dgcc.workloads import smallbank, tpcc, ycsb  # noqa: F401 - imported to register
 
 
-__all__ = ["WORKLOADS", "Workload", "get_workload", "register_workload"]
+__all__ = ["WORKLOADS", "Workload", "get_workload", "import_workload", "register_workload"]

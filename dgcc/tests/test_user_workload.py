@@ -1,0 +1,53 @@
+"""A workload of one's own, named ``package.module:Class`` wherever dgcc takes a workload name.
+
+The shared protocol suite (test_protocols_suite.py) runs the example (``dgcc/examples/
+inventory.py``) under every protocol, in one process and on a 2-node cluster; here: the names
+that cannot work are one-line errors, and the CLI runs and checks it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dgcc.cli import main
+from dgcc.errors import ConfigError
+from dgcc.net.loadgen import ClusterBenchConfig
+from dgcc.workloads import get_workload
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nosuch_module_xyz:Thing", "cannot import 'nosuch_module_xyz'"),
+        ("dgcc.api:", "expected package.module:Class"),
+        (":Inventory", "expected package.module:Class"),
+        ("dgcc.api:NoSuchName", "dgcc.api.NoSuchName is nothing, not a dgcc Workload subclass"),
+        ("dgcc.api:Piece", "is <class 'dgcc.api.Piece'>, not a dgcc Workload subclass"),
+        ("dgcc.workloads:Workload", "Workload does not implement build, check, registry, "),
+        ("nope", "or package.module:Class for your own"),
+    ],
+)
+def test_names_that_cannot_work_are_config_errors(name: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        get_workload(name)
+
+
+@pytest.mark.usefixtures("examples_importable")
+def test_the_cli_runs_and_checks_a_user_workload(capsys) -> None:
+    argv = ["bench", "--workload", "inventory:Inventory", "-o", "items=40", "-o", "units=8"]
+    code = main([*argv, "--seconds", "0.3", "--warmup-s", "0.1", "--batch-size", "50"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    summary = next(line for line in out.splitlines() if line.startswith("[summary]"))
+    assert "workload=inventory:Inventory" in summary and "violations=0" in summary
+    assert "errors=0" in summary
+
+
+@pytest.mark.usefixtures("examples_importable")
+def test_its_options_are_checked_and_a_cluster_load_runs_its_own_mix(capsys) -> None:
+    with pytest.raises(ConfigError, match="inventory items must be an int >= 2, got 1"):
+        get_workload("inventory:Inventory", items=1)
+    with pytest.raises(ConfigError, match="needs a built-in workload"):
+        ClusterBenchConfig("inventory:Inventory", 2, 0.1, {"items": 40})
+    assert main(["bench", "--workload", "inventory:Inventory", "-o", "colour=3"]) == 2
+    assert "rejects options {'colour': 3}" in capsys.readouterr().err
