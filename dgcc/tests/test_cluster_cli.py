@@ -88,6 +88,10 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
             paid = client.call("send_payment", {"source": 10, "target": 80, "amount": 7})
             assert paid.committed, paid
             before = client.call("balance", {"customer": 80}).result["balance_cents"]
+        # a running node's directory is its own: recovery may not read (or cut) its log
+        busy = _cli("recover", str(tmp_path / "data" / "node1"), "--cluster",
+                    str(directory / "cluster.json"), "--node", "1")  # fmt: skip
+        assert busy.returncode == 2 and "(node 1): one process at a time" in busy.stderr
         _kill(read_pids(directory)[1])
         again = _cli("cluster", "start", "--dir", str(directory), "--node", "1")
         assert again.returncode == 0, again.stderr
@@ -100,6 +104,9 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
         status = _cli("cluster", "status", "--dir", str(directory))
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("yes") == 2
+        checked = _cli("cluster", "check", "--dir", str(directory))
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "cluster of 2 nodes (smallbank): consistent" in checked.stdout
     finally:
         stopped = _cli("cluster", "stop", "--dir", str(directory))
     assert stopped.returncode == 0, stopped.stderr

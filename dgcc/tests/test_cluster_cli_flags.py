@@ -184,3 +184,86 @@ def test_readme_documents_every_config_key_and_its_example_loads(tmp_path, monke
     config = load_config(path)
     assert [node.host for node in config.nodes] == ["10.0.0.1", "10.0.0.2"]
     assert (config.data_dir, config.secret_env) == ("/var/lib/dgcc", "DGCC_SECRET")
+
+
+class _FakeNodes:
+    """Stands in for two running Smallbank nodes: status answers from a script, dumps of the
+    rows each owns (``check``'s merging and quiescence logic, without processes)."""
+
+    def __init__(self, statuses: list[list[dict]], negative: bool = False) -> None:
+        self.statuses = iter(statuses)
+        rows = {c: {"bal": -5 if negative and c == 3 else 100} for c in range(4)}
+        names = {c: {"name": f"c{c}"} for c in range(4)}
+        tables = {"accounts": names, "savings": rows, "checking": rows}
+        self.dumps = [  # customers 0, 1 on node 0; 2, 3 on node 1
+            {name: {c: row for c, row in table.items() if c // 2 == node}
+             for name, table in tables.items()}
+            for node in range(2)
+        ]  # fmt: skip
+
+    def status(self, config, *, timeout_s):
+        return next(self.statuses)
+
+    def client(self, host, port, *, secret, timeout_s):
+        dump = self.dumps[port % 2]
+
+        class _Client:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return None
+
+            def dump(self):
+                return dump
+
+        return _Client()
+
+
+def _quiet(commits: int, waiting: int = 0) -> list[dict]:
+    keys = {"txn/committed": commits, "txn/aborted": 0, "txn/error": 0, "epochs_executed": 9}
+    return [{"id": n, "waiting_calls": waiting, **keys} for n in range(2)]
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ([_quiet(5), _quiet(5)], []),  # quiet: one read
+        ([_quiet(5), _quiet(6), _quiet(6), _quiet(6)], []),  # a commit during the read: again
+        ([_quiet(5, waiting=1)] * 2 + [_quiet(5)] * 2, []),  # a waiting call: again
+    ],
+)
+def test_check_merges_every_nodes_rows_once_the_cluster_is_quiet(
+    monkeypatch, statuses, expected
+) -> None:
+    from dgcc import cluster
+
+    fake = _FakeNodes(statuses)
+    monkeypatch.setattr(cluster, "status", fake.status)
+    monkeypatch.setattr("dgcc.net.client.Client", fake.client)
+    config = cluster.local_config(2, workload="smallbank", workload_options={"accounts": 4})
+    config = dataclasses.replace(config, nodes=tuple(
+        dataclasses.replace(node, port=10_000 + node.id) for node in config.nodes
+    ))  # fmt: skip
+    assert cluster.check(config) == expected
+
+
+def test_check_reports_violations_and_refuses_a_busy_cluster(monkeypatch) -> None:
+    from dgcc import cluster
+
+    config = cluster.local_config(2, workload="smallbank", workload_options={"accounts": 4})
+    config = dataclasses.replace(config, nodes=tuple(
+        dataclasses.replace(node, port=10_000 + node.id) for node in config.nodes
+    ))  # fmt: skip
+    fake = _FakeNodes([_quiet(5), _quiet(5)], negative=True)
+    monkeypatch.setattr(cluster, "status", fake.status)
+    monkeypatch.setattr("dgcc.net.client.Client", fake.client)
+    assert cluster.check(config) == ["negative savings for customers [3]"]  # node 1's row
+    fake = _FakeNodes([[{**entry, "error": "refused"} for entry in _quiet(5)]])
+    monkeypatch.setattr(cluster, "status", fake.status)
+    with pytest.raises(ConfigError, match=r"nodes \[0, 1\] do not answer"):
+        cluster.check(config)
+    fake = _FakeNodes([_quiet(n) for n in range(10)])
+    monkeypatch.setattr(cluster, "status", fake.status)
+    with pytest.raises(ConfigError, match="stayed busy over 3 tries"):
+        cluster.check(config)

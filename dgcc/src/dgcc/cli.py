@@ -39,6 +39,7 @@ from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_dgcc import Router
 from dgcc.wal.checkpoint import check_workload_record, read_workload_record
+from dgcc.wal.dirlock import DirLock
 from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import recover_node
 from dgcc.wal.recovery import read_log, recover
@@ -237,8 +238,15 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"recovery directory {str(directory)!r} does not exist")
     if not 1 <= args.workers <= 1024:
         raise ConfigError(f"--workers must be in 1..1024, got {args.workers}")
-    if args.cluster is not None:
-        return _recover_node(args, console)
+    with DirLock(directory, "dgcc recover"):  # never while a node writes it
+        if args.cluster is not None:
+            return _recover_node(args, console)
+        return _recover_alone(args, console)
+
+
+def _recover_alone(args: argparse.Namespace, console: Console) -> int:
+    """``_recover`` of a single-node directory (the engine's, or a drill's)."""
+    directory: Path = args.directory
     name, workload = _recovery_workload(directory, args.workload, _workload_options(args))
     started_s = time.perf_counter()
     try:

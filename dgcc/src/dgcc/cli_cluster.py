@@ -80,7 +80,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     status = actions.add_parser(
         "status", help="each node's address, pid, readiness, epochs and counts"
     )
-    for parser in (start, stop, status):
+    check = actions.add_parser(
+        "check",
+        help="read every node's rows while no call runs and check the workload's invariants "
+        "over them (exit 1 on a violation)",
+    )
+    for parser in (start, stop, status, check):
         parser.add_argument(
             "--dir",
             type=Path,
@@ -269,6 +274,8 @@ def dispatch(args: argparse.Namespace) -> int:
     config = _config_in(args.dir)
     if args.action == "status":
         return _status(config)
+    if args.action == "check":
+        return _check(config)
     result = cluster_stop(config, directory=args.dir)
     print(_stop_summary(result, len(config.nodes)))
     if result.still_running:
@@ -416,6 +423,19 @@ def _config_in(directory: Path) -> ClusterConfig:
     if not config_path.is_file():
         raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
     return load_config(config_path)
+
+
+def _check(config: Any) -> int:
+    from dgcc.cluster import check
+
+    violations = check(config)
+    for violation in violations[:20]:
+        print(f"violation: {violation}")
+    print(
+        f"cluster of {len(config.nodes)} nodes ({config.workload}): "
+        + (f"{len(violations)} violations" if violations else "consistent")
+    )
+    return 1 if violations else 0
 
 
 def _status(config: Any) -> int:

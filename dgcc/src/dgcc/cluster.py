@@ -8,8 +8,10 @@ spawns one ``dgcc node`` process per node and returns once every node says it is
 prints one ``READY`` line on stdout when all its peers are connected); ``start_node`` starts
 one node of such a cluster again, if it logs (it rejoins the running others, or joins a
 restart); ``stop`` and ``status`` talk to the nodes through the client library, falling back to
-the recorded process ids. The recorded pids are trusted only for processes whose command line is the
-one ``_spawn`` used, so a stale state file never leads to signalling another program.
+the recorded process ids; ``check`` reads every node's rows while no call runs and checks the
+workload's invariants over their union. The recorded pids are trusted only for processes whose
+command line is the one ``_spawn`` used, so a stale state file never leads to signalling another
+program.
 """
 
 from __future__ import annotations
@@ -575,6 +577,55 @@ def status(config: ClusterConfig, *, timeout_s: float = 5.0) -> list[dict[str, A
         except (OSError, NetError) as error:  # unreachable nodes are part of the answer
             results.append({"id": node.id, "error": f"{type(error).__name__}: {error}"})
     return results
+
+
+CHECK_TRIES = 3
+_QUIET_KEYS = ("txn/committed", "txn/aborted", "txn/error", "epochs_executed")
+
+
+def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
+    """The workload's state invariants (``Workload.check_state``) over the union of every
+    node's rows, read while no call runs: [] when the cluster's state is consistent.
+
+    The nodes' dumps are consistent only if no transaction ran between them, so the check
+    reads every node's counters before and after the dumps and tries again (``CHECK_TRIES``
+    times in all) when any moved or a call was waiting.
+
+    Raises:
+        ConfigError: a node cannot be reached, or the cluster stayed busy.
+    """
+    from dgcc.net.client import Client
+    from dgcc.workloads import get_workload
+
+    def counters() -> list[tuple]:
+        entries = status(config, timeout_s=timeout_s)
+        down = [entry["id"] for entry in entries if "error" in entry]
+        if down:
+            raise ConfigError(f"cannot check the cluster: nodes {down} do not answer")
+        return [(e["waiting_calls"], *(e.get(key) for key in _QUIET_KEYS)) for e in entries]
+
+    workload = get_workload(config.workload, **dict(config.workload_options))
+    for _ in range(CHECK_TRIES):
+        before = counters()
+        dumps = []
+        for node in config.nodes:
+            secret = config.shared_secret()
+            with Client(node.host, node.port, secret=secret, timeout_s=timeout_s) as client:
+                dumps.append(client.dump())
+        if before == counters() and not any(entry[0] for entry in before):
+            break
+    else:
+        raise ConfigError(
+            f"the cluster stayed busy over {CHECK_TRIES} tries (calls ran while its nodes' rows "
+            "were read): check it when no client is calling"
+        )
+    db = workload.schema()
+    for name, table in db.tables.items():
+        rows: dict[Any, Any] = {}
+        for dump in dumps:
+            rows.update(dump.get(name, {}))
+        table.load(rows)
+    return workload.check_state(db)
 
 
 @dataclass(frozen=True)

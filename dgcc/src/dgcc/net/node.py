@@ -62,7 +62,8 @@ from dgcc.protocols.dist_dgcc import (
     owned_rows,
 )
 from dgcc.storage import Database
-from dgcc.wal.node_log import LoggedEpochRun, node_durability
+from dgcc.wal.dirlock import DirLock
+from dgcc.wal.node_log import LoggedEpochRun, node_directory, node_durability
 from dgcc.wal.rejoin import RejoinError, RejoinPlan
 from dgcc.workloads import get_workload
 
@@ -133,6 +134,9 @@ class Node:
         self.workload = get_workload(config.workload, **dict(config.workload_options))
         self.registry = self.workload.registry()
         self.router = Router(self.workload, config.placement())
+        self._dir_lock = None  # a data dir is this process's alone while it runs
+        if config.data_dir is not None:
+            self._dir_lock = DirLock(node_directory(config, node_id), f"node {node_id}")
         self.durability = node_durability(config, node_id)  # None: no --data-dir, no log
         if self.durability is None:
             self.db = self.build_db()
@@ -230,6 +234,8 @@ class Node:
             writer.close()
         if self.durability is not None:
             self.durability.close()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
         self.stopped.set()
 
     def _check_ready(self) -> None:

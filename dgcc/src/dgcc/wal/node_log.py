@@ -51,6 +51,7 @@ __all__ = [
     "NodeLog",
     "NodeRecovered",
     "cluster_durable_epoch",
+    "node_directory",
     "node_durability",
     "recover_node",
     "replay_node_epoch",
@@ -504,6 +505,12 @@ class NodeDurability:
             self.log.close()
 
 
+def node_directory(config: ClusterConfig, node: int) -> Path:
+    """Where node ``node`` of ``config`` logs (``config.data_dir`` must be set)."""
+    assert config.data_dir is not None, "a cluster without data_dir logs nowhere"
+    return Path(config.data_dir) / f"node{node}"
+
+
 def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
     """The durability of node ``node`` of ``config``: None unless ``config.data_dir`` is set.
     A new directory records the cluster's workload; one that records another is refused.
@@ -512,6 +519,6 @@ def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
     """
     if config.data_dir is None:
         return None
-    directory = Path(config.data_dir) / f"node{node}"
+    directory = node_directory(config, node)
     check_workload_record(directory, config.workload, config.workload_options, claim=True)
     return NodeDurability(directory, node, len(config.nodes), config.checkpoint_every_epochs)

@@ -8,7 +8,10 @@ per group when r > 0, so groups come back one by one). `collect` takes results i
 order (ties: submission order), scores them, keeps the groups with a learning signal (all of
 them unless dynamic sampling is on), refills with new prompts while too few are valid (at most
 `max_refills` times), and as soon as `need` groups are kept aborts every call still pending
-and puts its prompts, and those of surplus groups, back at the front of the queue. Every
+and puts its prompts, and those of surplus groups, back at the front of the queue. (An abort
+drops the calls still queued at a sampler before they start; a Ray actor does not interrupt the
+call it is running, so with one call per group at most one group per sampler decodes on, its
+result unused.) Every
 prompt drawn is therefore trained on, dropped by the DAPO filter, or back in the queue: none
 is lost or duplicated (tested), also across a runtime re-placement (`handover`, `resume`).
 

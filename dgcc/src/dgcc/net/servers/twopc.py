@@ -49,7 +49,6 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from dgcc.api import Outcome, PlannedTxn, Status, TxnRequest, plan_batch, run_piece
@@ -60,6 +59,7 @@ from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
 from dgcc.net.wire import FrameError, frame, read_frame
 from dgcc.protocols.dist_dgcc import REPLICATED
 from dgcc.wal.crashpoints import crashpoint
+from dgcc.wal.node_log import node_directory
 from dgcc.wal.twopc_log import TwoPhaseLog, TxnId
 
 __all__ = ["TwoPhaseCommitNode"]
@@ -92,7 +92,7 @@ class TwoPhaseCommitNode(Node):
                     f"checkpoint_every_epochs={config.checkpoint_every_epochs}"
                 )
             self.durability = None
-            self.wal = TwoPhaseLog(Path(str(config.data_dir)) / f"node{node_id}")
+            self.wal = TwoPhaseLog(node_directory(config, node_id))
             self.db = self.build_db()  # the log is redone onto it in ``start``
         self._incarnation = 0 if self.wal is None else self.wal.incarnation
         self._recovered = asyncio.Event()
@@ -136,9 +136,12 @@ class TwoPhaseCommitNode(Node):
     def stop(self) -> None:
         for task in self._txn_tasks:
             task.cancel()
+        lock, self._dir_lock = self._dir_lock, None  # given up once the log is closed
         super().stop()
         if self.wal is not None:
             self.wal.close()
+        if lock is not None:
+            lock.release()
 
     def status(self) -> dict[str, Any]:
         status = super().status()

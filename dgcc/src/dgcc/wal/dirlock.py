@@ -1,0 +1,74 @@
+"""One process at a time in a node's log directory: an advisory lock on its ``LOCK`` file.
+
+A node holds the lock of its directory from start to stop, and ``dgcc recover`` holds it while
+it reads and repairs one, so recovery can never cut the tail of a log a running node is still
+writing, and two nodes can never share a directory. The lock is ``flock``'s: the kernel drops
+it when its holder exits, however it ends (SIGKILL included), so a crashed node leaves nothing
+stale behind. A forked child (a checkpoint writer) closes its inherited copy at once
+(``os.register_at_fork``), so it never keeps a dead node's directory locked. The file holds the
+holder's pid and purpose, for the message that names it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from dgcc.errors import ConfigError
+
+__all__ = ["LOCK_FILE", "DirLock"]
+
+LOCK_FILE = "LOCK"
+_HELD: set[int] = set()  # descriptors of the locks this process holds
+
+
+def _close_in_child() -> None:
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+class DirLock:
+    """The lock of ``directory`` (created if missing), held until ``release``.
+
+    Args:
+        purpose: who holds it, as the refusal of another process names it ("node 1").
+
+    Raises:
+        ConfigError: another process holds it (naming that process as it recorded itself).
+    """
+
+    def __init__(self, directory: Path, purpose: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(
+                f"{directory} is in use by {holder}: one process at a time may use a log "
+                "directory (stop it first)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({purpose})\n".encode(), 0)
+        self.directory = directory
+        self._fd: int | None = fd
+        _HELD.add(fd)
+
+    def release(self) -> None:
+        """Give the directory up (idempotent); the file stays, unlocked."""
+        if self._fd is not None:
+            _HELD.discard(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
