@@ -9,7 +9,7 @@ from yatt.config import load_config
 from yatt.models import tiny_model
 from yatt.report import summary_table, write_plots
 from yatt.roles.policy import lr_lambda
-from yatt.sft import run_sft
+from yatt.sft import heldout_loss, run_sft
 from yatt.trainer import PromptSampler
 
 
@@ -39,13 +39,39 @@ def test_lr_schedules(schedule, values) -> None:
 def test_sft_lowers_loss_and_saves_a_model(tmp_path) -> None:
     model, tokenizer = tiny_model(seed=0)
     config = load_config("tiny_test", ["train.steps=12", "optim.lr=3e-3", "algo.micro_batch_size=4",
-                                       "data.n_train=8", "data.n_heldout=1",
-                                       f"logging.run_dir={tmp_path}"])  # fmt: skip
-    folder = run_sft(config, model=model, tokenizer=tokenizer)
+                                       "data.n_train=8", "data.n_heldout=3", "eval.n=3",
+                                       "eval.every=6", f"logging.run_dir={tmp_path}"])  # fmt: skip
+    heldout = _heldout_pairs(config, tokenizer)
+    before = heldout_loss(model, *heldout, 2)
+    seen = []
+    folder = run_sft(config, model=model, tokenizer=tokenizer,
+                     progress=lambda step, total, metrics: seen.append((step, total)))  # fmt: skip
     assert (folder / "model.safetensors").is_file()
-    losses = [json.loads(line)["sft/loss"]
-              for line in (tmp_path / "sft_metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    assert seen == [(step, 12) for step in range(1, 13)]
+    rows = [json.loads(line) for line in (tmp_path / "sft_metrics.jsonl").read_text().splitlines()]
+    losses = [row["sft/loss"] for row in rows]
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3, losses
+    assert [row["step"] for row in rows if "sft/heldout_loss" in row] == [6, 12]
+    assert rows[-1]["sft/heldout_loss"] == pytest.approx(heldout_loss(model, *heldout, 3))
+    assert rows[-1]["sft/heldout_loss"] < before  # the answers' format carries over
+    assert [row["sft/epoch"] for row in rows][:4] == [0.5, 1.0, 1.5, 2.0]  # 4 of 8 a step
+
+
+def _heldout_pairs(config, tokenizer):
+    from yatt.builders import build_data
+    from yatt.sft import _encode_pairs
+
+    _, heldout_set = build_data(config.data)
+    return _encode_pairs(heldout_set, tokenizer, config.data.use_chat_template)
+
+
+def test_sft_refuses_a_heldout_loss_without_heldout_rows(tmp_path) -> None:
+    from yatt.errors import DataError
+
+    config = load_config("tiny_test", ["data.n_heldout=0", f"logging.run_dir={tmp_path}"])
+    with pytest.raises(DataError, match=r"held-out loss \(eval.n=8\) needs held-out rows"):
+        run_sft(config, model=object(), tokenizer=object())
+    assert not any(tmp_path.iterdir())  # refused before the run folder was claimed
 
 
 def test_plots_and_summary_table(tmp_path) -> None:

@@ -94,10 +94,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "eval":
         _eval(args.model, args.overrides)
     elif args.command == "sft":
-        from yatt.config import load_config
-        from yatt.sft import run_sft
-
-        run_sft(_configured(load_config(args.config, args.overrides)))
+        _sft(args.config, args.overrides)
     elif args.command == "models":
         from yatt.models import prepare_model
 
@@ -141,6 +138,42 @@ def _train(preset: str, overrides: list[str]):
             logger.info("wrote %s", path)
     console.print(summary_table(result.history, result.evals))
     return result
+
+
+def _sft(preset: str, overrides: list[str]) -> None:
+    """Supervised warm start with a progress bar, then a summary table of its curve."""
+    from rich.table import Table
+
+    from yatt.config import load_config
+    from yatt.report import console, progress_bar
+    from yatt.sft import run_sft
+
+    config = _configured(load_config(preset, overrides))
+    rows: list[dict[str, float]] = []
+
+    def record(step: int, total: int, metrics: dict[str, float]) -> None:
+        rows.append(metrics)
+        bar(step, total, metrics)
+
+    with progress_bar(
+        config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
+    ) as bar:
+        folder = run_sft(config, progress=record)
+    table = Table(title="yatt sft summary")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    tenth = max(1, len(rows) // 10)
+    for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
+        loss = sum(row["sft/loss"] for row in part) / len(part)
+        table.add_row(f"train loss, {name} {len(part)} steps (mean)", f"{loss:.4f}")
+    held = [row["sft/heldout_loss"] for row in rows if "sft/heldout_loss" in row]
+    if held:
+        table.add_row("held-out loss at the end", f"{held[-1]:.4f}")
+    table.add_row("epochs over the training set", f"{rows[-1]['sft/epoch']:.2f}")
+    step_s = sum(row["timing_s/step"] for row in rows) / len(rows)
+    table.add_row("mean step time", f"{step_s:.3f} s")
+    table.add_row("model", str(folder))
+    console.print(table)
 
 
 def _report(run_dir: Path, plots: bool) -> None:

@@ -33,16 +33,21 @@ ProgressFn = Callable[[int, int, dict[str, float]], None]
 
 @contextmanager
 def progress_bar(
-    total_steps: int, start_step: int = 0, enabled: bool = True
+    total_steps: int,
+    start_step: int = 0,
+    enabled: bool = True,
+    metric: str = "critic/score/mean",
+    label: str = "reward",
 ) -> Iterator[ProgressFn]:
-    """A progress callback showing step, reward (moving average), step time and ETA."""
+    """A progress callback showing step, `metric` as `label` (moving average over 10 steps),
+    step time and ETA."""
     if not enabled:
         yield lambda step, total, metrics: None
         return
     columns = (
         TextColumn("[bold]step {task.completed:>4.0f}/{task.total:.0f}"),
         BarColumn(),
-        TextColumn("reward {task.fields[reward]:.3f}"),
+        TextColumn(f"{label} {{task.fields[reward]:.3f}}"),
         TextColumn("{task.fields[step_s]:.2f} s/step"),
         TextColumn("{task.fields[extra]}"),
         TimeElapsedColumn(),
@@ -56,10 +61,12 @@ def progress_bar(
         )
 
         def update(step: int, total: int, metrics: dict[str, float]) -> None:
-            rewards.append(metrics.get("critic/score/mean", 0.0))
+            rewards.append(metrics.get(metric, 0.0))
             extra = ""
             if "eval/accuracy" in metrics:
                 extra = f"acc {100 * metrics['eval/accuracy']:.1f}%"
+            if "sft/heldout_loss" in metrics:
+                extra = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
             bar.update(
                 task,
                 completed=step,

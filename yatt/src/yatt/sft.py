@@ -1,11 +1,14 @@
 """Supervised fine-tuning (SFT) warm start: learn each example's reference answer after its prompt.
 
-Reads these sections of the RL config tree: model, data, optim (lr, weight_decay, schedule,
-warmup_steps, grad_clip), train (steps, seed, torch_threads) and logging (run_dir, overwrite):
-`train.steps` optimizer steps of `algo.micro_batch_size` examples drawn with replacement, masked
-NLL on the answer tokens only (+ EOS). It does not evaluate (score the result with `yatt eval`).
-The result is a safetensors folder `<run_dir>/model` that `yatt train ... model.path=` can start
-from.
+Reads these sections of the RL config tree: model, data, optim (lr, betas, eps, weight_decay,
+schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads), eval (n, every, at_end)
+and logging (run_dir, overwrite, tensorboard, progress): `train.steps` optimizer steps of
+`algo.micro_batch_size` examples, walking a reshuffled permutation of the training set each
+epoch (as the RL trainer walks its prompts), masked NLL on the answer tokens only (+ EOS). The
+held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, no
+gradient) is logged every `eval.every` steps and after the last one (`eval.at_end`). The result
+is a safetensors folder `<run_dir>/model` that `yatt train ... model.path=` can start from;
+`sft_metrics.jsonl` (and `tensorboard/`) hold the curves. Accuracy is `yatt eval`'s job.
 """
 
 from __future__ import annotations
@@ -46,60 +49,111 @@ def _encode_pairs(examples: list[Any], tokenizer: Any, use_chat_template: bool):
     return prompts, answers
 
 
-def run_sft(config: Config, model: Any = None, tokenizer: Any = None) -> Path:
-    """Fine-tune on (prompt, answer) pairs; returns the saved model folder."""
+def _pair_loss(model: Any, prompts: list[list[int]], answers: list[list[int]]) -> torch.Tensor:
+    """Mean masked NLL of `answers` after `prompts` (one batch)."""
+    batch = RolloutBatch.from_token_lists(prompts, answers)
+    ids, attention, mask, prompt_width = trim_columns(
+        batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
+    )
+    logits = response_logits(model, ids, attention, prompt_width)
+    logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
+    return sft_loss(logp, mask)
+
+
+@torch.no_grad()
+def heldout_loss(model: Any, prompts: list[list[int]], answers: list[list[int]],
+                 batch_size: int) -> float:  # fmt: skip
+    """The answer-token NLL over every held-out pair (each batch weighted by its answer
+    tokens), without gradients; the model's train/eval mode is kept."""
+    training = model.training
+    model.eval()
+    try:
+        total, tokens = 0.0, 0
+        for start in range(0, len(prompts), batch_size):
+            chunk = slice(start, start + batch_size)
+            count = sum(len(answer) for answer in answers[chunk])
+            total += float(_pair_loss(model, prompts[chunk], answers[chunk])) * count
+            tokens += count
+        return total / tokens
+    finally:
+        model.train(training)
+
+
+def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: Any = None) -> Path:
+    """Fine-tune on (prompt, answer) pairs; returns the saved model folder.
+
+    `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
+    Raises DataError for a row without an answer, or an evaluation (`eval.n` > 0 with
+    `eval.every` or `eval.at_end`) with no held-out rows, before any step.
+    """
     from yatt.builders import build_data, build_model
+    from yatt.common import TensorBoardSink
+    from yatt.evaluate import examples_due
     from yatt.models import save_checkpoint
     from yatt.run_dir import claim_run_dir
-    from yatt.trainer import configure_threads
+    from yatt.trainer import PromptSampler, configure_threads
 
+    eval_cfg, total = config.eval, config.train.steps
+    train_set, heldout_set = build_data(config.data)
+    evaluates = eval_cfg.n > 0 and (eval_cfg.every > 0 or eval_cfg.at_end)
+    if evaluates and not heldout_set:
+        raise DataError(
+            f"SFT's held-out loss (eval.n={eval_cfg.n}) needs held-out rows; data has none "
+            "(set data.n_heldout, or eval.n=0)"
+        )
+    outputs = ("sft_metrics.jsonl", "model", "tensorboard")
     run_dir = claim_run_dir(
-        config.logging.run_dir,
-        ("sft_metrics.jsonl", "model"),
-        overwrite=config.logging.overwrite,
-        resumable=False,
+        config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
     )
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
     if model is None:
         model, tokenizer = build_model(config.model)
-    train_set, _ = build_data(config.data)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
+    heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
     save_config(config, run_dir)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, fused=True,
-                                  weight_decay=config.optim.weight_decay)  # fmt: skip
-    schedule = lr_lambda(config.optim.schedule, config.optim.warmup_steps, config.train.steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    metrics_logger = MetricsLogger([JsonlSink(run_dir / "sft_metrics.jsonl")])
-    generator = torch.Generator().manual_seed(config.train.seed)
+    optim = config.optim
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+        weight_decay=optim.weight_decay, fused=True,
+    )  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total)
+    )
+    sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
+    if config.logging.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    metrics_logger = MetricsLogger(sinks)
+    sampler = PromptSampler(len(prompts), config.train.seed)
     batch_size = config.algo.micro_batch_size
     model.train()
     try:
-        for step in range(1, config.train.steps + 1):
+        for step in range(1, total + 1):
             start_s = time.perf_counter()
-            rows = torch.randint(len(prompts), (batch_size,), generator=generator).tolist()
-            batch = RolloutBatch.from_token_lists(
-                [prompts[i] for i in rows], [answers[i] for i in rows]
-            )
-            ids, attention, mask, prompt_width = trim_columns(
-                batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
-            )
-            logits = response_logits(model, ids, attention, prompt_width)
-            logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
-            loss = sft_loss(logp, mask)
+            rows = sampler.take(batch_size)
+            loss = _pair_loss(model, [prompts[i] for i in rows], [answers[i] for i in rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if config.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+            if optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
             optimizer.step()
             scheduler.step()
-            metrics_logger.log(
-                step,
-                {"sft/loss": float(loss.detach()), "timing_s/step": time.perf_counter() - start_s},
-            )
+            metrics = {
+                "sft/loss": float(loss.detach()),
+                "sft/epoch": sampler.data_epoch + sampler.position / len(prompts),
+                "sft/lr": scheduler.get_last_lr()[0],
+                "timing_s/step": time.perf_counter() - start_s,
+            }
+            if examples_due(eval_cfg, step, total):
+                start_s = time.perf_counter()
+                metrics["sft/heldout_loss"] = heldout_loss(model, *heldout, batch_size)
+                metrics["timing_s/eval"] = time.perf_counter() - start_s
+            metrics_logger.log(step, metrics)
+            if progress is not None:
+                progress(step, total, metrics)
     finally:
         metrics_logger.close()
     model.eval()
     folder = save_checkpoint(model, tokenizer, run_dir / "model")
-    logger.info("SFT done: %d steps, model saved in %s", config.train.steps, folder)
+    logger.info("SFT done: %d steps, model saved in %s", total, folder)
     return folder
