@@ -83,14 +83,18 @@ def test_ray_only_control_keys_need_ray(override: str) -> None:
     [
         (["algo.name=ppo"], ["algo.name='ppo'"], "algo.name in ['grpo', 'rloo']"),
         (["algo.name=reinforce_pp"], ["algo.name='reinforce_pp'"], "['grpo', 'rloo']"),
-        (["algo.kl_coef=0.05"], ["algo.kl_coef=0.05"], "algo.kl_coef=0"),
+        (
+            ["algo.kl_coef=0.05", "control.replace_every=2"],
+            ["algo.kl_coef=0.05 with control.replace_every=2"],
+            "algo.kl_coef=0 under runtime re-placement",
+        ),
         (["algo.overlong_buffer=4"], ["algo.overlong_buffer=4"], "algo.overlong_buffer=0"),
         (["checkpoint.every=5"], ["checkpoint.every=5"], "checkpoint.at_end=true"),
         (["checkpoint.resume=latest"], ["checkpoint.resume=latest"], "no checkpoint.resume"),
         (
-            ["algo.name=ppo", "algo.kl_coef=0.1"],
-            ["algo.name='ppo'", "algo.kl_coef=0.1"],
-            "algo.kl_coef=0",
+            ["algo.name=ppo", "algo.overlong_buffer=2"],
+            ["algo.name='ppo'", "algo.overlong_buffer=2"],
+            "algo.overlong_buffer=0",
         ),
     ],
 )
@@ -98,12 +102,13 @@ def test_ray_controllers_refuse_what_only_the_trainer_supports(overrides, named,
     message = _error(["control.backend=ray", *overrides])
     assert all(setting in message for setting in named), message
     assert supported in message and "single-process trainer" in message
-    load_config("tiny_test", overrides)  # the single-process trainer takes each of them
+    trainer_only = [o for o in overrides if not o.startswith("control.")]
+    load_config("tiny_test", trainer_only)  # the single-process trainer takes each of them
 
 
 def test_ray_controllers_take_the_group_estimators_and_dapo_settings() -> None:
     supported = ["algo.name=rloo", "algo.dynamic_sampling=true", "algo.entropy_coef=0.01",
-                 "checkpoint.at_end=true", "control.backend=ray"]  # fmt: skip
+                 "algo.kl_coef=0.05", "checkpoint.at_end=true", "control.backend=ray"]  # fmt: skip
     assert load_config("tiny_test", supported).algo.name == "rloo"
 
 

@@ -37,6 +37,25 @@ def test_single_and_parallel_modes_agree_in_process():
     assert single.history[0]["batch/feature_bytes"] == 8 * 512
 
 
+def test_a_kl_term_trains_alike_in_both_modes_and_pulls_the_update():
+    """Each policy rank keeps a frozen copy of the initial policy; its log-probs enter the
+    update's KL loss term as in the single-process trainer."""
+    runs = {}
+    for mode, kl_coef in (("single", 0.5), ("parallel", 0.5), ("parallel", 0.0)):
+        config = load_config("tiny_test", [*OVERRIDES, "train.steps=3", f"algo.kl_coef={kl_coef}"])
+        controller = make_controller(config, _control(mode=mode))
+        runs[mode, kl_coef] = (controller.fit().history, controller.weights())
+        controller.close()
+    (single, single_w), (parallel, parallel_w) = runs["single", 0.5], runs["parallel", 0.5]
+    assert all(torch.equal(single_w[k], parallel_w[k]) for k in single_w)
+    kls = [row["actor/kl"] for row in single]
+    assert kls == [row["actor/kl"] for row in parallel]
+    assert kls[0] == 0.0 < kls[2]  # step 1 samples with the reference's own weights
+    _, free_w = runs["parallel", 0.0]
+    assert "actor/kl" not in runs["parallel", 0.0][0][0]
+    assert not all(torch.equal(free_w[k], parallel_w[k]) for k in free_w)  # the term pulls
+
+
 def test_length_schedule_changes_the_response_budget():
     config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
     controller = make_controller(config, _control(length_schedule=("0:2", "2:5")))
@@ -121,7 +140,6 @@ def test_time_limit_stops_the_run_after_the_step_that_reaches_it(tmp_path, caplo
         ["checkpoint.resume=latest"],
         ["checkpoint.every=2", "checkpoint.resume=auto"],
         ["algo.name=reinforce_pp"],
-        ["algo.kl_coef=0.1"],
         ["algo.overlong_buffer=2"],
     ],
 )

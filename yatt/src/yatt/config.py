@@ -438,7 +438,8 @@ def _require_ray_for_control(control: ControlConfig) -> None:
 def check_controller_settings(config: Config, control: ControlConfig) -> None:
     """Raise ConfigError for settings the distributed controllers (yatt.control) would fail on
     mid-run or silently ignore: estimators other than GROUP_ESTIMATORS (no critic, no
-    token-level returns), a KL term (no reference model), the overlong penalty, periodic
+    token-level returns), a KL term under runtime re-placement (each policy rank keeps a frozen
+    reference copy, which a move does not hand over), the overlong penalty, periodic
     checkpoints and resuming. (`train.torch_threads` is a speed knob, not refused: a Ray
     worker runs one thread per core of its device, and fit_distributed logs that.)
 
@@ -449,7 +450,9 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
     supported = f"algo.name in {list(GROUP_ESTIMATORS)}"
     refused = [  # (unsupported, the setting as given, what the controllers support)
         (algo.name not in GROUP_ESTIMATORS, f"algo.name={algo.name!r}", supported),
-        (algo.kl_coef > 0, f"algo.kl_coef={algo.kl_coef}", "algo.kl_coef=0 (no reference)"),
+        (algo.kl_coef > 0 and control.replace_every > 0,
+         f"algo.kl_coef={algo.kl_coef} with control.replace_every={control.replace_every}",
+         "algo.kl_coef=0 under runtime re-placement (moves hand over no reference model)"),
         (algo.overlong_buffer > 0, f"algo.overlong_buffer={algo.overlong_buffer}",
          "algo.overlong_buffer=0 (no overlong penalty)"),
         (checkpoint.every > 0, f"checkpoint.every={checkpoint.every}",

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from yatt.algos.advantages import compute_advantages, dynamic_sampling_mask
-from yatt.algos.kl import kl_penalty_token_rewards
+from yatt.algos.kl import kl_mean, kl_penalty_token_rewards
 from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
@@ -418,7 +418,7 @@ class Trainer:
         }
         if batch.ref_logp is not None:
             assert batch.old_logp is not None, "old log-probs are computed whenever KL is on"
-            metrics["actor/kl"] = _kl_mean(batch.old_logp, batch.ref_logp, batch.response_mask)
+            metrics["actor/kl"] = kl_mean(batch.old_logp, batch.ref_logp, batch.response_mask)
         return metrics
 
     # ------------------------------------------------------------------ evals, sinks, checkpoints
@@ -482,11 +482,6 @@ def _first_groups(batch: RolloutBatch, n_groups: int) -> RolloutBatch:
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _kl_mean(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> float:
-    log_ratio = ref_logp - logp  # k3 estimate, the same one `low_var_kl` clamps
-    return _masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask)
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:

@@ -15,7 +15,7 @@ from yatt.algos._masked import place_on_last_token
 from yatt.algos.losses import aggregate_loss
 from yatt.errors import ConfigError
 
-__all__ = ["KL_ESTIMATORS", "kl_estimate", "kl_loss", "kl_penalty_token_rewards"]
+__all__ = ["KL_ESTIMATORS", "kl_estimate", "kl_loss", "kl_mean", "kl_penalty_token_rewards"]
 
 
 def _k1(log_ratio: Tensor) -> Tensor:
@@ -88,3 +88,11 @@ def kl_penalty_token_rewards(
     with torch.no_grad():
         penalty = -coef * kl_estimate(logp, ref_logp, kind) * mask.to(logp.dtype)
         return penalty + place_on_last_token(rewards.to(logp.dtype), mask)
+
+
+def kl_mean(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> float:
+    """The mean k3 estimate of KL(policy || reference) over the tokens of `mask` (the
+    `actor/kl` metric; `low_var_kl` clamps the same estimate)."""
+    log_ratio = ref_logp - logp
+    values = torch.exp(log_ratio) - 1 - log_ratio
+    return float((values * mask).sum() / mask.sum().clamp(min=1))

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from yatt.algos.kl import kl_mean
 from yatt.config import Config
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.devices import Device
@@ -163,6 +164,10 @@ class RankWorker:
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
             self.policy.collective = self.collective
+        self.reference = None  # a frozen copy of the initial policy, for the KL loss term
+        if self.policy is not None and config.algo.uses_reference:
+            assert kept is None, "runtime re-placement with a KL term is refused at config load"
+            self.reference = self._build_reference(model)
         self.rollout = self._build_rollout(model) if "sampler" in self.roles else None
         self.reward = make_reward_role(config, control) if "reward" in self.roles else None
         self.weights_version = 0
@@ -181,6 +186,15 @@ class RankWorker:
             model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
             temperature=cfg.rollout.temperature or 1.0, norm_len=cfg.rollout.max_new_tokens,
             bf16_autocast=cfg.train.bf16_autocast, shared_prefix=cfg.train.shared_prefix,
+        )  # fmt: skip
+
+    def _build_reference(self, model: torch.nn.Module) -> Any:
+        from yatt.roles.reference import ReferenceRole
+
+        cfg = self.config
+        return ReferenceRole(
+            model, micro_batch_size=cfg.algo.micro_batch_size,
+            temperature=cfg.rollout.temperature or 1.0, shared_prefix=cfg.train.shared_prefix,
         )  # fmt: skip
 
     def _build_rollout(self, model: torch.nn.Module) -> Any:
@@ -375,9 +389,15 @@ class RankWorker:
         swap_s = self._swap_optimizer(onto_device=True)
         with self._phase("policy", "update_actor"):
             batch = shard.batch  # async shards carry the sampler's behaviour log-probs
-            if self.config.algo.ppo_passes > 1 and batch.old_logp is None:
+            reference = self.reference
+            several = self.config.algo.ppo_passes > 1
+            if (several or reference is not None) and batch.old_logp is None:
                 batch.old_logp = self.policy.logprobs(batch)
+            if reference is not None:  # the trainer's order: old, then reference log-probs
+                batch.ref_logp = reference.logprobs(batch)
             metrics = self.policy.update(batch)
+            if reference is not None:
+                metrics["actor/kl"] = kl_mean(batch.old_logp, batch.ref_logp, batch.response_mask)
             metrics["batch/feature_checksum"] = float(shard.features.sum(dtype=torch.int64))
         metrics["timing_s/swap"] = swap_s + self._swap_optimizer(onto_device=False)
         if self.rollout is not None:  # a colocated sampler moves on with the policy

@@ -27,9 +27,9 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 
     Raises ConfigError, before the run folder is claimed or any worker starts, for settings
     only the single-process trainer offers (see `check_controller_settings`: periodic
-    checkpoints, resuming, PPO and REINFORCE++, a KL term, the overlong penalty), for
-    control.backend=ray without Ray installed, and for an evaluation with no held-out
-    problems."""
+    checkpoints, resuming, PPO and REINFORCE++, a KL term under re-placement, the overlong
+    penalty), for control.backend=ray without Ray installed, and for an evaluation with no
+    held-out problems."""
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
