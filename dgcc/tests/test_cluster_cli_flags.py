@@ -220,9 +220,13 @@ class _FakeNodes:
         return _Client()
 
 
-def _quiet(commits: int, waiting: int = 0) -> list[dict]:
-    keys = {"txn/committed": commits, "txn/aborted": 0, "txn/error": 0, "epochs_executed": 9}
-    return [{"id": n, "waiting_calls": waiting, **keys} for n in range(2)]
+def _quiet(commits: int, waiting: int = 0, behind: int = 0, down: int | None = None) -> list:
+    keys = {"txn/committed": commits, "txn/aborted": 0, "txn/error": 0, "epochs_closed": 9}
+    return [
+        {"id": n, "waiting_calls": waiting, "epochs_executed": 9 - behind * n,
+         "peers_down": [] if down is None else [down], **keys}
+        for n in range(2)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -231,6 +235,8 @@ def _quiet(commits: int, waiting: int = 0) -> list[dict]:
         ([_quiet(5), _quiet(5)], []),  # quiet: one read
         ([_quiet(5), _quiet(6), _quiet(6), _quiet(6)], []),  # a commit during the read: again
         ([_quiet(5, waiting=1)] * 2 + [_quiet(5)] * 2, []),  # a waiting call: again
+        ([_quiet(5, behind=1)] * 2 + [_quiet(5)] * 2, []),  # node 1 has not run an epoch yet
+        ([_quiet(5, down=0)] * 2 + [_quiet(5)] * 2, []),  # a peer link down: stalled
     ],
 )
 def test_check_merges_every_nodes_rows_once_the_cluster_is_quiet(

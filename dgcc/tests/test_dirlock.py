@@ -4,6 +4,7 @@ releases it or dies (SIGKILL included), never kept by a forked child."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -64,3 +65,25 @@ def test_a_killed_holder_frees_the_directory(tmp_path: Path) -> None:
             holder.send_signal(signal.SIGKILL)
             holder.wait()
     DirLock(tmp_path, "node 1 restarted").release()
+
+
+def test_a_holders_forked_child_dies_with_it(tmp_path: Path) -> None:
+    """A checkpoint writer must not go on writing a directory whose node was killed."""
+    code = (
+        "import os, sys; from pathlib import Path; from dgcc.wal.dirlock import DirLock; "
+        f"lock = DirLock(Path({str(tmp_path)!r}), 'node 0'); child = os.fork()\n"
+        "if child == 0:\n    sys.stdin.read(); os._exit(0)\n"
+        "print(child, flush=True); sys.stdin.read()"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        pidfd = os.pidfd_open(child)
+        try:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            assert select.select([pidfd], [], [], 30.0)[0], f"child {child} outlived its parent"
+        finally:
+            os.close(pidfd)

@@ -1,12 +1,14 @@
-"""A faulty procedure fails only its own call, under every protocol, in a process and on nodes.
+"""A faulty procedure fails only its own call where one node decides, under every protocol.
 
 Goal: a plan function that raises (here ZeroDivisionError for ``d == 0``) and pieces that break
 DistDGCC's placement rules (one piece spanning two nodes) become an ERROR outcome naming the
 procedure and the problem, for that call alone; the rest of the batch commits, and a node keeps
-serving. Method: a tiny bank under every registered protocol in one process; both nodes' epoch
-runs of DistDGCC and Calvin in one process for calls that every node plans (a multi-node
-decision); and in-process 2-node clusters of every server on loopback, with a YCSB subclass
-that adds the faulty procedure (which it cannot route, so every node plans it).
+serving. A raising plan of a call that several nodes plan, each against its own rows, is the one
+exception: a peer may have planned it fine and committed its share, so the node stops (loudly)
+instead of answering ERROR. Method: a tiny bank under every registered protocol in one process;
+both nodes' epoch runs of DistDGCC and Calvin in one process for calls both nodes plan; and
+in-process 2-node clusters of every server on loopback, with a YCSB subclass that adds the
+faulty procedure.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dgcc import (
 )
 from dgcc.api import PieceContext
 from dgcc.cluster import local_config
+from dgcc.errors import ProcedureError
 from dgcc.net import AsyncClient
 from dgcc.net.servers import SERVERS, server_class
 from dgcc.net.wire import decode, encode
@@ -117,10 +120,12 @@ def test_every_node_fails_a_faulty_multi_node_call_alike(protocol: str) -> None:
     dbs = [_db(), _db()]
     batch = [
         _bump([1, 12], 1),
-        _bump([2, 13], 0),  # the plan raises on both nodes
         TxnRequest("span", {"keys": [3, 14]}),  # its piece spans both nodes
+        _bump([4], 0),  # the plan raises on node 0, the only one that plans it
         _bump([4], 1),
     ]
+    with pytest.raises(ProcedureError, match=f"{PLAN_FAILED} \\(a call planned on several"):
+        run_class(0, _db(), registry, router, [[_bump([2, 13], 0)], []])  # a peer may commit
     runs = [run_class(node, dbs[node], registry, router, [batch, []]) for node in (0, 1)]
     while not all(run.finished for run in runs):
         moved = sum(run.step(100) for run in runs)
@@ -139,10 +144,10 @@ def test_every_node_fails_a_faulty_multi_node_call_alike(protocol: str) -> None:
         Status.ERROR,
         Status.COMMITTED,
     ]
-    assert outcomes[1].reason == PLAN_FAILED
-    assert outcomes[2].reason == "span: piece 'all' spans nodes [0, 1]"
+    assert outcomes[1].reason == "span: piece 'all' spans nodes [0, 1]"
+    assert outcomes[2].reason == PLAN_FAILED
     assert dbs[0]["kv"].rows[1]["v"] == 100 and dbs[1]["kv"].rows[12]["v"] == 100
-    assert dbs[0]["kv"].rows[2]["v"] == 0 and dbs[1]["kv"].rows[13]["v"] == 0
+    assert dbs[0]["kv"].rows[4]["v"] == 100  # the last call's bump alone
 
 
 class _FaultyYcsb(YcsbWorkload):
@@ -154,6 +159,18 @@ class _FaultyYcsb(YcsbWorkload):
         registry = super().registry()
         registry.register(Procedure("ycsb_div", {"keys": list, "d": int}, _div_plan))
         return registry
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable] | None:
+        if procedure == "ycsb_div":
+            return [(TABLE, key) for key in params["keys"]]
+        return super().route_keys(procedure, params)
+
+    def route_partitions(
+        self, procedure: str, params: Mapping[str, Any], partitions: int
+    ) -> set[int] | None:
+        if procedure == "ycsb_div":
+            return None  # routed by its keys
+        return super().route_partitions(procedure, params, partitions)
 
 
 def _div_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
@@ -185,7 +202,7 @@ def test_a_node_keeps_serving_after_a_plan_raises(
         try:
             async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
                 calls = [
-                    ("ycsb_div", {"keys": [2, 80], "d": 0}),  # both nodes' keys
+                    ("ycsb_div", {"keys": [2, 3], "d": 0}),  # node 0's keys: it decides
                     ("ycsb_div", {"keys": [2, 80], "d": 1}),
                     ("ycsb_txn", {"keys": [3, 81], "rmw": [True, True]}),
                 ]

@@ -135,6 +135,9 @@ def test_a_directory_is_claimed_by_one_workload(tmp_path: Path) -> None:
     check_workload_record(node, "ycsb", {"pair": (1, 2), "records": 50}, claim=True)  # the same
     with pytest.raises(ConfigError, match=r"workload 'ycsb' with options .*'records': 50.*not"):
         check_workload_record(node, "ycsb", {"records": 60, "pair": (1, 2)}, claim=False)
+    defaults = tmp_path / "node1"  # options spelled out at their defaults are the same
+    check_workload_record(defaults, "ycsb", {}, claim=True)
+    check_workload_record(defaults, "ycsb", {"records": 100_000}, claim=False)
     with pytest.raises(ConfigError, match="not 'tpcc'"):
         check_workload_record(node, "tpcc", {"records": 50, "pair": (1, 2)}, claim=True)
     assert read_workload_record(node) == ("ycsb", {"records": 50, "pair": [1, 2]})  # kept

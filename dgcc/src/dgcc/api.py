@@ -105,8 +105,9 @@ class Procedure:
         plan: ``plan(params, view) -> pieces``; ``view`` is read-only state at the start of the
             batch, for reconnaissance of data-dependent keys. Raising ``BadParams`` rejects the
             call; any other exception fails it alike (an ERROR outcome naming the procedure
-            and the exception). It must be deterministic: every node that plans a call must
-            reach the same pieces, or the same failure.
+            and the exception) where one node plans the call, and stops the node where several
+            do (``plan_batch``). It must be deterministic: every node that plans a call must
+            reach the same pieces, or the same ``BadParams``.
         result: builds the client's result from the piece outputs (name -> value); by default
             the outputs dict itself.
         replay: ``replay(db, params)`` redoes the writes of a call that committed, straight on
@@ -224,14 +225,20 @@ class PlannedTxn:
 
 
 def plan_batch(
-    registry: ProcedureRegistry, db: Database, batch: Sequence[TxnRequest]
+    registry: ProcedureRegistry,
+    db: Database,
+    batch: Sequence[TxnRequest],
+    shared: Sequence[bool] | None = None,
 ) -> list[PlannedTxn | Outcome]:
     """Plan every request against the state at the start of the batch.
 
-    A request that cannot be planned (unknown procedure, bad params, malformed, or a plan
-    function that raised) becomes an ERROR outcome in its slot; the rest of the batch is
-    unaffected. Every protocol plans this way, so reconnaissance sees the same state under each
-    of them, and every node that plans a call reaches the same decision on it.
+    A request that cannot be planned (unknown procedure, bad params, malformed) becomes an ERROR
+    outcome in its slot; the rest of the batch is unaffected. Every protocol plans this way, so
+    reconnaissance sees the same state under each of them. A plan function that raises anything
+    else fails its call alike, unless ``shared[i]``: request i is planned on several nodes, each
+    against its own rows, and only a ``BadRequest`` is known to be every node's decision (the
+    workload's contract); another exception there is raised as a ``ProcedureError`` (loud: a
+    node must never commit its share of a call that another node failed).
     """
     view = db.read_view()
     planned: list[PlannedTxn | Outcome] = []
@@ -240,23 +247,31 @@ def plan_batch(
             planned.append(_plan_one(registry, view, index, request))
         except BadRequest as error:
             planned.append(Outcome(Status.ERROR, reason=str(error)))
+        except _PlanRaised as error:
+            if shared is not None and shared[index]:
+                raise ProcedureError(f"{error} (a call planned on several nodes)") from error
+            planned.append(Outcome(Status.ERROR, reason=str(error)))
     return planned
+
+
+class _PlanRaised(Exception):
+    """A plan function raised something other than BadRequest (its message names both)."""
 
 
 def _plan_one(
     registry: ProcedureRegistry, view: ReadView, index: int, request: object
-) -> PlannedTxn | Outcome:
+) -> PlannedTxn:
     if not isinstance(request, TxnRequest):
         raise BadRequest(f"malformed request {request!r}: expected TxnRequest(procedure, params)")
     procedure = registry.get(request.procedure)
     _check_params(procedure, request.params)
     try:
         pieces = tuple(procedure.plan(request.params, view))
-    except BadRequest:
+    except (BadRequest, MemoryError, RecursionError):  # the last two: this process's limits
         raise
     except Exception as error:  # a bug in the procedure: this call fails, as in ``run_piece``
         reason = f"{procedure.name}.plan raised {type(error).__name__}: {error}"
-        return Outcome(Status.ERROR, reason=reason)
+        raise _PlanRaised(reason) from error
     if debug.check_invariants:
         _check_plan(procedure, pieces)
     return PlannedTxn(index, procedure, request.params, pieces)

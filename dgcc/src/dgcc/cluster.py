@@ -97,7 +97,8 @@ class ClusterConfig:
 
     Args:
         nodes: the nodes, ids ``0 .. n - 1`` in order.
-        workload: workload name (``tpcc``, ``ycsb``, ``smallbank``).
+        workload: workload name (``tpcc``, ``ycsb``, ``smallbank``, or your own Workload
+            subclass as ``package.module:Class``, importable by every node process).
         workload_options: its keyword options.
         partition_nodes: partition -> node id; default one partition per node.
         epoch_ms: close an epoch after this long (0: only by count).
@@ -580,16 +581,18 @@ def status(config: ClusterConfig, *, timeout_s: float = 5.0) -> list[dict[str, A
 
 
 CHECK_TRIES = 3
-_QUIET_KEYS = ("txn/committed", "txn/aborted", "txn/error", "epochs_executed")
+_QUIET_KEYS = ("txn/committed", "txn/aborted", "txn/error", "epochs_closed", "epochs_executed")
 
 
 def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
     """The workload's state invariants (``Workload.check_state``) over the union of every
     node's rows, read while no call runs: [] when the cluster's state is consistent.
 
-    The nodes' dumps are consistent only if no transaction ran between them, so the check
-    reads every node's counters before and after the dumps and tries again (``CHECK_TRIES``
-    times in all) when any moved or a call was waiting.
+    The nodes' dumps are consistent only if no transaction ran or was half done meanwhile, so
+    the check reads every node's counters before and after the dumps and tries again
+    (``CHECK_TRIES`` times in all) unless nothing moved, no call or transaction was in flight
+    (``waiting_calls``), every node had executed every epoch it closed, the same epochs
+    everywhere, and no peer link was down.
 
     Raises:
         ConfigError: a node cannot be reached, or the cluster stayed busy.
@@ -602,7 +605,13 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
         down = [entry["id"] for entry in entries if "error" in entry]
         if down:
             raise ConfigError(f"cannot check the cluster: nodes {down} do not answer")
-        return [(e["waiting_calls"], *(e.get(key) for key in _QUIET_KEYS)) for e in entries]
+        return [(e["waiting_calls"], *(e.get(key) for key in _QUIET_KEYS), tuple(e["peers_down"]))
+                for e in entries]  # fmt: skip
+
+    def quiet(entries: list[tuple]) -> bool:
+        epochs = {(entry[4], entry[5]) for entry in entries}  # (closed, executed) per node
+        in_flight = any(entry[0] or entry[-1] for entry in entries)  # calls, or a peer down
+        return not in_flight and len(epochs) == 1 and len(set(epochs.pop())) == 1
 
     workload = get_workload(config.workload, **dict(config.workload_options))
     for _ in range(CHECK_TRIES):
@@ -612,7 +621,7 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
             secret = config.shared_secret()
             with Client(node.host, node.port, secret=secret, timeout_s=timeout_s) as client:
                 dumps.append(client.dump())
-        if before == counters() and not any(entry[0] for entry in before):
+        if before == counters() and quiet(before):
             break
     else:
         raise ConfigError(

@@ -134,10 +134,14 @@ class Node:
         self.workload = get_workload(config.workload, **dict(config.workload_options))
         self.registry = self.workload.registry()
         self.router = Router(self.workload, config.placement())
-        self._dir_lock = None  # a data dir is this process's alone while it runs
+        self._dir_lock = None  # a data dir is this process's alone until ``stop``
         if config.data_dir is not None:
             self._dir_lock = DirLock(node_directory(config, node_id), f"node {node_id}")
-        self.durability = node_durability(config, node_id)  # None: no --data-dir, no log
+        try:
+            self.durability = node_durability(config, node_id)  # None: no --data-dir, no log
+        except BaseException:  # a refused directory stays free for a corrected retry
+            self.release_dir()
+            raise
         if self.durability is None:
             self.db = self.build_db()
         else:  # recovered in ``start``, once the peers agree on the epoch
@@ -234,9 +238,14 @@ class Node:
             writer.close()
         if self.durability is not None:
             self.durability.close()
+        self.release_dir()
+        self.stopped.set()
+
+    def release_dir(self) -> None:
+        """Give up the data dir's lock (idempotent; ``stop`` does, once the log is closed)."""
         if self._dir_lock is not None:
             self._dir_lock.release()
-        self.stopped.set()
+            self._dir_lock = None
 
     def _check_ready(self) -> None:
         if len(self._out) == len(self.peers) and self._in >= set(self.peers):
@@ -300,8 +309,11 @@ class Node:
         except (FrameError, HandshakeError, TimeoutError) as error:
             self.stats["net/rejected_connections"] += 1
             if role == "node" and self._peer_readers.get(peer) is reader:
-                # A peer that breaks the wire protocol is lost, as if its link had dropped.
-                logger.warning("node %d: peer %d sent a bad frame: %s", self.id, peer, error)
+                # A peer that breaks the wire protocol is lost, as if its link had dropped (or
+                # the link back to a restarting peer, to answer its rejoin, failed).
+                what = "sent a bad frame" if isinstance(error, FrameError) else "link failed"
+                detail = str(error) or type(error).__name__
+                logger.warning("node %d: peer %d %s: %s", self.id, peer, what, detail)
                 self._peer_lost(peer)
             else:
                 logger.warning("node %d: closing connection from %s: %s", self.id, peer_name, error)

@@ -7,15 +7,16 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Routing. A node plans only the transactions it takes part in. ``route`` maps a request's
     parameters to the nodes owning its data, through the workload's ``route_keys`` (TPC-C by
     warehouse, YCSB by key, Smallbank by customer); a request it cannot route is planned by
-    every node, which then agree on the plan or on the planning error (a plan that raises, or
-    pieces that break the placement rules below, fail the call alone). An origin routes each
-    of its calls once (``Router.routes``): the routes that pick what each peer gets are kept
-    for its own planning of the epoch. Planning against rows another node owns is only sound
-    for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): a node holds its own
-    partitions, the replicated rows and the whole of the workload's ``plan_tables`` (the
-    tables plans read on any participant); the rows of those it does not own are a frozen
-    load-time snapshot used for exactly those plan-time reads, never written and never dumped
-    (``keep_owned``).
+    every node, which then agree on the plan or on the planning error (a ``BadParams``, or
+    pieces that break the placement rules below, fail the call alone; a plan of a call several
+    nodes plan that raises anything else stops the node, since its peers may not agree). An
+    origin routes each of its calls once (``Router.routes``): the routes that pick what each
+    peer gets are kept for its own planning of the epoch. Planning against rows another node
+    owns is only sound for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): a node
+    holds its own partitions, the replicated rows and the whole of the workload's
+    ``plan_tables`` (the tables plans read on any participant); the rows of those it does not
+    own are a frozen load-time snapshot used for exactly those plan-time reads, never written
+    and never dumped (``keep_owned``).
     TPC-C's by-last-name customer needs no remote resolution: the plan only checks that the
     name exists (C_LAST never changes), and the piece that picks the customer runs on the
     customer's node under the district key that guards the name index.
@@ -150,6 +151,7 @@ class Router:
         # pick what each peer gets, then plans it): id(batch) -> (batch, routes), kept until
         # planned, so each call is routed once.
         self._batch_routes: dict[int, tuple[Sequence[Any], list[frozenset[int] | None]]] = {}
+        self._route_failures: set[str] = set()  # procedures whose routing raised (logged once)
 
     def node_of_key(self, key: Hashable) -> int:
         """The node owning ``key``, or ``REPLICATED``."""
@@ -186,8 +188,16 @@ class Router:
             if keys is None:
                 return None
             nodes = self.nodes_of(keys)
-        except Exception:  # the workload's routing may raise anything on bad params
+        except (KeyError, TypeError, IndexError, ValueError, ConfigError):
             return None  # a bad request: every node plans it and reports the same error
+        except Exception as error:  # a routing bug, not bad params: the calls still run
+            if request.procedure not in self._route_failures:
+                self._route_failures.add(request.procedure)
+                logger.warning(
+                    "%s: the workload's routing raised %s: %s; every node plans these calls",
+                    request.procedure, type(error).__name__, error,
+                )  # fmt: skip
+            return None
         nodes.discard(REPLICATED)
         return frozenset(nodes) or None
 
@@ -313,8 +323,9 @@ class EpochRun:
                     mine.append((index, origin, slot, routed))
                     requests.append(request)
                 index += 1
+        shared = [routed is None or len(routed) > 1 for _, _, _, routed in mine]
         for (index, origin, slot, routed), planned in zip(
-            mine, plan_batch(registry, db, requests), strict=True
+            mine, plan_batch(registry, db, requests, shared), strict=True
         ):
             if isinstance(planned, Outcome):
                 self._errors.append((origin, slot, planned.reason))

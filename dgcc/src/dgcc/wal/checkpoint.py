@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, DgccError
 from dgcc.storage import Database
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
@@ -159,12 +159,26 @@ def check_workload_record(
             directory.mkdir(parents=True, exist_ok=True)
             write_workload_record(directory, name, wanted)
         return
-    if recorded != (name, wanted):
+    if recorded != (name, wanted) and not _same_workload(recorded, (name, wanted)):
         raise ConfigError(
             f"{directory} holds the log of workload {recorded[0]!r} with options {recorded[1]}, "
             f"not {name!r} with {wanted}: give this cluster a new data dir, or the config that "
             "wrote it"
         )
+
+
+def _same_workload(first: tuple[str, dict], second: tuple[str, dict]) -> bool:
+    """Whether two (name, options) build the same workload: options spelled differently (a
+    default given or left out) compare by what the workload reports it was built with."""
+    from dgcc.workloads import get_workload
+
+    if first[0] != second[0]:
+        return False
+    try:
+        built = [get_workload(name, **options).describe() for name, options in (first, second)]
+    except (DgccError, TypeError):  # options the workload rejects: they cannot be the same
+        return False
+    return bool(built[0]) and built[0] == built[1]
 
 
 def _snapshot_name(epoch: int) -> str:

@@ -1,18 +1,21 @@
 """One process at a time in a node's log directory: an advisory lock on its ``LOCK`` file.
 
-A node holds the lock of its directory from start to stop, and ``dgcc recover`` holds it while
-it reads and repairs one, so recovery can never cut the tail of a log a running node is still
-writing, and two nodes can never share a directory. The lock is ``flock``'s: the kernel drops
-it when its holder exits, however it ends (SIGKILL included), so a crashed node leaves nothing
-stale behind. A forked child (a checkpoint writer) closes its inherited copy at once
-(``os.register_at_fork``), so it never keeps a dead node's directory locked. The file holds the
-holder's pid and purpose, for the message that names it.
+A node holds the lock of its directory from its construction to ``stop``, and ``dgcc recover``
+holds it while it reads and repairs one, so recovery can never cut the tail of a log a running
+node is still writing, and two nodes can never share a directory. The lock is ``flock``'s: the
+kernel drops it when its holder exits, however it ends (SIGKILL included), so a crashed node
+leaves nothing stale behind. A child forked by a holder (a checkpoint writer, a replay worker)
+closes its inherited copy at once and dies with its parent (``PR_SET_PDEATHSIG``), so it never
+keeps a dead node's directory locked nor writes into it after a successor took it. The file
+holds the holder's pid and purpose, for the message that names it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
+import signal
 from pathlib import Path
 
 from dgcc.errors import ConfigError
@@ -21,15 +24,31 @@ __all__ = ["LOCK_FILE", "DirLock"]
 
 LOCK_FILE = "LOCK"
 _HELD: set[int] = set()  # descriptors of the locks this process holds
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_forking_from = 0  # the pid forking, while it holds a lock
 
 
-def _close_in_child() -> None:
+def _before_fork() -> None:
+    global _forking_from
+    _forking_from = os.getpid() if _HELD else 0
+
+
+def _after_fork_in_child() -> None:
+    """In a holder's child: drop the lock's copy, and die with the parent."""
+    if not _forking_from:
+        return
     for fd in _HELD:
         os.close(fd)
     _HELD.clear()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the child may outlive its parent
+        return
+    if os.getppid() != _forking_from:  # the parent died before the request took effect
+        os._exit(1)
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class DirLock:

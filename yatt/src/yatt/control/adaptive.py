@@ -62,7 +62,11 @@ class AdaptiveController(Controller):
         assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
         super().__init__(config, control, build_cluster(config, control, ParallelRank))
         if decode_step_s is None:
-            decode_step_s = self.cluster.sampler_for(0).call("decode_step_s")
+            try:
+                decode_step_s = self.cluster.sampler_for(0).call("decode_step_s")
+            except BaseException:  # no caller holds this controller yet to close it
+                self.cluster.shutdown()
+                raise
             logger.info("re-placement: decode step at batch 1 measured at %.1f ms",
                         1000 * decode_step_s)  # fmt: skip
         self.decode_step_s = decode_step_s

@@ -348,8 +348,9 @@ class RankWorker:
 
     def decode_step_s(self, tokens: int = 16) -> float:
         """Sampler: seconds of one decode step at batch 1 on this worker's devices (best of
-        two runs of `tokens` steps of the first training prompt, after one warm-up): the
-        generation floor per response token that runtime re-placement plans with."""
+        two runs of `tokens` steps of the first training prompt, after one warm-up; the
+        prompt's prefill is in the time, about one step in `tokens`): the generation floor per
+        response token that runtime re-placement plans with."""
         assert self.rollout is not None, f"{self.name} hosts no sampler"
         assert tokens >= 1, f"tokens={tokens}"
         engine = self.rollout.engine

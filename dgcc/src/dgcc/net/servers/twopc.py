@@ -79,21 +79,11 @@ class TwoPhaseCommitNode(Node):
 
     def __init__(self, config: ClusterConfig, node_id: int) -> None:
         super().__init__(config, node_id)
-        cc_class = PROTOCOLS.get(config.protocol)
-        if cc_class is None:
-            raise ConfigError(
-                f"protocol {config.protocol!r} is not a 2PC one; use one of {list(PROTOCOLS)}"
-            )
-        self.wal: TwoPhaseLog | None = None
-        if self.durability is not None:  # the epoch log is DistDGCC's and Calvin's: use ours
-            if config.checkpoint_every_epochs:
-                raise ConfigError(
-                    f"protocol {config.protocol!r} logs without checkpoints; drop "
-                    f"checkpoint_every_epochs={config.checkpoint_every_epochs}"
-                )
-            self.durability = None
-            self.wal = TwoPhaseLog(node_directory(config, node_id))
-            self.db = self.build_db()  # the log is redone onto it in ``start``
+        try:
+            cc_class = self._open_log(config, node_id)
+        except BaseException:  # a refused directory stays free for a corrected retry
+            self.release_dir()
+            raise
         self._incarnation = 0 if self.wal is None else self.wal.incarnation
         self._recovered = asyncio.Event()
         self.cc: NodeCC = cc_class(self.db)
@@ -133,6 +123,25 @@ class TwoPhaseCommitNode(Node):
         decided.update(tuple(txn) for answer in answers for txn in answer)
         wal.recover(self.db, decided)
 
+    def _open_log(self, config: ClusterConfig, node_id: int) -> type:
+        """The protocol's CC class; with a data dir, the 2PC log replaces the epoch log."""
+        cc_class = PROTOCOLS.get(config.protocol)
+        if cc_class is None:
+            raise ConfigError(
+                f"protocol {config.protocol!r} is not a 2PC one; use one of {list(PROTOCOLS)}"
+            )
+        self.wal: TwoPhaseLog | None = None
+        if self.durability is not None:  # the epoch log is DistDGCC's and Calvin's: use ours
+            if config.checkpoint_every_epochs:
+                raise ConfigError(
+                    f"protocol {config.protocol!r} logs without checkpoints; drop "
+                    f"checkpoint_every_epochs={config.checkpoint_every_epochs}"
+                )
+            self.durability = None
+            self.wal = TwoPhaseLog(node_directory(config, node_id))
+            self.db = self.build_db()  # the log is redone onto it in ``start``
+        return cc_class
+
     def stop(self) -> None:
         for task in self._txn_tasks:
             task.cancel()
@@ -140,11 +149,13 @@ class TwoPhaseCommitNode(Node):
         super().stop()
         if self.wal is not None:
             self.wal.close()
-        if lock is not None:
-            lock.release()
+        self._dir_lock = lock
+        self.release_dir()
 
     def status(self) -> dict[str, Any]:
         status = super().status()
+        # a 2PC node's calls in flight: its transactions, and branches it runs for others
+        status["waiting_calls"] = len(self._txn_tasks) + len(self._branches)
         if self.wal is not None:
             status.update(self.wal.stats)
         return status
