@@ -26,11 +26,11 @@ from dgcc.api import TxnRequest
 from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import (
     Placement,
-    ResultAssembler,
     Router,
     global_batch,
     owned_rows,
 )
+from dgcc.protocols.dist_results import ResultAssembler
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"

@@ -19,9 +19,9 @@ from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import (
     EpochRun,
     Placement,
-    ResultAssembler,
     Router,
 )
+from dgcc.protocols.dist_results import ResultAssembler
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
 

@@ -19,7 +19,8 @@ import pytest
 
 from dgcc.cluster import local_config
 from dgcc.net import AsyncClient, FrameError, HandshakeError
-from dgcc.net.node import Node, _call_problem
+from dgcc.net.calls import call_problem
+from dgcc.net.node import Node
 from dgcc.net.wire import VERSION, frame, read_frame
 
 WAIT_S = 20.0
@@ -198,8 +199,8 @@ def test_ill_shaped_calls_are_answered_alone_and_the_connection_kept():
 )
 def test_a_call_without_a_usable_call_id_is_a_frame_error(call):
     with pytest.raises(FrameError, match="int call id"):
-        _call_problem(call)
+        call_problem(call)
 
 
 def test_a_well_shaped_call_has_no_problem():
-    assert _call_problem((1, "ycsb_txn", {"keys": [1]})) is None
+    assert call_problem((1, "ycsb_txn", {"keys": [1]})) is None

@@ -44,6 +44,7 @@ from typing import Any
 
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
+from dgcc.net.calls import ClientLink, call_problem
 from dgcc.net.wire import (
     VERSION,
     ConnectionLost,
@@ -56,11 +57,11 @@ from dgcc.net.wire import (
 )
 from dgcc.protocols.dist_dgcc import (
     EpochRun,
-    ResultAssembler,
     Router,
     keep_owned,
     owned_rows,
 )
+from dgcc.protocols.dist_results import ResultAssembler
 from dgcc.storage import Database
 from dgcc.wal.dirlock import DirLock
 from dgcc.wal.node_log import LoggedEpochRun, node_directory, node_durability
@@ -74,49 +75,9 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
-RESULTS_PER_FRAME_MAX = 1000  # keeps a results frame far below any sane frame limit
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
 _PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
 _STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
-
-
-class _Client:
-    """A connected client; answers are gathered and written once per loop iteration.
-
-    Call results go out batched, ``RESULTS_PER_FRAME_MAX`` to a ``results`` frame.
-    """
-
-    __slots__ = ("_frames", "_results", "name", "writer")
-
-    def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
-        self.writer = writer
-        self.name = name
-        self._frames: list[bytes] = []
-        self._results: list[tuple] = []
-
-    def send(self, message: Any) -> None:
-        """Send one (admin) message."""
-        if not self._frames and not self._results:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._frames.append(frame(message))
-
-    def result(self, call_id: int, outcome: Outcome) -> None:
-        """Answer call ``call_id``."""
-        self.results([(call_id, outcome.status.value, outcome.result, outcome.reason)])
-
-    def results(self, entries: list[tuple]) -> None:
-        """Answer calls: ``(call_id, status value, result, reason)`` each."""
-        if not self._frames and not self._results:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._results.extend(entries)
-
-    def _flush(self) -> None:
-        results, self._results = self._results, []
-        for start in range(0, len(results), RESULTS_PER_FRAME_MAX):
-            self._frames.append(frame(("results", results[start : start + RESULTS_PER_FRAME_MAX])))
-        data, self._frames = b"".join(self._frames), []
-        if not self.writer.is_closing():  # a client that died mid-call just loses its answers
-            self.writer.write(data)
 
 
 class Node:
@@ -157,7 +118,7 @@ class Node:
         self._reports_to: dict[int, frozenset[int]] = {}  # re-run epochs: who wants a report
         self._catch_up_until = 0  # epochs below this were re-run after a rejoin
         self._collect: list[TxnRequest] = []
-        self._callers: list[tuple[_Client, int]] = []
+        self._callers: list[tuple[ClientLink, int]] = []
         self._inputs: dict[int, dict[int, tuple]] = {}
         self._values: dict[int, list] = {}
         self._assemblers: dict[int, tuple[ResultAssembler, list]] = {}
@@ -305,7 +266,7 @@ class Node:
                 await self._serve_peer(reader, peer)
             else:
                 self.stats["net/client_connections"] += 1
-                await self._serve_client(reader, _Client(writer, peer_name))
+                await self._serve_client(reader, ClientLink(writer, peer_name))
         except (FrameError, HandshakeError, TimeoutError) as error:
             self.stats["net/rejected_connections"] += 1
             if role == "node" and self._peer_readers.get(peer) is reader:
@@ -396,9 +357,9 @@ class Node:
                 raise FrameError(f"unknown peer message kind {kind!r}")
             self._wake.set()
 
-    async def _serve_client(self, reader: asyncio.StreamReader, client: _Client) -> None:
+    async def _serve_client(self, reader: asyncio.StreamReader, client: ClientLink) -> None:
         limit = self.config.frame_bytes_max
-        handlers: dict[str, Callable[[_Client, int], None]] = {
+        handlers: dict[str, Callable[[ClientLink, int], None]] = {
             "status": self._answer_status,
             "dump": self._answer_dump,
             "order": self._answer_order,
@@ -416,13 +377,13 @@ class Node:
             else:
                 raise FrameError(f"unknown or ill-shaped client message {message!r:.80}")
 
-    def _take_calls(self, client: _Client, calls: tuple) -> None:
+    def _take_calls(self, client: ClientLink, calls: tuple) -> None:
         """Answer each ill-shaped call ERROR alone and add the rest, in order.
 
         Raises:
             FrameError: a call without a usable call id (nothing of the frame joins the epoch).
         """
-        problems = [_call_problem(call) for call in calls]  # all checked before any joins
+        problems = [call_problem(call) for call in calls]  # all checked before any joins
         if not any(problems):
             self._add_calls(client, calls)
             return
@@ -431,7 +392,7 @@ class Node:
                 client.result(call[0], Outcome(Status.ERROR, reason=problem))
         self._add_calls(client, tuple(c for c, p in zip(calls, problems, strict=True) if p is None))
 
-    def _add_calls(self, client: _Client, calls: tuple) -> None:
+    def _add_calls(self, client: ClientLink, calls: tuple) -> None:
         """Calls ``(call_id, procedure, params)`` join the open epoch, in order."""
         room = max(0, CALLS_WAITING_MAX - len(self._collect))  # bounded: refuse, not grow
         taken, refused = calls[:room], calls[room:]
@@ -449,7 +410,7 @@ class Node:
 
     # -- admin answers ----------------------------------------------------------------------
 
-    def _answer_status(self, client: _Client, call_id: int) -> None:
+    def _answer_status(self, client: ClientLink, call_id: int) -> None:
         client.send(("status", call_id, self.status()))
 
     def status(self) -> dict[str, Any]:
@@ -469,20 +430,20 @@ class Node:
             **self.stats,
         }
 
-    def _answer_dump(self, client: _Client, call_id: int) -> None:
+    def _answer_dump(self, client: ClientLink, call_id: int) -> None:
         client.send(("dump", call_id, self.owned_dump()))
 
     def owned_dump(self) -> dict[str, dict]:
         """This node's rows: those whose conflict key it owns, plus replicated rows."""
         return owned_rows(self.db, self.router, self.id)
 
-    def _answer_order(self, client: _Client, call_id: int) -> None:
+    def _answer_order(self, client: ClientLink, call_id: int) -> None:
         if not self.config.order_log:
             client.send(("order", call_id, None))
         else:
             client.send(("order", call_id, tuple(self._order)))
 
-    def _answer_stop(self, client: _Client, call_id: int) -> None:
+    def _answer_stop(self, client: ClientLink, call_id: int) -> None:
         client.send(("stop", call_id, True))
         logger.info("node %d: stop requested", self.id)
         asyncio.get_running_loop().call_soon(self.stop)
@@ -769,7 +730,7 @@ class Node:
         """Every node finished the epoch (and, with a data dir, made it durable): answer its
         callers."""
         counts = dict.fromkeys(_STATUS_STAT, 0)
-        by_client: dict[_Client, list[tuple]] = {}  # most epochs: one client
+        by_client: dict[ClientLink, list[tuple]] = {}  # most epochs: one client
         for (client, call_id), (status, result, reason) in zip(
             callers, assembler.answers(), strict=True
         ):
@@ -782,23 +743,6 @@ class Node:
             client.results(entries)
         for status, count in counts.items():
             self.stats[_STATUS_STAT[status]] += count
-
-
-def _call_problem(call: object) -> str | None:
-    """What is wrong with one entry ``(call_id, procedure, params)`` of a ``calls`` message.
-
-    Raises:
-        FrameError: the entry has no usable call id, so no answer could reach its caller.
-    """
-    if not isinstance(call, tuple) or not call or not isinstance(call[0], int):
-        raise FrameError(f"ill-shaped call {call!r:.80}: it must start with an int call id")
-    if len(call) != 3:
-        return f"a call is (call_id, procedure, params), got {len(call)} items: {call!r:.80}"
-    if not isinstance(call[1], str):
-        return f"procedure must be a string, got {type(call[1]).__name__} {call[1]!r:.80}"
-    if not isinstance(call[2], dict):
-        return f"params must be a map, got {type(call[2]).__name__} {call[2]!r:.80}"
-    return None
 
 
 async def _collect_garbage() -> None:

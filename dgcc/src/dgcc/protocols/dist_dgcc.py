@@ -31,9 +31,9 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
     independent accesses) need the graph; a node runs the others first, in serial order (a
     topological order of theirs), those whose values peers wait for and their ancestors ahead.
   * Results. Each node reports, per origin, the outputs it produced and the abort decisions
-    it took; the origin assembles outcomes once every node reported the epoch, and answers
-    them once every node has also made the epoch durable when the cluster logs
-    (``dgcc.wal.node_log``). Execution is deterministic, so there is no two-phase commit.
+    it took; the origin assembles outcomes (``dist_results``) once every node reported the
+    epoch, and answers them once every node has also made the epoch durable when the cluster
+    logs (``dgcc.wal.node_log``). Execution is deterministic, so there is no two-phase commit.
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ from dgcc.api import (
     PieceContext,
     PlannedTxn,
     ProcedureRegistry,
-    Status,
     TxnRequest,
     plan_batch,
     run_piece,
 )
-from dgcc.errors import BadRequest, ConfigError, ProcedureError
+from dgcc.errors import ConfigError, ProcedureError
 from dgcc.protocols.dgcc import Graph, build_graph
+from dgcc.protocols.dist_results import ReportEntry
 from dgcc.storage import Database, Table
 from dgcc.workloads import Workload
 
@@ -67,7 +67,6 @@ __all__ = [
     "REPLICATED",
     "EpochRun",
     "Placement",
-    "ResultAssembler",
     "Router",
     "global_batch",
     "keep_owned",
@@ -78,13 +77,9 @@ logger = logging.getLogger(__name__)
 
 REPLICATED = -1  # partition of a key every node holds (same value as the TPC-C workload's)
 NODES_MAX = 64
-_STATUS_OF = {status.value: status for status in Status}  # an answer's status on the wire
-_COMMITTED, _ABORTED, _ERROR = Status.COMMITTED.value, Status.ABORTED.value, Status.ERROR.value
 
 # A value message entry: (global txn index, piece index, output, abort reason, error).
 ValueEntry = tuple[int, int, Any, str | None, str | None]
-# A report entry for an origin: (slot in origin batch, outputs, (piece index, reason), error).
-ReportEntry = tuple[int, dict[str, Any], tuple[int, str] | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -768,85 +763,3 @@ def _add_ancestors(pids: set[int], successors: dict[int, list[int]]) -> None:
             targets = get(pid)
             if targets is not None and not pids.isdisjoint(targets):
                 pids.add(pid)
-
-
-class ResultAssembler:
-    """Builds the outcomes of one origin's batch from every node's reports.
-
-    Args:
-        registry: the procedures (for each procedure's result builder).
-        batch: the origin's requests of this epoch, in order.
-        nodes: how many nodes report.
-    """
-
-    def __init__(self, registry: ProcedureRegistry, batch: Sequence[TxnRequest], nodes: int):
-        self._registry = registry
-        self._batch = batch
-        self._waiting = set(range(nodes))
-        self._outputs: list[dict[str, Any] | None] = [None] * len(batch)
-        self._aborts: list[tuple[int, str] | None] = [None] * len(batch)
-        self._errors: list[str | None] = [None] * len(batch)
-
-    @property
-    def complete(self) -> bool:
-        return not self._waiting
-
-    def waits_for(self, node: int) -> bool:
-        """Whether node ``node``'s report is still missing."""
-        return node in self._waiting
-
-    def add(self, node: int, entries: Sequence[Sequence[Any]]) -> None:
-        """Take one node's report (exactly once per node).
-
-        The report's output dicts are taken over, not copied: a node's report is built for
-        this assembler alone (a finished run's, or a decoded message's).
-        """
-        if node not in self._waiting:
-            raise ProcedureError(f"second or unknown report from node {node}")
-        self._waiting.discard(node)
-        all_outputs, aborts = self._outputs, self._aborts
-        for slot, outputs, abort, error in entries:
-            current = all_outputs[slot]
-            if current is None:
-                all_outputs[slot] = outputs
-            elif outputs:
-                current.update(outputs)
-            if abort is not None:
-                current_abort = aborts[slot]
-                if current_abort is None or abort[0] < current_abort[0]:
-                    aborts[slot] = (abort[0], abort[1])
-            if error is not None and self._errors[slot] is None:
-                self._errors[slot] = error
-
-    def outcomes(self) -> list[Outcome]:
-        """One outcome per request of the origin's batch, in order."""
-        return [
-            Outcome(_STATUS_OF[status], result, reason) for status, result, reason in self.answers()
-        ]
-
-    def answers(self) -> list[tuple[str, Any, str]]:
-        """``outcomes`` as ``(status value, result, reason)`` tuples, the form a node's answer
-        takes on the wire (no ``Outcome`` object per call on the node's hot path)."""
-        assert self.complete, f"reports missing from nodes {sorted(self._waiting)}"
-        answers: list[tuple[str, Any, str]] = []
-        builders: dict[str, Any] = {}  # procedure name -> its result builder (or None)
-        for slot, request in enumerate(self._batch):
-            if self._errors[slot] is not None:
-                answers.append((_ERROR, None, self._errors[slot]))
-                continue
-            abort = self._aborts[slot]
-            if abort is not None:
-                answers.append((_ABORTED, None, abort[1]))
-                continue
-            name = request.procedure
-            if name not in builders:
-                try:
-                    builders[name] = self._registry.get(name).result
-                except BadRequest as error:  # every planner failed the same way; keep it
-                    answers.append((_ERROR, None, str(error)))
-                    continue
-            build, outputs = builders[name], self._outputs[slot]
-            if outputs is None:
-                outputs = {}
-            answers.append((_COMMITTED, build(outputs) if build else dict(outputs), ""))
-        return answers
