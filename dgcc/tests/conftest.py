@@ -37,6 +37,21 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture
+def cli_error(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], str]:
+    """Run ``dgcc`` with ``argv``; check it exits 2 with one ``dgcc: error:`` line; that line."""
+    from dgcc.cli import main
+
+    def error_line(argv: list[str]) -> str:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("dgcc: error: ")
+        return err
+
+    return error_line
+
+
+@pytest.fixture
 def examples_importable(monkeypatch) -> None:
     """``dgcc/examples`` importable here and in the node processes a test starts (as a user
     puts their own workload module on ``PYTHONPATH``)."""

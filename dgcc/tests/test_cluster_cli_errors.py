@@ -48,14 +48,6 @@ def _config(**values: object) -> ClusterConfig:
     return ClusterConfig.from_dict({"nodes": [NODE], **values})
 
 
-def _error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("dgcc: error: ")
-    return err
-
-
 @pytest.fixture
 def children():
     """Processes a test starts; killed and reaped whatever the test did."""
@@ -136,27 +128,27 @@ def test_json_infinity_and_nan_fail_when_loaded(tmp_path):
         ('{"pids": [-1]}', "holds no list of pids"),
     ],
 )
-def test_a_bad_state_file_is_one_line_error(tmp_path, text, message, capsys):
+def test_a_bad_state_file_is_one_line_error(tmp_path, text, message, cli_error):
     (tmp_path / STATE_FILE).write_text(text)
     with pytest.raises(ConfigError, match=message):
         read_pids(tmp_path)
-    err = _error_line(["cluster", "start", "--nodes", "1", "--dir", str(tmp_path)], capsys)
+    err = cli_error(["cluster", "start", "--nodes", "1", "--dir", str(tmp_path)])
     assert "remove it if no cluster runs there" in err
 
 
-def test_unusable_dir_and_json_paths_fail_up_front(tmp_path, capsys):
+def test_unusable_dir_and_json_paths_fail_up_front(tmp_path, cli_error):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     start = ["cluster", "start", "--nodes", "1", "--dir"]
-    assert "Not a directory" in _error_line([*start, str(a_file)], capsys)
-    assert "No such file" in _error_line([*start, "/proc/nope"], capsys)
-    assert "no cluster in" in _error_line(["cluster", "stop", "--dir", str(a_file)], capsys)
+    assert "Not a directory" in cli_error([*start, str(a_file)])
+    assert "No such file" in cli_error([*start, "/proc/nope"])
+    assert "no cluster in" in cli_error(["cluster", "stop", "--dir", str(a_file)])
     bench = ["bench", "--seconds", "0.1", "--warmup-s", "0"]
-    err = _error_line([*bench, "--json", "/proc/nope/x.json"], capsys)
+    err = cli_error([*bench, "--json", "/proc/nope/x.json"])
     assert "--json '/proc/nope/x.json' cannot be written" in err
-    err = _error_line(["recover", str(tmp_path), "--json", str(a_file / "x.json")], capsys)
+    err = cli_error(["recover", str(tmp_path), "--json", str(a_file / "x.json")])
     assert "cannot be written" in err
-    assert "Is a directory" in _error_line([*bench, "--json", str(tmp_path)], capsys)
+    assert "Is a directory" in cli_error([*bench, "--json", str(tmp_path)])
 
 
 def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):
@@ -247,7 +239,7 @@ def test_a_node_that_fails_to_start_is_named_with_its_own_error(tmp_path, says, 
 
 
 @pytest.mark.integration
-def test_a_busy_port_is_named_when_start_fails(tmp_path, capsys):
+def test_a_busy_port_is_named_when_start_fails(tmp_path, cli_error):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -256,8 +248,6 @@ def test_a_busy_port_is_named_when_start_fails(tmp_path, capsys):
         path.write_text(
             json.dumps({"nodes": [NODE | {"port": port}], "workload_options": {"records": 100}})
         )
-        err = _error_line(
-            ["cluster", "start", "--config", str(path), "--dir", str(tmp_path)], capsys
-        )
+        err = cli_error(["cluster", "start", "--config", str(path), "--dir", str(tmp_path)])
     assert f"node 0 failed to start (exit 2): port {port} on 127.0.0.1 already in use" in err
     assert f"(see {tmp_path / 'node0.log'})" in err

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dgcc.cli import WORKLOAD_FLAGS, build_parser, main
+from dgcc.cli import WORKLOAD_FLAGS, build_parser
 from dgcc.cli_cluster import _bench_config, _flags_config
 from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
@@ -28,14 +28,6 @@ SMALL_TPCC = ["--items", "100", "--customers-per-district", "10", "--orders-per-
 
 def _start_config(*flags: str) -> ClusterConfig:
     return _flags_config(build_parser().parse_args(["cluster", "start", *flags]))
-
-
-def _error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("dgcc: error: ")
-    return err
 
 
 def _write_cluster(directory: Path, **options: object) -> None:
@@ -56,11 +48,11 @@ def test_tpcc_warehouses_count_per_node_so_every_node_owns_some():
         _start_config("--workload", "tpcc", "-o", "warehouses=0")
 
 
-def test_a_tpcc_config_file_leaving_a_node_without_warehouses_is_refused(tmp_path, capsys):
+def test_a_tpcc_config_file_leaving_a_node_without_warehouses_is_refused(tmp_path, cli_error):
     config = local_config(2, workload="tpcc", workload_options={"warehouses": 1, "items": 100})
     path = tmp_path / "one_warehouse.json"
     path.write_text(json.dumps(config.to_dict()))
-    err = _error_line(["cluster", "start", "--config", str(path), "--dir", str(tmp_path)], capsys)
+    err = cli_error(["cluster", "start", "--config", str(path), "--dir", str(tmp_path)])
     assert "tpcc with warehouses=1 leaves nodes [1] of 2 owning no warehouse" in err
     assert "give at least 2 warehouses" in err
     assert not (tmp_path / "cluster.json").exists()  # refused before anything was written
@@ -102,20 +94,18 @@ def test_bench_durable_asks_for_logging_nodes():
         (["--epoch-ms", "-1"], "epoch_ms must be a finite number >= 0, got -1.0"),
     ],
 )
-def test_bad_start_flags_are_one_line_errors(tmp_path, monkeypatch, capsys, flags, message):
+def test_bad_start_flags_are_one_line_errors(tmp_path, monkeypatch, cli_error, flags, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DGCC_TEST_UNSET", raising=False)
-    err = _error_line(["cluster", "start", "--dir", "run", *flags], capsys)
+    err = cli_error(["cluster", "start", "--dir", "run", *flags])
     assert message in err
     assert not any(tmp_path.iterdir())  # refused before any directory or process
 
 
-def test_a_data_dir_that_is_a_file_is_refused(tmp_path, capsys):
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path, cli_error):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    err = _error_line(
-        ["cluster", "start", "--dir", str(tmp_path / "run"), "--data-dir", str(a_file)], capsys
-    )
+    err = cli_error(["cluster", "start", "--dir", str(tmp_path / "run"), "--data-dir", str(a_file)])
     assert f"cannot use {str(a_file)!r} as a data dir: Not a directory" in err
 
 
@@ -129,27 +119,27 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path, capsys):
         (["--data-dir", "d", "--seed", "3"], "--seed, --data-dir do not apply with --node"),
     ],
 )
-def test_node_refuses_the_flags_it_would_ignore(tmp_path, capsys, flags, named):
+def test_node_refuses_the_flags_it_would_ignore(tmp_path, cli_error, flags, named):
     _write_cluster(tmp_path / "run", data_dir=str(tmp_path / "data"))
     argv = ["cluster", "start", "--dir", str(tmp_path / "run"), "--node", "1", *flags]
-    err = _error_line(argv, capsys)
+    err = cli_error(argv)
     assert named in err
     assert "the node restarts with the config of the cluster in --dir" in err
 
 
-def test_config_refuses_the_flags_it_would_ignore(tmp_path, capsys):
+def test_config_refuses_the_flags_it_would_ignore(tmp_path, cli_error):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(local_config(1).to_dict()))
     argv = ["cluster", "start", "--config", str(path), "--dir", str(tmp_path / "run")]
-    err = _error_line([*argv, "--nodes", "3", "--epoch-ms", "1"], capsys)
+    err = cli_error([*argv, "--nodes", "3", "--epoch-ms", "1"])
     assert "--nodes, --epoch-ms do not apply with --config" in err
     assert not (tmp_path / "run").exists()
 
 
-def test_a_node_of_a_cluster_without_logging_is_refused_at_once(tmp_path, capsys):
+def test_a_node_of_a_cluster_without_logging_is_refused_at_once(tmp_path, cli_error):
     run = tmp_path / "run"
     _write_cluster(run)  # started without --data-dir
-    err = _error_line(["cluster", "start", "--dir", str(run), "--node", "1"], capsys)
+    err = cli_error(["cluster", "start", "--dir", str(run), "--node", "1"])
     assert "node 1 cannot restart alone" in err
     assert "runs without logging (no data_dir)" in err
     assert "--data-dir DIR" in err

@@ -87,16 +87,28 @@ def publish(directory: Path, epoch: int) -> Path:
     return directory / name
 
 
-def read_manifest(directory: Path) -> tuple[int, Path] | None:
-    """(epoch, snapshot path) of the newest complete checkpoint, or None if there is none."""
-    path = directory / MANIFEST
+def _read_json(path: Path, what: str) -> tuple[Any, str] | None:
+    """The JSON value in ``path`` and its text, or None when there is no such file.
+
+    Raises:
+        WalCorrupt: the file is not JSON (naming it as ``what``).
+    """
     if not path.exists():
         return None
     text = path.read_text(errors="replace")
     try:
-        manifest = json.loads(text)
+        return json.loads(text), text
     except ValueError as error:
-        raise WalCorrupt(f"{path}: unreadable manifest: {error}") from None
+        raise WalCorrupt(f"{path}: unreadable {what}: {error}") from None
+
+
+def read_manifest(directory: Path) -> tuple[int, Path] | None:
+    """(epoch, snapshot path) of the newest complete checkpoint, or None if there is none."""
+    path = directory / MANIFEST
+    found = _read_json(path, "manifest")
+    if found is None:
+        return None
+    manifest, text = found
     epoch = manifest.get("epoch") if isinstance(manifest, dict) else None
     # ``publish`` writes exactly this shape; anything else was not written by us
     if type(epoch) is not int or epoch < 0 or manifest.get("snapshot") != _snapshot_name(epoch):
@@ -122,13 +134,10 @@ def read_workload_record(directory: Path) -> tuple[str, dict[str, Any]] | None:
         WalCorrupt: the record is not one ``write_workload_record`` writes.
     """
     path = directory / WORKLOAD_RECORD
-    if not path.exists():
+    found = _read_json(path, "workload record")
+    if found is None:
         return None
-    text = path.read_text(errors="replace")
-    try:
-        record = json.loads(text)
-    except ValueError as error:
-        raise WalCorrupt(f"{path}: unreadable workload record: {error}") from None
+    record, text = found
     if (
         not isinstance(record, dict)
         or not isinstance(record.get("workload"), str)
