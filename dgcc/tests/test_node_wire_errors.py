@@ -204,3 +204,34 @@ def test_a_call_without_a_usable_call_id_is_a_frame_error(call):
 
 def test_a_well_shaped_call_has_no_problem():
     assert call_problem((1, "ycsb_txn", {"keys": [1]})) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "problem"),
+    [
+        ("values", ((7, 0, None, None, None),), "unexpected value for txn 7 piece 0"),
+        ("values", 5, "object is not iterable"),  # not a list of entries at all
+        ("report", ((0, {}, None, None),), "second or unknown report from node 1"),
+    ],
+)
+def test_a_well_framed_but_wrong_peer_message_is_that_peers_fault(kind, body, problem):
+    """Values nobody waits for, a second report, a body of the wrong shape: a bad frame."""
+    from dgcc.protocols.dist_dgcc import EpochRun
+    from dgcc.protocols.dist_results import ResultAssembler
+
+    config = local_config(2, **YCSB)
+
+    async def go() -> None:
+        node = Node(config, 0)
+        node._running_epoch = 3  # mid-epoch 3, which waits for no value
+        node._run = EpochRun(0, node.db, node.registry, node.router, [[], []])
+        assembler = ResultAssembler(node.registry, [], 2)
+        assembler.add(1, [])  # node 1 has reported epoch 3 already
+        node._assemblers[3] = (assembler, [])
+        reader = asyncio.StreamReader()
+        reader.feed_data(frame((kind, 3, 1, body)))
+        reader.feed_eof()
+        with pytest.raises(FrameError, match=f"bad {kind!r} message from peer 1: .*{problem}"):
+            await node._serve_peer(reader, 1)
+
+    asyncio.run(go())

@@ -44,6 +44,7 @@ from typing import Any
 
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
+from dgcc.errors import ProcedureError
 from dgcc.net.calls import ClientLink, call_problem
 from dgcc.net.wire import (
     VERSION,
@@ -339,11 +340,11 @@ class Node:
                 if epoch < self._executed_epochs:
                     pass  # a rejoining peer re-sends the values of epochs this node finished
                 elif epoch == self._running_epoch and self._run is not None:
-                    self._run.deliver(body)
+                    _peer_body(peer, kind, self._run.deliver, body)
                 else:
                     self._values.setdefault(epoch, []).append(body)
             elif kind == "report":
-                self._on_report(epoch, peer, body)
+                _peer_body(peer, kind, self._on_report, epoch, peer, body)
             elif kind == "durable" and self.durability is not None:
                 self.durability.peer_durable(peer, epoch)
             elif kind == "restart" and self.durability is not None:
@@ -743,6 +744,20 @@ class Node:
             client.results(entries)
         for status, count in counts.items():
             self.stats[_STATUS_STAT[status]] += count
+
+
+def _peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) -> None:
+    """``handle(*args)`` for the body of a well-framed peer message; a body that breaks the
+    protocol (values nobody waits for, a second report, entries of the wrong shape) is the
+    peer's fault and ends its link as a bad frame does.
+
+    Raises:
+        FrameError: naming the peer, the message kind and the problem.
+    """
+    try:
+        handle(*args)
+    except (ProcedureError, ValueError, TypeError) as error:
+        raise FrameError(f"bad {kind!r} message from peer {peer}: {error}") from error
 
 
 async def _collect_garbage() -> None:
