@@ -104,6 +104,15 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
         status = _cli("cluster", "status", "--dir", str(directory))
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("yes") == 2
+        on_node1 = ["--dir", str(directory), "--node", "1"]
+        balance = _cli("call", "balance", '{"customer": 80}', *on_node1)
+        assert balance.returncode == 0, balance.stderr
+        assert json.loads(balance.stdout)["result"]["balance_cents"] == after
+        poor = _cli("call", "send_payment", '{"source": 10, "target": 80, "amount": 99999999}',
+                    "--dir", str(directory))  # fmt: skip
+        assert poor.returncode == 1 and json.loads(poor.stdout)["reason"] == "insufficient funds"
+        nope = _cli("call", "no_such", "--dir", str(directory))
+        assert nope.returncode == 2 and json.loads(nope.stdout)["status"] == "error"
         checked = _cli("cluster", "check", "--dir", str(directory))
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "cluster of 2 nodes (smallbank): consistent" in checked.stdout

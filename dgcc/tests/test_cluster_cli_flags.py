@@ -263,3 +263,11 @@ def test_check_reports_violations_and_refuses_a_busy_cluster(monkeypatch) -> Non
     monkeypatch.setattr(cluster, "status", fake.status)
     with pytest.raises(ConfigError, match="stayed busy over 3 tries"):
         cluster.check(config)
+
+
+def test_call_refuses_params_that_are_not_a_json_object(tmp_path, cli_error) -> None:
+    _write_cluster(tmp_path / "run")
+    call = ["call", "balance", "--dir", str(tmp_path / "run")]
+    assert "params '{bad' are not JSON" in cli_error([*call[:2], "{bad", *call[2:]])
+    assert "params must be a JSON object" in cli_error([*call[:2], "[1]", *call[2:]])
+    assert "--node 5 is not a node" in cli_error([*call, "--node", "5"])

@@ -43,7 +43,7 @@ __all__ = ["COMMANDS", "add_bench_flags", "bench_nodes", "dispatch", "register"]
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = ("node", "cluster")  # what ``register`` adds; ``bench --nodes`` goes to bench_nodes
+COMMANDS = ("node", "cluster", "call")  # what ``register`` adds; ``bench --nodes``: bench_nodes
 DIRECTORY_DEFAULT = Path(".dgcc_cluster")
 INFLIGHT_DEFAULT = 400  # calls in flight per node, `bench --nodes`
 # `cluster start` without --config (its epoch length, like `bench --nodes`'s, is loadgen's)
@@ -67,6 +67,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--data-dir", help="log and recover under DIR/node<id> (overrides the config's data_dir)"
     )
     node.set_defaults(check_invariants=False)  # the dgcc entry point reads this flag
+    call = commands.add_parser(
+        "call",
+        help="call one stored procedure on a running cluster and print its outcome (exit 0 "
+        "committed, 1 aborted, 2 error)",
+    )
+    call.add_argument("procedure", help="the procedure's name")
+    call.add_argument("params", nargs="?", default="{}", help='its params as JSON ({"k": 1})')
+    call.add_argument("--dir", type=Path, default=DIRECTORY_DEFAULT, help="the cluster's dir")
+    call.add_argument("--node", type=int, default=0, help="the node to call (0)")
+    call.add_argument("--timeout-s", type=float, default=30.0, help="wait this long (30)")
+    call.set_defaults(check_invariants=False)
     cluster = commands.add_parser("cluster", help="start, stop or query a local cluster")
     cluster.set_defaults(check_invariants=False)
     actions = cluster.add_subparsers(dest="action", required=True)
@@ -269,6 +280,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return _node(args)
     if args.command == "bench":
         return bench_nodes(args)
+    if args.command == "call":
+        return _call(args)
     if args.action == "start":
         return _start(args)
     config = _config_in(args.dir)
@@ -423,6 +436,32 @@ def _config_in(directory: Path) -> ClusterConfig:
     if not config_path.is_file():
         raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
     return load_config(config_path)
+
+
+def _call(args: argparse.Namespace) -> int:
+    """``dgcc call``: one procedure on node ``--node``; the outcome as one JSON line."""
+    from dgcc.net.client import Client
+    from dgcc.net.wire import NetError
+
+    try:
+        params = json.loads(args.params)
+    except ValueError as error:
+        raise ConfigError(f"params {args.params!r} are not JSON: {error}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f'params must be a JSON object ({{"name": value}}), got {args.params!r}')
+    config = _config_in(args.dir)
+    if not 0 <= args.node < len(config.nodes):
+        raise ConfigError(f"--node {args.node} is not a node of the cluster in {args.dir}")
+    node = config.nodes[args.node]
+    secret = config.shared_secret()
+    try:
+        with Client(node.host, node.port, secret=secret, timeout_s=args.timeout_s) as client:
+            outcome = client.call(args.procedure, params)
+    except (OSError, NetError) as error:
+        raise ConfigError(f"node {args.node} at {node.host}:{node.port}: {error}") from None
+    answer = {"status": outcome.status.value, "result": outcome.result, "reason": outcome.reason}
+    print(json.dumps(answer, default=repr))
+    return {"committed": 0, "aborted": 1}.get(outcome.status.value, 2)
 
 
 def _check(config: Any) -> int:
