@@ -99,6 +99,34 @@ def test_a_plan_that_raises_fails_its_call_alone(protocol: str) -> None:
     assert values == {1: 150, 12: 100}
 
 
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_result_builder_that_raises_fails_its_answer_alone(protocol: str) -> None:
+    registry = _registry()
+    registry.register(Procedure("broken", {"keys": list, "d": int}, _bump_plan, lambda out: 1 / 0))
+    broken = TxnRequest("broken", {"keys": [3], "d": 1})
+    outcomes = get_protocol(protocol)(_db(), registry).run_batch([broken, _bump([4], 1)])
+    assert [outcome.status for outcome in outcomes] == [Status.ERROR, Status.COMMITTED]
+    assert outcomes[0].reason == "broken.result raised ZeroDivisionError: division by zero"
+
+
+@pytest.mark.parametrize("protocol", ["dgcc", "calvin"])
+def test_a_one_node_cluster_fails_an_unroutable_faulty_call_alone(protocol: str) -> None:
+    """With one node, a call nobody can route is planned by that node only: it decides."""
+
+    class _NoRoute(_TwoNodes):
+        def route_keys(self, procedure: str, params: Mapping[str, Any]) -> None:
+            return None
+
+    run_class = server_class(protocol).epoch_run
+    router = Router(_NoRoute(), Placement.round_robin(1))
+    run = run_class(0, _db(), _registry(), router, [[_bump([2], 0), _bump([3], 1)]])
+    while not run.finished:
+        assert run.step(100), "nothing ran"
+    assembler = ResultAssembler(_registry(), [_bump([2], 0), _bump([3], 1)], 1)
+    assembler.add(0, _wire(run.reports().get(0, [])))
+    assert [o.status for o in assembler.outcomes()] == [Status.ERROR, Status.COMMITTED]
+
+
 class _TwoNodes:
     """The key-value workload's routing over two nodes: keys 0..9 on node 0, 10..19 on 1."""
 

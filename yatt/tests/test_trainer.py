@@ -65,6 +65,21 @@ def _heldout_pairs(config, tokenizer):
     return _encode_pairs(heldout_set, tokenizer, config.data.use_chat_template)
 
 
+def test_sft_refuses_rows_without_answers_before_any_work(tmp_path, monkeypatch) -> None:
+    from yatt.data import PromptExample
+    from yatt.errors import DataError
+
+    rows = [PromptExample("1 + 1 =", answer="2"), PromptExample("3 + 4 =", source="rows:2")]
+    monkeypatch.setattr("yatt.builders.build_data", lambda cfg: (rows, []))
+    config = load_config("tiny_test", ["eval.n=0", f"logging.run_dir={tmp_path}"])
+    with pytest.raises(DataError, match="SFT needs an answer on every row; rows:2 has none"):
+        run_sft(config, model=object(), tokenizer=object())
+    monkeypatch.setattr("yatt.builders.build_data", lambda cfg: ([], []))
+    with pytest.raises(DataError, match="SFT needs training rows"):
+        run_sft(config, model=object(), tokenizer=object())
+    assert not any(tmp_path.iterdir())
+
+
 def test_sft_refuses_a_heldout_loss_without_heldout_rows(tmp_path) -> None:
     from yatt.errors import DataError
 

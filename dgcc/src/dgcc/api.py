@@ -38,7 +38,9 @@ __all__ = [
     "Protocol",
     "Status",
     "TxnRequest",
+    "committed_outcome",
     "plan_batch",
+    "result_failed",
     "run_piece",
 ]
 
@@ -220,8 +222,25 @@ class PlannedTxn:
         # Outputs in piece order, whatever order a protocol ran the pieces in.
         outputs = self.outputs
         ordered = {p.name: outputs[p.name] for p in self.pieces if p.name in outputs}
-        build = self.procedure.result
-        return Outcome(Status.COMMITTED, build(ordered) if build else ordered)
+        return committed_outcome(self.procedure, ordered)
+
+
+def committed_outcome(procedure: Procedure, outputs: dict[str, Any]) -> Outcome:
+    """A committed call's outcome: ``procedure.result(outputs)`` (the outputs themselves when
+    it has no builder). A builder that raises makes the call's outcome an ERROR naming it, as
+    a raising piece does (its writes stand)."""
+    build = procedure.result
+    if build is None:
+        return Outcome(Status.COMMITTED, outputs)
+    try:
+        return Outcome(Status.COMMITTED, build(outputs))
+    except Exception as error:
+        return Outcome(Status.ERROR, reason=result_failed(procedure.name, error))
+
+
+def result_failed(name: str, error: Exception) -> str:
+    """The ERROR reason of a call whose procedure's result builder raised ``error``."""
+    return f"{name}.result raised {type(error).__name__}: {error}"
 
 
 def plan_batch(

@@ -166,9 +166,10 @@ def _sft(preset: str, overrides: list[str]) -> None:
     for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
         loss = sum(row["sft/loss"] for row in part) / len(part)
         table.add_row(f"train loss, {name} {len(part)} steps (mean)", f"{loss:.4f}")
-    held = [row["sft/heldout_loss"] for row in rows if "sft/heldout_loss" in row]
+    held = [(step, row["sft/heldout_loss"])
+            for step, row in enumerate(rows, start=1) if "sft/heldout_loss" in row]  # fmt: skip
     if held:
-        table.add_row("held-out loss at the end", f"{held[-1]:.4f}")
+        table.add_row(f"held-out loss at step {held[-1][0]}", f"{held[-1][1]:.4f}")
     table.add_row("epochs over the training set", f"{rows[-1]['sft/epoch']:.2f}")
     step_s = sum(row["timing_s/step"] for row in rows) / len(rows)
     table.add_row("mean step time", f"{step_s:.3f} s")

@@ -5,8 +5,9 @@ schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads), eval (n,
 and logging (run_dir, overwrite, tensorboard, progress): `train.steps` optimizer steps of
 `algo.micro_batch_size` examples, walking a reshuffled permutation of the training set each
 epoch (as the RL trainer walks its prompts), masked NLL on the answer tokens only (+ EOS). The
-held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, no
-gradient) is logged every `eval.every` steps and after the last one (`eval.at_end`). The result
+held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, or
+`eval.n_periodic` of them mid-run, no gradient) is logged every `eval.every` steps and after
+the last one (`eval.at_end`). The result
 is a safetensors folder `<run_dir>/model` that `yatt train ... model.path=` can start from;
 `sft_metrics.jsonl` (and `tensorboard/`) hold the curves. Accuracy is `yatt eval`'s job.
 """
@@ -38,10 +39,8 @@ def _encode_pairs(examples: list[Any], tokenizer: Any, use_chat_template: bool):
     from yatt.data import render_prompt
 
     prompts, answers = [], []
-    for index, example in enumerate(examples):
-        if example.answer is None:
-            where = example.source or f"example {index}"
-            raise DataError(f"SFT needs an answer on every row; {where} has none")
+    for example in examples:
+        assert example.answer is not None, "run_sft refuses rows without answers first"
         prompt = render_prompt(example, tokenizer, use_chat_template)
         prompts.append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         answer_ids = tokenizer(str(example.answer), add_special_tokens=False)["input_ids"]
@@ -95,12 +94,18 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
 
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = build_data(config.data)
+    if not train_set:
+        raise DataError("SFT needs training rows; the data has none")
     evaluates = eval_cfg.n > 0 and (eval_cfg.every > 0 or eval_cfg.at_end)
     if evaluates and not heldout_set:
         raise DataError(
             f"SFT's held-out loss (eval.n={eval_cfg.n}) needs held-out rows; data has none "
             "(set data.n_heldout, or eval.n=0)"
         )
+    for index, example in enumerate([*train_set, *heldout_set[: eval_cfg.n]]):
+        if example.answer is None:  # refused before the run folder is claimed
+            where = example.source or f"example {index}"
+            raise DataError(f"SFT needs an answer on every row; {where} has none")
     outputs = ("sft_metrics.jsonl", "model", "tensorboard")
     run_dir = claim_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
@@ -144,9 +149,11 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
                 "sft/lr": scheduler.get_last_lr()[0],
                 "timing_s/step": time.perf_counter() - start_s,
             }
-            if examples_due(eval_cfg, step, total):
+            due = examples_due(eval_cfg, step, total)  # eval.n, or eval.n_periodic mid-run
+            if due:
                 start_s = time.perf_counter()
-                metrics["sft/heldout_loss"] = heldout_loss(model, *heldout, batch_size)
+                first = [pairs[:due] for pairs in heldout]
+                metrics["sft/heldout_loss"] = heldout_loss(model, *first, batch_size)
                 metrics["timing_s/eval"] = time.perf_counter() - start_s
             metrics_logger.log(step, metrics)
             if progress is not None:

@@ -344,7 +344,7 @@ class Node:
                 else:
                     self._values.setdefault(epoch, []).append(body)
             elif kind == "report":
-                _peer_body(peer, kind, self._on_report, epoch, peer, body)
+                self._on_report(epoch, peer, body)
             elif kind == "durable" and self.durability is not None:
                 self.durability.peer_durable(peer, epoch)
             elif kind == "restart" and self.durability is not None:
@@ -718,7 +718,7 @@ class Node:
                 self._early_reports.setdefault(epoch, []).append((peer, report))
             return
         assembler, callers = entry
-        assembler.add(peer, report)
+        _peer_body(peer, "report", assembler.add, peer, report)
         if assembler.complete:
             del self._assemblers[epoch]
             if self.durability is None:
@@ -756,7 +756,7 @@ def _peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) ->
     """
     try:
         handle(*args)
-    except (ProcedureError, ValueError, TypeError) as error:
+    except (ProcedureError, ValueError, TypeError, IndexError) as error:
         raise FrameError(f"bad {kind!r} message from peer {peer}: {error}") from error
 
 

@@ -318,7 +318,8 @@ class EpochRun:
                     mine.append((index, origin, slot, routed))
                     requests.append(request)
                 index += 1
-        shared = [routed is None or len(routed) > 1 for _, _, _, routed in mine]
+        several = self.router.placement.nodes > 1  # else this node alone plans every call
+        shared = [several and (routed is None or len(routed) > 1) for _, _, _, routed in mine]
         for (index, origin, slot, routed), planned in zip(
             mine, plan_batch(registry, db, requests, shared), strict=True
         ):

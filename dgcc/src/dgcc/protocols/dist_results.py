@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest
+from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest, result_failed
 from dgcc.errors import BadRequest, ProcedureError
 
 __all__ = ["ReportEntry", "ResultAssembler"]
@@ -56,8 +56,10 @@ class ResultAssembler:
         if node not in self._waiting:
             raise ProcedureError(f"second or unknown report from node {node}")
         self._waiting.discard(node)
-        all_outputs, aborts = self._outputs, self._aborts
+        all_outputs, aborts, calls = self._outputs, self._aborts, len(self._batch)
         for slot, outputs, abort, error in entries:
+            if type(slot) is not int or not 0 <= slot < calls:
+                raise ProcedureError(f"node {node} reported slot {slot!r} of {calls} calls")
             current = all_outputs[slot]
             if current is None:
                 all_outputs[slot] = outputs
@@ -100,5 +102,8 @@ class ResultAssembler:
             build, outputs = builders[name], self._outputs[slot]
             if outputs is None:
                 outputs = {}
-            answers.append((_COMMITTED, build(outputs) if build else dict(outputs), ""))
+            try:
+                answers.append((_COMMITTED, build(outputs) if build else dict(outputs), ""))
+            except Exception as error:  # as ``committed_outcome``: this call's answer fails
+                answers.append((_ERROR, None, result_failed(name, error)))
         return answers

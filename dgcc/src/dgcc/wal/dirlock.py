@@ -16,6 +16,7 @@ import ctypes
 import fcntl
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from dgcc.errors import ConfigError
@@ -25,27 +26,37 @@ __all__ = ["LOCK_FILE", "DirLock"]
 LOCK_FILE = "LOCK"
 _HELD: set[int] = set()  # descriptors of the locks this process holds
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_forking_from = 0  # the pid forking, while it holds a lock
+_forking_from = 0  # the pid of the process about to fork
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved once, before any fork
+    except (OSError, AttributeError):  # not Linux: a holder's child may outlive it
+        return None
+
+
+_PRCTL = _prctl()
 
 
 def _before_fork() -> None:
     global _forking_from
-    _forking_from = os.getpid() if _HELD else 0
+    _forking_from = os.getpid()
 
 
 def _after_fork_in_child() -> None:
-    """In a holder's child: drop the lock's copy, and die with the parent."""
-    if not _forking_from:
+    """In a holder's child (its ``_HELD`` is the parent's at the fork): drop the lock's copy,
+    and die with the parent, more exactly with the thread that forked (``PR_SET_PDEATHSIG``
+    follows the forking thread: fork from the thread that lives as long as the holder)."""
+    if not _HELD:
         return
     for fd in _HELD:
         os.close(fd)
     _HELD.clear()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the child may outlive its parent
-        return
-    if os.getppid() != _forking_from:  # the parent died before the request took effect
-        os._exit(1)
+    if _PRCTL is None or _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL) == -1:
+        return  # no death signal here: the child may outlive its parent (as without a lock)
+    if os.getppid() != _forking_from:
+        os._exit(1)  # the parent died before the death signal was set
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

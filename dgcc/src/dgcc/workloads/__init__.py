@@ -108,7 +108,11 @@ class Workload(ABC):
 
         One key per partition suffices; the cluster routes the call to the nodes owning them.
         None (the default) means the workload cannot tell, and every node plans the call. Bad
-        parameters may raise anything; the call is then planned everywhere and fails alike.
+        parameters may raise anything; the call is then planned everywhere and fails alike if
+        its plan raises ``BadParams``. On a cluster of several nodes, a plan of a call more
+        than one node plans that raises anything else stops the nodes (a peer may have planned
+        it fine and committed its share): route your calls, and reject bad params with
+        ``BadParams``.
         """
         del procedure, params
         return None

@@ -397,7 +397,7 @@ class RankWorker:
             if reference is not None:  # the trainer's order: old, then reference log-probs
                 batch.ref_logp = reference.logprobs(batch)
             metrics = self.policy.update(batch)
-            if reference is not None:
+            if reference is not None:  # KL of the sampling policy (async: the behaviour one)
                 metrics["actor/kl"] = kl_mean(batch.old_logp, batch.ref_logp, batch.response_mask)
             metrics["batch/feature_checksum"] = float(shard.features.sum(dtype=torch.int64))
         metrics["timing_s/swap"] = swap_s + self._swap_optimizer(onto_device=False)

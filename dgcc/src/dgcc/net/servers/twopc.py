@@ -51,7 +51,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dgcc.api import Outcome, PlannedTxn, Status, TxnRequest, plan_batch, run_piece
+from dgcc.api import (
+    Outcome,
+    PlannedTxn,
+    Status,
+    TxnRequest,
+    committed_outcome,
+    plan_batch,
+    run_piece,
+)
 from dgcc.cluster import ClusterConfig
 from dgcc.errors import ConfigError
 from dgcc.net.node import CALLS_WAITING_MAX, Node
@@ -434,9 +442,8 @@ class TwoPhaseCommitNode(Node):
             lsn = self._end(branch_id, commit=True, one_phase=True)
             if self.wal is not None and lsn:
                 await self.wal.wait(lsn)  # answered only once its commit record is durable
-        build = planned.procedure.result
         ordered = {p.name: outputs[p.name] for p in pieces if p.name in outputs}
-        return Outcome(Status.COMMITTED, build(ordered) if build else ordered)
+        return committed_outcome(planned.procedure, ordered)
 
     async def _vote(self, branch_id: BranchId, node: int) -> bool:
         if node == self.id:
