@@ -35,6 +35,14 @@ def test_single_and_parallel_modes_agree_in_process():
     assert single.history[-1]["critic/score/mean"] == parallel.history[-1]["critic/score/mean"]
     assert single.history[0]["actor/grad_norm"] > 0
     assert single.history[0]["batch/feature_bytes"] == 8 * 512
+    # the trainer's batch and rate metrics, the same whether one driver or each group sums them
+    for key in ("critic/advantages/mean", "critic/advantages/abs_mean",
+                "response_length/clip_ratio"):  # fmt: skip
+        assert single.history[-1][key] == pytest.approx(parallel.history[-1][key]), key
+    row = parallel.history[-1]
+    assert row["critic/advantages/abs_mean"] > 0 and 0 <= row["response_length/clip_ratio"] <= 1
+    assert row["perf/samples_per_s"] == pytest.approx(row["batch/rows"] / row["timing_s/step"])
+    assert row["perf/gen_tokens_per_s"] > 0
 
 
 def test_a_kl_term_trains_alike_in_both_modes_and_pulls_the_update():

@@ -28,7 +28,14 @@ from yatt.common.timers import time_limit_reached
 from yatt.config import Config, check_eval_data
 from yatt.control.cluster import build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import Controller, RunResult, add_idle_metrics, start_eval, step_eval
+from yatt.control.controller import (
+    Controller,
+    RunResult,
+    add_idle_metrics,
+    add_perf_metrics,
+    start_eval,
+    step_eval,
+)
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import peak_rss_mb
@@ -151,8 +158,7 @@ class AdaptiveController(Controller):
             self.controller._last_step = total - 1
             step_start_s = time.perf_counter()
             metrics = self.step(step)
-            metrics["timing_s/step"] = time.perf_counter() - step_start_s
-            metrics["perf/throughput"] = metrics["batch/tokens"] / metrics["timing_s/step"]
+            add_perf_metrics(metrics, time.perf_counter() - step_start_s)
             metrics["control/move_s"] = move_s or 0.0
             metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
             budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)

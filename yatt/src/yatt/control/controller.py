@@ -20,6 +20,7 @@ __all__ = [
     "Controller",
     "RunResult",
     "add_idle_metrics",
+    "add_perf_metrics",
     "evaluate_ranks",
     "start_eval",
     "step_eval",
@@ -39,6 +40,17 @@ class RunResult:
     driver_peak_rss_mb: float = 0.0
     bytes_moved: int = 0
     wall_s: float = 0.0
+
+
+def add_perf_metrics(metrics: dict[str, float], step_s: float) -> None:
+    """The step's wall time and the trainer's rates over it: tokens/s (`perf/throughput`,
+    prompt and response), samples/s, and generated tokens per second of generation."""
+    rows = metrics["batch/rows"]
+    metrics["timing_s/step"] = step_s
+    metrics["perf/throughput"] = metrics["batch/tokens"] / step_s
+    metrics["perf/samples_per_s"] = rows / step_s
+    generated = metrics["response_length/mean"] * rows
+    metrics["perf/gen_tokens_per_s"] = generated / max(metrics.get("timing_s/gen", 0.0), 1e-9)
 
 
 def add_idle_metrics(history: list[dict[str, float]], events: list, n_devices: int) -> None:
@@ -123,8 +135,7 @@ class Controller(ABC):
         for step in range(total):
             step_start_s = time.perf_counter()
             metrics = self.step(step)
-            metrics["timing_s/step"] = time.perf_counter() - step_start_s
-            metrics["perf/throughput"] = metrics["batch/tokens"] / metrics["timing_s/step"]
+            add_perf_metrics(metrics, time.perf_counter() - step_start_s)
             out_of_time = time_limit_reached(self.config.train.time_limit_s, start_s, step + 1,
                                              total)  # fmt: skip
             step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,

@@ -33,7 +33,8 @@ __all__ = [
 # groups, so shard-local and global computation agree exactly. Config validation refuses the
 # others before any worker starts (check_controller_settings).
 ESTIMATORS = GROUP_ESTIMATORS
-_SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_bytes")
+_SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_bytes",
+             "clipped", "advantage", "advantage_abs")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,13 @@ def batch_sums(shard: Shard) -> Tensor:
     batch = shard.batch
     assert batch.rewards is not None, "sums need rewards"
     scores = batch.rewards.double()
+    mask = batch.response_mask.double()
+    advantages = torch.zeros_like(mask) if batch.advantages is None else batch.advantages.double()
     return torch.tensor([
         float(batch.size), float(scores.sum()), float((scores * scores).sum()),
-        float(batch.response_mask.sum()), float(batch.attention_mask.sum()),
-        float(shard.features.numel()),
+        float(mask.sum()), float(batch.attention_mask.sum()), float(shard.features.numel()),
+        float(sum(reason == "length" for reason in batch.finish_reasons)),
+        float((advantages * mask).sum()), float((advantages.abs() * mask).sum()),
     ], dtype=torch.float64)  # fmt: skip
 
 
@@ -96,10 +100,14 @@ def sums_to_metrics(sums: Tensor) -> dict[str, float]:
     values = dict(zip(_SUM_KEYS, sums.tolist()))
     rows = max(values["rows"], 1.0)
     mean = values["score"] / rows
+    tokens = max(values["response_tokens"], 1.0)
     return {
         "critic/score/mean": mean,
         "critic/score/std": max(values["score_sq"] / rows - mean * mean, 0.0) ** 0.5,
+        "critic/advantages/mean": values["advantage"] / tokens,
+        "critic/advantages/abs_mean": values["advantage_abs"] / tokens,
         "response_length/mean": values["response_tokens"] / rows,
+        "response_length/clip_ratio": values["clipped"] / rows,
         "batch/rows": values["rows"],
         "batch/tokens": values["tokens"],
         "batch/feature_bytes": values["feature_bytes"],
