@@ -40,7 +40,7 @@ __all__ = [
     "TxnRequest",
     "committed_outcome",
     "plan_batch",
-    "result_failed",
+    "raised",
     "run_piece",
 ]
 
@@ -235,26 +235,26 @@ def committed_outcome(procedure: Procedure, outputs: dict[str, Any]) -> Outcome:
     try:
         return Outcome(Status.COMMITTED, build(outputs))
     except Exception as error:
-        return Outcome(Status.ERROR, reason=result_failed(procedure.name, error))
+        return Outcome(Status.ERROR, reason=raised(procedure.name, "result", error))
 
 
-def result_failed(name: str, error: Exception) -> str:
-    """The ERROR reason of a call whose procedure's result builder raised ``error``."""
-    return f"{name}.result raised {type(error).__name__}: {error}"
+def raised(name: str, part: str, error: Exception) -> str:
+    """The reason of a call whose procedure's ``part`` (plan, result) raised ``error``."""
+    return f"{name}.{part} raised {type(error).__name__}: {error}"
 
 
 def plan_batch(
     registry: ProcedureRegistry,
     db: Database,
     batch: Sequence[TxnRequest],
-    shared: Sequence[bool] | None = None,
+    shared: Callable[[int], bool] | None = None,
 ) -> list[PlannedTxn | Outcome]:
     """Plan every request against the state at the start of the batch.
 
     A request that cannot be planned (unknown procedure, bad params, malformed) becomes an ERROR
     outcome in its slot; the rest of the batch is unaffected. Every protocol plans this way, so
     reconnaissance sees the same state under each of them. A plan function that raises anything
-    else fails its call alike, unless ``shared[i]``: request i is planned on several nodes, each
+    else fails its call alike, unless ``shared(i)``: request i is planned on several nodes, each
     against its own rows, and only a ``BadRequest`` is known to be every node's decision (the
     workload's contract); another exception there is raised as a ``ProcedureError`` (loud: a
     node must never commit its share of a call that another node failed).
@@ -267,7 +267,7 @@ def plan_batch(
         except BadRequest as error:
             planned.append(Outcome(Status.ERROR, reason=str(error)))
         except _PlanRaised as error:
-            if shared is not None and shared[index]:
+            if shared is not None and shared(index):  # asked only of a plan that raised
                 raise ProcedureError(f"{error} (a call planned on several nodes)") from error
             planned.append(Outcome(Status.ERROR, reason=str(error)))
     return planned
@@ -289,8 +289,7 @@ def _plan_one(
     except (BadRequest, MemoryError, RecursionError):  # the last two: this process's limits
         raise
     except Exception as error:  # a bug in the procedure: this call fails, as in ``run_piece``
-        reason = f"{procedure.name}.plan raised {type(error).__name__}: {error}"
-        raise _PlanRaised(reason) from error
+        raise _PlanRaised(raised(procedure.name, "plan", error)) from error
     if debug.check_invariants:
         _check_plan(procedure, pieces)
     return PlannedTxn(index, procedure, request.params, pieces)

@@ -581,7 +581,8 @@ def status(config: ClusterConfig, *, timeout_s: float = 5.0) -> list[dict[str, A
 
 
 CHECK_TRIES = 3
-_QUIET_KEYS = ("txn/committed", "txn/aborted", "txn/error", "epochs_closed", "epochs_executed")
+_QUIET_KEYS = ("waiting_calls", "peers_down", "txn/committed", "txn/aborted", "txn/error",
+               "epochs_closed", "epochs_executed")  # fmt: skip
 
 
 def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
@@ -600,25 +601,28 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
     from dgcc.net.client import Client
     from dgcc.workloads import get_workload
 
-    def counters() -> list[tuple]:
+    def counters() -> list[dict[str, Any]]:
         entries = status(config, timeout_s=timeout_s)
         down = [entry["id"] for entry in entries if "error" in entry]
         if down:
             raise ConfigError(f"cannot check the cluster: nodes {down} do not answer")
-        return [(e["waiting_calls"], *(e.get(key) for key in _QUIET_KEYS), tuple(e["peers_down"]))
-                for e in entries]  # fmt: skip
+        return [{key: entry.get(key) for key in _QUIET_KEYS} for entry in entries]
 
-    def quiet(entries: list[tuple]) -> bool:
-        epochs = {(entry[4], entry[5]) for entry in entries}  # (closed, executed) per node
-        in_flight = any(entry[0] or entry[-1] for entry in entries)  # calls, or a peer down
-        return not in_flight and len(epochs) == 1 and len(set(epochs.pop())) == 1
+    def quiet(nodes: list[dict[str, Any]]) -> bool:
+        executed = {node["epochs_executed"] for node in nodes}
+        return len(executed) == 1 and all(
+            not node["waiting_calls"]
+            and not node["peers_down"]
+            and node["epochs_closed"] == node["epochs_executed"]
+            for node in nodes
+        )
 
     workload = get_workload(config.workload, **dict(config.workload_options))
+    secret = config.shared_secret()
     for _ in range(CHECK_TRIES):
         before = counters()
         dumps = []
         for node in config.nodes:
-            secret = config.shared_secret()
             with Client(node.host, node.port, secret=secret, timeout_s=timeout_s) as client:
                 dumps.append(client.dump())
         if before == counters() and quiet(before):

@@ -319,7 +319,11 @@ class EpochRun:
                     requests.append(request)
                 index += 1
         several = self.router.placement.nodes > 1  # else this node alone plans every call
-        shared = [several and (routed is None or len(routed) > 1) for _, _, _, routed in mine]
+
+        def shared(i: int) -> bool:  # call i is planned on other nodes too
+            routed = mine[i][3]
+            return several and (routed is None or len(routed) > 1)
+
         for (index, origin, slot, routed), planned in zip(
             mine, plan_batch(registry, db, requests, shared), strict=True
         ):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest, result_failed
+from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest, raised
 from dgcc.errors import BadRequest, ProcedureError
 
 __all__ = ["ReportEntry", "ResultAssembler"]
@@ -105,5 +105,5 @@ class ResultAssembler:
             try:
                 answers.append((_COMMITTED, build(outputs) if build else dict(outputs), ""))
             except Exception as error:  # as ``committed_outcome``: this call's answer fails
-                answers.append((_ERROR, None, result_failed(name, error)))
+                answers.append((_ERROR, None, raised(name, "result", error)))
         return answers

@@ -32,6 +32,7 @@ from dgcc.api import (
     PlannedTxn,
     ProcedureRegistry,
     TxnRequest,
+    raised,
     run_piece,
 )
 from dgcc.errors import BadRequest, DgccError
@@ -187,10 +188,8 @@ def plan_replayed(
         except BadRequest as error:
             raise DgccError(f"replayed transaction {slot} no longer plans: {error}") from None
         except Exception as error:  # it planned when logged: another workload, or not pure
-            raise DgccError(
-                f"replayed transaction {slot} no longer plans: {name}.plan raised "
-                f"{type(error).__name__}: {error}"
-            ) from None
+            reason = raised(name, "plan", error)
+            raise DgccError(f"replayed transaction {slot} no longer plans: {reason}") from None
         if len(pieces) != counts[slot]:
             raise DgccError(
                 f"replayed transaction {slot} has {len(pieces)} pieces; the log has {counts[slot]}"

@@ -20,7 +20,6 @@ from yatt.batch import RolloutBatch
 from yatt.config import GROUP_ESTIMATORS
 
 __all__ = [
-    "ESTIMATORS",
     "Shard",
     "ShardRequest",
     "batch_sums",
@@ -29,10 +28,6 @@ __all__ = [
     "sums_to_metrics",
 ]
 
-# Estimators whose advantages depend only on the rows of one group: a shard holds whole
-# groups, so shard-local and global computation agree exactly. Config validation refuses the
-# others before any worker starts (check_controller_settings).
-ESTIMATORS = GROUP_ESTIMATORS
 _SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_bytes",
              "clipped", "advantage", "advantage_abs")  # fmt: skip
 
@@ -72,7 +67,9 @@ def make_features(seeds: tuple[int, ...], payload_bytes: int) -> Tensor:
 
 def set_advantages(batch: RolloutBatch, estimator: str, norm_std: bool) -> None:
     """Fill batch.advantages (B, R) from batch.rewards with a group-local estimator."""
-    assert estimator in ESTIMATORS, f"estimator {estimator!r} is not one of {ESTIMATORS}"
+    # A shard holds whole groups, so these group-local advantages equal the global batch's;
+    # config validation refuses the other estimators before any worker starts.
+    assert estimator in GROUP_ESTIMATORS, f"{estimator!r} is not one of {GROUP_ESTIMATORS}"
     assert batch.rewards is not None, "advantages need rewards"
     advantages, _ = compute_advantages(
         estimator, rewards=batch.rewards, group_ids=batch.group_ids, norm_std=norm_std

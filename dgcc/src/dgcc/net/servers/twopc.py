@@ -153,12 +153,9 @@ class TwoPhaseCommitNode(Node):
     def stop(self) -> None:
         for task in self._txn_tasks:
             task.cancel()
-        lock, self._dir_lock = self._dir_lock, None  # given up once the log is closed
-        super().stop()
-        if self.wal is not None:
+        if self.wal is not None:  # closed before ``Node.stop`` gives up the directory
             self.wal.close()
-        self._dir_lock = lock
-        self.release_dir()
+        super().stop()
 
     def status(self) -> dict[str, Any]:
         status = super().status()
