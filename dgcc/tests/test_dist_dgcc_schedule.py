@@ -117,6 +117,28 @@ def test_pieces_off_every_path_from_a_remote_value_run_first_in_serial_order() -
 
 
 @pytest.mark.parametrize("checked", [False, True])
+def test_a_value_turns_into_the_value_a_peer_waits_for_before_local_work(checked: bool) -> None:
+    # Node 0 -> node 1 -> node 0: txn 0's put on node 1 waits for node 0's take, and txn 1's
+    # take on node 1 reads what that put writes and feeds node 0's put. Once node 0's value
+    # arrives, node 1 runs both (held, and a peer waits on them) ahead of its local-only moves.
+    workload = _KeyValue()
+    local = [_move(15, 16), _move(17, 18), _move(18, 19)]
+    with debug.invariants(checked):
+        (node0, node1), dbs = _runs(workload, [[_move(3, 12), _move(12, 4)], local])
+        assert node1.step(1) == 1  # a local-only piece: no value has come yet
+        assert node0.step(100) == 1 and not node0.has_ready
+        node1.deliver(_wire(node0.take_outbox()[1]))
+        assert node1.step(100) == 2  # both held pieces, then the value leaves
+        assert workload.ran[2:] == [(3, 12, "put"), (12, 4, "take")]
+        assert node1.remaining == 2 * len(local) - 1
+        node0.deliver(_wire(node1.take_outbox()[0]))
+        assert node0.step(100) == 1 and node0.finished
+        assert node1.step(100) == 2 * len(local) - 1 and node1.finished
+    assert dbs[1]["kv"].rows[12]["v"] == 12 * 2 + 3
+    assert dbs[0]["kv"].rows[4]["v"] == 4 * 2 + dbs[1]["kv"].rows[12]["v"]
+
+
+@pytest.mark.parametrize("checked", [False, True])
 def test_an_epoch_without_cross_node_edges_runs_in_serial_order(checked: bool) -> None:
     # Nothing waits on or feeds another node: no graph (with checks on, one that is checked).
     workload = _KeyValue()

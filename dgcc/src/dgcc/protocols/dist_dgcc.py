@@ -606,12 +606,19 @@ class EpochRun:
     def step(self, budget: int) -> int:
         """Run up to ``budget`` ready pieces (urgent ones first); returns how many ran.
 
-        The serial run comes first, then the held pieces by in-degree. Returns early once
-        values are due to peers and no urgent piece is left, so they leave before the
-        local-only pieces run. Zero with pieces remaining means this node waits for value
-        messages.
+        The serial run comes first, then the held pieces by in-degree; but a held piece peers
+        wait on runs as soon as a value frees it, once the urgent part of the serial run is
+        done (that part holds every unheld ancestor of such a piece, see ``_ancestry``), so a
+        peer's value turns into the value it waits for while this node still has local work.
+        Returns early once values are due to peers and no urgent piece is left, so they leave
+        before the local-only pieces run. Zero with pieces remaining means this node waits
+        for value messages.
         """
-        ran = self._step_order(budget) if self._next < len(self._order) else 0
+        ran = 0
+        if self._urgent and self._next >= self._order_urgent:
+            ran = self._step_graph(budget, urgent_only=True)
+        if ran < budget and self._next < len(self._order) and not (ran and self.outbox):
+            ran += self._step_order(budget - ran)
         if ran < budget and self._next == len(self._order) and not (ran and self.outbox):
             ran += self._step_graph(budget - ran)
         self.remaining -= ran
@@ -645,8 +652,8 @@ class EpochRun:
         self._next = end
         return end - start
 
-    def _step_graph(self, budget: int) -> int:
-        """Held pieces by in-degree, urgent ones first."""
+    def _step_graph(self, budget: int, urgent_only: bool = False) -> int:
+        """Held pieces by in-degree, urgent ones first (only those with ``urgent_only``)."""
         graph = self._graph
         if graph is None:
             return 0
@@ -659,7 +666,7 @@ class EpochRun:
         while ran < budget:
             if urgent:
                 pid = pop(urgent)
-            elif ready:
+            elif ready and not urgent_only:
                 pid = ready_pop()
             else:
                 break
