@@ -89,8 +89,6 @@ def test_ray_only_control_keys_need_ray(override: str) -> None:
             "algo.kl_coef=0 under runtime re-placement",
         ),
         (["algo.overlong_buffer=4"], ["algo.overlong_buffer=4"], "algo.overlong_buffer=0"),
-        (["checkpoint.every=5"], ["checkpoint.every=5"], "checkpoint.at_end=true"),
-        (["checkpoint.resume=latest"], ["checkpoint.resume=latest"], "no checkpoint.resume"),
         (
             ["algo.name=ppo", "algo.overlong_buffer=2"],
             ["algo.name='ppo'", "algo.overlong_buffer=2"],
@@ -108,7 +106,8 @@ def test_ray_controllers_refuse_what_only_the_trainer_supports(overrides, named,
 
 def test_ray_controllers_take_the_group_estimators_and_dapo_settings() -> None:
     supported = ["algo.name=rloo", "algo.dynamic_sampling=true", "algo.entropy_coef=0.01",
-                 "algo.kl_coef=0.05", "checkpoint.at_end=true", "control.backend=ray"]  # fmt: skip
+                 "algo.kl_coef=0.05", "checkpoint.at_end=true", "checkpoint.every=5",
+                 "checkpoint.resume=auto", "control.backend=ray"]  # fmt: skip
     assert load_config("tiny_test", supported).algo.name == "rloo"
 
 

@@ -207,3 +207,31 @@ def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
     assert sorted(e[0] for e in updates) == [0, 0, 1, 1, 1]  # steps 0 and 2 on both cores, 1 on 1
     assert [h["control/move_s"] > 0 for h in run.history] == [False, True, True]
     _assert_close(weights, _inprocess_weights(config))
+
+
+def test_two_ranks_resume_from_a_checkpoint_as_the_run_went_on(ray_session, tmp_path):
+    """Two data-parallel policy ranks write a checkpoint at step 2 (rank 0's weights, optimizer
+    and schedule, and both groups' data positions); the same workers, reset to the initial
+    model, restore it and finish step 3 with the uninterrupted run's weights."""
+    from yatt.checkpoint import load_control_state
+
+    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3", "checkpoint.every=2"])
+    control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
+                            device_kind="cpu", extra_rewards=REWARD)  # fmt: skip
+    controller = ParallelController(config, control)
+    controller.checkpoint_dir = tmp_path
+    try:
+        controller.fit()
+        whole = controller.weights()
+        controller.cluster.reset(config, control)  # back to the initial model, same processes
+        resumed = ParallelController(config, control, controller.cluster)
+        checkpoint = tmp_path / "checkpoints" / "step_000002"
+        state = load_control_state(checkpoint)
+        assert len(state["queues"]) == 2  # one data position per group
+        assert resumed.restore(checkpoint, state) == 2
+        run = resumed.fit(start_step=2)
+        weights = resumed.weights()
+    finally:
+        controller.close()
+    assert len(run.history) == 1
+    assert all(torch.equal(whole[k], weights[k]) for k in whole)

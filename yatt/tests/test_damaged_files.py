@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from yatt.checkpoint import load_trainer_state, policy_folder
+from yatt.checkpoint import load_trainer_state, policy_folder, truncate_metrics
 from yatt.cli import main
 from yatt.config import load_config
 from yatt.data import PromptExample, load_prompts, split_heldout
@@ -22,7 +22,7 @@ from yatt.evaluate import evaluate_engine
 from yatt.models import load_model, tiny_model
 from yatt.rewards import RewardError
 from yatt.run_dir import claim_run_dir
-from yatt.trainer import Trainer, _truncate_jsonl
+from yatt.trainer import Trainer
 
 TINY = ["train.steps=1", "eval.n=0", "rollout.n_samples=2", "algo.prompts_per_step=2"]
 
@@ -109,7 +109,7 @@ def test_torn_last_metrics_line_is_dropped_and_the_rest_kept(tmp_path, caplog):
     rows = [json.dumps({"step": step, "x": 1.0}) for step in (1, 2, 3)]
     path.write_text("\n".join(rows) + '\n{"step": 4, "x": 1.')
     with caplog.at_level(logging.WARNING):
-        _truncate_jsonl(path, last_step=2)
+        truncate_metrics(path, last_step=2)
     assert path.read_text().splitlines() == rows[:2]
     assert str(path) in caplog.text and "torn last line" in caplog.text
 
@@ -119,7 +119,7 @@ def test_damaged_middle_metrics_line_refuses_and_keeps_the_file(tmp_path):
     text = '{"step": 1}\nnot json\n{"step": 2}\n'
     path.write_text(text)
     with pytest.raises(ConfigError, match="row 2 is not a JSON metrics row") as exc_info:
-        _truncate_jsonl(path, last_step=2)
+        truncate_metrics(path, last_step=2)
     _one_line(exc_info)
     assert path.read_text() == text
 

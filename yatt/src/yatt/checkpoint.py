@@ -1,14 +1,19 @@
 """Training checkpoints: a safetensors model folder plus everything an exact resume needs.
 
 Layout of `<run_dir>/checkpoints/step_<n>/`:
-    policy/          model + tokenizer (safetensors; `from_pretrained` reads it)
-    critic/          the critic's state (PPO only)
-    trainer_state.pt optimizer, LR scheduler, RNG states, data position, step
-    config.yaml      the resolved config of the run
+    policy/            model + tokenizer (safetensors; `from_pretrained` reads it)
+    critic/            the critic's state (PPO only)
+    trainer_state.pt   optimizer, LR scheduler, step; the trainer's RNG states and data position
+    control_state.json the distributed controllers' data position (their checkpoints only)
+    config.yaml        the resolved config of the run
+
+The single-process trainer and the distributed controllers (yatt.control) write the same
+layout; each resumes only its own checkpoints (their data positions differ), and says so.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -16,25 +21,32 @@ from typing import Any
 
 import torch
 
+from yatt.common import read_metrics
 from yatt.config import Config, save_config
 from yatt.errors import ConfigError
 
 __all__ = [
     "RESUME_AUTO",
     "RESUME_LATEST",
+    "check_resumed_by",
     "checkpoint_run_dir",
     "checkpoint_step",
+    "drop_later_checkpoints",
     "list_checkpoints",
+    "load_control_state",
     "load_trainer_state",
     "policy_folder",
     "resolve_resume",
     "save_training_checkpoint",
+    "truncate_metrics",
 ]
 
 logger = logging.getLogger(__name__)
 RESUME_LATEST, RESUME_AUTO = "latest", "auto"  # checkpoint.resume keywords
 _STATE_FILE = "trainer_state.pt"
+_CONTROL_FILE = "control_state.json"
 _STATE_KEYS = ("step", "policy", "sampler", "rng")  # what `Trainer._resume` reads
+_CONTROL_STATE_KEYS = ("step", "policy")  # what a policy rank reads (`RankWorker.restore`)
 
 
 def policy_folder(checkpoint: Path) -> Path:
@@ -93,8 +105,10 @@ def save_training_checkpoint(
     trainer_state: dict[str, Any],
     critic: Any | None = None,
     keep_last: int = 2,
+    control_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write `<run_dir>/checkpoints/step_<step>` atomically (temp folder + rename)."""
+    """Write `<run_dir>/checkpoints/step_<step>` atomically (temp folder + rename);
+    `control_state` (JSON) marks a checkpoint of the distributed controllers."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     staging = root / f".step_{step:06d}.tmp"
@@ -107,6 +121,8 @@ def save_training_checkpoint(
     if critic is not None:
         state["critic"] = critic.state_dict()
     torch.save(state, staging / _STATE_FILE)
+    if control_state is not None:
+        (staging / _CONTROL_FILE).write_text(json.dumps({**control_state, "step": step}))
     save_config(config, staging / "config.yaml")
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
@@ -116,17 +132,38 @@ def save_training_checkpoint(
     return final
 
 
-def load_trainer_state(checkpoint: Path, *, needs_critic: bool = False) -> dict[str, Any]:
-    """The trainer state saved in a checkpoint folder.
-
-    Raises ConfigError (one line naming the folder) if there is no state file, or if it is
-    unreadable (truncated, garbage, empty) or lacks the keys a resume needs.
-    """
-    path = Path(checkpoint) / _STATE_FILE
-    if not path.is_file():
+def check_resumed_by(checkpoint: Path, controllers: bool) -> None:
+    """Raise ConfigError (one line) unless `checkpoint` is a checkpoint folder written by the
+    kind of run resuming it: the distributed controllers (`controllers`) or the trainer."""
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / _STATE_FILE).is_file():
         raise ConfigError(
             f"checkpoint.resume={str(checkpoint)!r} is not a checkpoint folder (no {_STATE_FILE})"
         )
+    written_by_controllers = (checkpoint / _CONTROL_FILE).is_file()
+    if written_by_controllers != controllers:
+        writer, how = (
+            ("the distributed controllers", "with control.backend=ray")
+            if written_by_controllers
+            else ("the single-process trainer", "without control.backend=ray")
+        )
+        raise ConfigError(
+            f"checkpoint.resume={checkpoint} was written by {writer}, which keep their data "
+            f"position apart: resume it {how}"
+        )
+
+
+def load_trainer_state(
+    checkpoint: Path, *, needs_critic: bool = False, controllers: bool = False
+) -> dict[str, Any]:
+    """The trainer state saved in a checkpoint folder (of a policy rank's, `controllers`).
+
+    Raises ConfigError (one line naming the folder) if there is no state file, if another kind
+    of run wrote it (`check_resumed_by`), or if it is unreadable (truncated, garbage, empty) or
+    lacks the keys a resume needs.
+    """
+    check_resumed_by(checkpoint, controllers)
+    path = Path(checkpoint) / _STATE_FILE
     try:
         # The file holds python RNG tuples and numpy states besides tensors; it is our own output.
         state = torch.load(path, weights_only=False)
@@ -134,17 +171,96 @@ def load_trainer_state(checkpoint: Path, *, needs_critic: bool = False) -> dict[
         raise ConfigError(_unreadable(checkpoint, f"{type(exc).__name__}: {exc}")) from exc
     if not isinstance(state, dict):
         raise ConfigError(_unreadable(checkpoint, f"holds a {type(state).__name__}, not a dict"))
-    wanted = (*_STATE_KEYS, "critic") if needs_critic else _STATE_KEYS
+    keys = _CONTROL_STATE_KEYS if controllers else _STATE_KEYS
+    wanted = (*keys, "critic") if needs_critic else keys
     missing = [key for key in wanted if key not in state]
     if missing:
         raise ConfigError(_unreadable(checkpoint, f"missing keys {missing}"))
     return state
 
 
-def _unreadable(checkpoint: Path, cause: str) -> str:
+def _unreadable(checkpoint: Path, cause: str, file: str = _STATE_FILE) -> str:
     # One line, first sentence: torch's zip errors run on for a paragraph of advice.
     cause = " ".join(cause.split()).split(". ")[0][:200]
     return (
-        f"checkpoint.resume={checkpoint}: {_STATE_FILE} is unreadable "
+        f"checkpoint.resume={checkpoint}: {file} is unreadable "
         f"(truncated or not a yatt checkpoint): {cause}"
     )
+
+
+def load_control_state(checkpoint: Path) -> dict[str, Any]:
+    """The distributed controllers' data position saved in a checkpoint folder: `step` (steps
+    done), `queues` (one `[draws, pending prompts]` pair per data-parallel group of the run
+    that wrote it; see `yatt.control.async_rollout.QueueState`), and the `prompts_per_step`
+    and training set size (`n_prompts`) the draws were made with.
+
+    Raises ConfigError (one line naming the folder) for a folder the controllers did not write
+    and for a state file that is unreadable or not of that shape.
+    """
+    check_resumed_by(checkpoint, controllers=True)
+    path = Path(checkpoint) / _CONTROL_FILE
+    try:
+        state = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding
+        raise ConfigError(_unreadable(checkpoint, str(exc), _CONTROL_FILE)) from exc
+
+    def is_count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    queues = state.get("queues") if isinstance(state, dict) else None
+    shaped = (
+        isinstance(state, dict)
+        and all(is_count(state.get(key)) for key in ("step", "prompts_per_step", "n_prompts"))
+        and isinstance(queues, list)
+        and len(queues) > 0
+        and all(
+            isinstance(q, list)
+            and len(q) == 2
+            and is_count(q[0])
+            and isinstance(q[1], list)
+            and all(is_count(p) for p in q[1])
+            for q in queues
+        )
+    )
+    if not shaped:
+        shape = "not {step, prompts_per_step, n_prompts, queues: [[draws, [prompt, ...]], ...]}"
+        raise ConfigError(_unreadable(checkpoint, shape, _CONTROL_FILE))
+    return state
+
+
+def drop_later_checkpoints(run_dir: Path, checkpoint: Path, step: int, overwrite: bool) -> None:
+    """A run resumed in place at `step` from `checkpoint` abandons the timeline of the run
+    folder's later checkpoints: refused (ConfigError, nothing touched) unless `overwrite`
+    (`logging.overwrite`), then deleted."""
+    later = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) > step]
+    if not later:
+        return
+    names = ", ".join(p.name for p in later)
+    if not overwrite:
+        raise ConfigError(
+            f"checkpoint.resume={checkpoint} is at step {step} but "
+            f"{Path(run_dir) / 'checkpoints'} holds later ones ({names}); resume from "
+            f"{later[-1]}, or set logging.overwrite=true to discard the later checkpoints"
+        )
+    logger.warning("resuming at step %d: deleting the later checkpoints %s", step, names)
+    for path in later:
+        shutil.rmtree(path)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop the rows of a run's metrics JSONL logged after `last_step` (a run resumed there
+    rewrites them) and a torn last line (a crash mid-write; logged). Raises ConfigError for a
+    damaged line before the last; a missing file is left missing."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        rows, torn = read_metrics(path)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; repair or remove it to resume") from None
+    if torn:
+        logger.warning("%s: dropped a torn last line (the run stopped mid-write)", path)
+    kept = [line + b"\n" for line, row in rows if row["step"] <= last_step]
+    staging = path.with_name(path.name + ".tmp")  # rewrite atomically: never half a file
+    staging.write_bytes(b"".join(kept))
+    staging.replace(path)

@@ -439,14 +439,14 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
     """Raise ConfigError for settings the distributed controllers (yatt.control) would fail on
     mid-run or silently ignore: estimators other than GROUP_ESTIMATORS (no critic, no
     token-level returns), a KL term under runtime re-placement (each policy rank keeps a frozen
-    reference copy, which a move does not hand over), the overlong penalty, periodic
-    checkpoints and resuming. (`train.torch_threads` is a speed knob, not refused: a Ray
-    worker runs one thread per core of its device, and fit_distributed logs that.)
+    reference copy, which a move does not hand over) and the overlong penalty.
+    (`train.torch_threads` is a speed knob, not refused: a Ray worker runs one thread per core
+    of its device, and fit_distributed logs that.)
 
     Config validation calls it for control.backend=ray; build_cluster and fit_distributed
     call it for controllers built from the Python API (any backend), before any worker starts.
     """
-    algo, checkpoint = config.algo, config.checkpoint
+    algo = config.algo
     supported = f"algo.name in {list(GROUP_ESTIMATORS)}"
     refused = [  # (unsupported, the setting as given, what the controllers support)
         (algo.name not in GROUP_ESTIMATORS, f"algo.name={algo.name!r}", supported),
@@ -455,10 +455,6 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
          "algo.kl_coef=0 under runtime re-placement (moves hand over no reference model)"),
         (algo.overlong_buffer > 0, f"algo.overlong_buffer={algo.overlong_buffer}",
          "algo.overlong_buffer=0 (no overlong penalty)"),
-        (checkpoint.every > 0, f"checkpoint.every={checkpoint.every}",
-         "checkpoint.every=0 (the final policy only, with checkpoint.at_end=true)"),
-        (bool(checkpoint.resume), f"checkpoint.resume={checkpoint.resume}",
-         "no checkpoint.resume"),
     ]  # fmt: skip
     given = [(setting, allowed) for bad, setting, allowed in refused if bad]
     if given:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +25,15 @@ from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
     RESUME_AUTO,
+    check_resumed_by,
     checkpoint_run_dir,
-    checkpoint_step,
-    list_checkpoints,
+    drop_later_checkpoints,
     load_trainer_state,
     resolve_resume,
     save_training_checkpoint,
+    truncate_metrics,
 )
-from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink, read_metrics
+from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, check_eval_data, save_config
@@ -125,6 +125,8 @@ class Trainer:
         self.config = config
         check_eval_data(config)
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
+        if resume:
+            check_resumed_by(Path(resume), controllers=False)
         # A checkpoint of this run folder continues the run in place; one of another folder
         # starts a new run here from its state (the folder is claimed as for a fresh run).
         self._in_place = (
@@ -207,25 +209,9 @@ class Trainer:
                 f"checkpoint.resume={checkpoint}: its trainer state does not fit this run: {detail}"
             ) from exc
         if self._in_place:
-            self._drop_later_checkpoints(checkpoint)
+            overwrite = self.config.logging.overwrite
+            drop_later_checkpoints(self.run_dir, checkpoint, self.step, overwrite)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
-
-    def _drop_later_checkpoints(self, checkpoint: Path) -> None:
-        """Checkpoints of this run folder past the resumed step belong to a timeline the resumed
-        run abandons: refused (nothing touched) unless `logging.overwrite`, then deleted."""
-        later = [p for p in list_checkpoints(self.run_dir) if checkpoint_step(p) > self.step]
-        if not later:
-            return
-        names = ", ".join(p.name for p in later)
-        if not self.config.logging.overwrite:
-            raise ConfigError(
-                f"checkpoint.resume={checkpoint} is at step {self.step} but "
-                f"{self.run_dir / 'checkpoints'} holds later ones ({names}); resume from "
-                f"{later[-1]}, or set logging.overwrite=true to discard the later checkpoints"
-            )
-        logger.warning("resuming at step %d: deleting the later checkpoints %s", self.step, names)
-        for path in later:
-            shutil.rmtree(path)
 
     # ------------------------------------------------------------------ the loop
 
@@ -451,7 +437,7 @@ class Trainer:
         if self.step == 0:
             path.unlink(missing_ok=True)
         else:
-            _truncate_jsonl(path, self.step)
+            truncate_metrics(path, self.step)
         sinks: list[Any] = [JsonlSink(path)]
         if self.config.logging.tensorboard:
             sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
@@ -482,23 +468,6 @@ def _first_groups(batch: RolloutBatch, n_groups: int) -> RolloutBatch:
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop rows logged after `last_step` (a resumed run rewrites them) and a torn last line
-    (a crash mid-write; logged). Raises ConfigError for a damaged line before the last."""
-    if not path.is_file():
-        return
-    try:
-        rows, torn = read_metrics(path)
-    except ValueError as exc:
-        raise ConfigError(f"{exc}; repair or remove it to resume") from None
-    if torn:
-        logger.warning("%s: dropped a torn last line (the run stopped mid-write)", path)
-    kept = [line for line, row in rows if row["step"] <= last_step]
-    staging = path.with_name(path.name + ".tmp")  # rewrite atomically: never half a file
-    staging.write_bytes(b"".join(line + b"\n" for line in kept))
-    staging.replace(path)
 
 
 def finite_metrics(metrics: dict[str, float]) -> bool:

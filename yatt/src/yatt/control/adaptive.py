@@ -26,6 +26,7 @@ from typing import Any
 
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, check_eval_data
+from yatt.control.async_rollout import QueueState, deal_prompts
 from yatt.control.cluster import build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
 from yatt.control.controller import (
@@ -128,27 +129,27 @@ class AdaptiveController(Controller):
                        for h in self.cluster.all_handles()]:  # fmt: skip
             future.result()
         self.controller = ParallelController(self.config, self.control, self.cluster)
-        n_ranks = len(self.cluster.ranks)
-        shares = [[p for old, prompts in enumerate(pending) if old % n_ranks == rank
-                   for p in prompts] for rank in range(n_ranks)]  # fmt: skip
-        self.cluster.ranks.call_each("resume_queue", [(draws, share) for share in shares])
+        self.controller.resume_queues(draws, deal_prompts(pending, len(self.cluster.ranks)), step)
         self.plan = plan
         end_s = time.time()
         self._spans += [(d, "driver", "move", start_s, end_s) for d in range(plan.n_devices)]
         return end_s - start_s
 
-    def fit(self, steps: int | None = None, progress: Any = None) -> RunResult:
+    def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0
+            ) -> RunResult:  # fmt: skip
         """As `Controller.fit`, deciding before each step whether to move (held-out
-        evaluations run on the ranks of the plan of the moment, outside the step times the
-        planner sees)."""
+        evaluations and checkpoints run on the ranks of the plan of the moment, outside the
+        step times the planner sees). A resumed run starts on `control.placement` and the
+        planner measures afresh."""
         check_eval_data(self.config)
         total = steps or self.config.train.steps
         result = RunResult(history=[])
         history = result.history
         run_start_s = time.perf_counter()
-        start_eval(self.config, self.cluster.ranks, total, progress, result)
+        if start_step == 0:
+            start_eval(self.config, self.cluster.ranks, total, progress, result)
         self._drain()
-        for step in range(total):
+        for step in range(start_step, total):
             decision = self.replanner.decide(step, self.plan, total - step)
             move_s = None
             if decision is not None and decision.switch:
@@ -181,6 +182,8 @@ class AdaptiveController(Controller):
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
+            self.maybe_checkpoint(step + 1)
+            self._drain()  # the checkpoint's spans, as the evaluation's
             if out_of_time:
                 break  # steps generated ahead are dropped
         result.wall_s = time.perf_counter() - run_start_s
@@ -194,6 +197,12 @@ class AdaptiveController(Controller):
     def step(self, step: int) -> dict[str, float]:
         """One step on the plan of the moment (`fit` decides the moves between steps)."""
         return self.controller.step(step)
+
+    def queue_states(self) -> list[QueueState]:
+        return self.controller.queue_states()
+
+    def resume_queues(self, draws: int, shares: list[list[int]], step: int) -> None:
+        self.controller.resume_queues(draws, shares, step)
 
 
 def initial_plan(control: ControlConfig, n_devices: int) -> Placement:

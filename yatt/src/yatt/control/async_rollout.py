@@ -39,10 +39,13 @@ from yatt.errors import ConfigError
 __all__ = [
     "GROUP_STRIDE",
     "GroupRollout",
+    "QueueState",
     "RolloutStats",
     "ShardQueue",
     "StepDispatch",
+    "deal_prompts",
     "make_group_rollout",
+    "prompts_due",
 ]
 
 # Group ids per step: room for every initial, over-dispatched and refilled group.
@@ -50,6 +53,10 @@ GROUP_STRIDE = 1 << 16
 
 Submit = Callable[[ShardRequest, int], Future]
 Score = Callable[[Shard], torch.Tensor]
+# A group's data position at a step boundary, as a checkpoint keeps it: the global draws its
+# queue consumed, and the prompts it took but neither trained nor dropped (in flight, then
+# queued), in the order they are due.
+QueueState = tuple[int, list[int]]
 
 
 class ShardQueue:
@@ -272,6 +279,12 @@ class GroupRollout:
         self.queue.catch_up(draws)
         return prompts + self.queue.take(len(self.queue))
 
+    def queue_state(self, dispatches: list[StepDispatch]) -> QueueState:
+        """This group's data position with `dispatches` (steps in flight, oldest first) still
+        running: nothing is cancelled (a checkpoint; `handover` is the re-placement's)."""
+        taken = [p for d in dispatches for request, _ in d.calls for p in request.prompt_indices]
+        return self.queue.draws, taken + self.queue.contents()
+
     def resume(self, draws: int, pending: list[int]) -> None:
         """Continue after a re-placement: fresh draws from global draw `draws` on, after the
         `pending` prompts the previous plan's groups handed over (front first)."""
@@ -301,6 +314,29 @@ def _concat(shards: list[Shard]) -> Shard:
         return shards[0]
     batch = RolloutBatch.concat([s.batch for s in shards])
     return Shard(shards[0].rank, shards[0].step, batch, torch.cat([s.features for s in shards]))
+
+
+def prompts_due(states: list[QueueState], n_prompts: int, seed: int,
+                prompts_per_step: int) -> tuple[int, list[list[int]]]:  # fmt: skip
+    """From the queue states of every group of a run (one per group, in rank order): the most
+    global draws any group consumed, and per group every prompt still due, in order: its
+    pending prompts, then its slices of the draws the furthest group took and it did not (as
+    `GroupRollout.handover` gives them at a re-placement)."""
+    draws = max(d for d, _ in states)
+    due = []
+    for rank, (drawn, pending) in enumerate(states):
+        queue = ShardQueue(n_prompts, seed, prompts_per_step, len(states), rank)
+        queue.skip_draws(drawn)
+        queue.catch_up(draws)
+        due.append(list(pending) + queue.contents())
+    return draws, due
+
+
+def deal_prompts(due: list[list[int]], n_groups: int) -> list[list[int]]:
+    """Hand the prompts due to each group of a previous layout (`due`, by old rank) to
+    `n_groups` new groups: old group g's go to the front of new group g mod n_groups, in order."""
+    return [[p for old, prompts in enumerate(due) if old % n_groups == rank for p in prompts]
+            for rank in range(n_groups)]  # fmt: skip
 
 
 def make_group_rollout(config, control, world: int, rank: int, first_step: int,

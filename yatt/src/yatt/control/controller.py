@@ -11,6 +11,7 @@ from typing import Any
 
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, check_eval_data
+from yatt.control.async_rollout import QueueState, deal_prompts, prompts_due
 from yatt.control.cluster import Cluster
 from yatt.control.config import ControlConfig
 from yatt.control.rank import peak_rss_mb
@@ -111,9 +112,14 @@ def step_eval(config: Config, ranks: Any, metrics: dict[str, float], step: int, 
 
 
 class Controller(ABC):
-    """Runs RL steps on a Cluster; `fit` returns the run's metrics and observability data."""
+    """Runs RL steps on a Cluster; `fit` returns the run's metrics and observability data.
+
+    `checkpoint_dir`: the run folder periodic checkpoints (`checkpoint.every`) go to
+    (`<checkpoint_dir>/checkpoints/step_<n>`, the trainer's layout); None writes none.
+    """
 
     mode = "controller"
+    checkpoint_dir: Path | None = None
 
     def __init__(self, config: Config, control: ControlConfig, cluster: Cluster) -> None:
         self.config, self.control, self.cluster = config, control, cluster
@@ -122,17 +128,28 @@ class Controller(ABC):
     def step(self, step: int) -> dict[str, float]:
         """One RL step over the global batch; returns the step's reduced metrics."""
 
-    def fit(self, steps: int | None = None, progress: Any = None) -> RunResult:
-        """Run `steps` (default `train.steps`) steps, evaluating on held-out problems as
-        `eval.*` asks (at start, every `eval.every` steps, at the end), as the single-process
+    @abstractmethod
+    def queue_states(self) -> list[QueueState]:
+        """Every data-parallel group's data position (rank order), steps in flight running."""
+
+    @abstractmethod
+    def resume_queues(self, draws: int, shares: list[list[int]], step: int) -> None:
+        """Resume at `step`: group r samples `shares[r]` first, then global draws from `draws`."""
+
+    def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0
+            ) -> RunResult:  # fmt: skip
+        """Run steps `start_step` .. `steps` (default `train.steps`), evaluating on held-out
+        problems as `eval.*` asks (at start, every `eval.every` steps, at the end), and saving
+        checkpoints every `checkpoint.every` steps into `checkpoint_dir`, as the single-process
         trainer does; `progress(step, total, metrics)` gets each step's row (and step 0's
-        evaluation row)."""
+        evaluation row). `start_step` > 0 continues a run `restore` resumed."""
         check_eval_data(self.config)
         total = steps or self.config.train.steps
         result = RunResult(history=[])
         start_s = time.perf_counter()
-        start_eval(self.config, self.cluster.ranks, total, progress, result)
-        for step in range(total):
+        if start_step == 0:
+            start_eval(self.config, self.cluster.ranks, total, progress, result)
+        for step in range(start_step, total):
             step_start_s = time.perf_counter()
             metrics = self.step(step)
             add_perf_metrics(metrics, time.perf_counter() - step_start_s)
@@ -145,6 +162,7 @@ class Controller(ABC):
             result.history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
+            self.maybe_checkpoint(step + 1)
             if out_of_time:
                 break  # steps generated ahead are dropped
         result.wall_s = time.perf_counter() - start_s
@@ -157,6 +175,43 @@ class Controller(ABC):
         result.bytes_moved = self.bytes_moved()
         add_idle_metrics(result.history, result.events, len(self.cluster.devices))
         return result
+
+    def maybe_checkpoint(self, done: int) -> Path | None:
+        """The checkpoint of `done` steps, when `checkpoint.every` divides it (and
+        `checkpoint_dir` is set)."""
+        every = self.config.checkpoint.every
+        if self.checkpoint_dir is None or not every or done % every:
+            return None
+        return self.save_checkpoint(self.checkpoint_dir, done)
+
+    def save_checkpoint(self, run_dir: Path, done: int) -> Path:
+        """Write the checkpoint of `done` steps into `run_dir` (yatt.checkpoint's layout): the
+        policy rank 0 holds (every rank holds the same) and every group's data position. Steps
+        in flight (async) keep running; a resume samples their prompts again."""
+        queues = [[draws, list(pending)] for draws, pending in self.queue_states()]
+        state = {"prompts_per_step": self.config.algo.prompts_per_step, "queues": queues}
+        handle = self.cluster.ranks.handles[0]
+        return Path(handle.call("save_checkpoint", str(run_dir), done, state))
+
+    def restore(self, checkpoint: Path, state: dict[str, Any]) -> int:
+        """Take on a checkpoint of the controllers (`state`: its `load_control_state`): every
+        worker loads its weights (policy ranks their optimizer and schedule) from the folder,
+        and each group's queue starts with the prompts that were still due; returns the step
+        to continue from (`fit(start_step=...)`). The group count may differ from the run that
+        wrote it: old group g's prompts go to new group g mod n (`deal_prompts`)."""
+        from yatt.builders import build_data
+
+        step = int(state["step"])
+        handles = self.cluster.all_handles()
+        for future in [handle.submit("restore", str(checkpoint), step) for handle in handles]:
+            future.result()
+        train_set, _ = build_data(self.config.data)
+        seed = self.config.data.seed + self.config.train.seed
+        states = [(draws, pending) for draws, pending in state["queues"]]
+        draws, due = prompts_due(states, len(train_set), seed, state["prompts_per_step"])
+        self.resume_queues(draws, deal_prompts(due, len(self.cluster.ranks)), step)
+        logger.info("resumed from %s at step %d", checkpoint, step)
+        return step
 
     def close(self) -> None:
         """Release the workers."""

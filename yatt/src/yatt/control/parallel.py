@@ -15,7 +15,12 @@ from typing import Any
 
 import torch
 
-from yatt.control.async_rollout import RolloutStats, StepDispatch, make_group_rollout
+from yatt.control.async_rollout import (
+    QueueState,
+    RolloutStats,
+    StepDispatch,
+    make_group_rollout,
+)
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig
 from yatt.control.controller import Controller
@@ -87,8 +92,13 @@ class ParallelRank(RankWorker):
         dispatches = [self._inflight.pop(step) for step in sorted(self._inflight)]
         return self.group.handover(dispatches, draws)
 
+    def queue_state(self) -> QueueState:
+        """This group's data position, the steps in flight left running (a checkpoint)."""
+        return self.group.queue_state([self._inflight[step] for step in sorted(self._inflight)])
+
     def resume_queue(self, draws: int, pending: list[int]) -> None:
-        """Re-placement: sample `pending` first, then fresh draws from global draw `draws`."""
+        """Re-placement or resume: sample `pending` first, then fresh draws from global draw
+        `draws`."""
         assert not self._inflight, f"{len(self._inflight)} steps in flight at a resume"
         self.group.resume(draws, pending)
 
@@ -178,10 +188,17 @@ class ParallelController(Controller):
         cluster.ranks.call_each("connect", connections)
         self._last_step = config.train.steps - 1
 
-    def fit(self, steps: int | None = None, progress: Any = None):
+    def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0):
         self._last_step = (steps or self.config.train.steps) - 1
-        return super().fit(steps, progress)
+        return super().fit(steps, progress, start_step)
 
     def step(self, step: int) -> dict[str, float]:
         results = self.cluster.ranks.call_all("run_step", step, self._last_step)
         return results[0]
+
+    def queue_states(self) -> list[QueueState]:
+        return [tuple(state) for state in self.cluster.ranks.call_all("queue_state")]
+
+    def resume_queues(self, draws: int, shares: list[list[int]], step: int) -> None:
+        # each rank's first step came with its weights (`RankWorker.restore`, `import_state`)
+        self.cluster.ranks.call_each("resume_queue", [(draws, share) for share in shares])

@@ -447,15 +447,66 @@ class RankWorker:
         """Continue a run at `step` from `export_state` output: load weights (and optimizer
         state on policy ranks that did not keep theirs; see `reset`); a policy rank's prompt
         queue starts after the steps done."""
-        self.first_step = self.weights_version = step
         if self.policy is not None and not self.holds_state:
             assert "policy" in state, f"{self.name}: a new policy rank needs optimizer state"
-            self.policy.model.load_state_dict(unpack(state["weights"], copy=False))
-            self.policy.load_state_dict(unpack(state["policy"]))  # updated in place later
-            self.holds_state = True
-        if self.rollout is not None and self.policy is None:
-            self.rollout.engine.load_state_dict(unpack(state["weights"], copy=False))
+            self._adopt(unpack(state["weights"], copy=False), unpack(state["policy"]), step)
+        else:
+            self._adopt(unpack(state["weights"], copy=False) if state else None, None, step)
         return step
+
+    def save_checkpoint(self, run_dir: str, step: int, control_state: dict[str, Any]) -> str:
+        """Policy rank: write the checkpoint of `step` (steps done) into `run_dir`: this rank's
+        weights, optimizer and schedule (every data-parallel rank holds the same) and the
+        controllers' `control_state` with the training set's size, in the trainer's layout
+        (yatt.checkpoint); returns the folder."""
+        from pathlib import Path
+
+        from yatt.checkpoint import save_training_checkpoint
+
+        assert self.policy is not None, f"{self.name} holds no policy rank"
+        with self._phase("policy", "checkpoint"):
+            folder = save_training_checkpoint(
+                Path(run_dir), step, config=self.config, policy=self.policy,
+                tokenizer=self.tokenizer, trainer_state={},
+                control_state={**control_state, "n_prompts": len(self.train_set)},
+                keep_last=self.config.checkpoint.keep_last,
+            )  # fmt: skip
+        return str(folder)
+
+    def restore(self, checkpoint: str, step: int) -> int:
+        """Continue a run at `step` from a checkpoint folder the controllers wrote: every
+        worker reads what it needs from disk (the policy's weights; a policy rank also its
+        optimizer and schedule), so no state passes through the driver. The KL reference stays
+        the configured initial model."""
+        from pathlib import Path
+
+        from yatt.checkpoint import load_trainer_state, policy_folder
+        from yatt.models import load_model
+
+        state = None
+        if self.policy is not None:
+            state = load_trainer_state(Path(checkpoint), controllers=True)["policy"]
+        weights = load_model(policy_folder(Path(checkpoint))).state_dict()
+        self._adopt(weights, state, step)
+        return step
+
+    def _adopt(self, weights: dict[str, Any] | None, policy_state: dict[str, Any] | None,
+               step: int) -> None:  # fmt: skip
+        """Take on `weights` (None: this process kept its own) and, on a policy rank, the
+        optimizer and schedule `policy_state` at `step`; a sampler with its own copy of the
+        weights (a separate worker, or a vLLM engine) gets them too."""
+        self.first_step = self.weights_version = step
+        if self.policy is not None and policy_state is not None:
+            assert weights is not None, f"{self.name}: optimizer state without weights"
+            self.policy.model.load_state_dict(weights)
+            self.policy.load_state_dict(policy_state)  # updated in place later
+            self.holds_state = True
+        if self.rollout is None:
+            return
+        if self.policy is not None:
+            self.rollout.sync_weights(self.policy.model)  # a no-op where it samples the module
+        elif weights is not None:
+            self.rollout.engine.load_state_dict(weights)
 
     def checksum(self) -> float:
         """Sum of |w| over the policy's parameters (tests compare modes with it and `weights`)."""

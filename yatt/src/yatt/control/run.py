@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from yatt.config import Config, check_controller_settings, check_eval_data
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
+from yatt.errors import ConfigError
 
 __all__ = ["fit_distributed"]
 
@@ -21,16 +23,33 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     """Train `config.train.steps` steps with the controller `control` selects, evaluating on
     held-out problems as `eval.*` asks; writes `metrics.jsonl` (a row per step as it ends, and
     a step-0 row for `eval.at_start`, rewritten at the end with the per-device idle
-    fractions), TensorBoard logs with `logging.tensorboard`, `timeline.png`, `control.json`
-    and, with `checkpoint.at_end`, the trained policy as the model folder `model/` into
+    fractions), TensorBoard logs with `logging.tensorboard`, `timeline.png`, `control.json`,
+    a checkpoint every `checkpoint.every` steps (`checkpoints/step_<n>/`, yatt.checkpoint's
+    layout) and, with `checkpoint.at_end`, the trained policy as the model folder `model/` into
     `config.logging.run_dir`.
 
+    `checkpoint.resume` (a folder, `latest` or `auto`, as for the trainer) continues from a
+    checkpoint the controllers wrote: every worker loads the weights (policy ranks also the
+    optimizer and schedule), and each data-parallel group samples first the prompts that were
+    still due. A synchronous run then continues exactly as an uninterrupted one; an async one
+    samples the steps that were in flight again, with the checkpoint's weights. A checkpoint of
+    this run folder continues the run in place (its later rows and checkpoints give way); one
+    of another folder starts a new run here.
+
     Raises ConfigError, before the run folder is claimed or any worker starts, for settings
-    only the single-process trainer offers (see `check_controller_settings`: periodic
-    checkpoints, resuming, PPO and REINFORCE++, a KL term under re-placement, the overlong
-    penalty), for control.backend=ray without Ray installed, and for an evaluation with no
-    held-out problems."""
-    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
+    only the single-process trainer offers (see `check_controller_settings`: PPO and
+    REINFORCE++, a KL term under re-placement, the overlong penalty), for control.backend=ray
+    without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
+    the controllers did not write or whose data position does not fit this run."""
+    from yatt.checkpoint import (
+        RESUME_AUTO,
+        checkpoint_run_dir,
+        drop_later_checkpoints,
+        load_control_state,
+        resolve_resume,
+        truncate_metrics,
+    )
+    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink, read_metrics
     from yatt.config import save_config
     from yatt.control import make_controller
     from yatt.control.timeline import plot_timeline, spans_from_events
@@ -46,13 +65,35 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             "core of its device (control.cpu_mapping)",
             config.train.torch_threads,
         )
-    outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", MODEL_FOLDER)
-    run_dir = claim_run_dir(
-        config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
+    state = None
+    if resume:
+        state = load_control_state(Path(resume))
+        check_resume_fits(config, state, resume)
+    in_place = (
+        bool(resume) and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
     )
-    metrics_path = run_dir / "metrics.jsonl"
-    controller = make_controller(config, control)
+    outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", "checkpoints",
+               MODEL_FOLDER)  # fmt: skip
     try:
+        run_dir = claim_run_dir(
+            config.logging.run_dir, outputs, resuming=in_place,
+            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
+        )  # fmt: skip
+    except ConfigError as exc:
+        if config.checkpoint.resume == RESUME_AUTO and not resume:
+            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
+        raise
+    start_step = 0 if state is None else state["step"]
+    metrics_path = run_dir / "metrics.jsonl"
+    if in_place:
+        drop_later_checkpoints(run_dir, Path(resume), start_step, config.logging.overwrite)
+        truncate_metrics(metrics_path, start_step)
+    controller = make_controller(config, control)
+    controller.checkpoint_dir = run_dir
+    try:
+        if state is not None:
+            controller.restore(Path(resume), state)
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
@@ -68,7 +109,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
                 progress(step, total, metrics)
 
         try:
-            result = controller.fit(progress=step_done)
+            result = controller.fit(progress=step_done, start_step=start_step)
         finally:
             stream.close()
         n_devices = len(controller.cluster.devices)
@@ -79,11 +120,13 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     finally:
         controller.close()
     staging = metrics_path.with_name(metrics_path.name + ".tmp")  # rows with the idle metrics
-    staging.unlink(missing_ok=True)
+    earlier = read_metrics(metrics_path)[0] if start_step else []  # the resumed run's rows
+    kept = [line + b"\n" for line, row in earlier if row["step"] <= start_step]  # as written
+    staging.write_bytes(b"".join(kept))
     sink = MetricsLogger([JsonlSink(staging)])
     for metrics in start_rows:
         sink.log(0, metrics)
-    for step, metrics in enumerate(result.history, start=1):
+    for step, metrics in enumerate(result.history, start=start_step + 1):
         sink.log(step, metrics)
     sink.close()
     staging.replace(metrics_path)
@@ -99,3 +142,21 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         result.bytes_moved,
     )
     return result
+
+
+def check_resume_fits(config: Config, state: dict[str, Any], checkpoint: str) -> None:
+    """Raise ConfigError (one line) when a controllers' checkpoint's data position does not fit
+    `config`: its queues count draws of another `algo.prompts_per_step`, or of a training set
+    of another size (another prompt order)."""
+    from yatt.builders import build_data
+
+    for what, saved, here in (
+        ("algo.prompts_per_step=", state["prompts_per_step"], config.algo.prompts_per_step),
+        ("a training set of ", state["n_prompts"], len(build_data(config.data)[0])),
+    ):
+        if saved != here:
+            raise ConfigError(
+                f"checkpoint.resume={checkpoint} was written with {what}{saved}, this run has "
+                f"{here}: its data position counts prompts drawn in that run's order; resume "
+                "with the settings of the run that wrote it"
+            )

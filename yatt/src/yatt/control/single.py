@@ -19,7 +19,12 @@ import torch
 
 from yatt.batch import RolloutBatch
 from yatt.config import Config
-from yatt.control.async_rollout import RolloutStats, StepDispatch, make_group_rollout
+from yatt.control.async_rollout import (
+    QueueState,
+    RolloutStats,
+    StepDispatch,
+    make_group_rollout,
+)
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.controller import Controller
@@ -47,10 +52,11 @@ class SingleController(Controller):
                        for rank in range(self.n_ranks)]  # fmt: skip
         self._inflight: dict[int, list[StepDispatch]] = {}
         self._last_step = config.train.steps - 1
+        self.first_step = 0  # the step a resumed run starts from (its weights' version)
 
-    def fit(self, steps: int | None = None, progress: Any = None):
+    def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0):
         self._last_step = (steps or self.config.train.steps) - 1
-        return super().fit(steps, progress)
+        return super().fit(steps, progress, start_step)
 
     def _submit_gen(self, request: ShardRequest, version: int) -> Future:
         return self.cluster.sampler_for(request.rank).submit("generate", request, version)
@@ -62,7 +68,7 @@ class SingleController(Controller):
     def _dispatch(self, steps: range) -> None:
         for ahead in steps:
             if ahead not in self._inflight:
-                version = sample_version(ahead, self.staleness)
+                version = sample_version(ahead, self.staleness, self.first_step)
                 self._inflight[ahead] = [g.dispatch(ahead, version, self._submit_gen)
                                          for g in self.groups]  # fmt: skip
 
@@ -77,6 +83,17 @@ class SingleController(Controller):
         self._dispatch(range(step + 1, min(step + self.staleness, self._last_step) + 1))
         assert len(self._inflight) <= self.staleness, f"{len(self._inflight)} in flight"
         return [shard for shard, _ in collected], [stats for _, stats in collected]
+
+    def queue_states(self) -> list[QueueState]:
+        steps = sorted(self._inflight)
+        return [group.queue_state([self._inflight[step][rank] for step in steps])
+                for rank, group in enumerate(self.groups)]  # fmt: skip
+
+    def resume_queues(self, draws: int, shares: list[list[int]], step: int) -> None:
+        assert not self._inflight, f"{len(self._inflight)} steps in flight at a resume"
+        self.first_step = step
+        for group, share in zip(self.groups, shares, strict=True):
+            group.resume(draws, share)
 
     def step(self, step: int) -> dict[str, float]:
         timings: dict[str, float] = {}

@@ -21,6 +21,7 @@ PHASE_COLORS = {
     "load_weights": "tab:red",
     "sync": "tab:red",
     "swap": "tab:gray",
+    "checkpoint": "tab:brown",
     "move": "black",
 }
 
