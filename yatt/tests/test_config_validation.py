@@ -88,11 +88,10 @@ def test_ray_only_control_keys_need_ray(override: str) -> None:
             ["algo.kl_coef=0.05 with control.replace_every=2"],
             "algo.kl_coef=0 under runtime re-placement",
         ),
-        (["algo.overlong_buffer=4"], ["algo.overlong_buffer=4"], "algo.overlong_buffer=0"),
         (
-            ["algo.name=ppo", "algo.overlong_buffer=2"],
-            ["algo.name='ppo'", "algo.overlong_buffer=2"],
-            "algo.overlong_buffer=0",
+            ["algo.name=ppo", "algo.kl_coef=0.1", "control.replace_every=1"],
+            ["algo.name='ppo'", "algo.kl_coef=0.1 with control.replace_every=1"],
+            "algo.kl_coef=0 under runtime re-placement",
         ),
     ],
 )
@@ -104,8 +103,19 @@ def test_ray_controllers_refuse_what_only_the_trainer_supports(overrides, named,
     load_config("tiny_test", trainer_only)  # the single-process trainer takes each of them
 
 
+def test_an_overlong_buffer_must_fit_every_response_budget() -> None:
+    message = _error(["algo.overlong_buffer=9", "rollout.max_new_tokens=8"])
+    assert "algo.overlong_buffer=9 is longer than rollout.max_new_tokens=8" in message
+    message = _error(["control.backend=ray", "algo.overlong_buffer=4", "rollout.max_new_tokens=8",
+                      "control.length_schedule=['0:8','5:3']"])  # fmt: skip
+    assert "response budget 3 of control.length_schedule=['0:8', '5:3']" in message
+    message = _error(["control.backend=ray", "control.length_schedule=[0:8,5:3]"])
+    assert "'control.length_schedule[1]' expects str, got the number 303: quote it" in message
+
+
 def test_ray_controllers_take_the_group_estimators_and_dapo_settings() -> None:
     supported = ["algo.name=rloo", "algo.dynamic_sampling=true", "algo.entropy_coef=0.01",
+                 "algo.overlong_buffer=4",
                  "algo.kl_coef=0.05", "checkpoint.at_end=true", "checkpoint.every=5",
                  "checkpoint.resume=auto", "control.backend=ray"]  # fmt: skip
     assert load_config("tiny_test", supported).algo.name == "rloo"

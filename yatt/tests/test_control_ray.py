@@ -78,7 +78,8 @@ def _assert_same(single, parallel):
     for key in single_weights:
         assert torch.equal(single_weights[key], parallel_weights[key]), key
     for s_row, p_row in zip(single_run.history, parallel_run.history):
-        for key in ("critic/score/mean", "response_length/mean", "actor/grad_norm",
+        for key in ("critic/score/mean", "critic/score/max", "critic/score/min",
+                    "critic/rewards/mean", "response_length/mean", "actor/grad_norm",
                     "actor/pg_loss", "batch/rows"):  # fmt: skip
             assert s_row[key] == pytest.approx(p_row[key], rel=1e-6, abs=1e-9), key
     assert single_run.history[0]["actor/grad_norm"] > 0  # the updates did something

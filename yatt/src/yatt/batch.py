@@ -33,6 +33,8 @@ class RolloutBatch:
         prompt_width: P, the column where responses start.
         group_ids: (B,) long, rows sampled from the same prompt share an id.
         rewards: (B,) float sequence scores (after penalties), or None before scoring.
+        scores: (B,) float sequence scores before penalties, where a role keeps both (the
+            distributed controllers' metrics); None otherwise.
         old_logp, ref_logp, values, advantages, returns, token_rewards: (B, R) float or None.
         behaviour_logp: (B, R) float log-probs the sampler drew the tokens with, set only when
             its distribution differs from the trainer's (bf16 rollouts); None otherwise.
@@ -49,6 +51,7 @@ class RolloutBatch:
     rows: list[dict] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     rewards: Tensor | None = None
+    scores: Tensor | None = None
     old_logp: Tensor | None = None
     behaviour_logp: Tensor | None = None
     ref_logp: Tensor | None = None
@@ -93,8 +96,10 @@ class RolloutBatch:
         for name in ("prompts", "completions", "rows", "finish_reasons"):
             values = getattr(self, name)
             assert len(values) in (0, batch_size), f"{name}: {len(values)} != {batch_size}"
-        if self.rewards is not None:
-            assert self.rewards.shape == (batch_size,), f"rewards {tuple(self.rewards.shape)}"
+        for name in ("rewards", "scores"):
+            value = getattr(self, name)
+            if value is not None:
+                assert value.shape == (batch_size,), f"{name} {tuple(value.shape)}"
         for name in _TOKEN_FIELDS:
             value = getattr(self, name)
             if value is not None:

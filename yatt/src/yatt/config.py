@@ -408,6 +408,12 @@ class Config:
         _require_ray_for_control(self.control)
         if self.control.backend == "ray":
             check_controller_settings(self, self.control)
+        if self.algo.overlong_buffer > self.rollout.max_new_tokens:
+            raise ConfigError(
+                f"algo.overlong_buffer={self.algo.overlong_buffer} is longer than "
+                f"rollout.max_new_tokens={self.rollout.max_new_tokens}: the penalty zone (the "
+                "last overlong_buffer tokens of the budget) must fit in it"
+            )
         if self.algo.name in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
             raise ConfigError(
                 f"algo.name={self.algo.name} scores each completion against the others of its "
@@ -438,10 +444,11 @@ def _require_ray_for_control(control: ControlConfig) -> None:
 def check_controller_settings(config: Config, control: ControlConfig) -> None:
     """Raise ConfigError for settings the distributed controllers (yatt.control) would fail on
     mid-run or silently ignore: estimators other than GROUP_ESTIMATORS (no critic, no
-    token-level returns), a KL term under runtime re-placement (each policy rank keeps a frozen
-    reference copy, which a move does not hand over) and the overlong penalty.
-    (`train.torch_threads` is a speed knob, not refused: a Ray worker runs one thread per core
-    of its device, and fit_distributed logs that.)
+    token-level returns) and a KL term under runtime re-placement (each policy rank keeps a
+    frozen reference copy, which a move does not hand over); and an overlong penalty buffer
+    longer than a response budget of `control.length_schedule`. (`train.torch_threads` is a
+    speed knob, not refused: a Ray worker runs one thread per core of its device, and
+    fit_distributed logs that.)
 
     Config validation calls it for control.backend=ray; build_cluster and fit_distributed
     call it for controllers built from the Python API (any backend), before any worker starts.
@@ -453,8 +460,6 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
         (algo.kl_coef > 0 and control.replace_every > 0,
          f"algo.kl_coef={algo.kl_coef} with control.replace_every={control.replace_every}",
          "algo.kl_coef=0 under runtime re-placement (moves hand over no reference model)"),
-        (algo.overlong_buffer > 0, f"algo.overlong_buffer={algo.overlong_buffer}",
-         "algo.overlong_buffer=0 (no overlong penalty)"),
     ]  # fmt: skip
     given = [(setting, allowed) for bad, setting, allowed in refused if bad]
     if given:
@@ -462,6 +467,13 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
             f"{', '.join(setting for setting, _ in given)}: not supported by the distributed "
             f"controllers, which need {'; '.join(allowed for _, allowed in given)}; use the "
             "single-process trainer (yatt train without control.backend=ray)"
+        )
+    budgets = [int(item.split(":")[1]) for item in control.length_schedule]
+    if algo.overlong_buffer and budgets and algo.overlong_buffer > min(budgets):
+        raise ConfigError(
+            f"algo.overlong_buffer={algo.overlong_buffer} is longer than the response budget "
+            f"{min(budgets)} of control.length_schedule={list(control.length_schedule)}: the "
+            "penalty zone must fit in every budget"
         )
 
 
@@ -509,6 +521,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"'{key}' expects true/false, got {value!r}")
     if annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"'{key}' expects an int, got {value!r}")
+    if annotation is str and isinstance(value, int | float) and not isinstance(value, bool):
+        raise ConfigError(  # YAML 1.1 reads 5:3 as the base-60 number 303, 1e3 as a float ...
+            f"'{key}' expects str, got the number {value!r}: quote it (YAML reads some "
+            "unquoted text, such as 5:3, as a number)"
+        )
     if not isinstance(value, annotation):
         raise ConfigError(f"'{key}' expects {annotation.__name__}, got {value!r}")
     return value

@@ -53,6 +53,7 @@ GROUP_STRIDE = 1 << 16
 
 Submit = Callable[[ShardRequest, int], Future]
 Score = Callable[[Shard], torch.Tensor]
+Shaping = Callable[[RolloutBatch, int], torch.Tensor]
 # A group's data position at a step boundary, as a checkpoint keeps it: the global draws its
 # queue consumed, and the prompts it took but neither trained nor dropped (in flight, then
 # queued), in the order they are due.
@@ -161,17 +162,20 @@ class GroupRollout:
 
     need: groups per step; n_samples: rows per group; over_dispatch: r; dynamic: DAPO filter;
     max_refills: refill rounds allowed per step; budget: step -> response budget (0 = default);
-    behaviour_logp: ask samplers for the behaviour log-probs (async runs).
+    behaviour_logp: ask samplers for the behaviour log-probs (async runs); shaping: (batch,
+    step) -> (B,) terms added to the scores to make the rewards (DAPO's overlong penalty), or
+    None; the batch keeps the scores too (`RolloutBatch.scores`).
     """
 
     def __init__(self, queue: ShardQueue, n_samples: int, seed: int, over_dispatch: float,
                  dynamic: bool, max_refills: int, budget: Callable[[int], int],
-                 behaviour_logp: bool) -> None:  # fmt: skip
+                 behaviour_logp: bool, shaping: Shaping | None = None) -> None:  # fmt: skip
         self.queue, self.need = queue, queue.per_group
         self.n_samples, self.seed = n_samples, seed
         self.over_dispatch, self.dynamic = over_dispatch, dynamic
         self.max_refills = max_refills if dynamic else 0
         self.budget, self.behaviour_logp = budget, behaviour_logp
+        self.shaping = shaping
 
     def _extra(self, groups: int) -> int:
         return math.ceil(groups * (1 + self.over_dispatch) - 1e-9)
@@ -226,8 +230,11 @@ class GroupRollout:
             shard = future.result()
             assert shard.step == dispatch.step, f"samples of step {shard.step} at {dispatch.step}"
             start_s = clock()
-            shard.batch.rewards = score(shard)
+            scores = score(shard)
             stats.score_s += clock() - start_s
+            shard.batch.scores = scores
+            extra = None if self.shaping is None else self.shaping(shard.batch, dispatch.step)
+            shard.batch.rewards = scores if extra is None else scores + extra
             last = shard
             keep = self._valid_rows(shard.batch)
             for gid in request.group_ids:
@@ -342,11 +349,18 @@ def deal_prompts(due: list[list[int]], n_groups: int) -> list[list[int]]:
 def make_group_rollout(config, control, world: int, rank: int, first_step: int,
                        staleness: int) -> GroupRollout:  # fmt: skip
     """Group `rank`'s rollout for `config` and `control`, its queue starting at `first_step`."""
+    from yatt.algos.losses import overlong_penalty
     from yatt.builders import build_data
     from yatt.control.config import max_new_tokens_at
 
     train_set, _ = build_data(config.data)
     algo = config.algo
+
+    def overlong(batch: RolloutBatch, step: int) -> torch.Tensor:  # at the step's budget
+        max_len = max_new_tokens_at(control, step, config.rollout.max_new_tokens)
+        return overlong_penalty(batch.response_lengths, max_len, algo.overlong_buffer,
+                                algo.overlong_penalty)  # fmt: skip
+
     queue = ShardQueue(len(train_set), config.data.seed + config.train.seed,
                        algo.prompts_per_step, world, rank)  # fmt: skip
     queue.skip_draws(first_step)
@@ -354,4 +368,5 @@ def make_group_rollout(config, control, world: int, rank: int, first_step: int,
         queue, config.rollout.n_samples, config.train.seed, control.over_dispatch,
         algo.dynamic_sampling, algo.max_refill_batches,
         lambda step: max_new_tokens_at(control, step, 0), behaviour_logp=staleness > 0,
+        shaping=overlong if algo.overlong_buffer > 0 else None,
     )  # fmt: skip

@@ -25,7 +25,15 @@ from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig
 from yatt.control.controller import Controller
 from yatt.control.rank import RankWorker, effective_staleness, sample_version
-from yatt.control.shards import Shard, ShardRequest, batch_sums, set_advantages, sums_to_metrics
+from yatt.control.shards import (
+    Shard,
+    ShardRequest,
+    batch_extremes,
+    batch_sums,
+    extremes_to_metrics,
+    set_advantages,
+    sums_to_metrics,
+)
 from yatt.control.workers import Future, call_now
 
 __all__ = ["ParallelController", "ParallelRank"]
@@ -124,6 +132,10 @@ class ParallelRank(RankWorker):
         self._sync_weights(step)
         lap("update_weights")
         metrics = self._reduce(batch_sums(shard), stats.metrics(), actor)
+        extremes = batch_extremes(shard)
+        if self.collective is not None:
+            extremes = self.collective.max_tensor(extremes)
+        metrics.update(extremes_to_metrics(extremes))
         lap("reduce")
         metrics["control/staleness"] = float(stats.staleness)
         return {**metrics, **timings}

@@ -73,12 +73,12 @@ class Collective:
         self.device = device.torch_device()
         self.reduce_s = 0.0
 
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, tensor: torch.Tensor, op: Any = None) -> torch.Tensor:
         import torch.distributed as dist
 
         start_s = time.perf_counter()
         moved = tensor.to(self.device)
-        dist.all_reduce(moved)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM if op is None else op)
         self.reduce_s += time.perf_counter() - start_s
         return moved.to(tensor.device)
 
@@ -88,6 +88,12 @@ class Collective:
 
     def sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._all_reduce(tensor)
+
+    def max_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise maximum of `tensor` over ranks."""
+        import torch.distributed as dist
+
+        return self._all_reduce(tensor, dist.ReduceOp.MAX)
 
     def sum_grads(self, params: list[torch.Tensor]) -> None:
         """Sum gradients over ranks in one flat all-reduce (losses are pre-divided by the

@@ -38,7 +38,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 
     Raises ConfigError, before the run folder is claimed or any worker starts, for settings
     only the single-process trainer offers (see `check_controller_settings`: PPO and
-    REINFORCE++, a KL term under re-placement, the overlong penalty), for control.backend=ray
+    REINFORCE++, a KL term under re-placement), for control.backend=ray
     without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
     the controllers did not write or whose data position does not fit this run."""
     from yatt.checkpoint import (

@@ -22,14 +22,16 @@ from yatt.config import GROUP_ESTIMATORS
 __all__ = [
     "Shard",
     "ShardRequest",
+    "batch_extremes",
     "batch_sums",
+    "extremes_to_metrics",
     "make_features",
     "set_advantages",
     "sums_to_metrics",
 ]
 
-_SUM_KEYS = ("rows", "score", "score_sq", "response_tokens", "tokens", "feature_bytes",
-             "clipped", "advantage", "advantage_abs")  # fmt: skip
+_SUM_KEYS = ("rows", "score", "score_sq", "reward", "response_tokens", "tokens",
+             "feature_bytes", "clipped", "advantage", "advantage_abs")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,19 +79,37 @@ def set_advantages(batch: RolloutBatch, estimator: str, norm_std: bool) -> None:
     batch.advantages = advantages.expand_as(batch.response_mask) * batch.response_mask
 
 
+def _scores(batch: RolloutBatch) -> Tensor:
+    """(B,) the scores before penalties (the rewards where no penalty applies)."""
+    assert batch.rewards is not None, "metrics need rewards"
+    return (batch.rewards if batch.scores is None else batch.scores).double()
+
+
 def batch_sums(shard: Shard) -> Tensor:
     """(len(_SUM_KEYS),) float64 sums over the shard's rows; they add up across shards."""
     batch = shard.batch
-    assert batch.rewards is not None, "sums need rewards"
-    scores = batch.rewards.double()
+    scores, rewards = _scores(batch), batch.rewards.double()  # type: ignore[union-attr]
     mask = batch.response_mask.double()
     advantages = torch.zeros_like(mask) if batch.advantages is None else batch.advantages.double()
     return torch.tensor([
         float(batch.size), float(scores.sum()), float((scores * scores).sum()),
-        float(mask.sum()), float(batch.attention_mask.sum()), float(shard.features.numel()),
+        float(rewards.sum()), float(mask.sum()), float(batch.attention_mask.sum()),
+        float(shard.features.numel()),
         float(sum(reason == "length" for reason in batch.finish_reasons)),
         float((advantages * mask).sum()), float((advantages.abs() * mask).sum()),
     ], dtype=torch.float64)  # fmt: skip
+
+
+def batch_extremes(shard: Shard) -> Tensor:
+    """(2,) float64 [max score, -min score] of the shard: their maximum over shards gives the
+    global batch's (`extremes_to_metrics`)."""
+    scores = _scores(shard.batch)
+    return torch.stack([scores.max(), -scores.min()])
+
+
+def extremes_to_metrics(extremes: Tensor) -> dict[str, float]:
+    """`critic/score/max` and `/min` from the maximum of every shard's `batch_extremes`."""
+    return {"critic/score/max": float(extremes[0]), "critic/score/min": -float(extremes[1])}
 
 
 def sums_to_metrics(sums: Tensor) -> dict[str, float]:
@@ -101,6 +121,7 @@ def sums_to_metrics(sums: Tensor) -> dict[str, float]:
     return {
         "critic/score/mean": mean,
         "critic/score/std": max(values["score_sq"] / rows - mean * mean, 0.0) ** 0.5,
+        "critic/rewards/mean": values["reward"] / rows,
         "critic/advantages/mean": values["advantage"] / tokens,
         "critic/advantages/abs_mean": values["advantage_abs"] / tokens,
         "response_length/mean": values["response_tokens"] / rows,

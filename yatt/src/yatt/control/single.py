@@ -29,7 +29,15 @@ from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.controller import Controller
 from yatt.control.rank import effective_staleness, sample_version
-from yatt.control.shards import Shard, ShardRequest, batch_sums, set_advantages, sums_to_metrics
+from yatt.control.shards import (
+    Shard,
+    ShardRequest,
+    batch_extremes,
+    batch_sums,
+    extremes_to_metrics,
+    set_advantages,
+    sums_to_metrics,
+)
 from yatt.control.workers import Future
 
 __all__ = ["SingleController"]
@@ -112,6 +120,7 @@ class SingleController(Controller):
         with _lap(timings, "update_weights"):
             self._sync_weights(step)
         metrics = sums_to_metrics(batch_sums(Shard(-1, step, whole, features)))
+        metrics.update(extremes_to_metrics(batch_extremes(Shard(-1, step, whole, features))))
         for key in stats[0].metrics():
             metrics[key] = sum(s.metrics()[key] for s in stats)
         metrics.update({k: sum(a[k] for a in actor) / len(actor) for k in sorted(actor[0])})
