@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from dgcc.wal.node_log import (
     replay_node_epoch,
 )
 from dgcc.wal.recovery import read_log
+from dgcc.wal.rejoin import RejoinError
 from dgcc.wal.writer import list_segments
 from dgcc.workloads import get_workload
 
@@ -252,8 +254,8 @@ def test_answers_wait_until_every_node_made_the_epoch_durable(tmp_path: Path) ->
     workload = get_workload("tpcc", **OPTIONS)
     router = Router(workload, Placement.round_robin(NODES))
     durability = NodeDurability(tmp_path / "node0", 0, NODES)
-    sent: list[int] = []
-    durability.announce = sent.append
+    sent: list[tuple[int, bool]] = []
+    durability.announce = lambda epoch, new: sent.append((epoch, new))
     answered: list[int] = []
 
     async def scenario() -> int:
@@ -274,5 +276,66 @@ def test_answers_wait_until_every_node_made_the_epoch_durable(tmp_path: Path) ->
 
     assert asyncio.run(scenario()) == 0
     assert answered == [1, 2]
-    assert sent == [0]  # this node told the peers what its disk holds
+    assert sent == [(0, True)]  # this node told the peers what its disk holds: no log yet
     durability.close()
+
+
+@pytest.mark.parametrize("restarting", [0, 1])  # the node that holds epochs, or the new one
+def test_a_restart_with_a_lost_directory_refuses_to_drop_logged_epochs(
+    tmp_path: Path, stream: list, restarting: int
+) -> None:
+    """Whole-cluster restart where node 1's directory is gone: recovering every node to the
+    smallest log end (0) would cut epochs clients may have been answered for. Both refuse."""
+    cluster = Cluster(tmp_path)
+    for batches in stream[:2]:
+        cluster.run_epoch(batches, random.Random(SEED))
+    cluster.close()
+    before = read_log(tmp_path / "node0", 0, repair=False)[0]
+    shutil.rmtree(tmp_path / "node1")
+    workload = cluster.workload
+    durability = NodeDurability(tmp_path / f"node{restarting}", restarting, NODES)
+    reports = {0: (len(before), False), 1: (0, True), 2: (len(before), False)}
+
+    async def scenario() -> None:
+        for peer, (epoch, new) in reports.items():
+            if peer != restarting:
+                durability.peer_restarting(peer, epoch, new)
+        await durability.recover(
+            workload.registry(), cluster.router, lambda: workload.build(SEED), workload.schema
+        )
+
+    with pytest.raises(RejoinError, match=r"nodes \[1\] start with no log while nodes \[0, 2\]"):
+        asyncio.run(scenario())
+    assert read_log(tmp_path / "node0", 0, repair=False)[0] == before  # nothing cut
+
+
+def test_a_node_directory_belongs_to_one_cluster_layout(tmp_path: Path) -> None:
+    """A data dir records its cluster's protocol, node count, partition map and node id; a
+    node of another layout is refused before it touches the log (a 2-node cluster's dirs
+    restarted with 3 nodes would cut the logs to what the new node has: nothing)."""
+    from dgcc.cluster import local_config
+    from dgcc.errors import ConfigError
+    from dgcc.wal.node_log import node_durability
+
+    def config(nodes: int, protocol: str = "dgcc"):
+        return local_config(nodes, workload="ycsb", workload_options={"records": 100},
+                            protocol=protocol, data_dir=str(tmp_path))  # fmt: skip
+
+    node_durability(config(2), 0)
+    node_durability(config(2), 0)  # the same layout again: fine
+    with pytest.raises(ConfigError, match=r"nodes 2 \(not 3\).*partition_nodes \[0, 1\]"):
+        node_durability(config(3), 0)
+    with pytest.raises(ConfigError, match="protocol 'dgcc' \\(not 'wait_die'\\)"):
+        node_durability(config(2, "wait_die"), 0)
+
+
+def test_an_epoch_log_refuses_a_directory_with_segments_but_no_manifest(tmp_path: Path) -> None:
+    """A 2PC node's directory (its own log segments, no checkpoint manifest) is not started
+    as a new epoch log on top of them."""
+    workload = get_workload("ycsb", records=100)
+    router = Router(workload, Placement.round_robin(1))
+    (tmp_path / "wal-000000000001.log").write_bytes(b"\0" * 64)
+    with pytest.raises(DgccError, match="holds log segments but no checkpoint manifest"):
+        NodeLog(tmp_path, 0, workload.registry(), router, lambda: workload.build(SEED),
+                workload.schema)  # fmt: skip
+    assert not (tmp_path / "MANIFEST").exists()

@@ -349,7 +349,7 @@ class Node:
                 self.durability.peer_durable(peer, epoch)
             elif kind == "restart" and self.durability is not None:
                 if self.durability.log is None:  # restarting too: a whole-cluster restart
-                    self.durability.peer_durable(peer, epoch)
+                    self.durability.peer_restarting(peer, epoch, body is True)
                 else:
                     await self._answer_rejoin(peer, epoch)
             elif kind == "rejoin" and self.durability is not None:
@@ -481,9 +481,9 @@ class Node:
         for peer in self.peers:
             self._send(peer, ("durable", epoch, self.id, None))
 
-    def _send_restart(self, log_end: int) -> None:
+    def _send_restart(self, log_end: int, new: bool) -> None:
         for peer in self.peers:
-            self._send(peer, ("restart", log_end, self.id, None))
+            self._send(peer, ("restart", log_end, self.id, new))
 
     async def _drain(self) -> None:
         for peer, writer in list(self._out.items()):

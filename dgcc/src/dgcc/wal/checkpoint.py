@@ -6,7 +6,9 @@ the snapshot while the parent runs the next epochs. The snapshot is one checksum
 (``format``); the manifest names the newest complete snapshot and is replaced atomically (tmp,
 fsync, rename, directory fsync), so a crash at any point leaves the previous checkpoint usable.
 A directory may also record, the same way, the workload and options that wrote it
-(``WORKLOAD``), so recovery can rebuild that workload and refuse another.
+(``WORKLOAD``), so recovery can rebuild that workload and refuse another, and a cluster node's
+directory the cluster it belongs to (``LAYOUT``: protocol, node count, partition map, node id),
+so a node started into another cluster's directory is refused before it touches the log.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block,
 from dgcc.wal.writer import fsync_dir
 
 __all__ = [
+    "LAYOUT_RECORD",
     "MANIFEST",
     "WORKLOAD_RECORD",
     "Checkpointer",
+    "check_layout_record",
     "check_workload_record",
     "load_snapshot",
     "publish",
@@ -43,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST"
 WORKLOAD_RECORD = "WORKLOAD"
+LAYOUT_RECORD = "LAYOUT"
 _SNAPSHOT = re.compile(r"^ckpt-(\d{12})\.snap$")
 
 
@@ -173,6 +178,41 @@ def check_workload_record(
             f"{directory} holds the log of workload {recorded[0]!r} with options {recorded[1]}, "
             f"not {name!r} with {wanted}: give this cluster a new data dir, or the config that "
             "wrote it"
+        )
+
+
+def check_layout_record(directory: Path, layout: Mapping[str, Any], *, claim: bool) -> None:
+    """Refuse to run a cluster node on a directory another cluster layout wrote: ``layout`` is
+    a JSON object (protocol, nodes, partition map, node id); with ``claim``, a directory that
+    records none (new, or written before directories recorded it) is recorded as this one's.
+
+    Raises:
+        ConfigError: the directory records another layout.
+        WalCorrupt: its record is damaged.
+    """
+    wanted = json.loads(json.dumps(dict(layout)))
+    path = directory / LAYOUT_RECORD
+    found = _read_json(path, "layout record") if directory.is_dir() else None
+    if found is None:
+        if claim:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / (LAYOUT_RECORD + ".tmp")
+            _write_file(tmp, json.dumps(wanted, sort_keys=True).encode())
+            os.replace(tmp, path)
+            fsync_dir(directory)
+        return
+    recorded, text = found
+    if not isinstance(recorded, dict):
+        raise WalCorrupt(f"{path}: bad layout record {text.strip()!r:.120}: expected an object")
+    if recorded != wanted:
+        changed = ", ".join(
+            f"{key} {recorded.get(key)!r} (not {wanted.get(key)!r})"
+            for key in sorted(set(recorded) | set(wanted))
+            if recorded.get(key) != wanted.get(key)
+        )
+        raise ConfigError(
+            f"{directory} holds the log of another cluster: {changed}; give this cluster a new "
+            "data dir, or the config that wrote it"
         )
 
 

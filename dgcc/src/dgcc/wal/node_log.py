@@ -32,6 +32,7 @@ from dgcc.protocols.dist_dgcc import EpochRun, Router
 from dgcc.storage import Database, collector_paused
 from dgcc.wal.checkpoint import (
     Checkpointer,
+    check_layout_record,
     check_workload_record,
     load_snapshot,
     publish,
@@ -43,7 +44,7 @@ from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import Block, BlockKind, WalCorrupt, decode_payload, encode_block
 from dgcc.wal.recovery import cut_after, no_checkpoint, read_log
 from dgcc.wal.rejoin import RejoinError, RejoinPlan, Retained, plan_rejoin
-from dgcc.wal.writer import WalWriter
+from dgcc.wal.writer import WalWriter, list_segments
 
 __all__ = [
     "LoggedEpochRun",
@@ -253,6 +254,11 @@ class NodeLog:
         self.node = node
         self.checkpoint_every_epochs = checkpoint_every_epochs
         if read_manifest(directory) is None:
+            if list_segments(directory):  # e.g. a 2PC node's log, from before LAYOUT records
+                raise WalCorrupt(
+                    f"{directory} holds log segments but no checkpoint manifest: it is not an "
+                    "epoch log (DistDGCC's or Calvin's); give this node the data dir it wrote"
+                )
             self.db, self.epoch, self.logged = initial(), 0, 0
             write_checkpoint(directory, self.db, 0)
         else:
@@ -350,12 +356,14 @@ class NodeDurability:
         self.checkpoint_every_epochs = checkpoint_every_epochs
         self.log: NodeLog | None = None
         self.broadcast: Callable[[int], None] = lambda epoch: None  # set by the node
-        self.announce: Callable[[int], None] = lambda epoch: None  # "restarting, log ends at"
+        # "restarting, my log ends at epoch E (new: the directory holds no log yet)"
+        self.announce: Callable[[int, bool], None] = lambda epoch, new: None
         self.retained = Retained(node)
         self.rejoin: RejoinPlan | None = None  # set by ``recover`` when the peers run
         self._states: dict[int, Any] = {}  # running peer -> what it keeps for this node
         self._refused: list[str] = []
         self._durable = [-1] * nodes  # per node: newest durable epoch it reported
+        self._new: set[int] = set()  # restarting nodes whose directory holds no log
         self._reported = asyncio.Event()
         self._held: list[tuple[int, Callable[[], None]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -390,17 +398,28 @@ class NodeDurability:
         node's epoch run, not its logged variant).
 
         Raises:
-            RejoinError: a peer refused the rejoin, or some peers run while others restart.
+            RejoinError: a peer refused the rejoin, some peers run while others restart, or
+                in a whole-cluster restart some nodes start with a new directory while others
+                hold logged epochs (recovering to the smallest would drop those, which may
+                have been answered: the lost directories must come back first).
         """
         self._loop = asyncio.get_running_loop()
         on_disk = self.on_disk()
-        self.peer_durable(self.node, on_disk)
-        self.announce(on_disk)
+        new = not self.directory.exists() or read_manifest(self.directory) is None
+        self.peer_restarting(self.node, on_disk, new)
+        self.announce(on_disk, new)
         await self._reported.wait()
         if self._refused:
             raise RejoinError(self._refused[0])
         if self._states:
             return self._rejoin(on_disk, registry, router, initial, schema, run_class)
+        holders = {n: e for n, e in enumerate(self._durable) if e > 0 and n not in self._new}
+        if self._new and holders:
+            raise RejoinError(
+                f"nodes {sorted(self._new)} start with no log while nodes {sorted(holders)} "
+                f"hold logged epochs (up to {max(holders.values())}): recovering would drop "
+                "them; give each node the data dir it wrote (or start afresh in a new data dir)"
+            )
         upto = cluster_durable_epoch(self._durable)
         self.log = NodeLog(
             self.directory,
@@ -474,6 +493,13 @@ class NodeDurability:
         self._states[node] = state
         self.peer_durable(node, state["durable"])
 
+    def peer_restarting(self, node: int, epoch: int, new: bool) -> None:
+        """Node ``node`` restarts too (a whole-cluster restart), its log ending at ``epoch``;
+        ``new``: its directory holds no log yet."""
+        if new:
+            self._new.add(node)
+        self.peer_durable(node, epoch)
+
     def peer_durable(self, node: int, epoch: int) -> None:
         """Node ``node`` has made every epoch up to ``epoch`` durable."""
         if epoch <= self._durable[node]:
@@ -513,7 +539,8 @@ def node_directory(config: ClusterConfig, node: int) -> Path:
 
 def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
     """The durability of node ``node`` of ``config``: None unless ``config.data_dir`` is set.
-    A new directory records the cluster's workload; one that records another is refused.
+    A new directory records the cluster's workload and layout (protocol, node count, partition
+    map, node id); one that records another is refused.
 
     The epoch log serves DistDGCC and Calvin; the 2PC servers replace it with their own.
     """
@@ -521,4 +548,7 @@ def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
         return None
     directory = node_directory(config, node)
     check_workload_record(directory, config.workload, config.workload_options, claim=True)
+    layout = {"protocol": config.protocol, "nodes": len(config.nodes), "node": node,
+              "partition_nodes": list(config.placement().partition_nodes)}  # fmt: skip
+    check_layout_record(directory, layout, claim=True)
     return NodeDurability(directory, node, len(config.nodes), config.checkpoint_every_epochs)
