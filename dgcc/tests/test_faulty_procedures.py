@@ -99,6 +99,54 @@ def test_a_plan_that_raises_fails_its_call_alone(protocol: str) -> None:
     assert values == {1: 150, 12: 100}
 
 
+def _shaped_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+    """Two pieces on one key, shaped as ``params["shape"]`` says (all but "ok" are bugs)."""
+    key, shape = params["keys"][0], params["shape"]
+
+    def bump(ctx: PieceContext) -> None:
+        ctx.update("kv", key, {"v": ctx.get("kv", key)["v"] + 1})
+
+    rw = {"reads": (("kv", key),), "writes": (("kv", key),)}
+    after = {"ok": ("a",), "later": ("b",), "own": ("b",), "unknown": ("zzz",)}.get(shape, ())
+    first_after = ("b",) if shape == "later" else ()
+    return [
+        Piece("a", bump, after=first_after, **rw),
+        Piece(
+            "a" if shape == "dup" else "b",
+            bump,
+            after=() if shape == "later" else after,
+            may_abort=shape == "abort_after_write",
+            **rw,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_plan_of_a_bad_shape_fails_its_call_alone(protocol: str) -> None:
+    """Pieces after later, their own or unknown pieces, duplicate names, or a piece that may
+    abort after a write: the call is an ERROR naming the problem under every protocol (DGCC's
+    batch graph would stall or half-apply the batch), and the rest of the batch commits."""
+    registry = _registry()
+    registry.register(Procedure("shaped", {"keys": list, "shape": str}, _shaped_plan))
+    shapes = ["ok", "later", "own", "unknown", "dup", "abort_after_write", "ok"]
+    batch = [TxnRequest("shaped", {"keys": [k], "shape": s}) for k, s in enumerate(shapes)]
+    db = _db()
+    outcomes = get_protocol(protocol)(db, registry).run_batch(batch)
+    assert [o.status for o in outcomes] == [Status.COMMITTED, *[Status.ERROR] * 5, Status.COMMITTED]
+    reasons = [o.reason for o in outcomes[1:-1]]
+    assert all(reason.startswith("shaped.plan raised ProcedureError: ") for reason in reasons)
+    assert "comes after unknown, later or its own pieces ['b']" in reasons[0]
+    assert "comes after unknown, later or its own pieces ['b']" in reasons[1]
+    assert "['zzz']" in reasons[2] and "duplicate piece name 'a'" in reasons[3]
+    assert "piece 'b' may abort after an earlier piece wrote" in reasons[4]
+    assert {key: row["v"] for key, row in db["kv"].rows.items() if row["v"]} == {0: 2, 6: 2}
+
+
+def test_a_procedure_with_params_that_are_not_types_is_refused() -> None:
+    with pytest.raises(ProcedureError, match=r"params must map str names to types .*'a': 'int'"):
+        Procedure("p", {"a": "int"}, _bump_plan)
+
+
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_a_result_builder_that_raises_fails_its_answer_alone(protocol: str) -> None:
     registry = _registry()
