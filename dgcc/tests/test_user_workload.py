@@ -51,3 +51,25 @@ def test_its_options_are_checked_and_a_cluster_load_runs_its_own_mix(capsys) -> 
         ClusterBenchConfig("inventory:Inventory", 2, 0.1, {"items": 40})
     assert main(["bench", "--workload", "inventory:Inventory", "-o", "colour=3"]) == 2
     assert "rejects options {'colour': 3}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("workload", "options", "spans"),
+    [
+        ("ycsb", {"records": 1000}, lambda params: {k * 2 // 1000 for k in params["keys"]}),
+        ("smallbank", {"accounts": 1000}, lambda params: {
+            params[name] * 2 // 1000 for name in ("source", "target") if name in params}),
+    ],
+)  # fmt: skip
+def test_no_distributed_fraction_keeps_the_built_in_workloads_own_mix(workload, options, spans):
+    """`dgcc bench --nodes` without --distributed-fraction: YCSB's keys and Smallbank's
+    customers come from the workload's own stream, drawn over the whole cluster (some calls
+    span both nodes), not pinned to the calling node."""
+    from dgcc.cluster import local_config
+    from dgcc.net.loadgen import request_pool
+
+    config = local_config(2, workload=workload, workload_options=options)
+    pool = request_pool(config, 0, None, seed=3, count=200)
+    crossing = sum(len(spans(request.params)) > 1 for request in pool)
+    assert 0 < crossing < len(pool)
+    assert request_pool(config, 0, 0.0, seed=3, count=200) != pool  # a fraction pins calls

@@ -4,8 +4,9 @@
 with probability ``distributed_fraction``, also touches data of another node (YCSB: half of its
 keys; Smallbank: a payment to a remote customer; TPC-C: a remote supply warehouse or a remote
 paying customer, which only NewOrder and Payment can have). ``None`` keeps the workload's own
-mix (TPC-C's standard 1% / 15% remote fractions); a workload of your own runs its own mix
-only. ``run_bench`` starts the node processes and
+mix: TPC-C's standard 1% / 15% remote fractions, and YCSB's keys and Smallbank's customers drawn
+over the whole cluster, as the workload's own request stream draws them; a workload of your own
+runs its own mix only. ``run_bench`` starts the node processes and
 one client process per node, each with ``inflight`` calls always outstanding on one pipelined
 connection (answers arrive batched per epoch; each submits the next call from a callback), and
 measures a window after a warm-up. ``cluster_workload_options`` makes TPC-C warehouses count per
@@ -121,13 +122,16 @@ def request_pool(
     if fraction is not None and not 0.0 <= fraction <= 1.0:
         raise ConfigError(f"distributed fraction must be in [0, 1], got {fraction}")
     maker = _POOLS.get(config.workload, _own_pool)
+    if fraction is None and maker is not _tpcc_pool:  # YCSB, Smallbank: their own key draws
+        maker = _own_pool
     rng = random.Random(seed * 7919 + node)
     return maker(config, node, fraction, rng, count)
 
 
 def _own_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
-    """Another workload (your own ``package.module:Class``): its own request stream, seeded
-    per node; which calls cross nodes is its mix's business, not a knob here."""
+    """The workload's own request stream, seeded per node (your own ``package.module:Class``,
+    or a built-in one with no distributed fraction asked for): which calls cross nodes is its
+    mix's business, not a knob here."""
     assert fraction is None, f"{config.workload}: a distributed fraction of its own mix"
     workload = get_workload(config.workload, **dict(config.workload_options))
     return list(itertools.islice(workload.requests(rng.randrange(2**31)), count))
