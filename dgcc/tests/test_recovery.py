@@ -71,6 +71,25 @@ def test_inline_checkpoint_truncates_log(tmp_path: Path, reference: dict) -> Non
     assert recovered.db.dump() == reference
 
 
+def test_damage_in_a_segment_the_checkpoint_holds_is_not_read(
+    tmp_path: Path, reference: dict
+) -> None:
+    """A crash between publishing checkpoint 3 and deleting the segment of epochs 1..3 leaves
+    that segment behind; a damaged byte there loses nothing, so recovery does not refuse."""
+    covered, older = tmp_path / "covered", tmp_path / "older"
+    _run(covered, "dependency", checkpoint_every_epochs=3, fork_checkpoint=False)
+    _run(older, "dependency", epochs=3)  # wal-000000000001.log: epochs 1..3
+    stale = covered / "wal-000000000001.log"
+    data = bytearray((older / stale.name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stale.write_bytes(bytes(data))
+    assert read_manifest(covered)[0] == 6  # type: ignore[index]
+    registry = TpccWorkload(**DRILL_TPCC).registry()
+    recovered = recover(covered, create_tables, registry)
+    assert (recovered.epoch, recovered.dropped) == (EPOCHS, [])
+    assert recovered.db.dump() == reference
+
+
 def test_reopen_continues_the_stream(tmp_path: Path, reference: dict) -> None:
     _run(tmp_path, "dependency", epochs=5)
     assert _run(tmp_path, "dependency") == reference  # recovers 5, runs 6..8

@@ -51,12 +51,15 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
 
     Raises:
         WalCorrupt: damage that is not a torn tail (in an earlier segment, or with an intact
-            block after it): recovery stops before changing anything.
+            block after it): recovery stops before changing anything. A segment whose epochs
+            the checkpoint holds (the next one starts by ``after_epoch + 1``) is not read.
     """
     segments = list_segments(directory)
     blocks: list[Block] = []
     dropped: list[str] = []
     for position, (_, path) in enumerate(segments):
+        if position + 1 < len(segments) and segments[position + 1][0] <= after_epoch + 1:
+            continue  # every epoch of it is in the checkpoint: not read (nor its damage)
         scan = scan_bytes(path.read_bytes(), str(path))
         if scan.problem is not None:
             if position != len(segments) - 1:
