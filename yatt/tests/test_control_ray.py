@@ -108,12 +108,15 @@ def test_single_and_parallel_controllers_agree(ray_session, placement):
         assert single[2] > 2 * 2 * 8 * payload > parallel[2]
 
 
-def _inprocess_weights(config) -> dict:
-    """The same run as one in-process worker (one data-parallel group: no collectives)."""
+def _inprocess_weights(config, history: list | None = None) -> dict:
+    """The same run as one in-process worker (one data-parallel group: no collectives); its
+    metric rows go to `history`."""
     control = ControlConfig(mode="parallel", backend="inprocess", placement="colocate",
                             n_devices=1, device_kind="cpu", extra_rewards=REWARD)  # fmt: skip
     controller = ParallelController(config, control)
-    controller.fit()
+    run = controller.fit()
+    if history is not None:
+        history.extend(run.history)
     return controller.weights()
 
 
@@ -125,7 +128,8 @@ def _assert_close(weights, reference):
 def test_data_parallel_update_equals_the_full_batch_update(ray_session):
     """Two ranks, each with half the batch, all-reducing gradients and the loss normaliser,
     train the same weights as one process with the whole batch (up to summation order)."""
-    config = load_config("tiny_test", OVERRIDES)
+    # two passes: clip metrics that differ from 0, and a KL term: every kind of update metric
+    config = load_config("tiny_test", [*OVERRIDES, "algo.ppo_passes=2", "algo.kl_coef=0.05"])
     control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
                             device_kind="cpu", extra_rewards=REWARD)  # fmt: skip
     controller = ParallelController(config, control)
@@ -135,7 +139,14 @@ def test_data_parallel_update_equals_the_full_batch_update(ray_session):
     finally:
         controller.cluster.shutdown()
     assert run.workers["rank0"]["allreduce_s"] > 0
-    _assert_close(weights, _inprocess_weights(config))
+    whole_history: list = []
+    _assert_close(weights, _inprocess_weights(config, whole_history))
+    # the global batch's update metrics, not the mean of the ranks' shares: losses sum, token
+    # means weigh by tokens (each rank's loss is divided by the global normaliser)
+    for row, whole in zip(run.history, whole_history, strict=True):
+        for key in ("actor/pg_loss", "actor/clipfrac", "actor/ppo_kl", "actor/kl",
+                    "actor/grad_norm", "actor/trained_rows_frac"):  # fmt: skip
+            assert row[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
 
 
 def _script_moves(monkeypatch, targets: dict) -> None:

@@ -31,6 +31,7 @@ from yatt.control.shards import (
     batch_extremes,
     batch_sums,
     extremes_to_metrics,
+    reduce_actor_metrics,
     set_advantages,
     sums_to_metrics,
 )
@@ -161,7 +162,7 @@ class ParallelRank(RankWorker):
 
     def _reduce(self, sums: torch.Tensor, counts: dict[str, float],
                 actor: dict[str, float]) -> dict[str, float]:  # fmt: skip
-        """Global metrics: batch sums and rollout counts add up, actor metrics average."""
+        """Global metrics: batch sums, rollout counts and update terms add up over ranks."""
         count_keys, keys = sorted(counts), sorted(actor)
         extra = [counts[k] for k in count_keys] + [actor[k] for k in keys]
         vector = torch.cat([sums, torch.tensor(extra, dtype=torch.float64)])
@@ -170,8 +171,8 @@ class ParallelRank(RankWorker):
         n_sums, n_counts = sums.numel(), len(count_keys)
         metrics = sums_to_metrics(vector[:n_sums])
         metrics.update({k: float(v) for k, v in zip(count_keys, vector[n_sums:])})
-        tail = vector[n_sums + n_counts :]
-        metrics.update({k: float(v) / self.world for k, v in zip(keys, tail)})
+        tail = vector[n_sums + n_counts :].tolist()
+        metrics.update(reduce_actor_metrics(dict(zip(keys, tail, strict=True))))
         return metrics
 
 

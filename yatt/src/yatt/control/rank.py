@@ -25,7 +25,7 @@ from yatt.algos.kl import kl_mean
 from yatt.config import Config
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.devices import Device
-from yatt.control.shards import Shard, ShardRequest, make_features
+from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
@@ -391,7 +391,8 @@ class RankWorker:
     # ------------------------------------------------------------------ training
 
     def update(self, shard: Shard) -> dict[str, float]:
-        """Policy rank: one update on this shard (advantages set); grads are summed over ranks."""
+        """Policy rank: one update on this shard (advantages set); grads are summed over ranks.
+        Returns its metrics as terms that add up over ranks (`shards.actor_terms`)."""
         assert self.policy is not None, f"{self.name} hosts no policy"
         swap_s = self._swap_optimizer(onto_device=True)
         with self._phase("policy", "update_actor"):
@@ -412,7 +413,7 @@ class RankWorker:
                 with self._phase("sampler", "load_weights"):
                     self.rollout.sync_weights(self.policy.model)
             self.weights_version += 1
-        return metrics
+        return actor_terms(metrics, self.policy.metric_weights)
 
     def _swap_optimizer(self, onto_device: bool) -> float:
         """Where the device is time-shared (every placement but disaggregated), the optimizer

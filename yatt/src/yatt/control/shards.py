@@ -22,16 +22,51 @@ from yatt.config import GROUP_ESTIMATORS
 __all__ = [
     "Shard",
     "ShardRequest",
+    "actor_terms",
     "batch_extremes",
     "batch_sums",
     "extremes_to_metrics",
     "make_features",
+    "reduce_actor_metrics",
     "set_advantages",
     "sums_to_metrics",
 ]
 
 _SUM_KEYS = ("rows", "score", "score_sq", "reward", "response_tokens", "tokens",
              "feature_bytes", "clipped", "advantage", "advantage_abs")  # fmt: skip
+
+
+# How a policy rank's update metrics add up to the global batch's. Each rank's loss is already
+# divided by the global normaliser, so the losses (and the feature checksum) sum; token and row
+# means weigh each rank's by its tokens or rows (PolicyRole.metric_weights); the rest (grad
+# norm after the all-reduce, learning rate, timings) are alike on every rank: their mean.
+_ACTOR_SUMS = ("actor/pg_loss", "batch/feature_checksum")
+_ACTOR_WEIGHTS = {"actor/clipfrac": "tokens", "actor/ppo_kl": "tokens", "actor/kl": "tokens",
+                  "actor/tis_mean": "trained_tokens", "actor/tis_capped_frac": "trained_tokens",
+                  "actor/trained_rows_frac": "rows"}  # fmt: skip
+_WEIGHT = "#weight"
+
+
+def actor_terms(metrics: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+    """A rank's update `metrics` as terms that add up over ranks (each mean carries its weight
+    as `<key>#weight`); `reduce_actor_metrics` of the terms' sums gives the global metrics."""
+    terms = {}
+    for key, value in metrics.items():
+        if key in _ACTOR_SUMS:
+            terms[key] = value
+            continue
+        weight = weights[_ACTOR_WEIGHTS[key]] if key in _ACTOR_WEIGHTS else 1.0
+        terms[key], terms[key + _WEIGHT] = value * weight, weight
+    return terms
+
+
+def reduce_actor_metrics(summed: dict[str, float]) -> dict[str, float]:
+    """The global update metrics from every rank's `actor_terms`, summed key by key."""
+    return {
+        key: value / summed[key + _WEIGHT] if summed.get(key + _WEIGHT) else value
+        for key, value in summed.items()
+        if not key.endswith(_WEIGHT)
+    }
 
 
 @dataclass(frozen=True)

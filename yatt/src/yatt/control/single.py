@@ -35,6 +35,7 @@ from yatt.control.shards import (
     batch_extremes,
     batch_sums,
     extremes_to_metrics,
+    reduce_actor_metrics,
     set_advantages,
     sums_to_metrics,
 )
@@ -123,7 +124,7 @@ class SingleController(Controller):
         metrics.update(extremes_to_metrics(batch_extremes(Shard(-1, step, whole, features))))
         for key in stats[0].metrics():
             metrics[key] = sum(s.metrics()[key] for s in stats)
-        metrics.update({k: sum(a[k] for a in actor) / len(actor) for k in sorted(actor[0])})
+        metrics.update(reduce_actor_metrics({k: sum(a[k] for a in actor) for k in actor[0]}))
         metrics["control/staleness"] = float(stats[0].staleness)
         return {**metrics, **timings}
 

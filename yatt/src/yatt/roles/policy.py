@@ -84,6 +84,7 @@ class PolicyRole(Role):
         # Set by a data-parallel controller: an object with sum_scalar(float) and
         # sum_grads(params) over the policy ranks; None on a single process.
         self.collective: Any = None
+        self.metric_weights: dict[str, float] = {}  # set by each update, see there
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
@@ -132,6 +133,15 @@ class PolicyRole(Role):
         log-probs: exact for one on-policy pass) and batch.ref_logp for a KL loss term.
         """
         batch.check("advantages")
+        mask = batch.response_mask
+        trained = self._trained_rows(batch)
+        # What this update's metrics are means over, for a reduction across data-parallel
+        # ranks (yatt.control.shards.reduce_actor_metrics).
+        self.metric_weights = {
+            "tokens": float(mask.sum()),
+            "rows": float(batch.size),
+            "trained_tokens": float(mask[trained].sum()) if trained else 0.0,
+        }
         self.model.train()
         totals: dict[str, float] = {}
         for _ in range(self.algo.ppo_passes):
