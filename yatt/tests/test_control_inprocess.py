@@ -164,6 +164,11 @@ def test_time_limit_stops_the_run_after_the_step_that_reaches_it(tmp_path, caplo
     assert len(result.history) == 1 and "train.time_limit_s=1e-09 reached" in caplog.text
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(row)["step"] for row in rows] == [1]
+    assert not (tmp_path / "checkpoints").exists()  # none asked for
+    again = [*overrides, "train.time_limit_s=1e-9", "checkpoint.every=2", "logging.overwrite=true"]
+    resumable = load_config("tiny_test", again)
+    fit_distributed(resumable, _control())  # stopped at step 1: checkpointed for a resume
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
 
 
 @pytest.mark.parametrize(

@@ -200,3 +200,14 @@ def test_time_limit_stops_early_and_still_evaluates(tmp_path) -> None:
     trainer, result = _run(tmp_path, ["train.time_limit_s=1e-6"], steps=5)
     assert trainer.step == 1
     assert [step for step, _ in result.evals] == [0, 1]
+    assert result.checkpoint is None  # no checkpoint asked for
+
+
+@pytest.mark.parametrize("asked", ["checkpoint.at_end=true", "checkpoint.every=3"])
+def test_a_time_limit_stop_keeps_the_policy_and_a_resume_goes_on(tmp_path, asked) -> None:
+    """Where the time limit stops the run, the final checkpoint is saved (`at_end`, or
+    `every`, so that `checkpoint.resume=auto` continues the run from there)."""
+    _, result = _run(tmp_path, ["train.time_limit_s=1e-6", asked], steps=5)
+    assert result.checkpoint is not None and result.checkpoint.name == "step_000001"
+    trainer, resumed = _run(tmp_path, ["checkpoint.resume=auto", asked], steps=2)
+    assert trainer.step == 2 and len(resumed.history) == 1

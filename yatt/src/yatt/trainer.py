@@ -243,7 +243,7 @@ class Trainer:
                     metrics["eval/accuracy"] = self._evaluate(evaluate_engine, None, n_examples)
                     result.evals.append((self.step, metrics["eval/accuracy"]))
                 metrics_logger.log(self.step, metrics)
-                result.checkpoint = self._maybe_checkpoint() or result.checkpoint
+                result.checkpoint = self._maybe_checkpoint(out_of_time) or result.checkpoint
                 if progress is not None:
                     progress(self.step, cfg.train.steps, metrics)
                 if out_of_time:
@@ -443,11 +443,14 @@ class Trainer:
             sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
         return MetricsLogger(sinks)
 
-    def _maybe_checkpoint(self) -> Path | None:
+    def _maybe_checkpoint(self, out_of_time: bool = False) -> Path | None:
+        """The checkpoint due after this step: every `checkpoint.every` steps; at the run's
+        last step with `checkpoint.at_end`; and where `train.time_limit_s` stops the run early
+        with either set (so the trained policy is kept, and `checkpoint.resume=auto` goes on)."""
         cfg = self.config.checkpoint
         periodic = cfg.every and self.step % cfg.every == 0
-        final = cfg.at_end and self.step == self.config.train.steps
-        if not (periodic or final):
+        last = self.step == self.config.train.steps or out_of_time
+        if not (periodic or (last and (cfg.at_end or (out_of_time and cfg.every)))):
             return None
         return save_training_checkpoint(
             self.run_dir, self.step, config=self.config, policy=self.policy,

@@ -182,7 +182,7 @@ class AdaptiveController(Controller):
             history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            self.maybe_checkpoint(step + 1)
+            self.maybe_checkpoint(step + 1, out_of_time)
             self._drain()  # the checkpoint's spans, as the evaluation's
             if out_of_time:
                 break  # steps generated ahead are dropped

@@ -162,7 +162,7 @@ class Controller(ABC):
             result.history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            self.maybe_checkpoint(step + 1)
+            self.maybe_checkpoint(step + 1, out_of_time)
             if out_of_time:
                 break  # steps generated ahead are dropped
         result.wall_s = time.perf_counter() - start_s
@@ -176,11 +176,12 @@ class Controller(ABC):
         add_idle_metrics(result.history, result.events, len(self.cluster.devices))
         return result
 
-    def maybe_checkpoint(self, done: int) -> Path | None:
-        """The checkpoint of `done` steps, when `checkpoint.every` divides it (and
-        `checkpoint_dir` is set)."""
+    def maybe_checkpoint(self, done: int, out_of_time: bool = False) -> Path | None:
+        """The checkpoint of `done` steps (with `checkpoint_dir` set), when `checkpoint.every`
+        divides it or `train.time_limit_s` stops the run there (so `checkpoint.resume=auto`
+        goes on). The final policy is `fit_distributed`'s `model/` (`checkpoint.at_end`)."""
         every = self.config.checkpoint.every
-        if self.checkpoint_dir is None or not every or done % every:
+        if self.checkpoint_dir is None or not every or (done % every and not out_of_time):
             return None
         return self.save_checkpoint(self.checkpoint_dir, done)
 
