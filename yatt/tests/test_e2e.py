@@ -79,6 +79,31 @@ def test_dynamic_sampling_and_kl_in_reward(tmp_path) -> None:
     assert math.isfinite(row["actor/kl"])
 
 
+class _HalfFlatReward(DirectionReward):
+    """The direction reward, but 0 for every row of even-numbered groups: those groups carry no
+    signal and dynamic sampling drops them (refilling the step)."""
+
+    def score(self, batch):
+        scores, _ = super().score(batch)
+        return scores * (batch.group_ids % 2 == 1), {"reward/direction/mean": float(scores.mean())}
+
+
+def test_dynamic_sampling_metrics_describe_the_batch_trained_on(tmp_path) -> None:
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", ["train.steps=3", "eval.n=0", "algo.dynamic_sampling=true",
+                                       "algo.max_refill_batches=3", f"logging.run_dir={tmp_path}"])
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=_HalfFlatReward(model))
+    trained = []
+    update = trainer.policy.update
+    trainer.policy.update = lambda batch: trained.append(batch) or update(batch)
+    history = trainer.fit().history
+    assert any(row["batch/dropped_groups"] > 0 for row in history)
+    for row, batch in zip(history, trained, strict=True):
+        assert row["critic/score/mean"] == pytest.approx(float(batch.scores.mean()))
+        assert row["critic/score/min"] == pytest.approx(float(batch.scores.min()))
+        assert row["critic/rewards/mean"] == pytest.approx(float(batch.rewards.mean()))
+
+
 def _comparable(history):
     skip = ("timing_s/", "perf/")
     return [{k: v for k, v in row.items() if not k.startswith(skip)} for row in history]

@@ -305,18 +305,25 @@ class Trainer:
         )  # fmt: skip
 
     def _gen_and_score(self) -> tuple[RolloutBatch, dict[str, float]]:
-        """gen + reward phases; with dynamic sampling, drop all-equal groups and refill."""
+        """gen + reward phases; with dynamic sampling, drop all-equal groups and refill.
+
+        The score and reward metrics describe the batch trained on; the reward functions'
+        own metrics (`reward/*`) every row sampled in the step, dropped groups included."""
         algo = self.config.algo
         rounds = 1 + (algo.max_refill_batches if algo.dynamic_sampling else 0)
         kept: list[RolloutBatch] = []
-        metrics: dict[str, float] = {}
+        component_sums: dict[str, float] = {}
+        sampled_rows = 0
         kept_groups = dropped_groups = 0
         last = None
         for round_index in range(rounds):
             with self.timer.phase("gen"):
                 last = self._sample(round_index)
             with self.timer.phase("reward"):
-                last.rewards, metrics = self._score(last)
+                components = self._score(last)
+            for key, value in components.items():  # row-weighted over the rounds
+                component_sums[key] = component_sums.get(key, 0.0) + value * last.size
+            sampled_rows += last.size
             if not algo.dynamic_sampling:
                 kept.append(last)
                 break
@@ -333,32 +340,35 @@ class Trainer:
                 break
         assert last is not None
         batch = RolloutBatch.concat(kept) if kept else last  # no signal anywhere: a no-op update
+        metrics = {key: total / sampled_rows for key, total in component_sums.items()}
         if algo.dynamic_sampling:
             batch = _first_groups(batch, algo.prompts_per_step)
             metrics["batch/kept_groups"] = float(kept_groups)
             metrics["batch/dropped_groups"] = float(dropped_groups)
+        assert batch.scores is not None and batch.rewards is not None
+        metrics.update({
+            "critic/score/mean": float(batch.scores.mean()),
+            "critic/score/max": float(batch.scores.max()),
+            "critic/score/min": float(batch.scores.min()),
+            "critic/rewards/mean": float(batch.rewards.mean()),
+        })  # fmt: skip
         return batch.check("rewards"), metrics
 
-    def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _score(self, batch: RolloutBatch) -> dict[str, float]:
+        """Set the batch's scores and rewards (scores plus the overlong penalty); returns the
+        reward functions' own metrics (means over the batch's rows)."""
         algo = self.config.algo
         try:
             scores, reward_metrics = self.reward.score(batch)
         except RewardError as exc:
             raise RewardError(f"{exc} ({self._failed_prompt(exc.row)})", exc.row) from exc
-        metrics = {
-            "critic/score/mean": float(scores.mean()),
-            "critic/score/max": float(scores.max()),
-            "critic/score/min": float(scores.min()),
-            **{key: float(value) for key, value in reward_metrics.items()},
-        }
-        rewards = scores
+        batch.scores, batch.rewards = scores, scores
         if algo.overlong_buffer > 0:
-            rewards = rewards + overlong_penalty(
+            batch.rewards = scores + overlong_penalty(
                 batch.response_lengths, self.config.rollout.max_new_tokens,
                 algo.overlong_buffer, algo.overlong_penalty,
             )  # fmt: skip
-        metrics["critic/rewards/mean"] = float(rewards.mean())
-        return rewards, metrics
+        return {key: float(value) for key, value in reward_metrics.items()}
 
     def _failed_prompt(self, row: int | None) -> str:
         """Where the prompt of a failed batch row (None: unknown) came from."""
