@@ -154,7 +154,13 @@ def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, 
     initial = build_model(config.model)[0].state_dict()  # the seeded model every rank built
     assert any(not torch.equal(initial[k], saved[k]) for k in saved)  # and then trained
     assert (tmp_path / "model" / "config.yaml").is_file()
-    assert any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "tensorboard"))
+    board.Reload()
+    tags = board.Tags()["scalars"]
+    assert "critic/score/mean" in tags and "perf/idle_frac" in tags  # idle: added at the end
+    assert [event.step for event in board.Scalars("perf/idle_frac")] == [1, 2]
 
 
 def test_time_limit_stops_the_run_after_the_step_that_reaches_it(tmp_path, caplog):

@@ -130,6 +130,11 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         sink.log(step, metrics)
     sink.close()
     staging.replace(metrics_path)
+    if config.logging.tensorboard:  # the idle fractions exist only now: add them there too
+        board = TensorBoardSink(run_dir / "tensorboard")
+        for step, metrics in enumerate(result.history, start=start_step + 1):
+            board.write(step, {k: v for k, v in metrics.items() if k.startswith("perf/idle_frac")})
+        board.close()
     plot_timeline(spans_from_events(result.events), n_devices, run_dir / "timeline.png",
                   f"{control.mode} controllers, {control.placement}")  # fmt: skip
     summary = {"wall_s": result.wall_s, "driver_peak_rss_mb": result.driver_peak_rss_mb,
