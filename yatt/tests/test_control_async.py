@@ -193,6 +193,11 @@ def test_dynamic_sampling_with_over_dispatch_in_async_mode_agrees_across_modes()
         assert row["batch/kept_groups"] == 2 and row["batch/rows"] == 2 * N_SAMPLES
     assert sum(h["batch/dropped_groups"] for h in parallel_run.history) > 0
     assert sum(h["control/aborted_groups"] for h in parallel_run.history) > 0
+    for row in parallel_run.history:  # the generation rate counts the dropped groups' tokens
+        trained = row["response_length/mean"] * row["batch/rows"]
+        assert row["control/gen_tokens"] >= trained
+        if row["batch/dropped_groups"]:
+            assert row["control/gen_tokens"] > trained
     assert [h["batch/dropped_groups"] for h in single_run.history] == [
         h["batch/dropped_groups"] for h in parallel_run.history
     ]

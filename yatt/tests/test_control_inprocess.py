@@ -42,7 +42,11 @@ def test_single_and_parallel_modes_agree_in_process():
     row = parallel.history[-1]
     assert row["critic/advantages/abs_mean"] > 0 and 0 <= row["response_length/clip_ratio"] <= 1
     assert row["perf/samples_per_s"] == pytest.approx(row["batch/rows"] / row["timing_s/step"])
-    assert row["perf/gen_tokens_per_s"] > 0
+    # generated tokens (every collected call's) per second the samplers spent generating them
+    assert row["control/gen_tokens"] == row["response_length/mean"] * row["batch/rows"]
+    assert 0 < row["timing_s/sampler_gen"] <= row["timing_s/gen"]
+    rate = row["control/gen_tokens"] / row["timing_s/sampler_gen"]
+    assert row["perf/gen_tokens_per_s"] == pytest.approx(rate)
 
 
 def test_the_overlong_penalty_shapes_rewards_alike_in_both_modes():

@@ -154,6 +154,7 @@ class Trainer:
         self.prompt_texts = [self._render(example) for example in self.train_set]
         self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
         self._sampled: list[int] = []  # train_set indices of the last sampled prompts
+        self._generated_tokens = 0.0  # response tokens generated in the current step
         self._build_roles(model, reward)
         self.step = 0
         self.timer = PhaseTimer()
@@ -313,7 +314,7 @@ class Trainer:
         rounds = 1 + (algo.max_refill_batches if algo.dynamic_sampling else 0)
         kept: list[RolloutBatch] = []
         component_sums: dict[str, float] = {}
-        sampled_rows = 0
+        sampled_rows, generated = 0, 0.0
         kept_groups = dropped_groups = 0
         last = None
         for round_index in range(rounds):
@@ -324,6 +325,7 @@ class Trainer:
             for key, value in components.items():  # row-weighted over the rounds
                 component_sums[key] = component_sums.get(key, 0.0) + value * last.size
             sampled_rows += last.size
+            generated += float(last.response_mask.sum())
             if not algo.dynamic_sampling:
                 kept.append(last)
                 break
@@ -341,6 +343,7 @@ class Trainer:
         assert last is not None
         batch = RolloutBatch.concat(kept) if kept else last  # no signal anywhere: a no-op update
         metrics = {key: total / sampled_rows for key, total in component_sums.items()}
+        self._generated_tokens = generated  # every round's, for perf/gen_tokens_per_s
         if algo.dynamic_sampling:
             batch = _first_groups(batch, algo.prompts_per_step)
             metrics["batch/kept_groups"] = float(kept_groups)
@@ -409,8 +412,8 @@ class Trainer:
             "critic/advantages/abs_mean": _masked_mean(batch.advantages.abs(), batch.response_mask),
             "perf/throughput": tokens / step_s,
             "perf/samples_per_s": batch.size / step_s,
-            "perf/gen_tokens_per_s": float(lengths.sum())
-            / max(timings.get("timing_s/gen", 0), 1e-9),
+            # every token generated for the step (dropped groups too) per second of generation
+            "perf/gen_tokens_per_s": self._generated_tokens / max(timings["timing_s/gen"], 1e-9),
         }
         if batch.ref_logp is not None:
             assert batch.old_logp is not None, "old log-probs are computed whenever KL is on"

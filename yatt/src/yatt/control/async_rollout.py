@@ -142,6 +142,8 @@ class RolloutStats:
     refills: int = 0
     staleness: int = 0
     score_s: float = 0.0
+    gen_tokens: float = 0.0  # every collected call's response tokens, dropped groups included
+    gen_s: float = 0.0  # the sampler seconds that generated them
     trained_prompts: list[int] = field(default_factory=list)
     dropped_prompts: list[int] = field(default_factory=list)
     reclaimed_prompts: list[int] = field(default_factory=list)
@@ -154,6 +156,8 @@ class RolloutStats:
             "control/dispatched_groups": float(self.dispatched),
             "control/aborted_groups": float(self.aborted),
             "control/refills": float(self.refills),
+            "control/gen_tokens": self.gen_tokens,
+            "timing_s/sampler_gen": self.gen_s,
         }
 
 
@@ -229,6 +233,8 @@ class GroupRollout:
             prompt_of.update(zip(request.group_ids, request.prompt_indices))
             shard = future.result()
             assert shard.step == dispatch.step, f"samples of step {shard.step} at {dispatch.step}"
+            stats.gen_tokens += float(shard.batch.response_mask.sum())
+            stats.gen_s += shard.gen_s
             start_s = clock()
             scores = score(shard)
             stats.score_s += clock() - start_s

@@ -45,13 +45,15 @@ class RunResult:
 
 def add_perf_metrics(metrics: dict[str, float], step_s: float) -> None:
     """The step's wall time and the trainer's rates over it: tokens/s (`perf/throughput`,
-    prompt and response), samples/s, and generated tokens per second of generation."""
+    prompt and response), samples/s; and `perf/gen_tokens_per_s`, the tokens the samplers
+    generated for the step (dropped groups included) per second they spent generating them
+    (per sampler: async steps are generated while others train)."""
     rows = metrics["batch/rows"]
     metrics["timing_s/step"] = step_s
     metrics["perf/throughput"] = metrics["batch/tokens"] / step_s
     metrics["perf/samples_per_s"] = rows / step_s
-    generated = metrics["response_length/mean"] * rows
-    metrics["perf/gen_tokens_per_s"] = generated / max(metrics.get("timing_s/gen", 0.0), 1e-9)
+    sampler_s = max(metrics["timing_s/sampler_gen"], 1e-9)
+    metrics["perf/gen_tokens_per_s"] = metrics["control/gen_tokens"] / sampler_s
 
 
 def add_idle_metrics(history: list[dict[str, float]], events: list, n_devices: int) -> None:

@@ -273,6 +273,7 @@ class RankWorker:
                 self.rollout.params, max_new_tokens=request.max_new_tokens
             )
         engine_logp = request.behaviour_logp and self._engine_logp_is_behaviour()
+        start_s = time.perf_counter()
         with self._phase("sampler", "gen"):
             examples = [self.train_set[i] for i in request.prompt_indices]
             batch = self.rollout.generate(
@@ -281,12 +282,13 @@ class RankWorker:
                 list(request.group_ids), list(request.seeds), sampler_logprobs=engine_logp,
             )  # fmt: skip
             features = make_features(request.seeds, self.control.payload_bytes)
+        gen_s = time.perf_counter() - start_s
         if engine_logp:  # the sampling distribution is the trainer's: no second forward pass
             batch.old_logp, batch.behaviour_logp = batch.behaviour_logp, None
         elif request.behaviour_logp:
             with self._phase("sampler", "behaviour_logp"):
                 batch.old_logp = self._behaviour_logprobs(batch)
-        return Shard(rank=request.rank, step=request.step, batch=batch, features=features)
+        return Shard(request.rank, request.step, batch, features, gen_s)
 
     def _engine_logp_is_behaviour(self) -> bool:
         """True when the engine's per-token log-probs are those the trainer would compute for

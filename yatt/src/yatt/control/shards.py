@@ -86,12 +86,14 @@ class ShardRequest:
 
 @dataclass
 class Shard:
-    """One group's samples: `batch` (B rows) and `features` (B, payload_bytes) uint8."""
+    """One group's samples: `batch` (B rows) and `features` (B, payload_bytes) uint8; `gen_s`:
+    the seconds the sampler spent generating them."""
 
     rank: int
     step: int
     batch: RolloutBatch
     features: Tensor
+    gen_s: float = 0.0
 
 
 def make_features(seeds: tuple[int, ...], payload_bytes: int) -> Tensor:
