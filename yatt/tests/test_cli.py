@@ -71,3 +71,20 @@ def test_report_summarises_a_run_folder_and_draws_its_plots(tmp_path, capsys) ->
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
     assert main(["report", str(tmp_path), "--no-plots"]) == 2
     assert "row 3" in capsys.readouterr().err
+
+
+def test_report_summarises_an_sft_run_folder(tmp_path, capsys) -> None:
+    import json
+
+    rows = [{"step": step, "sft/loss": 2.0 - step / 10, "sft/epoch": step / 4, "sft/lr": 1e-3,
+             "timing_s/step": 0.5} for step in range(1, 11)]  # fmt: skip
+    rows[-1]["sft/heldout_loss"] = 1.25
+    (tmp_path / "sft_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["report", str(tmp_path)]) == 0
+    table = capsys.readouterr().err
+    assert "yatt sft summary" in table
+    assert "train loss, first 1 steps (mean)" in table and "1.9000" in table
+    assert "train loss, last 1 steps (mean)" in table and "1.0000" in table
+    assert "held-out loss at step 10" in table and "1.2500" in table
+    assert "2.50" in table  # epochs
+    assert not (tmp_path / "rewards.png").exists()  # no reward curves to draw for SFT

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from yatt.cli import main
-from yatt.config import _StrictLoader, check_eval_data, load_config
+from yatt.config import _StrictLoader, check_eval_data, check_training_dtype, load_config
 from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
 from yatt.rewards import get_reward_fn, load_callable
@@ -39,12 +39,77 @@ def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
         ("optim.lr=nan", ["optim.lr", "nan"]),
         ("optim.critic_lr=0", ["optim.critic_lr"]),
         ("optim.grad_clip=inf", ["optim.grad_clip", "inf"]),
+        # non-finite floats used to pass validation and crash mid-run
+        ("reward.weights=[.nan]", ["'reward.weights'", "[nan]", "finite numbers"]),
+        ("reward.weights=[1, .inf]", ["'reward.weights'", "[1.0, inf]"]),
+        ("reward.model_weight=-inf", ["'reward.model_weight'", "-inf", "a finite number"]),
+        ("algo.entropy_coef=nan", ["'algo.entropy_coef'", "nan", "a finite number"]),
+        ("algo.kl_coef=inf", ["'algo.kl_coef'", "inf"]),
+        ("algo.clip_high=inf", ["'algo.clip_high'", "inf"]),
+        ("algo.tis_cap=inf", ["'algo.tis_cap'", "inf"]),
+        ("rollout.temperature=inf", ["'rollout.temperature'", "inf", "a finite number"]),
+        ("rollout.top_p=nan", ["'rollout.top_p'", "nan"]),
+        ("train.time_limit_s=inf", ["'train.time_limit_s'", "inf"]),
+        ("control.over_dispatch=nan", ["'control.over_dispatch'", "nan"]),
+        # ranges the losses assume (refused only mid-run, or silently broken, before)
+        ("algo.overlong_penalty=-1", ["'algo.overlong_penalty'", "-1.0", ">= 0"]),
+        ("algo.entropy_coef=-0.01", ["'algo.entropy_coef'", "-0.01", ">= 0"]),
+        ("algo.value_clip=0", ["'algo.value_clip'", "0.0", "> 0"]),
+        ("algo.value_clip=-0.2", ["'algo.value_clip'", "-0.2"]),
+        ("algo.clip_low=1.5", ["'algo.clip_low'", "1.5", "in [0, 1]"]),
+        ("rollout.temperature=-1", ["'rollout.temperature'", "-1.0", ">= 0"]),
     ],
 )
 def test_bad_values_fail_at_load(override: str, fragments: list[str]) -> None:
     message = _error([override])
     for fragment in fragments:
         assert fragment in message
+
+
+def test_non_finite_values_in_a_config_file_are_refused(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("reward: {weights: [.nan]}\n")
+    assert "'reward.weights'" in _error([], str(path))
+    path.write_text("algo: {overlong_penalty: .inf}\n")
+    assert "'algo.overlong_penalty'" in _error([], str(path))
+
+
+def test_valid_float_edges_load() -> None:
+    overrides = ["rollout.temperature=0", "algo.clip_low=1", "algo.overlong_penalty=0",
+                 "algo.entropy_coef=0", "reward.weights=[-0.5]"]  # fmt: skip
+    config = load_config("tiny_test", overrides)
+    assert (config.rollout.temperature, config.reward.weights) == (0.0, (-0.5,))
+
+
+def test_training_refuses_bf16_weights_which_eval_may_load(tmp_path, capsys) -> None:
+    config = load_config("tiny_test", ["model.dtype=bfloat16"])  # fine for yatt eval
+    with pytest.raises(ConfigError) as info:
+        check_training_dtype(config)
+    message = str(info.value)
+    assert "\n" not in message and "model.dtype=bfloat16" in message
+    assert "rollout.dtype=bfloat16" in message and "train.bf16_autocast=true" in message
+    check_training_dtype(load_config("tiny_test", ["rollout.dtype=bfloat16"]))
+    run_dir = tmp_path / "run"
+    for command in ("train", "sft"):
+        argv = [command, "tiny_test", "model.dtype=bfloat16", f"logging.run_dir={run_dir}"]
+        assert main(argv) == 2
+        assert "model.dtype=bfloat16 would train" in capsys.readouterr().err
+        assert not run_dir.exists()  # refused before the run folder is claimed
+
+
+def test_device_kind_cuda_without_a_gpu_says_so(monkeypatch) -> None:
+    import torch
+
+    from yatt.control.devices import discover_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as info:
+        discover_devices("cuda")
+    message = str(info.value)
+    assert "control.device_kind=cuda: no CUDA device found" in message
+    assert "control.device_kind=cpu" in message
+    assert discover_devices("auto")[0].kind == "cpu"
 
 
 def test_valid_optim_and_reward_settings_load() -> None:

@@ -204,6 +204,34 @@ def test_claim_run_dir_resume_overwrite_and_bad_folders(tmp_path):
         _one_line(exc_info)
 
 
+def test_a_run_without_checkpoints_gets_no_resume_hint(tmp_path):
+    """A run that failed after its step-0 evaluation left metrics.jsonl and no checkpoint."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.0}\n')
+    (tmp_path / "checkpoints").mkdir()  # empty: nothing to resume either
+    with pytest.raises(ConfigError) as exc_info:
+        claim_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
+    assert _one_line(exc_info) == (
+        f"logging.run_dir={tmp_path} already holds a run (metrics.jsonl): it holds no checkpoint "
+        "to resume; choose another folder, or set logging.overwrite=true to replace it"
+    )
+    (tmp_path / "checkpoints" / "step_000001").mkdir()
+    with pytest.raises(ConfigError, match=r"pass checkpoint\.resume=\.\.\. to continue it"):
+        claim_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
+    assert (tmp_path / "metrics.jsonl").is_file()  # nothing lost
+
+
+def test_sft_refuses_an_rl_run_folder(tmp_path):
+    from yatt.sft import run_sft
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "config.yaml").write_text("train: {steps: 7}\n")
+    config = load_config("tiny_test", [f"logging.run_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as exc_info:
+        run_sft(config, model=object(), tokenizer=object())
+    assert "already holds a run (metrics.jsonl)" in _one_line(exc_info)
+    assert (tmp_path / "config.yaml").read_text() == "train: {steps: 7}\n"  # not replaced
+
+
 def test_sft_rerun_is_refused_without_a_resume_hint(tmp_path):
     from yatt.sft import run_sft
 
@@ -232,3 +260,21 @@ def test_evaluating_with_no_heldout_prompts_is_refused_before_any_work(tmp_path)
     with pytest.raises(ConfigError, match=r"^data.n_heldout=0 leaves nothing to evaluate"):
         Trainer(load_config("tiny_test", overrides), model=object(), tokenizer=object())
     assert not any(tmp_path.iterdir())  # refused before the run folder was touched
+
+
+def test_an_rl_run_refuses_an_sft_run_folder(tmp_path):
+    (tmp_path / "sft_metrics.jsonl").write_text('{"step": 1, "sft/loss": 2.0}\n')
+    config = load_config("tiny_test", [*TINY, f"logging.run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"already holds a run \(sft_metrics\.jsonl\)"):
+        Trainer(config, model=object(), tokenizer=object())
+
+
+def test_overwriting_never_deletes_the_folder_model_path_names(tmp_path):
+    """`model.path=run/model logging.run_dir=run logging.overwrite=true`: an SFT run's model in
+    the folder an RL or SFT run writes to is kept (the run would load it after deleting it)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as exc_info:
+        claim_run_dir(str(tmp_path), ("model",), overwrite=True, model_path=str(tmp_path / "model"))
+    assert "would delete" in _one_line(exc_info) and "model.path=" in str(exc_info.value)
+    assert (tmp_path / "model" / "config.json").is_file()

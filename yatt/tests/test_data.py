@@ -55,6 +55,7 @@ def test_jsonl_string_and_chat_prompts_keep_extra_fields(tmp_path):
         ('{"prompt": []}', "empty message list"),
         ('{"prompt": [{"role": "user"}]}', "message 0 needs a string 'content'"),
         ('{"prompt": "x", "answer": [1]}', "'answer' is list"),
+        ('{"prompt": "x", "completion": "zzz"}', "field 'completion' is reserved"),
     ],
 )
 def test_bad_row_names_file_line_and_problem(tmp_path, line, problem):
@@ -80,6 +81,9 @@ def test_skip_bad_rows_reports_count(tmp_path, caplog):
 def test_missing_empty_and_unknown_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_prompts(tmp_path / "nope.jsonl")
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(DataError, match=r"folder\.jsonl' is a folder, not a file"):
+        load_prompts(tmp_path / "folder.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no usable rows"):
         load_prompts(tmp_path / "empty.jsonl")

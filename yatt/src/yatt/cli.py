@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     prepare = model_commands.add_parser("prepare", help="convert a bundled model to safetensors")
     prepare.add_argument("name", help="a known model name, e.g. smollm2")
     report = commands.add_parser("report", help="summary table and plots of a run folder")
-    report.add_argument("run_dir", help="a run folder (logging.run_dir) holding metrics.jsonl")
+    report.add_argument("run_dir", help="a run folder (logging.run_dir) of yatt train or yatt sft")
     report.add_argument("--no-plots", action="store_true", help="only print the summary table")
     demo = commands.add_parser("demo", help="GRPO on two-digit addition; learns in ~10 minutes")
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo preset")
@@ -117,11 +117,12 @@ def _configured(config):
 
 def _train(preset: str, overrides: list[str]):
     """Run one training job with a progress bar, then plots and the summary table."""
-    from yatt.config import load_config
+    from yatt.config import check_training_dtype, load_config
     from yatt.report import console, progress_bar, summary_table, write_plots
     from yatt.trainer import Trainer
 
     config = _configured(load_config(preset, overrides))
+    check_training_dtype(config)  # both paths below train the weights model.dtype loads
     logger.info("config %s, run folder %s", preset, config.logging.run_dir)
     if config.control.backend == "ray":  # distributed controllers (yatt.control)
         from yatt.control import fit_distributed
@@ -142,67 +143,51 @@ def _train(preset: str, overrides: list[str]):
 
 def _sft(preset: str, overrides: list[str]) -> None:
     """Supervised warm start with a progress bar, then a summary table of its curve."""
-    from rich.table import Table
-
     from yatt.config import load_config
-    from yatt.report import console, progress_bar
+    from yatt.report import console, progress_bar, summary_table
     from yatt.sft import run_sft
 
     config = _configured(load_config(preset, overrides))
     rows: list[dict[str, float]] = []
 
     def record(step: int, total: int, metrics: dict[str, float]) -> None:
-        rows.append(metrics)
+        rows.append({"step": step, **metrics})
         bar(step, total, metrics)
 
     with progress_bar(
         config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
     ) as bar:
         folder = run_sft(config, progress=record)
-    table = Table(title="yatt sft summary")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    tenth = max(1, len(rows) // 10)
-    for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
-        loss = sum(row["sft/loss"] for row in part) / len(part)
-        table.add_row(f"train loss, {name} {len(part)} steps (mean)", f"{loss:.4f}")
-    held = [(step, row["sft/heldout_loss"])
-            for step, row in enumerate(rows, start=1) if "sft/heldout_loss" in row]  # fmt: skip
-    if held:
-        table.add_row(f"held-out loss at step {held[-1][0]}", f"{held[-1][1]:.4f}")
-    table.add_row("epochs over the training set", f"{rows[-1]['sft/epoch']:.2f}")
-    step_s = sum(row["timing_s/step"] for row in rows) / len(rows)
-    table.add_row("mean step time", f"{step_s:.3f} s")
+    table = summary_table(rows, [])
     table.add_row("model", str(folder))
     console.print(table)
 
 
 def _report(run_dir: Path, plots: bool) -> None:
-    """The summary table of a run folder's metrics, and its plots written beside them."""
+    """The summary table of a run folder's metrics, and its plots written beside them (an RL
+    run's reward and timing plots; an SFT run gets only the table)."""
     from yatt.report import console, evals_of, load_history, summary_table, write_plots
 
     history = load_history(run_dir)
     console.print(summary_table(history, evals_of(history)))
-    if plots and history:
+    if plots and history and not any("sft/loss" in row for row in history):
         for path in write_plots(history, run_dir):
             logger.info("wrote %s", path)
 
 
 def _eval(model: str, overrides: list[str]) -> None:
+    """Greedy held-out accuracy of `model`. A folder holding a config.yaml (a checkpoint, a
+    run's saved `model/`) is evaluated on the data and eval settings of that run; `overrides`
+    win over them."""
     from yatt.builders import build_data, build_model
-    from yatt.checkpoint import policy_folder
-    from yatt.config import load_config
+    from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
     from yatt.rollout import make_engine
     from yatt.trainer import configure_threads
 
-    config = load_config(
-        None,
-        [f"model.path={policy_folder(Path(model))}", *overrides]
-        if Path(model).exists()
-        else [f"model.path={model}", *overrides],
-    )
-    _configured(config)
+    config = _configured(_eval_config(model, overrides))
+    if config.eval.n == 0:
+        raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)
     policy, tokenizer = build_model(config.model)
     _, heldout = build_data(config.data)
@@ -215,8 +200,33 @@ def _eval(model: str, overrides: list[str]) -> None:
     )  # fmt: skip
     print(
         f"accuracy {100 * accuracy:.1f}% on {min(config.eval.n, len(heldout))} held-out "
-        f"{config.data.task} problems ({time.perf_counter() - start_s:.1f} s)"
+        f"{config.data.path or config.data.task} problems "
+        f"({time.perf_counter() - start_s:.1f} s)"
     )
+
+
+def _eval_config(model: str, overrides: list[str]):
+    """The config `yatt eval` uses: the folder's saved config.yaml (else the defaults), then
+    model.path set to the folder's model, then `overrides`. A saved eval.n=0 (a run that did
+    not evaluate) gives way to the default eval.n unless `overrides` set it."""
+    import dataclasses
+
+    from yatt.checkpoint import policy_folder
+    from yatt.config import EvalConfig, load_config
+
+    folder = Path(model)
+    saved = folder / "config.yaml"
+    model_path = policy_folder(folder) if folder.exists() else model
+    if not saved.is_file():
+        logger.info("eval: using the default config (no config.yaml in %s)", model)
+        return load_config(None, [f"model.path={model_path}", *overrides])
+    logger.info("eval: using the run's config %s (overrides win over it)", saved)
+    config = load_config(str(saved), [f"model.path={model_path}", *overrides])
+    if config.eval.n == 0 and not any(o.split("=")[0].strip() == "eval.n" for o in overrides):
+        n = EvalConfig().n
+        logger.info("eval: the run had eval.n=0; evaluating eval.n=%d (pass eval.n= to change)", n)
+        config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, n=n))
+    return config
 
 
 def _demo(overrides: list[str]) -> None:

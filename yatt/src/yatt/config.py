@@ -37,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "check_controller_settings",
     "check_eval_data",
+    "check_training_dtype",
     "load_config",
     "log_level",
     "preset_names",
@@ -54,6 +55,22 @@ ROLLOUT_DTYPES = ("float32", "bfloat16")
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
+
+
+def _require_finite(section: object, prefix: str) -> None:
+    """Refuse NaN and +-inf in every float field (and float list) of a config section.
+
+    No float setting gives them a meaning (`0` is the "off" value where there is one), and they
+    slip through range checks (NaN fails every comparison; inf passes `> 0`), then crash or
+    poison the run mid-way.
+    """
+    for item in dataclasses.fields(section):  # type: ignore[arg-type]
+        value = getattr(section, item.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            many = isinstance(value, tuple)
+            allowed = "finite numbers" if many else "a finite number"
+            _require(False, f"{prefix}.{item.name}", list(values) if many else value, allowed)
 
 
 # Advantages relative to the prompt's other samples: they depend only on the rows of one group,
@@ -85,7 +102,12 @@ def _require_reward(key: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The policy model: a local HF folder, a known name ('smollm2') or 'tiny' (random init)."""
+    """The policy model: a local HF folder, a known name ('smollm2') or 'tiny' (random init).
+
+    `dtype` is the dtype the weights are loaded in. "bfloat16" is for inference (`yatt eval`):
+    training runs refuse it (`check_training_dtype`), as bf16 weights lose most AdamW updates
+    to rounding; they train fp32 weights, sampling in bf16 with `rollout.dtype=bfloat16`.
+    """
 
     path: str = "smollm2"
     dtype: str = "float32"
@@ -137,6 +159,7 @@ class RolloutConfig:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        _require_finite(self, "rollout")
         _require(
             self.backend in ("yatt", "hf", "vllm"),
             "rollout.backend",
@@ -145,7 +168,9 @@ class RolloutConfig:
         )
         _require(self.n_samples >= 1, "rollout.n_samples", self.n_samples, "an int >= 1")
         _require(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, ">= 1")
-        _require(self.temperature >= 0, "rollout.temperature", self.temperature, ">= 0")
+        _require(
+            self.temperature >= 0, "rollout.temperature", self.temperature, ">= 0 (0 = greedy)"
+        )
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
         _require(self.top_k >= 0, "rollout.top_k", self.top_k, ">= 0")
         _require(
@@ -198,21 +223,25 @@ class AlgoConfig:
     tis_cap: float = 2.0  # truncated IS weight cap C (used when rollouts carry behaviour log-probs)
 
     def __post_init__(self) -> None:
+        _require_finite(self, "algo")
         _require(self.name in ALGOS, "algo.name", self.name, f"one of {ALGOS}")
         _require(self.loss_agg in LOSS_AGGS, "algo.loss_agg", self.loss_agg, f"one of {LOSS_AGGS}")
         _require(self.kl_kind in KL_KINDS, "algo.kl_kind", self.kl_kind, f"one of {KL_KINDS}")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
         _require(self.ppo_passes >= 1, "algo.ppo_passes", self.ppo_passes, ">= 1")
         _require(self.micro_batch_size >= 1, "algo.micro_batch_size", self.micro_batch_size, ">= 1")
-        _require(self.clip_low >= 0, "algo.clip_low", self.clip_low, ">= 0")
+        _require(0 <= self.clip_low <= 1, "algo.clip_low", self.clip_low, "in [0, 1]")
         _require(self.clip_high >= 0, "algo.clip_high", self.clip_high, ">= 0")
         _require(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")
+        _require(self.entropy_coef >= 0, "algo.entropy_coef", self.entropy_coef, ">= 0 (0 = off)")
+        _require(self.value_clip > 0, "algo.value_clip", self.value_clip, "> 0")
         _require(0 <= self.gamma <= 1, "algo.gamma", self.gamma, "in [0, 1]")
         _require(0 <= self.lam <= 1, "algo.lam", self.lam, "in [0, 1]")
         _require(
             self.max_refill_batches >= 0, "algo.max_refill_batches", self.max_refill_batches, ">= 0"
         )
         _require(self.overlong_buffer >= 0, "algo.overlong_buffer", self.overlong_buffer, ">= 0")
+        _require(self.overlong_penalty >= 0, "algo.overlong_penalty", self.overlong_penalty, ">= 0")
         _require(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, ">= 1")
         token_level = ("ppo", "reinforce_pp")
         _require(
@@ -242,6 +271,7 @@ class RewardConfig:
     model_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        _require_finite(self, "reward")
         for name in self.fns:
             _require_reward("reward.fns", name)
         _require(
@@ -318,6 +348,7 @@ class TrainConfig:
     time_limit_s: float = 0.0
 
     def __post_init__(self) -> None:
+        _require_finite(self, "train")
         _require(self.steps >= 1, "train.steps", self.steps, "an int >= 1")
         # The single-process trainer builds its batches on the CPU; GPU placement belongs to
         # yatt.control (device-aware workers). Remove this check when the roles move batches.
@@ -488,6 +519,22 @@ def check_eval_data(config: Config) -> None:
         raise ConfigError(
             f"data.n_heldout=0 leaves nothing to evaluate (eval.n={config.eval.n}): set eval.n=0 "
             "(or disable eval: eval.at_start=false eval.at_end=false eval.every=0)"
+        )
+
+
+def check_training_dtype(config: Config) -> None:
+    """Raise ConfigError if a training run (RL or SFT) would train low-precision weights.
+
+    AdamW updates (lr x a normalised step, ~1e-6) are far below bf16's resolution near a
+    weight (~4e-3 relative), so nearly all of them round away and the run silently does not
+    train. Not part of Config validation: `yatt eval` loads bf16 weights for inference.
+    """
+    if config.model.dtype != "float32":
+        raise ConfigError(
+            f"model.dtype={config.model.dtype} would train {config.model.dtype} weights, whose "
+            "small AdamW updates round away (the run would barely train); train with "
+            "model.dtype=float32, and for bf16 speed sample with rollout.dtype=bfloat16 and/or "
+            "compute in bf16 with train.bf16_autocast=true (model.dtype=bfloat16 is for yatt eval)"
         )
 
 

@@ -3,7 +3,8 @@ held-out split, and rendering prompts through the tokenizer's chat template.
 
 Row format: `prompt` (a string, or a list of chat messages {"role", "content"}; `messages` is
 accepted when `prompt` is absent), optional `answer` (string or number), and any extra fields,
-which are kept and passed to reward functions. A malformed row fails the load with a DataError
+which are kept and passed to reward functions (so none may be named `completion`, which reward
+functions take as an argument of their own). A malformed row fails the load with a DataError
 naming file, line and problem; `skip_bad_rows=True` skips such rows instead and reports the count.
 """
 
@@ -38,6 +39,9 @@ _RG_TASKS = {
 }
 TASKS = ("addition", *_RG_TASKS)
 _SUFFIXES = (".jsonl", ".parquet")
+# Reward functions are called fn(prompt, completion, **fields): a field named like an argument
+# would clash (`prompt` never reaches `fields`: _parse_row reads it as the prompt).
+_RESERVED_FIELDS = ("completion",)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,12 @@ def _parse_row(row: Any, source: str) -> PromptExample:
     prompt = _parse_prompt(row[prompt_key])
     answer = _parse_answer(row.get("answer"))
     extra = {key: value for key, value in row.items() if key not in (prompt_key, "answer")}
+    for key in _RESERVED_FIELDS:
+        if key in extra:
+            raise _RowError(
+                f"field {key!r} is reserved (reward functions take the sampled {key} under that "
+                "name); rename it"
+            )
     return PromptExample(prompt=prompt, answer=answer, fields=extra, source=source)
 
 
@@ -161,6 +171,8 @@ def load_prompts(path: str | Path, *, skip_bad_rows: bool = False) -> PromptData
     a file with no usable rows.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"data file {str(path)!r} is a folder, not a file")
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} does not exist")
     if path.suffix not in _SUFFIXES:

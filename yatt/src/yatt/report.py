@@ -29,6 +29,7 @@ __all__ = [
 
 console = Console(stderr=True)
 ProgressFn = Callable[[int, int, dict[str, float]], None]
+_METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl")  # an RL run's, an SFT run's
 
 
 @contextmanager
@@ -79,7 +80,10 @@ def progress_bar(
 
 
 def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]]) -> Table:
-    """Accuracy before/after, reward early vs late, and the mean time of each phase."""
+    """Accuracy before/after, reward early vs late, and the mean time of each phase; for an
+    SFT run's history (rows with `sft/loss`), its loss curve instead (`evals` unused)."""
+    if any("sft/loss" in row for row in history):
+        return _sft_summary([row for row in history if "sft/loss" in row])
     steps = [row for row in history if "timing_s/step" in row]
     table = Table(title="yatt run summary")
     table.add_column("metric")
@@ -104,6 +108,26 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
     return table
 
 
+def _sft_summary(rows: list[dict[str, float]]) -> Table:
+    """Train loss over the first and last tenth of the steps, the last held-out loss, epochs
+    and step time of an SFT run's rows (each with `step`)."""
+    table = Table(title="yatt sft summary")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    tenth = max(1, len(rows) // 10)
+    for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
+        loss = statistics.fmean(row["sft/loss"] for row in part)
+        table.add_row(f"train loss, {name} {len(part)} steps (mean)", f"{loss:.4f}")
+    held = [row for row in rows if "sft/heldout_loss" in row]
+    if held:
+        step, loss = int(held[-1]["step"]), held[-1]["sft/heldout_loss"]
+        table.add_row(f"held-out loss at step {step}", f"{loss:.4f}")
+    table.add_row("epochs over the training set", f"{rows[-1]['sft/epoch']:.2f}")
+    step_s = statistics.fmean(row["timing_s/step"] for row in rows)
+    table.add_row("mean step time", f"{step_s:.3f} s")
+    return table
+
+
 def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     """rewards.png (reward + accuracy curves) and timing.png (phase seconds per step)."""
     from yatt.common.plots import plot_rewards, plot_timings
@@ -116,16 +140,20 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
 
 
 def load_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The metric rows of `run_dir/metrics.jsonl` (a training run, single-process or Ray).
+    """The metric rows of `run_dir/metrics.jsonl` (an RL run, single-process or Ray), or else of
+    `run_dir/sft_metrics.jsonl` (an SFT run: rows with `sft/loss`).
 
     A torn last line (the run stopped mid-write) is left out. Raises DataError, one line, for a
-    folder without the file or a damaged row before the last.
+    folder with neither file or a damaged row before the last.
     """
     from yatt.common import read_metrics
 
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise DataError(f"{run_dir}: no metrics.jsonl here (is it a yatt run folder?)")
+    found = [Path(run_dir) / name for name in _METRICS_FILES if (Path(run_dir) / name).is_file()]
+    if not found:
+        raise DataError(
+            f"{run_dir}: no metrics.jsonl or sft_metrics.jsonl here (is it a yatt run folder?)"
+        )
+    path = found[0]
     try:
         rows, _ = read_metrics(path)
     except ValueError as exc:

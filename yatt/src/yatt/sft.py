@@ -8,8 +8,9 @@ epoch (as the RL trainer walks its prompts), masked NLL on the answer tokens onl
 held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, or
 `eval.n_periodic` of them mid-run, no gradient) is logged every `eval.every` steps and after
 the last one (`eval.at_end`). The result
-is a safetensors folder `<run_dir>/model` that `yatt train ... model.path=` can start from;
-`sft_metrics.jsonl` (and `tensorboard/`) hold the curves. Accuracy is `yatt eval`'s job.
+is a safetensors folder `<run_dir>/model` (with the run's config.yaml, which `yatt eval` reads)
+that `yatt train ... model.path=` can start from; `sft_metrics.jsonl` (and `tensorboard/`) hold
+the curves. Accuracy is `yatt eval`'s job.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from yatt.algos.losses import sft_loss
 from yatt.batch import RolloutBatch
 from yatt.common import JsonlSink, MetricsLogger
 from yatt.common.seeding import seed_everything
-from yatt.config import Config, save_config
+from yatt.config import Config, check_training_dtype, save_config
 from yatt.errors import DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
 from yatt.roles.policy import lr_lambda
@@ -83,7 +84,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
 
     `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
     Raises DataError for a row without an answer, or an evaluation (`eval.n` > 0 with
-    `eval.every` or `eval.at_end`) with no held-out rows, before any step.
+    `eval.every` or `eval.at_end`) with no held-out rows, and ConfigError for bf16 training
+    weights (`check_training_dtype`) or a run folder holding another run, before any step.
     """
     from yatt.builders import build_data, build_model
     from yatt.common import TensorBoardSink
@@ -92,6 +94,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.run_dir import claim_run_dir
     from yatt.trainer import PromptSampler, configure_threads
 
+    check_training_dtype(config)
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = build_data(config.data)
     if not train_set:
@@ -106,10 +109,12 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
         if example.answer is None:  # refused before the run folder is claimed
             where = example.source or f"example {index}"
             raise DataError(f"SFT needs an answer on every row; {where} has none")
-    outputs = ("sft_metrics.jsonl", "model", "tensorboard")
+    # An RL run's outputs too (yatt.trainer, yatt.control): its folder is refused, not mixed
+    outputs = ("sft_metrics.jsonl", "model", "tensorboard", "metrics.jsonl", "checkpoints")
     run_dir = claim_run_dir(
-        config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False
-    )
+        config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False,
+        model_path=config.model.path,
+    )  # fmt: skip
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
     if model is None:
@@ -141,12 +146,13 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             loss.backward()
             if optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+            lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
             optimizer.step()
             scheduler.step()
             metrics = {
                 "sft/loss": float(loss.detach()),
                 "sft/epoch": sampler.data_epoch + sampler.position / len(prompts),
-                "sft/lr": scheduler.get_last_lr()[0],
+                "sft/lr": lr,
                 "timing_s/step": time.perf_counter() - start_s,
             }
             due = examples_due(eval_cfg, step, total)  # eval.n, or eval.n_periodic mid-run
@@ -162,5 +168,6 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
         metrics_logger.close()
     model.eval()
     folder = save_checkpoint(model, tokenizer, run_dir / "model")
+    save_config(config, folder / "config.yaml")  # `yatt eval <folder>` evaluates on this data
     logger.info("SFT done: %d steps, model saved in %s", total, folder)
     return folder

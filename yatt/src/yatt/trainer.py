@@ -36,7 +36,7 @@ from yatt.checkpoint import (
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
-from yatt.config import Config, check_eval_data, save_config
+from yatt.config import Config, check_eval_data, check_training_dtype, save_config
 from yatt.errors import ConfigError
 from yatt.rewards import RewardError
 from yatt.roles.critic import CriticRole
@@ -50,7 +50,9 @@ __all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
 
 logger = logging.getLogger(__name__)
 _ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "gae"}
-_RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard")  # what a fresh run would clobber
+# What a fresh run would clobber (an SFT run's metrics too: one run per folder). Not `model`:
+# an SFT run's model/ is often this run's model.path.
+_RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard", "sft_metrics.jsonl")
 
 
 def configure_threads(torch_threads: int) -> int:
@@ -124,6 +126,7 @@ class Trainer:
 
         self.config = config
         check_eval_data(config)
+        check_training_dtype(config)
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         if resume:
             check_resumed_by(Path(resume), controllers=False)
@@ -140,6 +143,7 @@ class Trainer:
                 resuming=self._in_place,
                 overwrite=config.logging.overwrite,
                 resumable=not config.checkpoint.resume,  # no hint when one was asked for
+                model_path=config.model.path,
             )
         except ConfigError as exc:
             if config.checkpoint.resume == RESUME_AUTO and not resume:

@@ -88,13 +88,19 @@ def discover_devices(kind: str = "auto", count: int = 0, oversubscribe: bool = F
     `oversubscribe` allows more CPU devices than cores (device i runs on core i mod cores).
 
     Raises:
-        ConfigError: unknown kind, or more devices asked for than the machine has.
+        ConfigError: unknown kind, "cuda" on a machine without a CUDA device, or more devices
+            asked for than the machine has.
     """
     if kind not in DEVICE_KINDS:
         raise ConfigError(f"device kind {kind!r} unknown; allowed: {list(DEVICE_KINDS)}")
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     available = torch.cuda.device_count() if kind == "cuda" else len(os.sched_getaffinity(0))
+    if kind == "cuda" and available == 0:
+        raise ConfigError(
+            "control.device_kind=cuda: no CUDA device found on this machine; use "
+            "control.device_kind=cpu (or auto)"
+        )
     if kind == "cpu" and oversubscribe:
         available = max(available, count)
     if count < 0 or count > available:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from yatt.config import Config, check_controller_settings, check_eval_data
+from yatt.config import Config, check_controller_settings, check_eval_data, check_training_dtype
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
 from yatt.errors import ConfigError
@@ -59,6 +59,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     check_controller_settings(config, control)
     require_backend(control.backend)
     check_eval_data(config)
+    check_training_dtype(config)
     if control.backend == "ray" and config.train.torch_threads:
         logger.info(
             "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "
@@ -74,11 +75,12 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         bool(resume) and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
     )
     outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", "checkpoints",
-               MODEL_FOLDER)  # fmt: skip
+               MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
     try:
         run_dir = claim_run_dir(
             config.logging.run_dir, outputs, resuming=in_place,
             overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
+            model_path=config.model.path,
         )  # fmt: skip
     except ConfigError as exc:
         if config.checkpoint.resume == RESUME_AUTO and not resume:

@@ -1,0 +1,71 @@
+"""`yatt sft`, `yatt report` and `yatt eval` end to end: the learning rate SFT logs, the report of
+an SFT folder, and evaluation on the data of the config saved beside a model.
+
+Method: one 2-step SFT run of the tiny random-init model (module fixture, through `main`) on a
+small JSONL file; a checkpoint-shaped folder (policy/ + config.yaml) written without training.
+"""
+
+import json
+
+import pytest
+
+from yatt.cli import main
+from yatt.config import load_config, save_config
+from yatt.models import save_checkpoint, tiny_model
+
+LR = 1e-3
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sums.jsonl"
+    rows = [{"prompt": f"What is {a} + 1?", "answer": a + 1} for a in range(12)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, data_file):
+    run_dir = tmp_path_factory.mktemp("sft")
+    argv = ["sft", "tiny_test", f"data.path={data_file}", "data.n_heldout=3", "eval.n=3",
+            "train.steps=2", f"optim.lr={LR}", "optim.schedule=linear",
+            "algo.micro_batch_size=4", f"logging.run_dir={run_dir}"]  # fmt: skip
+    assert main(argv) == 0
+    return run_dir
+
+
+def test_sft_logs_the_rate_each_step_used(sft_run) -> None:
+    lines = (sft_run / "sft_metrics.jsonl").read_text().splitlines()
+    rates = [json.loads(line)["sft/lr"] for line in lines]
+    assert rates == pytest.approx([LR, LR / 2])  # linear: 1 -> 0 over 2 steps, from step 1
+
+
+def test_report_of_an_sft_folder_prints_its_loss_summary(sft_run, capsys) -> None:
+    assert main(["report", str(sft_run)]) == 0
+    table = capsys.readouterr().err
+    assert "yatt sft summary" in table
+    assert "train loss, first 1 steps (mean)" in table and "held-out loss at step 2" in table
+
+
+def test_eval_of_an_sft_model_uses_its_saved_config(sft_run, data_file, capsys) -> None:
+    model = sft_run / "model"
+    assert load_config(str(model / "config.yaml")).data.path == str(data_file)
+    assert main(["eval", str(model)]) == 0
+    assert f"on 3 held-out {data_file} problems" in capsys.readouterr().out
+    assert main(["eval", str(model), "eval.n=2", "model.dtype=bfloat16"]) == 0  # overrides win
+    assert f"on 2 held-out {data_file} problems" in capsys.readouterr().out
+
+
+def test_eval_of_a_checkpoint_uses_its_saved_config(tmp_path, data_file, capsys) -> None:
+    checkpoint = tmp_path / "step_000001"
+    save_checkpoint(*tiny_model(seed=0), checkpoint / "policy")
+    trained = load_config("tiny_test", [f"data.path={data_file}", "data.n_heldout=4", "eval.n=4"])
+    save_config(trained, checkpoint)
+    assert main(["eval", str(checkpoint)]) == 0
+    assert f"on 4 held-out {data_file} problems" in capsys.readouterr().out
+    no_evals = [f"data.path={data_file}", "data.n_heldout=5", "eval.n=0"]
+    save_config(load_config("tiny_test", no_evals), checkpoint)  # a run that did not evaluate
+    assert main(["eval", str(checkpoint)]) == 0  # the default eval.n: all 5 held-out rows
+    assert f"on 5 held-out {data_file} problems" in capsys.readouterr().out
+    assert main(["eval", str(checkpoint), "eval.n=0"]) == 2
+    assert "eval.n=0 leaves nothing to evaluate" in capsys.readouterr().err
