@@ -112,6 +112,8 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, checkpoint_folder)
     resume = f"checkpoint.resume={folder}"
     _refused(tmp_path, [resume, "algo.prompts_per_step=4"], "prompts_per_step=2, this run has 4")
     _refused(tmp_path, [resume, "data.n_train=4"], "a training set of 16, this run has 4")
+    _refused(tmp_path, [resume, "train.seed=99"], r"data\.seed \+ train\.seed=")
+    _refused(tmp_path, [resume, "data.n_heldout=3"], "training prompts ")
     state = json.loads((folder / "control_state.json").read_text())
     (folder / "control_state.json").write_text(json.dumps({**state, "queues": "none"}))
     _refused(tmp_path, [resume], "control_state.json is unreadable .*not \\{step, prompts_per")
@@ -181,3 +183,23 @@ def test_an_async_run_resumes_with_the_prompts_it_had_in_flight(tmp_path):
     finally:
         controller.close()
     assert len(history) == 2 and history[0]["control/staleness"] == 0.0  # the new weights
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_the_folder_changes(
+    tmp_path, checkpoint_folder
+):
+    run_dir = shutil.copytree(checkpoint_folder.parent.parent, tmp_path / "run")
+    later = shutil.copytree(checkpoint_folder, run_dir / "checkpoints" / "step_000003")
+    rows = (run_dir / "metrics.jsonl").read_text()
+    resume = f"checkpoint.resume={run_dir / 'checkpoints' / 'step_000002'}"
+    other = [
+        f"logging.run_dir={run_dir}",
+        resume,
+        "model.path=tiny-qwen2",
+        "logging.overwrite=true",
+    ]
+    config = load_config("tiny_test", [*OVERRIDES, *other])
+    with pytest.raises(ConfigError, match="its state does not fit this run: ") as info:
+        fit_distributed(config, _control())
+    assert "\n" not in str(info.value)
+    assert later.is_dir() and (run_dir / "metrics.jsonl").read_text() == rows  # untouched

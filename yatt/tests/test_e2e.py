@@ -90,8 +90,16 @@ class _HalfFlatReward(DirectionReward):
 
 def test_dynamic_sampling_metrics_describe_the_batch_trained_on(tmp_path) -> None:
     model, tokenizer = tiny_model(seed=0)
-    config = load_config("tiny_test", ["train.steps=3", "eval.n=0", "algo.dynamic_sampling=true",
-                                       "algo.max_refill_batches=3", f"logging.run_dir={tmp_path}"])
+    config = load_config(
+        "tiny_test",
+        [
+            "train.steps=3",
+            "eval.n=0",
+            "algo.dynamic_sampling=true",
+            "algo.max_refill_batches=3",
+            f"logging.run_dir={tmp_path}",
+        ],
+    )
     trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=_HalfFlatReward(model))
     trained = []
     update = trainer.policy.update
@@ -102,6 +110,8 @@ def test_dynamic_sampling_metrics_describe_the_batch_trained_on(tmp_path) -> Non
         assert row["critic/score/mean"] == pytest.approx(float(batch.scores.mean()))
         assert row["critic/score/min"] == pytest.approx(float(batch.scores.min()))
         assert row["critic/rewards/mean"] == pytest.approx(float(batch.rewards.mean()))
+        groups = len(set(batch.group_ids.tolist()))  # trained groups, as the controllers count
+        assert row["batch/kept_groups"] == (groups if row["batch/kept_groups"] else 0)
 
 
 def _comparable(history):
@@ -110,8 +120,10 @@ def _comparable(history):
 
 
 def test_resume_continues_exactly(tmp_path) -> None:
+    # with a KL term: the resumed run's reference is the initial model, not the checkpoint's
     overrides = ["checkpoint.every=2", "eval.at_start=false", "eval.at_end=false",
-                 "algo.name=ppo", "algo.ppo_passes=2", "train.seed=3"]  # fmt: skip
+                 "algo.name=ppo", "algo.ppo_passes=2", "train.seed=3", "algo.kl_coef=0.1",
+                 "optim.lr=1e-3"]  # fmt: skip
     straight, straight_result = _run(tmp_path / "straight", overrides, steps=4)
     _run(tmp_path / "split", overrides, steps=4, until_step=2)  # "interrupted" after step 2
     checkpoint = tmp_path / "split" / "checkpoints" / "step_000002"

@@ -94,6 +94,21 @@ def test_all_zero_step_still_applies_adam_momentum(base_model) -> None:
     _assert_close(dict(skipped.named_parameters()), dict(full.named_parameters()), atol=1e-9)
 
 
+def test_an_update_reports_the_same_metric_keys_with_or_without_trained_rows(base_model) -> None:
+    """Data-parallel ranks sum their metrics key by key: a rank whose groups carry no signal
+    (no trained row) reports the importance-weight metrics too, as 0 over 0 trained tokens."""
+    keys = []
+    for advantages in ([0.0] * 8, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5]):
+        batch = _batch(advantages)
+        batch.behaviour_logp = torch.full_like(batch.response_mask, -1.0) * batch.response_mask
+        policy = _policy(copy.deepcopy(base_model), skip_zero_adv=True)
+        metrics = policy.update(batch)
+        keys.append(sorted(metrics))
+        if not any(advantages):
+            assert metrics["actor/tis_mean"] == 0.0 and policy.metric_weights["trained_tokens"] == 0
+    assert keys[0] == keys[1] and "actor/tis_mean" in keys[0]
+
+
 def test_micro_batching_and_prefix_sharing_do_not_change_gradients(base_model) -> None:
     batch = _batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.25, -0.25])
     reference = copy.deepcopy(base_model)

@@ -166,7 +166,7 @@ def load_trainer_state(
     path = Path(checkpoint) / _STATE_FILE
     try:
         # The file holds python RNG tuples and numpy states besides tensors; it is our own output.
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")  # GPU runs' too
     except Exception as exc:  # damage surfaces as RuntimeError, UnpicklingError, EOFError, ...
         raise ConfigError(_unreadable(checkpoint, f"{type(exc).__name__}: {exc}")) from exc
     if not isinstance(state, dict):
@@ -191,8 +191,8 @@ def _unreadable(checkpoint: Path, cause: str, file: str = _STATE_FILE) -> str:
 def load_control_state(checkpoint: Path) -> dict[str, Any]:
     """The distributed controllers' data position saved in a checkpoint folder: `step` (steps
     done), `queues` (one `[draws, pending prompts]` pair per data-parallel group of the run
-    that wrote it; see `yatt.control.async_rollout.QueueState`), and the `prompts_per_step`
-    and training set size (`n_prompts`) the draws were made with.
+    that wrote it; see `yatt.control.async_rollout.QueueState`), and what its prompt order
+    depends on (`yatt.control.async_rollout.draw_order`).
 
     Raises ConfigError (one line naming the folder) for a folder the controllers did not write
     and for a state file that is unreadable or not of that shape.
@@ -211,6 +211,8 @@ def load_control_state(checkpoint: Path) -> dict[str, Any]:
     shaped = (
         isinstance(state, dict)
         and all(is_count(state.get(key)) for key in ("step", "prompts_per_step", "n_prompts"))
+        and isinstance(state.get("order_seed"), int)
+        and isinstance(state.get("prompts_sha256"), str)
         and isinstance(queues, list)
         and len(queues) > 0
         and all(

@@ -152,14 +152,18 @@ class Trainer:
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
+        initial = model  # the KL reference: the configured model, also when resuming
         if model is None:
             model, tokenizer = build_model(config.model, resume_from=resume or None)
+            initial = model
+            if resume and config.algo.uses_reference:
+                initial = build_model(config.model)[0]
         self.tokenizer = tokenizer
         self.prompt_texts = [self._render(example) for example in self.train_set]
         self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
         self._sampled: list[int] = []  # train_set indices of the last sampled prompts
         self._generated_tokens = 0.0  # response tokens generated in the current step
-        self._build_roles(model, reward)
+        self._build_roles(model, reward, initial)
         self.step = 0
         self.timer = PhaseTimer()
         if resume:
@@ -172,7 +176,7 @@ class Trainer:
 
         return render_prompt(example, self.tokenizer, self.config.data.use_chat_template)
 
-    def _build_roles(self, model: torch.nn.Module, reward: Any) -> None:
+    def _build_roles(self, model: torch.nn.Module, reward: Any, initial: torch.nn.Module) -> None:
         cfg = self.config
         model.eval()
         self.policy = PolicyRole(
@@ -183,7 +187,7 @@ class Trainer:
         self.reference = None
         if cfg.algo.uses_reference:
             self.reference = ReferenceRole(
-                model,
+                initial,
                 micro_batch_size=cfg.algo.micro_batch_size,
                 temperature=cfg.rollout.temperature or 1.0,
                 shared_prefix=cfg.train.shared_prefix,
@@ -350,7 +354,7 @@ class Trainer:
         self._generated_tokens = generated  # every round's, for perf/gen_tokens_per_s
         if algo.dynamic_sampling:
             batch = _first_groups(batch, algo.prompts_per_step)
-            metrics["batch/kept_groups"] = float(kept_groups)
+            metrics["batch/kept_groups"] = float(min(kept_groups, algo.prompts_per_step))
             metrics["batch/dropped_groups"] = float(dropped_groups)
         assert batch.scores is not None and batch.rewards is not None
         metrics.update({

@@ -52,7 +52,7 @@ def add_perf_metrics(metrics: dict[str, float], step_s: float) -> None:
     metrics["timing_s/step"] = step_s
     metrics["perf/throughput"] = metrics["batch/tokens"] / step_s
     metrics["perf/samples_per_s"] = rows / step_s
-    sampler_s = max(metrics["timing_s/sampler_gen"], 1e-9)
+    sampler_s = max(metrics["control/sampler_gen_s"], 1e-9)
     metrics["perf/gen_tokens_per_s"] = metrics["control/gen_tokens"] / sampler_s
 
 
@@ -191,8 +191,7 @@ class Controller(ABC):
         """Write the checkpoint of `done` steps into `run_dir` (yatt.checkpoint's layout): the
         policy rank 0 holds (every rank holds the same) and every group's data position. Steps
         in flight (async) keep running; a resume samples their prompts again."""
-        queues = [[draws, list(pending)] for draws, pending in self.queue_states()]
-        state = {"prompts_per_step": self.config.algo.prompts_per_step, "queues": queues}
+        state = {"queues": [[draws, list(pending)] for draws, pending in self.queue_states()]}
         handle = self.cluster.ranks.handles[0]
         return Path(handle.call("save_checkpoint", str(run_dir), done, state))
 
@@ -206,8 +205,15 @@ class Controller(ABC):
 
         step = int(state["step"])
         handles = self.cluster.all_handles()
-        for future in [handle.submit("restore", str(checkpoint), step) for handle in handles]:
-            future.result()
+        try:
+            for future in [handle.submit("restore", str(checkpoint), step) for handle in handles]:
+                future.result()
+        except Exception as exc:  # a state from another model, or edited by hand
+            cause = getattr(exc, "cause", None) or exc  # a Ray task error wraps the worker's
+            detail = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
+            raise ConfigError(
+                f"checkpoint.resume={checkpoint}: its state does not fit this run: {detail}"
+            ) from exc
         train_set, _ = build_data(self.config.data)
         seed = self.config.data.seed + self.config.train.seed
         states = [(draws, pending) for draws, pending in state["queues"]]

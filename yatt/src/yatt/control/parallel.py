@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from typing import Any
 
 import torch
@@ -166,7 +167,12 @@ class ParallelRank(RankWorker):
         count_keys, keys = sorted(counts), sorted(actor)
         extra = [counts[k] for k in count_keys] + [actor[k] for k in keys]
         vector = torch.cat([sums, torch.tensor(extra, dtype=torch.float64)])
-        if self.collective is not None:
+        if self.collective is not None:  # every rank must sum the same keys in the same order
+            signature = float(zlib.crc32("\n".join(count_keys + keys).encode()))
+            extremes = self.collective.max_tensor(
+                torch.tensor([signature, -signature], dtype=torch.float64)
+            )
+            assert extremes[0] == -extremes[1] == signature, f"ranks differ in metrics: {keys}"
             vector = self.collective.sum_tensor(vector)
         n_sums, n_counts = sums.numel(), len(count_keys)
         metrics = sums_to_metrics(vector[:n_sums])

@@ -23,6 +23,7 @@ import torch
 
 from yatt.algos.kl import kl_mean
 from yatt.config import Config
+from yatt.control.async_rollout import draw_order
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
@@ -466,8 +467,8 @@ class RankWorker:
     def save_checkpoint(self, run_dir: str, step: int, control_state: dict[str, Any]) -> str:
         """Policy rank: write the checkpoint of `step` (steps done) into `run_dir`: this rank's
         weights, optimizer and schedule (every data-parallel rank holds the same) and the
-        controllers' `control_state` with the training set's size, in the trainer's layout
-        (yatt.checkpoint); returns the folder."""
+        controllers' `control_state` with what the prompt order depends on (`draw_order`), in
+        the trainer's layout (yatt.checkpoint); returns the folder."""
         from pathlib import Path
 
         from yatt.checkpoint import save_training_checkpoint
@@ -477,7 +478,7 @@ class RankWorker:
             folder = save_training_checkpoint(
                 Path(run_dir), step, config=self.config, policy=self.policy,
                 tokenizer=self.tokenizer, trainer_state={},
-                control_state={**control_state, "n_prompts": len(self.train_set)},
+                control_state={**control_state, **draw_order(self.config, self.train_set)},
                 keep_last=self.config.checkpoint.keep_last,
             )  # fmt: skip
         return str(folder)
@@ -492,10 +493,11 @@ class RankWorker:
         from yatt.checkpoint import load_trainer_state, policy_folder
         from yatt.models import load_model
 
-        state = None
+        state, weights = None, None
         if self.policy is not None:
             state = load_trainer_state(Path(checkpoint), controllers=True)["policy"]
-        weights = load_model(policy_folder(Path(checkpoint))).state_dict()
+        if self.policy is not None or self.rollout is not None:  # a reward service holds none
+            weights = load_model(policy_folder(Path(checkpoint))).state_dict()  # a passing copy
         self._adopt(weights, state, step)
         return step
 

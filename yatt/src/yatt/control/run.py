@@ -41,20 +41,12 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     REINFORCE++, a KL term under re-placement), for control.backend=ray
     without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
     the controllers did not write or whose data position does not fit this run."""
-    from yatt.checkpoint import (
-        RESUME_AUTO,
-        checkpoint_run_dir,
-        drop_later_checkpoints,
-        load_control_state,
-        resolve_resume,
-        truncate_metrics,
-    )
-    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink, read_metrics
+    from yatt.checkpoint import checkpoint_run_dir, drop_later_checkpoints, truncate_metrics
+    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
     from yatt.control.timeline import plot_timeline, spans_from_events
     from yatt.control.workers import require_backend
-    from yatt.run_dir import claim_run_dir
 
     check_controller_settings(config, control)
     require_backend(control.backend)
@@ -66,36 +58,18 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             "core of its device (control.cpu_mapping)",
             config.train.torch_threads,
         )
-    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
-    state = None
-    if resume:
-        state = load_control_state(Path(resume))
-        check_resume_fits(config, state, resume)
-    in_place = (
-        bool(resume) and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
-    )
-    outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", "checkpoints",
-               MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
-    try:
-        run_dir = claim_run_dir(
-            config.logging.run_dir, outputs, resuming=in_place,
-            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
-            model_path=config.model.path,
-        )  # fmt: skip
-    except ConfigError as exc:
-        if config.checkpoint.resume == RESUME_AUTO and not resume:
-            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
-        raise
+    resume, state, run_dir = _claim(config)
     start_step = 0 if state is None else state["step"]
     metrics_path = run_dir / "metrics.jsonl"
-    if in_place:
-        drop_later_checkpoints(run_dir, Path(resume), start_step, config.logging.overwrite)
-        truncate_metrics(metrics_path, start_step)
+    save_config(config, run_dir)
     controller = make_controller(config, control)
     controller.checkpoint_dir = run_dir
     try:
-        if state is not None:
+        if state is not None:  # before anything in the folder changes: a misfit is refused
             controller.restore(Path(resume), state)
+            if checkpoint_run_dir(Path(resume)) == run_dir.resolve():  # in place
+                drop_later_checkpoints(run_dir, Path(resume), start_step, config.logging.overwrite)
+                truncate_metrics(metrics_path, start_step)
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
@@ -121,22 +95,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
     finally:
         controller.close()
-    staging = metrics_path.with_name(metrics_path.name + ".tmp")  # rows with the idle metrics
-    earlier = read_metrics(metrics_path)[0] if start_step else []  # the resumed run's rows
-    kept = [line + b"\n" for line, row in earlier if row["step"] <= start_step]  # as written
-    staging.write_bytes(b"".join(kept))
-    sink = MetricsLogger([JsonlSink(staging)])
-    for metrics in start_rows:
-        sink.log(0, metrics)
-    for step, metrics in enumerate(result.history, start=start_step + 1):
-        sink.log(step, metrics)
-    sink.close()
-    staging.replace(metrics_path)
-    if config.logging.tensorboard:  # the idle fractions exist only now: add them there too
-        board = TensorBoardSink(run_dir / "tensorboard")
-        for step, metrics in enumerate(result.history, start=start_step + 1):
-            board.write(step, {k: v for k, v in metrics.items() if k.startswith("perf/idle_frac")})
-        board.close()
+    _rewrite_metrics(config, run_dir, start_step, start_rows, result.history)
     plot_timeline(spans_from_events(result.events), n_devices, run_dir / "timeline.png",
                   f"{control.mode} controllers, {control.placement}")  # fmt: skip
     summary = {"wall_s": result.wall_s, "driver_peak_rss_mb": result.driver_peak_rss_mb,
@@ -151,19 +110,74 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     return result
 
 
+def _claim(config: Config) -> tuple[str, dict[str, Any] | None, Path]:
+    """The checkpoint `checkpoint.resume` names ("" for none) with its checked data position,
+    and the run folder, claimed (in place for a checkpoint of its own)."""
+    from yatt.checkpoint import RESUME_AUTO, checkpoint_run_dir, load_control_state, resolve_resume
+    from yatt.run_dir import claim_run_dir
+
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
+    state = None
+    if resume:
+        state = load_control_state(Path(resume))
+        check_resume_fits(config, state, resume)
+    run_dir = Path(config.logging.run_dir).resolve()
+    in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == run_dir
+    outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", "checkpoints",
+               MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
+    try:
+        claimed = claim_run_dir(
+            config.logging.run_dir, outputs, resuming=in_place,
+            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
+            model_path=config.model.path,
+        )  # fmt: skip
+    except ConfigError as exc:
+        if config.checkpoint.resume == RESUME_AUTO and not resume:
+            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
+        raise
+    return resume, state, claimed
+
+
+def _rewrite_metrics(config: Config, run_dir: Path, start_step: int,
+                     start_rows: list[dict[str, float]], history: list[dict[str, float]]
+                     ) -> None:  # fmt: skip
+    """Rewrite metrics.jsonl with the per-device idle fractions (known only now), keeping a
+    resumed run's earlier rows as written; add the fractions to TensorBoard too."""
+    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink, read_metrics
+
+    metrics_path = run_dir / "metrics.jsonl"
+    staging = metrics_path.with_name(metrics_path.name + ".tmp")
+    earlier = read_metrics(metrics_path)[0] if start_step else []
+    kept = [line + b"\n" for line, row in earlier if row["step"] <= start_step]  # as written
+    staging.write_bytes(b"".join(kept))
+    sink = MetricsLogger([JsonlSink(staging)])
+    for metrics in start_rows:
+        sink.log(0, metrics)
+    for step, metrics in enumerate(history, start=start_step + 1):
+        sink.log(step, metrics)
+    sink.close()
+    staging.replace(metrics_path)
+    if config.logging.tensorboard:
+        board = TensorBoardSink(run_dir / "tensorboard")
+        for step, metrics in enumerate(history, start=start_step + 1):
+            board.write(step, {k: v for k, v in metrics.items() if k.startswith("perf/idle_frac")})
+        board.close()
+
+
 def check_resume_fits(config: Config, state: dict[str, Any], checkpoint: str) -> None:
     """Raise ConfigError (one line) when a controllers' checkpoint's data position does not fit
-    `config`: its queues count draws of another `algo.prompts_per_step`, or of a training set
-    of another size (another prompt order)."""
+    `config`: its queues count draws of another size, in another prompt order (seed), or over
+    another training set (size, or prompts and answers)."""
     from yatt.builders import build_data
+    from yatt.control.async_rollout import draw_order
 
-    for what, saved, here in (
-        ("algo.prompts_per_step=", state["prompts_per_step"], config.algo.prompts_per_step),
-        ("a training set of ", state["n_prompts"], len(build_data(config.data)[0])),
-    ):
-        if saved != here:
+    here = draw_order(config, build_data(config.data)[0])
+    named = {"prompts_per_step": "algo.prompts_per_step=", "order_seed": "data.seed + train.seed=",
+             "n_prompts": "a training set of ", "prompts_sha256": "training prompts "}  # fmt: skip
+    for key, what in named.items():
+        if state.get(key) != here[key]:
             raise ConfigError(
-                f"checkpoint.resume={checkpoint} was written with {what}{saved}, this run has "
-                f"{here}: its data position counts prompts drawn in that run's order; resume "
-                "with the settings of the run that wrote it"
+                f"checkpoint.resume={checkpoint} was written with {what}{state.get(key)}, this "
+                f"run has {here[key]}: its data position counts prompts drawn in that run's "
+                "order; resume with the data.* and algo.prompts_per_step of the run that wrote it"
             )

@@ -61,7 +61,8 @@ def actor_terms(metrics: dict[str, float], weights: dict[str, float]) -> dict[st
 
 
 def reduce_actor_metrics(summed: dict[str, float]) -> dict[str, float]:
-    """The global update metrics from every rank's `actor_terms`, summed key by key."""
+    """The global update metrics from every rank's `actor_terms`, summed key by key (every
+    rank reports the same keys; a mean over nothing, e.g. no trained row anywhere, is 0)."""
     return {
         key: value / summed[key + _WEIGHT] if summed.get(key + _WEIGHT) else value
         for key, value in summed.items()

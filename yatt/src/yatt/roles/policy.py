@@ -162,7 +162,7 @@ class PolicyRole(Role):
         # skipped rows (ratio 1); importance weights exist only on trained rows (if any).
         weighted = {"actor/clipfrac": ("actor/pg_clipfrac", total_tokens),
                     "actor/ppo_kl": ("actor/ppo_kl", total_tokens)}  # fmt: skip
-        if batch.behaviour_logp is not None and rows:
+        if batch.behaviour_logp is not None:  # 0 with no trained row: every rank, same keys
             for key in ("actor/tis_mean", "actor/tis_capped_frac"):
                 weighted[key] = (key, trained_tokens)
         sums = {"actor/pg_loss": 0.0, **dict.fromkeys(weighted, 0.0)}
