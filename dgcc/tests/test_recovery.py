@@ -8,6 +8,7 @@ nothing; TPC-C consistency holds. Method: the small drill TPC-C in a temp direct
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,34 @@ def test_a_new_directory_records_its_workload(tmp_path: Path) -> None:
     (tmp_path / WORKLOAD_RECORD).write_text('{"workload": 1}')
     with pytest.raises(WalCorrupt, match="bad workload record"):
         read_workload_record(tmp_path)
+
+
+def test_a_durable_engine_reopens_only_its_own_directory(tmp_path: Path) -> None:
+    """Reopening checks the WORKLOAD record (it was written, never read back); a cluster
+    node's directory and a log with no checkpoint are refused before anything is written."""
+    from dgcc.durable import DurableEngine
+    from dgcc.wal.checkpoint import LAYOUT_RECORD
+
+    open_engine(tmp_path / "mine", "command", SEED).close()
+    workload = TpccWorkload(**DRILL_TPCC)
+
+    def reopen(directory: Path, **options: object) -> None:
+        config = DurableConfig(directory, mode="command", workload="tpcc", **options)  # type: ignore[arg-type]
+        DurableEngine(config, workload.registry(), create_tables, lambda: workload.build(SEED))
+
+    with pytest.raises(ConfigError, match="holds the log of workload 'tpcc' with options"):
+        reopen(tmp_path / "mine", workload_options={**DRILL_TPCC, "items": 77})
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / LAYOUT_RECORD).write_text("{}")
+    with pytest.raises(ConfigError, match="holds a cluster node's log"):
+        reopen(node, workload_options=DRILL_TPCC)
+    orphan = tmp_path / "orphan"
+    shutil.copytree(tmp_path / "mine", orphan)
+    (orphan / "MANIFEST").unlink()
+    with pytest.raises(WalCorrupt, match="a log but no checkpoint manifest"):
+        reopen(orphan, workload_options=DRILL_TPCC)
+    assert not (orphan / "MANIFEST").exists()
 
 
 def test_a_directory_is_claimed_by_one_workload(tmp_path: Path) -> None:

@@ -27,15 +27,16 @@ from dgcc.protocols.dgcc import DgccProtocol, Graph
 from dgcc.storage import Database
 from dgcc.wal import command, dependency, parallel, value
 from dgcc.wal.checkpoint import (
+    LAYOUT_RECORD,
     Checkpointer,
+    check_workload_record,
     read_manifest,
     remove_old_snapshots,
     write_checkpoint,
-    write_workload_record,
 )
 from dgcc.wal.format import BlockKind, encode_block
-from dgcc.wal.recovery import recover
-from dgcc.wal.writer import WalWriter
+from dgcc.wal.recovery import no_checkpoint, recover
+from dgcc.wal.writer import WalWriter, list_segments
 
 __all__ = ["LOG_MODES", "Acked", "DurableConfig", "DurableEngine"]
 
@@ -142,10 +143,18 @@ class DurableEngine:
         self.registry = registry
         directory = Path(config.directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if (directory / LAYOUT_RECORD).exists():
+            raise ConfigError(
+                f"{directory} holds a cluster node's log ({LAYOUT_RECORD}): run it as that "
+                "node (dgcc cluster start / dgcc node), or give this engine its own directory"
+            )
+        fresh = read_manifest(directory) is None
+        if fresh and list_segments(directory):  # a log without its checkpoint: not ours to start
+            raise no_checkpoint(directory)
+        if config.workload is not None:  # a new directory records it; a reopened one must match
+            check_workload_record(directory, config.workload, config.workload_options, claim=fresh)
         self.recovered = None
-        if read_manifest(directory) is None:
-            if config.workload is not None:
-                write_workload_record(directory, config.workload, config.workload_options)
+        if fresh:
             self.db = initial()
             write_checkpoint(directory, self.db, 0)
             self.epoch = 0
