@@ -16,8 +16,9 @@ import sys
 
 import pytest
 
-from dgcc.cluster import load_config, read_pids
+from dgcc.cluster import load_config, local_config, read_pids
 from dgcc.net import Client
+from dgcc.net.wire import frame
 
 pytestmark = pytest.mark.integration
 
@@ -126,6 +127,33 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
     other = _cli("cluster", "start", "--dir", str(tmp_path / "other"), *options, *data)
     assert other.returncode == 2, other.stdout
     assert "holds the log of workload 'smallbank' with options {'accounts': 100}" in other.stderr
+
+
+def test_check_reads_tpcc_rows_beyond_the_frame_limit_and_stop_works_after(tmp_path):
+    """Each node's rows outgrow the config's frame limit (as a default TPC-C node's outgrow
+    the 64 MiB default): the check still reads them, and the nodes stop by request after."""
+    options = {"warehouses": 2, "items": 100, "customers_per_district": 10}
+    options["orders_per_district"] = 10
+    data_dir = str(tmp_path / "data")
+    config = local_config(
+        2, workload="tpcc", workload_options=options, frame_bytes_max=16384, data_dir=data_dir
+    )
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(config.to_dict()))
+    directory = str(tmp_path / "cluster")
+    started = _cli("cluster", "start", "--config", str(path), "--dir", directory)
+    assert started.returncode == 0, started.stderr
+    try:
+        node0 = config.nodes[0]
+        with Client(node0.host, node0.port, timeout_s=TIMEOUT_S) as client:
+            assert len(frame(("dump", 1, client.dump(frame_bytes_max=2**32 - 1)))) > 16384
+        checked = _cli("cluster", "check", "--dir", directory)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "cluster of 2 nodes (tpcc): consistent" in checked.stdout
+    finally:
+        stopped = _cli("cluster", "stop", "--dir", directory)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 2 of 2 nodes" in stopped.stdout
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):

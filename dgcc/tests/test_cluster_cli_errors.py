@@ -102,6 +102,18 @@ def _write_cluster(directory: Path, config: ClusterConfig, pids: list[int]) -> N
         ({"nodes": "abc"}, "nodes must be a list of tables (id, host, port), got 'abc'"),
         ({"nodes": [NODE | {"port": 0}]}, "node 0: port 0 outside 1..65535"),
         ({"nodes": [NODE | {"id": "0"}]}, "node id must be an int, got '0'"),
+        (
+            {"nodes": [NODE, NODE | {"id": 1}]},
+            "nodes 0 and 1 share the address 127.0.0.1:7001: each node needs its own host:port",
+        ),
+        (
+            {"nodes": [NODE | {"host": "LOCALHOST"}, NODE | {"id": 1, "host": "localhost"}]},
+            "nodes 0 and 1 share the address localhost:7001",  # host names ignore case
+        ),
+        (
+            {"checkpoint_every_epochs": 5},
+            "checkpoint_every_epochs = 5 needs data_dir (checkpoints are written there)",
+        ),
     ],
 )
 def test_bad_config_values_fail_when_built(values, message):
@@ -149,6 +161,61 @@ def test_unusable_dir_and_json_paths_fail_up_front(tmp_path, cli_error):
     err = cli_error(["recover", str(tmp_path), "--json", str(a_file / "x.json")])
     assert "cannot be written" in err
     assert "Is a directory" in cli_error([*bench, "--json", str(tmp_path)])
+
+
+@pytest.mark.timeout(60)  # a node that took the config would serve until stopped
+def test_a_config_file_is_refused_with_one_line_before_any_node_starts(tmp_path, cli_error):
+    path = tmp_path / "c.json"
+    nodes = [NODE, NODE | {"id": 1}]
+    path.write_text(json.dumps({"nodes": nodes}))
+    start = ["cluster", "start", "--config", str(path), "--dir", str(tmp_path / "run")]
+    for argv in (["node", "--config", str(path), "--id", "0"], start):
+        assert "share the address 127.0.0.1:7001" in cli_error(argv)
+    path.write_text(json.dumps({"nodes": [NODE], "checkpoint_every_epochs": 3}))
+    assert "checkpoint_every_epochs = 3 needs data_dir" in cli_error(start)
+    assert not (tmp_path / "run").exists()
+    # a node given the data dir the file leaves out: checkpoints have a place to go
+    assert load_config(path, data_dir=str(tmp_path / "data")).checkpoint_every_epochs == 3
+
+
+def test_node_refuses_a_data_dir_it_cannot_use_with_one_line(tmp_path, cli_error):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"nodes": [NODE, NODE | {"id": 1, "port": 7002}]}))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    node = ["node", "--config", str(path), "--id", "1", "--data-dir"]
+    err = cli_error([*node, str(a_file)])
+    assert f"cannot use {str(a_file)!r} as a data dir: Not a directory" in err
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "node1").write_text("")  # where node 1 would log
+    err = cli_error([*node, str(tmp_path / "data")])
+    assert f"cannot use {str(tmp_path / 'data' / 'node1')!r} as a data dir: Not a" in err
+    assert "data_dir must be a non-empty string" in cli_error([*node, ""])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--timeout-s", "-1"], "--timeout-s must be a number of seconds in (0, 604800], got -1.0"),
+        (["--timeout-s", "0"], "--timeout-s must be a number of seconds in (0, 604800], got 0.0"),
+        (["--timeout-s", "nan"], "--timeout-s must be a number of seconds in (0, 604800], got nan"),
+        (["--timeout-s", "inf"], "--timeout-s must be a number of seconds in (0, 604800], got inf"),
+        (["--timeout-s", "1e12"], "in (0, 604800], got 1000000000000.0"),
+        (
+            ['{"keys": [99999999999999999999999], "rmw": [true]}'],
+            "hold an integer outside -2**63 .. 2**64 - 1, which a call cannot carry",
+        ),
+        (['{"keys": [-9223372036854775809]}'], "hold an integer outside -2**63 .. 2**64 - 1"),
+        (['{"name": "a\\ud800"}'], "hold '\\ud800', which is not valid in UTF-8 (a lone surr"),
+        (['{"a": ' + "[" * 5000 + "]" * 5000 + "}"], "are not JSON: maximum recursion depth"),
+    ],
+)
+def test_call_refuses_bad_timeouts_and_params_with_one_line(tmp_path, cli_error, flags, message):
+    """Refused before any connection: the cluster's nodes (port 7001) are not running."""
+    directory = tmp_path / "run"
+    _write_cluster(directory, _config(), [])
+    err = cli_error(["call", "balance", *flags, "--dir", str(directory)])
+    assert message in err
 
 
 def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):

@@ -12,6 +12,9 @@ import argparse
 import dataclasses
 import json
 import re
+import socket
+import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from dgcc.cli_cluster import _bench_config, _flags_config
 from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
 from dgcc.net.loadgen import EPOCH_MS_DEFAULT, ClusterBenchConfig, check_tpcc_placement
+from dgcc.net.wire import FRAME_BYTES_MAX, VERSION, decode, frame
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SMALL_TPCC = ["--items", "100", "--customers-per-district", "10", "--orders-per-district", "10"]
@@ -182,6 +186,7 @@ class _FakeNodes:
 
     def __init__(self, statuses: list[list[dict]], negative: bool = False) -> None:
         self.statuses = iter(statuses)
+        self.limits: list[int] = []  # each client's frame limit, then its dump's
         rows = {c: {"bal": -5 if negative and c == 3 else 100} for c in range(4)}
         names = {c: {"name": f"c{c}"} for c in range(4)}
         tables = {"accounts": names, "savings": rows, "checking": rows}
@@ -194,8 +199,9 @@ class _FakeNodes:
     def status(self, config, *, timeout_s):
         return next(self.statuses)
 
-    def client(self, host, port, *, secret, timeout_s):
+    def client(self, host, port, *, secret, timeout_s, frame_bytes_max):
         dump = self.dumps[port % 2]
+        limits = self.limits
 
         class _Client:
             def __enter__(self):
@@ -204,8 +210,11 @@ class _FakeNodes:
             def __exit__(self, *exc):
                 return None
 
-            def dump(self):
+            def dump(self, *, frame_bytes_max):
+                limits.append(frame_bytes_max)
                 return dump
+
+        limits.append(frame_bytes_max)
 
         return _Client()
 
@@ -242,6 +251,8 @@ def test_check_merges_every_nodes_rows_once_the_cluster_is_quiet(
         dataclasses.replace(node, port=10_000 + node.id) for node in config.nodes
     ))  # fmt: skip
     assert cluster.check(config) == expected
+    # the config's limit for every frame but a node's rows, which may be far larger
+    assert fake.limits[:4] == [config.frame_bytes_max, cluster.DUMP_BYTES_MAX] * 2
 
 
 def test_check_reports_violations_and_refuses_a_busy_cluster(monkeypatch) -> None:
@@ -263,6 +274,45 @@ def test_check_reports_violations_and_refuses_a_busy_cluster(monkeypatch) -> Non
     monkeypatch.setattr(cluster, "status", fake.status)
     with pytest.raises(ConfigError, match="stayed busy over 3 tries"):
         cluster.check(config)
+
+
+def _read_frame(connection: socket.socket) -> tuple:
+    with connection.makefile("rb") as stream:
+        (length,) = struct.unpack(">I", stream.read(4))
+        return decode(stream.read(length))
+
+
+def _serve_node(listener: socket.socket, connections: int, answers: dict[str, object]) -> None:
+    """One node, over a real socket: ``connections`` clients in turn, each with the handshake
+    (no secret) and one request answered from ``answers`` by kind."""
+    for _ in range(connections):
+        connection, _ = listener.accept()
+        with connection:
+            connection.sendall(frame(("hello", VERSION, 0, b"nonce")))
+            assert _read_frame(connection)[:3] == ("hello", VERSION, "client")
+            connection.sendall(frame(("ready", 0)))
+            kind, request_id = _read_frame(connection)
+            connection.sendall(frame((kind, request_id, answers[kind])))
+
+
+def test_check_reads_a_dump_larger_than_any_frame_limit_for_calls() -> None:
+    """A node's rows in one answer over 64 MiB (a default TPC-C node's are ~130 MB), through
+    the real client; the check used to refuse them at the 64 MiB default frame limit."""
+    from dgcc import cluster
+
+    names = {c: {"name": f"c{c}"} for c in range(4)} | {0: {"name": "x" * (FRAME_BYTES_MAX + 1)}}
+    balances = {c: {"bal": 100} for c in range(4)}
+    dump = {"accounts": names, "savings": balances, "checking": balances}
+    answers = {"status": _quiet(5)[0], "dump": dump}
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        config = cluster.local_config(1, workload="smallbank", workload_options={"accounts": 4})
+        node = dataclasses.replace(config.nodes[0], port=listener.getsockname()[1])
+        config = dataclasses.replace(config, nodes=(node,))
+        server = threading.Thread(target=_serve_node, args=(listener, 3, answers), daemon=True)
+        server.start()  # status, dump, status: a quiet cluster is read once
+        assert cluster.check(config) == []
+        server.join(timeout=60)
+    assert not server.is_alive()
 
 
 def test_call_refuses_params_that_are_not_a_json_object(tmp_path, cli_error) -> None:

@@ -231,6 +231,26 @@ def test_missing_directory_exits_2_with_one_line(
     assert err.startswith("dgcc: error: ") and str(missing) in err
 
 
+def test_bad_directory_and_flags_are_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    err = _one_error_line(["recover", str(a_file), "--workload", "tpcc"], capsys)
+    assert f"recovery directory {str(a_file)!r} is not a directory" in err
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps(local_config(2).to_dict()))
+    err = _one_error_line(["recover", str(tmp_path), "--cluster", str(config)], capsys)
+    assert f"--node is needed with --cluster: which node of {config} wrote it" in err
+    err = _one_error_line(["recover", str(tmp_path), "--node", "1"], capsys)
+    assert "--node 1 applies only with --cluster" in err
+    with pytest.raises(SystemExit) as exited:  # argparse refuses it, in one line
+        cli.main(["recover", str(tmp_path), "--workload", "tpcc", "--json", ""])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "dgcc: error: argument --json: must name a file, got ''\n"
+
+
 def test_damaged_checkpoint_exits_2_with_the_walcorrupt_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

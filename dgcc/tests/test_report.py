@@ -107,6 +107,24 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown benchmark" in capsys.readouterr().err
 
 
+def test_a_log_dir_that_cannot_be_used_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = _checkout(tmp_path, {"engine": OK_SCRIPT})
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for log_dir in (a_file, a_file / "below"):
+        argv = ["report", "--repo", str(repo), "--only", "engine", "--log-dir", str(log_dir)]
+        assert cli.main([*argv, "--no-stitch"]) == 2
+        captured = capsys.readouterr()
+        message = f"dgcc: error: cannot use {str(log_dir)!r} as the log dir: Not a directory\n"
+        assert captured.err == message
+        assert not captured.out.strip()  # refused before any script runs
+    config = ReportConfig(repo=repo, only=("engine",), stitch=False, log_dir=a_file)
+    with pytest.raises(ConfigError, match="as the log dir: Not a directory"):
+        run_report(config)
+
+
 def test_repo_root_is_this_checkout() -> None:
     root = repo_root()
     assert (root / "dgcc" / "bench" / "engine.py").is_file()

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--protocol", default="dgcc", choices=sorted(PROTOCOLS))
     _add_run_flags(bench, seconds_default=10.0)
-    bench.add_argument("--json", type=Path, help="write the result record to this path")
+    bench.add_argument("--json", type=_file_path, help="write the result record to this path")
     _add_workload_flags(bench)
     cli_cluster.add_bench_flags(bench)
     demo = commands.add_parser("demo", help="TPC-C with dgcc and serial, alternating windows")
@@ -103,12 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster", type=Path, help="a cluster node's directory: the cluster config (.toml/.json)"
     )
     recover.add_argument("--node", type=int, help="with --cluster: the node id of the directory")
-    recover.add_argument("--json", type=Path, help="write the recovery record to this path")
+    recover.add_argument("--json", type=_file_path, help="write the recovery record to this path")
     _add_workload_flags(recover)
     cli_cluster.register(commands)
     cli_drill.register(commands)
     report.register(commands)
     return parser
+
+
+def _file_path(text: str) -> Path:
+    """A ``--json`` path: ``Path("")`` would be the working directory, so '' is refused."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name a file, got ''")
+    return Path(text)
 
 
 def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
@@ -234,8 +241,15 @@ def _refuse_ignored_flags(args: argparse.Namespace) -> None:
 def _recover(args: argparse.Namespace, console: Console) -> int:
     """Recover ``args.directory``, check the workload's state invariants, print a table."""
     directory: Path = args.directory
+    if args.cluster is not None and args.node is None:
+        raise ConfigError(f"--node is needed with --cluster: which node of {args.cluster} wrote it")
+    if args.cluster is None and args.node is not None:
+        raise ConfigError(
+            f"--node {args.node} applies only with --cluster (the config of the node's cluster)"
+        )
     if not directory.is_dir():
-        raise ConfigError(f"recovery directory {str(directory)!r} does not exist")
+        what = "is not a directory" if directory.exists() else "does not exist"
+        raise ConfigError(f"recovery directory {str(directory)!r} {what}")
     if not 1 <= args.workers <= 1024:
         raise ConfigError(f"--workers must be in 1..1024, got {args.workers}")
     with DirLock(directory, "dgcc recover"):  # never while a node writes it
@@ -323,7 +337,7 @@ def _recovery_workload(
 def _recover_node(args: argparse.Namespace, console: Console) -> int:
     """Recover one cluster node's directory alone (its log holds the values it received)."""
     config = load_config(args.cluster)
-    if args.node is None or not 0 <= args.node < len(config.nodes):
+    if not 0 <= args.node < len(config.nodes):
         raise ConfigError(f"--node {args.node} is not a node of {args.cluster}")
     check_workload_record(args.directory, config.workload, config.workload_options, claim=False)
     workload = get_workload(config.workload, **dict(config.workload_options))

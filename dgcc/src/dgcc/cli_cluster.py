@@ -10,7 +10,6 @@ entry point (``dgcc.cli``) owns the parser, and the launcher spawns nodes throug
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno
 import json
 import logging
@@ -51,6 +50,7 @@ NODES_DEFAULT = 2
 WORKLOAD_DEFAULT = "ycsb"
 SEED_DEFAULT = 1
 PROTOCOL_DEFAULT = "dgcc"
+CALL_TIMEOUT_S_MAX = 7 * 86400.0  # `call --timeout-s`: a week; sockets refuse ~1e10 s
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -317,13 +317,15 @@ def _node(args: argparse.Namespace) -> int:
     from dgcc.net.wire import run_async
     from dgcc.wal.rejoin import RejoinError
 
-    config = load_config(args.config)
-    if args.data_dir is not None:
-        config = dataclasses.replace(config, data_dir=args.data_dir)
+    overrides = {} if args.data_dir is None else {"data_dir": args.data_dir}
+    config = load_config(args.config, **overrides)
     if not 0 <= args.id < len(config.nodes):
         raise ConfigError(
             f"--id {args.id} is not a node of {args.config} (0..{len(config.nodes) - 1})"
         )
+    if config.data_dir is not None:  # one line here, not a traceback from the node's lock
+        _make_data_dir(Path(config.data_dir))
+        _make_data_dir(Path(config.data_dir) / f"node{args.id}")
 
     def ready(node: Any) -> None:
         address = config.nodes[args.id]
@@ -443,12 +445,12 @@ def _call(args: argparse.Namespace) -> int:
     from dgcc.net.client import Client
     from dgcc.net.wire import NetError
 
-    try:
-        params = json.loads(args.params)
-    except ValueError as error:
-        raise ConfigError(f"params {args.params!r} are not JSON: {error}") from None
-    if not isinstance(params, dict):
-        raise ConfigError(f'params must be a JSON object ({{"name": value}}), got {args.params!r}')
+    if not 0 < args.timeout_s <= CALL_TIMEOUT_S_MAX:  # NaN fails too; 0 means non-blocking
+        raise ConfigError(
+            f"--timeout-s must be a number of seconds in (0, {CALL_TIMEOUT_S_MAX:g}], "
+            f"got {args.timeout_s!r}"
+        )
+    params = _call_params(args.params)
     config = _config_in(args.dir)
     if not 0 <= args.node < len(config.nodes):
         raise ConfigError(f"--node {args.node} is not a node of the cluster in {args.dir}")
@@ -462,6 +464,33 @@ def _call(args: argparse.Namespace) -> int:
     answer = {"status": outcome.status.value, "result": outcome.result, "reason": outcome.reason}
     print(json.dumps(answer, default=repr))
     return {"committed": 0, "aborted": 1}.get(outcome.status.value, 2)
+
+
+def _call_params(text: str) -> dict[str, Any]:
+    """``dgcc call``'s params: a JSON object that the wire can carry."""
+    from dgcc.net.wire import encode
+
+    try:
+        params = json.loads(text)
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+        raise ConfigError(f"params {text!r:.200} are not JSON: {error}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f'params must be a JSON object ({{"name": value}}), got {text!r:.200}')
+    try:
+        encode(params)
+    except OverflowError:
+        raise ConfigError(
+            f"params {text!r:.200} hold an integer outside -2**63 .. 2**64 - 1, which a call "
+            "cannot carry"
+        ) from None
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start : error.end]
+        raise ConfigError(
+            f"params {text!r:.200} hold {bad!r}, which is not valid in UTF-8 (a lone surrogate)"
+        ) from None
+    except ValueError as error:  # msgpack's own limits (nesting depth, sizes)
+        raise ConfigError(f"params {text!r:.200} cannot be sent: {error}") from None
+    return params
 
 
 def _check(config: Any) -> int:

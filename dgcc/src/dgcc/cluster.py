@@ -146,6 +146,7 @@ class ClusterConfig:
         ids = [node.id for node in self.nodes]
         if ids != list(range(len(ids))):
             raise ConfigError(f"node ids must be 0..{len(ids) - 1} in order, got {ids}")
+        self._check_addresses()
         self.placement()  # validates the partition map
         self._check_values()
         self._check_workload_and_protocol()
@@ -178,6 +179,24 @@ class ClusterConfig:
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
         if not isinstance(self.order_log, bool):
             raise ConfigError(f"order_log must be true or false, got {self.order_log!r}")
+        if self.checkpoint_every_epochs and self.data_dir is None:
+            raise ConfigError(
+                f"checkpoint_every_epochs = {self.checkpoint_every_epochs} needs data_dir "
+                "(checkpoints are written there)"
+            )
+
+    def _check_addresses(self) -> None:
+        """Two nodes on one address would take each other's peers (a node's hello then comes
+        from the wrong id), so each needs its own ``host:port``."""
+        first: dict[tuple[str, int], int] = {}
+        for node in self.nodes:
+            address = (node.host.lower(), node.port)
+            if address in first:
+                raise ConfigError(
+                    f"nodes {first[address]} and {node.id} share the address "
+                    f"{node.host}:{node.port}: each node needs its own host:port"
+                )
+            first[address] = node.id
 
     def _check_workload_and_protocol(self) -> None:
         """The names and options a node would build its workload and server from."""
@@ -247,8 +266,9 @@ class ClusterConfig:
         return cls(**values)
 
 
-def load_config(path: Path) -> ClusterConfig:
-    """Read a cluster config from TOML (``.toml``) or JSON (anything else)."""
+def load_config(path: Path, **overrides: Any) -> ClusterConfig:
+    """Read a cluster config from TOML (``.toml``) or JSON (anything else); ``overrides``
+    replace keys of the file before the config is checked (``dgcc node --data-dir``)."""
     try:
         text = path.read_bytes()
     except OSError as error:
@@ -257,6 +277,8 @@ def load_config(path: Path) -> ClusterConfig:
         data = tomllib.loads(text.decode()) if path.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"cluster config {str(path)!r} is not valid: {error}") from None
+    if overrides and isinstance(data, dict):
+        data = {**data, **overrides}
     return ClusterConfig.from_dict(data)
 
 
@@ -581,6 +603,14 @@ def status(config: ClusterConfig, *, timeout_s: float = 5.0) -> list[dict[str, A
 
 
 CHECK_TRIES = 3
+# The largest dump answer ``check`` accepts: all a frame header can announce (4 GiB). A node's
+# rows outgrow any limit sized for calls and epoch batches (a default TPC-C node dumps 130 MB,
+# over the 64 MiB default), and the node has no way to send them in pieces. A larger limit for
+# this one answer is sound: it answers the check's own request, from a node that passed the
+# handshake (and proved the secret, if any); the client's memory grows with the bytes that
+# arrive, not with the length a header announces; and the check holds every node's rows at
+# once anyway, so a smaller cap would only refuse a check that fits in memory.
+DUMP_BYTES_MAX = 2**32 - 1
 _QUIET_KEYS = ("waiting_calls", "peers_down", "txn/committed", "txn/aborted", "txn/error",
                "epochs_closed", "epochs_executed")  # fmt: skip
 
@@ -594,6 +624,12 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
     (``CHECK_TRIES`` times in all) unless nothing moved, no call or transaction was in flight
     (``waiting_calls``), every node had executed every epoch it closed, the same epochs
     everywhere, and no peer link was down.
+
+    Each node's rows come in one answer, which may be much larger than the config's
+    ``frame_bytes_max`` (sized for calls and epoch batches): the check accepts a dump of up to
+    ``DUMP_BYTES_MAX`` bytes, the most a frame header can announce (why that is sound: at
+    ``DUMP_BYTES_MAX``). Fetching the rows in pieces would need a new request the nodes do not
+    serve; every other frame keeps the config's limit.
 
     Raises:
         ConfigError: a node cannot be reached, or the cluster stayed busy.
@@ -623,8 +659,14 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
         before = counters()
         dumps = []
         for node in config.nodes:
-            with Client(node.host, node.port, secret=secret, timeout_s=timeout_s) as client:
-                dumps.append(client.dump())
+            with Client(
+                node.host,
+                node.port,
+                secret=secret,
+                timeout_s=timeout_s,
+                frame_bytes_max=config.frame_bytes_max,
+            ) as client:
+                dumps.append(client.dump(frame_bytes_max=DUMP_BYTES_MAX))
         if before == counters() and quiet(before):
             break
     else:

@@ -11,6 +11,8 @@ alone unless ``stitch`` is asked for.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import logging
 import subprocess
 import sys
@@ -156,6 +158,25 @@ def _stitch(repo: Path) -> ScriptResult:
     return ScriptResult("stitch", status, time.perf_counter() - started_s, (), None, detail)
 
 
+def _log_dir(config: ReportConfig) -> Path:
+    """``config.log_dir``, created if missing, or a new temp folder.
+
+    Raises:
+        ConfigError: ``log_dir`` is a file, or cannot be created.
+    """
+    if config.log_dir is None:
+        return Path(tempfile.mkdtemp(prefix="dgcc_report_"))
+    try:
+        if config.log_dir.exists() and not config.log_dir.is_dir():  # mkdir: "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use {str(config.log_dir)!r} as the log dir: {error.strerror or error}"
+        ) from None
+    return config.log_dir
+
+
 def run_report(
     config: ReportConfig, progress: Callable[[str, int, int], None] | None = None
 ) -> list[ScriptResult]:
@@ -164,8 +185,7 @@ def run_report(
     ``progress(name, done, total)`` is called before each step. A failing script does not stop
     the others: every result says what happened, and its log path holds the full output.
     """
-    log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="dgcc_report_"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = _log_dir(config)
     steps: Sequence[str] = (*config.names, *(("stitch",) if config.stitching else ()))
     results = []
     for done, name in enumerate(steps):
@@ -214,6 +234,7 @@ def command(args: argparse.Namespace, console: Console) -> int:
         timeout_s=args.timeout_s,
         log_dir=args.log_dir,
     )
+    config = dataclasses.replace(config, log_dir=_log_dir(config))  # fails before the bar
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("starting", total=None)

@@ -36,6 +36,7 @@ __all__ = ["AsyncClient", "Client", "call_each_in_order"]
 
 TIMEOUT_S_DEFAULT = 30.0
 CALLS_PER_FRAME_MAX = 1000  # keeps a calls frame far below any sane frame limit
+RECV_BYTES_MAX = 1 << 20  # one recv's buffer, whatever length a frame header announces
 
 
 _STATUSES = {status.value: status for status in Status}
@@ -299,8 +300,8 @@ class Client:
     def _read_exactly(self, count: int) -> bytes:
         chunks, left = [], count
         while left:
-            try:
-                chunk = self._sock.recv(left)
+            try:  # bounded: memory grows with what arrives, not with what a header announces
+                chunk = self._sock.recv(min(left, RECV_BYTES_MAX))
             except TimeoutError:
                 raise CallTimeout(f"{self.where} sent nothing for {self.timeout_s} s") from None
             if not chunk:
@@ -309,17 +310,18 @@ class Client:
             left -= len(chunk)
         return b"".join(chunks)
 
-    def _read(self) -> tuple:
+    def _read(self, limit: int | None = None) -> tuple:
+        limit = self._limit if limit is None else limit
         (length,) = struct.unpack(">I", self._read_exactly(4))
-        if length > self._limit:
-            raise FrameError(f"frame of {length} bytes from {self.where} exceeds {self._limit}")
+        if length > limit:
+            raise FrameError(f"frame of {length} bytes from {self.where} exceeds {limit}")
         return decode(self._read_exactly(length))
 
-    def _request(self, kind: str) -> tuple:
+    def _request(self, kind: str, limit: int | None = None) -> tuple:
         request_id = next(self._ids)
         self._sock.sendall(frame((kind, request_id)))
         while True:
-            message = self._read()
+            message = self._read(limit)
             if len(message) >= 2 and message[1] == request_id:
                 return message
 
@@ -341,8 +343,10 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self._request("status")[2]
 
-    def dump(self) -> dict[str, Any]:
-        return self._request("dump")[2]
+    def dump(self, *, frame_bytes_max: int | None = None) -> dict[str, Any]:
+        """The node's rows, in one answer of at most ``frame_bytes_max`` bytes (default: the
+        client's limit); a node's rows may outgrow a limit sized for calls (``cluster.check``)."""
+        return self._request("dump", frame_bytes_max)[2]
 
     def order(self) -> Any:
         return self._request("order")[2]
