@@ -134,7 +134,7 @@ def test_a_plan_of_a_bad_shape_fails_its_call_alone(protocol: str) -> None:
     outcomes = get_protocol(protocol)(db, registry).run_batch(batch)
     assert [o.status for o in outcomes] == [Status.COMMITTED, *[Status.ERROR] * 5, Status.COMMITTED]
     reasons = [o.reason for o in outcomes[1:-1]]
-    assert all(reason.startswith("shaped.plan raised ProcedureError: ") for reason in reasons)
+    assert all(reason.startswith("shaped.plan gave a bad plan: ") for reason in reasons)
     assert "comes after unknown, later or its own pieces ['b']" in reasons[0]
     assert "comes after unknown, later or its own pieces ['b']" in reasons[1]
     assert "['zzz']" in reasons[2] and "duplicate piece name 'a'" in reasons[3]
@@ -142,9 +142,40 @@ def test_a_plan_of_a_bad_shape_fails_its_call_alone(protocol: str) -> None:
     assert {key: row["v"] for key, row in db["kv"].rows.items() if row["v"]} == {0: 2, 6: 2}
 
 
+@pytest.mark.parametrize("protocol", ["dgcc", "calvin"])
+def test_every_node_fails_a_multi_node_call_of_a_bad_shape_alike(protocol: str) -> None:
+    """A plan's shape depends on its pieces alone, so each node that plans a call spanning
+    both reaches the same verdict: an ERROR for that call, not a stopped node."""
+    run_class = server_class(protocol).epoch_run
+    registry = _registry()
+    registry.register(Procedure("shaped", {"keys": list, "shape": str}, _shaped_plan))
+    router = Router(_TwoNodes(), Placement.round_robin(2))
+    batch = [TxnRequest("shaped", {"keys": [3, 12], "shape": "dup"}), _bump([4], 1)]
+    runs = [run_class(node, _db(), registry, router, [batch, []]) for node in (0, 1)]
+    while not all(run.finished for run in runs):
+        moved = sum(run.step(100) for run in runs)
+        for run in runs:
+            for target, entries in run.take_outbox().items():
+                runs[target].deliver(_wire(entries))
+                moved += 1
+        assert moved, "no piece ran and no value moved"
+    assembler = ResultAssembler(registry, batch, 2)
+    for node, run in enumerate(runs):
+        assembler.add(node, _wire(run.reports().get(0, [])))
+    outcomes = assembler.outcomes()
+    assert [o.status for o in outcomes] == [Status.ERROR, Status.COMMITTED]
+    assert outcomes[0].reason == "shaped.plan gave a bad plan: duplicate piece name 'a'"
+
+
 def test_a_procedure_with_params_that_are_not_types_is_refused() -> None:
     with pytest.raises(ProcedureError, match=r"params must map str names to types .*'a': 'int'"):
         Procedure("p", {"a": "int"}, _bump_plan)
+    optional = Procedure("p", {"keys": list, "d": int | None}, _bump_plan)  # a union is a type
+    outcomes = get_protocol("serial")(_db(), ProcedureRegistry([optional])).run_batch(
+        [TxnRequest("p", {"keys": [1], "d": 2}), TxnRequest("p", {"keys": [1], "d": "x"})]
+    )
+    assert [o.status for o in outcomes] == [Status.COMMITTED, Status.ERROR]
+    assert "param 'd' must be int | None, got str 'x'" in outcomes[1].reason
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))

@@ -313,3 +313,32 @@ def test_recover_a_cluster_node_directory_alone(
     assert 0 < record["load_checkpoint_s"] < record["recovery_s"]
     assert kept[0].db.dump() == log.db.dump()
     assert cli.main([*argv[:-1], "3"]) == 2  # not a node of the config
+
+
+def test_a_cluster_node_directory_is_recovered_only_as_its_own_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The directory's LAYOUT names its cluster and node: `--cluster C --node N` of another
+    node or cluster, and a plain `recover` (as a single engine's), are refused."""
+    from dgcc.wal.node_log import node_durability
+
+    options = {"records": 200}
+    config = local_config(2, workload="ycsb", workload_options=options, data_dir=str(tmp_path))
+    node_durability(config, 1)  # the node's records: WORKLOAD and LAYOUT
+    workload = get_workload("ycsb", **options)
+    node1 = tmp_path / "node1"
+    NodeLog(node1, 1, workload.registry(), Router(workload, config.placement()),
+            lambda: workload.build(1), workload.schema).close()  # fmt: skip
+    three = local_config(3, workload="ycsb", workload_options=options, data_dir=str(tmp_path))
+    for name, cluster, node in (("c2.json", config, 0), ("c3.json", three, 2)):
+        (tmp_path / name).write_text(json.dumps(cluster.to_dict()))
+        argv = ["recover", str(node1), "--cluster", str(tmp_path / name), "--node", str(node)]
+        assert cli.main(argv) == 2
+        assert f"node 1 (not {node})" in capsys.readouterr().err
+    assert cli.main(["recover", str(node1), "--workload", "ycsb", "-o", "records=200"]) == 2
+    assert "holds a cluster node's log (LAYOUT)" in capsys.readouterr().err
+    (tmp_path / "c2.json").write_text(json.dumps(config.to_dict()))
+    assert (
+        cli.main(["recover", str(node1), "--cluster", str(tmp_path / "c2.json"), "--node", "1"])
+        == 0
+    )

@@ -145,3 +145,24 @@ def test_writer_rejects_out_of_order_epoch(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="expected 1"):
         writer.append(2, encode_block(BlockKind.COMMAND, 2, 2))
     writer.close()
+
+
+def test_cutting_past_an_empty_rolled_segment_reaches_the_blocks_before_it(tmp_path) -> None:
+    """A node rolls to an empty segment right after recording a checkpoint epoch; a restart
+    to an earlier epoch must still cut the blocks before that segment (it stopped at the
+    empty one, and the next restart found the log jumping back)."""
+    from dgcc.wal.format import BlockKind, encode_block
+    from dgcc.wal.recovery import cut_after, read_log
+    from dgcc.wal.writer import WalWriter, list_segments
+
+    writer = WalWriter(tmp_path, 1)
+    for epoch in range(1, 10):
+        writer.append(epoch, encode_block(BlockKind.NODE, epoch, {"x": epoch}))
+    writer.roll(10)
+    writer.close()
+    cut_after(tmp_path, 7)
+    assert [path.name for _, path in list_segments(tmp_path)] == ["wal-000000000001.log"]
+    writer = WalWriter(tmp_path, 8)
+    writer.append(8, encode_block(BlockKind.NODE, 8, {"x": 8}))
+    writer.close()
+    assert [block.epoch for block in read_log(tmp_path, 0, repair=False)[0]] == list(range(1, 9))

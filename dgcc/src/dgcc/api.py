@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import enum
 import functools
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dgcc import debug
-from dgcc.errors import BadParams, BadRequest, ProcedureError, UnknownProcedure
+from dgcc.errors import BadParams, BadPlan, BadRequest, ProcedureError, UnknownProcedure
 from dgcc.storage import Database, Index, ReadView
 
 __all__ = [
@@ -134,11 +135,12 @@ class Procedure:
             raise ProcedureError(f"a procedure's name must be a non-empty str, got {self.name!r}")
         if not isinstance(self.params, Mapping):
             raise ProcedureError(f"{self.name}: params must map names to types")
-        bad = {name: kind for name, kind in self.params.items() if not isinstance(kind, type)}
+        bad = {name: kind for name, kind in self.params.items()
+               if not isinstance(kind, type | types.UnionType)}  # fmt: skip
         if bad or not all(isinstance(name, str) for name in self.params):
             raise ProcedureError(
-                f"{self.name}: params must map str names to types (int, float, str, list, ...), "
-                f"got {bad or dict(self.params)}"
+                f"{self.name}: params must map str names to types (int, float, str, list, "
+                f"int | None, ...), got {bad or dict(self.params)}"
             )
         kinds = tuple(self.params.values())
         signature = (tuple(self.params), tuple(map(_AS_LIST.get, kinds, kinds)))
@@ -194,8 +196,8 @@ def _check_params(procedure: Procedure, params: object) -> None:
             continue  # lists arrive as tuples off the wire: the common case, kept cheap
         if not _type_ok(value, expected):
             raise BadParams(
-                f"{procedure.name}: param {name!r} must be {expected.__name__}, "
-                f"got {type(value).__name__} {value!r}"
+                f"{procedure.name}: param {name!r} must be "
+                f"{getattr(expected, '__name__', expected)}, got {type(value).__name__} {value!r}"
             )
 
 
@@ -296,35 +298,39 @@ def _plan_one(
     _check_params(procedure, request.params)
     try:
         pieces = tuple(procedure.plan(request.params, view))
-        _check_plan(procedure, pieces)
     except (BadRequest, MemoryError, RecursionError):  # the last two: this process's limits
         raise
     except Exception as error:  # a bug in the procedure: this call fails, as in ``run_piece``
         raise _PlanRaised(raised(procedure.name, "plan", error)) from error
+    _check_plan(procedure, pieces)
     return PlannedTxn(index, procedure, request.params, pieces)
 
 
 def _check_plan(procedure: Procedure, pieces: Sequence[Piece]) -> None:
-    """Raise ProcedureError unless the plan is one every protocol runs alike: unique piece
+    """Raise BadPlan unless the plan is one every protocol runs alike: pieces, unique piece
     names, ``after`` naming earlier pieces only, no piece that may abort after one that wrote
     (no protocol undoes a committed piece's write). Every call is checked (about 2 us for a
-    TPC-C call): a bad plan would otherwise stall or half-apply DGCC's batch graph."""
+    TPC-C call): a bad plan would otherwise stall or half-apply DGCC's batch graph. The
+    verdict depends on the pieces alone, so every node that plans a call reaches it."""
     seen: set[str] = set()
     add, wrote = seen.add, False
+    bad = f"{procedure.name}.plan gave a bad plan: "
     for piece in pieces:
+        if not isinstance(piece, Piece):
+            raise BadPlan(f"{bad}{piece!r:.80} is not a Piece")
         after = piece.after
         if after and not seen.issuperset(after):
             unknown = [name for name in after if name not in seen]
-            raise ProcedureError(
-                f"piece {piece.name!r} comes after unknown, later or its own pieces {unknown}"
+            raise BadPlan(
+                f"{bad}piece {piece.name!r} comes after unknown, later or its own pieces {unknown}"
             )
         if wrote and piece.may_abort:
-            raise ProcedureError(f"piece {piece.name!r} may abort after an earlier piece wrote")
+            raise BadPlan(f"{bad}piece {piece.name!r} may abort after an earlier piece wrote")
         if piece.writes:
             wrote = True
         name = piece.name
         if name in seen:
-            raise ProcedureError(f"duplicate piece name {name!r}")
+            raise BadPlan(f"{bad}duplicate piece name {name!r}")
         add(name)
 
 

@@ -38,10 +38,15 @@ from dgcc.errors import ConfigError, DgccError
 from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_dgcc import Router
-from dgcc.wal.checkpoint import check_workload_record, read_workload_record
+from dgcc.wal.checkpoint import (
+    LAYOUT_RECORD,
+    check_layout_record,
+    check_workload_record,
+    read_workload_record,
+)
 from dgcc.wal.dirlock import DirLock
 from dgcc.wal.format import decode_payload
-from dgcc.wal.node_log import recover_node
+from dgcc.wal.node_log import node_layout, recover_node
 from dgcc.wal.recovery import read_log, recover
 from dgcc.workloads import Workload, get_workload
 
@@ -261,6 +266,11 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
 def _recover_alone(args: argparse.Namespace, console: Console) -> int:
     """``_recover`` of a single-node directory (the engine's, or a drill's)."""
     directory: Path = args.directory
+    if (directory / LAYOUT_RECORD).exists():
+        raise ConfigError(
+            f"{directory} holds a cluster node's log ({LAYOUT_RECORD}): recover it with "
+            "--cluster CONFIG --node ID"
+        )
     name, workload = _recovery_workload(directory, args.workload, _workload_options(args))
     started_s = time.perf_counter()
     try:
@@ -340,6 +350,7 @@ def _recover_node(args: argparse.Namespace, console: Console) -> int:
     if not 0 <= args.node < len(config.nodes):
         raise ConfigError(f"--node {args.node} is not a node of {args.cluster}")
     check_workload_record(args.directory, config.workload, config.workload_options, claim=False)
+    check_layout_record(args.directory, node_layout(config, args.node), claim=False)
     workload = get_workload(config.workload, **dict(config.workload_options))
     router = Router(workload, config.placement())
     started_s = time.perf_counter()

@@ -39,6 +39,11 @@ class BadParams(BadRequest):
     """Parameters missing, unexpected, or of the wrong type."""
 
 
+class BadPlan(BadRequest):
+    """A procedure's plan breaks the piece rules (``api._check_plan``): the call fails alone,
+    alike on every node that plans it (plans are deterministic)."""
+
+
 class ConfigError(DgccError):
     """A setting is invalid; the message names the value and what is allowed."""
 

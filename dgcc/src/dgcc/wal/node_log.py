@@ -537,6 +537,13 @@ def node_directory(config: ClusterConfig, node: int) -> Path:
     return Path(config.data_dir) / f"node{node}"
 
 
+def node_layout(config: ClusterConfig, node: int) -> dict[str, Any]:
+    """What node ``node``'s directory records of its cluster (``LAYOUT``): protocol, node
+    count, partition map and node id."""
+    return {"protocol": config.protocol, "nodes": len(config.nodes), "node": node,
+            "partition_nodes": list(config.placement().partition_nodes)}  # fmt: skip
+
+
 def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
     """The durability of node ``node`` of ``config``: None unless ``config.data_dir`` is set.
     A new directory records the cluster's workload and layout (protocol, node count, partition
@@ -548,7 +555,5 @@ def node_durability(config: ClusterConfig, node: int) -> NodeDurability | None:
         return None
     directory = node_directory(config, node)
     check_workload_record(directory, config.workload, config.workload_options, claim=True)
-    layout = {"protocol": config.protocol, "nodes": len(config.nodes), "node": node,
-              "partition_nodes": list(config.placement().partition_nodes)}  # fmt: skip
-    check_layout_record(directory, layout, claim=True)
+    check_layout_record(directory, node_layout(config, node), claim=True)
     return NodeDurability(directory, node, len(config.nodes), config.checkpoint_every_epochs)

@@ -80,6 +80,10 @@ def cut_after(directory: Path, epoch: int) -> None:
     """Drop every log block past ``epoch`` (unacknowledged epochs a restart must not keep)."""
     for _, path in reversed(list_segments(directory)):
         scan = scan_bytes(path.read_bytes(), str(path))
+        if not scan.blocks and path != list_segments(directory)[0][1]:
+            path.unlink()  # an empty segment rolled to after a checkpoint: look further back
+            fsync_dir(directory)
+            continue
         later = [block for block in scan.blocks if block.epoch > epoch]
         if not later:
             return
