@@ -79,6 +79,11 @@ BACKOFF_S_MIN = 0.0002  # first retry waits up to this long; doubling per retry
 BACKOFF_S_MAX = 0.002
 RPC_TIMEOUT_S = 120.0
 
+
+class PeerLost(ConnectionError):
+    """The link to the peer a request waits on is down (see ``TwoPhaseCommitNode._peer_lost``)."""
+
+
 BranchId = tuple[int, int, int, int]  # (origin node, sequence, attempt, origin incarnation)
 
 
@@ -97,6 +102,9 @@ class TwoPhaseCommitNode(Node):
         self.cc: NodeCC = cc_class(self.db)
         self._branches: dict[BranchId, Branch] = {}
         self._replies: dict[int, asyncio.Future] = {}
+        self._awaiting: dict[int, set[int]] = {}  # peer -> ids of requests awaiting its reply
+        self._running: set[BranchId] = set()  # branches whose pieces run now
+        self._orphaned: set[BranchId] = set()  # ... whose coordinator was lost meanwhile
         self._request_ids = itertools.count()
         self._seq = itertools.count()  # the calls clients made here
         self._forwarded_seq = itertools.count(-1, -1)  # calls other nodes forwarded here
@@ -183,12 +191,42 @@ class TwoPhaseCommitNode(Node):
             writer.write(data)
 
     async def _request(self, peer: int, body: tuple) -> Any:
+        """``peer``'s answer to ``body``. Raises PeerLost at once if the link to ``peer`` is
+        down or goes down before it answers, TimeoutError after ``RPC_TIMEOUT_S``."""
+        if peer in self._down:
+            raise PeerLost(f"node {peer} is lost")
         request_id = next(self._request_ids)
         reply = asyncio.get_running_loop().create_future()
         self._replies[request_id] = reply
+        self._awaiting.setdefault(peer, set()).add(request_id)
         self.stats["net/peer_messages"] += 1
         self._post(peer, ("req", request_id, self.id, body))
-        return await asyncio.wait_for(reply, RPC_TIMEOUT_S)
+        try:
+            return await asyncio.wait_for(reply, RPC_TIMEOUT_S)
+        finally:
+            self._replies.pop(request_id, None)
+            self._awaiting.get(peer, set()).discard(request_id)
+
+    def _peer_lost(self, peer: int) -> None:
+        """Fail the requests awaiting ``peer`` at once (their attempts abort) and abort the
+        branches ``peer`` coordinates here that have not voted (presumed abort: it cannot
+        decide commit without their yes), releasing what they hold. Prepared branches stay in
+        doubt until the coordinator comes back (with a data dir, its log holds the decision)."""
+        super()._peer_lost(peer)
+        for request_id in self._awaiting.pop(peer, set()):
+            reply = self._replies.pop(request_id, None)
+            if reply is not None and not reply.done():
+                reply.set_exception(PeerLost(f"node {peer} was lost before it answered"))
+        orphans = [b for b, branch in self._branches.items()
+                   if b[0] == peer and not branch.prepared]  # fmt: skip
+        for branch_id in orphans:
+            if branch_id in self._running:
+                self._orphaned.add(branch_id)  # aborted when its pieces stop running
+            else:
+                self._end(branch_id, commit=False)
+        if orphans:
+            logger.warning("node %d: aborted %d branches of lost coordinator %d", self.id,
+                           len(orphans), peer)  # fmt: skip
 
     async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
         limit = self.config.frame_bytes_max
@@ -259,6 +297,27 @@ class TwoPhaseCommitNode(Node):
 
         ``call`` is the coordinator's own plan, or a peer's request that this node plans.
         """
+        if branch_id[0] in self._down:  # its coordinator is lost: it will never decide
+            return ("error", f"node {branch_id[0]} (the coordinator) is lost")
+        self._running.add(branch_id)
+        try:
+            result = await self._run_branch(branch_id, ts, call, indices, inputs)
+        finally:
+            self._running.discard(branch_id)
+        if branch_id in self._orphaned:  # its coordinator was lost while it ran
+            self._orphaned.discard(branch_id)
+            self._end(branch_id, commit=False)
+            return ("error", f"node {branch_id[0]} (the coordinator) is lost")
+        return result
+
+    async def _run_branch(
+        self,
+        branch_id: BranchId,
+        ts: Timestamp,
+        call: TxnRequest | PlannedTxn,
+        indices: Sequence[int],
+        inputs: dict[str, Any],
+    ) -> tuple:
         branch = self._branches.get(branch_id)
         if branch is None:
             planned = call
@@ -358,6 +417,10 @@ class TwoPhaseCommitNode(Node):
         except TimeoutError:
             reason = f"node {node} gave no outcome of the forwarded call in {RPC_TIMEOUT_S:.0f} s"
             return Outcome(Status.ERROR, reason=reason)
+        except PeerLost:
+            return Outcome(
+                Status.ERROR, reason=f"node {node} was lost; the call's outcome there is unknown"
+            )
         return Outcome(Status(status), result, reason)
 
     def _runs(self, planned: PlannedTxn) -> list[tuple[int, list[int]]]:
@@ -415,7 +478,10 @@ class TwoPhaseCommitNode(Node):
             else:
                 procedure, params = planned.procedure.name, planned.params
                 body = ("pieces", branch_id, ts, procedure, params, indices, inputs)
-                result = await self._request(node, body)
+                try:
+                    result = await self._request(node, body)
+                except (PeerLost, TimeoutError) as error:
+                    return await self._abandon(branch_id, touched, node, error)
             kind, value = result
             if kind != "ok":
                 await self._finish(branch_id, touched, commit=False)
@@ -424,7 +490,10 @@ class TwoPhaseCommitNode(Node):
                 return Outcome(Status(kind), reason=value)
             outputs.update(value)
         if touched != [self.id]:
-            votes = await asyncio.gather(*(self._vote(branch_id, node) for node in touched))
+            try:
+                votes = await asyncio.gather(*(self._vote(branch_id, node) for node in touched))
+            except (PeerLost, TimeoutError) as error:  # no decision yet: abort everywhere
+                return await self._abandon(branch_id, touched, None, error)
             if not all(votes):
                 await self._finish(branch_id, touched, commit=False)
                 return "vote_no"
@@ -442,15 +511,37 @@ class TwoPhaseCommitNode(Node):
         ordered = {p.name: outputs[p.name] for p in pieces if p.name in outputs}
         return committed_outcome(planned.procedure, ordered)
 
+    async def _abandon(self, branch_id: BranchId, touched: list[int], node: int | None,
+                       error: Exception) -> Outcome:  # fmt: skip
+        """Abort an attempt a lost (or silent) participant cut short, before any decision: the
+        call fails with an ERROR naming the cause; the other participants abort their
+        branches (the lost one aborts its own unvoted branch when it sees this node lost)."""
+        await self._finish(branch_id, touched, commit=False)
+        where = f"node {node}" if node is not None else "a participant"
+        cause = (
+            "was lost"
+            if isinstance(error, PeerLost)
+            else f"gave no answer in {RPC_TIMEOUT_S:.0f} s"
+        )
+        return Outcome(Status.ERROR, reason=f"{where} {cause} during the call; it was aborted")
+
     async def _vote(self, branch_id: BranchId, node: int) -> bool:
         if node == self.id:
             return await self._prepare_logged(branch_id)
         return bool(await self._request(node, ("prepare", branch_id)))
 
     async def _finish(self, branch_id: BranchId, nodes: list[int], *, commit: bool) -> None:
+        """Send the decision. A participant lost meanwhile misses it: an abort it presumes
+        itself; a commit it learns from this node's log when it restarts (with a data dir)."""
         op = "commit" if commit else "abort"
         remote = [self._request(node, (op, branch_id)) for node in nodes if node != self.id]
         if self.id in nodes:
             self._end(branch_id, commit=commit)
         if remote:
-            await asyncio.gather(*remote)
+            answers = await asyncio.gather(*remote, return_exceptions=True)
+            for node, answer in zip([n for n in nodes if n != self.id], answers, strict=True):
+                if isinstance(answer, PeerLost | TimeoutError):
+                    logger.warning("node %d: node %d missed the %s of %s (%s)", self.id, node,
+                                   op, branch_id, answer)  # fmt: skip
+                elif isinstance(answer, BaseException):
+                    raise answer
