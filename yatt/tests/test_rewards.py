@@ -29,6 +29,10 @@ from yatt.rewards.math import extract_boxed, extract_last_number, math_answer, m
         ("42.0", "42", 1.0),
         ("no digits here", "5", 0.0),
         ("", "5", 0.0),
+        ("The answer is \u22125", "-5", 1.0),  # the minus sign
+        ("The answer is \u22125", "5", 0.0),
+        ("The answer is 3/4", "3/4", 1.0),  # a fraction is one number
+        ("The answer is 3/4", "4", 0.0),
     ],
 )
 def test_math_answer_cases(completion, answer, expected):
@@ -48,6 +52,9 @@ def test_math_boxed_cases():
     assert math_boxed("q", r"\boxed{ x + 1 }", answer="x+1") == 1.0
     assert math_boxed("q", "1234", answer="1234") == 0.0
     assert math_boxed("q", r"\boxed{5}", answer="6") == 0.0
+    for boxed, answer in ((r"\frac{1}{2}", "1/2"), (r"\dfrac{3}{4}", "0.75"), (r"\text{42}", 42),
+                          (r"42\%", "42"), ("{5}", "5"), ("\u22125", -5)):  # fmt: skip
+        assert math_boxed("q", rf"so \boxed{{{boxed}}}", answer=answer) == 1.0, boxed
 
 
 def test_format_reward_is_opt_in_and_configurable():
@@ -92,6 +99,18 @@ def test_combined_reward_weights_and_metrics():
     assert math.isclose(metrics["reward/total/mean"], 0.7)
 
 
+def test_numpy_and_torch_scalars_are_numbers():
+    import numpy as np
+    import torch
+
+    for value in (np.float32(0.5), np.int64(1), torch.tensor(0.25)):
+        assert CombinedReward([(lambda p, c, v=value, **f: v, 1.0)])(["p"], ["a"], [{}]) == [
+            float(value)
+        ]
+    with pytest.raises(RewardError, match="need a number"):
+        CombinedReward([(lambda p, c, **f: torch.tensor([0.5, 0.5]), 1.0)])(["p"], ["a"], [{}])
+
+
 def test_combined_reward_errors_name_fn_and_row():
     def broken(prompt, completion, **fields):
         raise ValueError("boom\nsecond line")
@@ -107,6 +126,8 @@ def test_combined_reward_errors_name_fn_and_row():
         CombinedReward([("math_answer", 1.0)])(["p"], ["5"], [{"answer": None}])
     with pytest.raises(RewardError, match="returned nan"):
         CombinedReward([(lambda p, c, **f: float("nan"), 1.0)])(["p"], ["a"], [{}])
+    with pytest.raises(RewardError, match=r"returned 1000.* on row 0; need a finite number"):
+        CombinedReward([(lambda p, c, **f: 10**400, 1.0)])(["p"], ["a"], [{}])  # past float
     with pytest.raises(ConfigError, match="at least one"):
         CombinedReward([])
     with pytest.raises(ConfigError, match="weight must be a number"):

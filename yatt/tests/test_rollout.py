@@ -139,6 +139,18 @@ def test_stop_string_ends_row_at_completing_token(model_and_tokenizer):
     assert reference.token_ids == stopped.token_ids
 
 
+def test_a_stop_string_of_characters_split_into_byte_tokens_is_found(model_and_tokenizer):
+    """答案 is 6 byte-level tokens here (2 characters): the window of tokens checked must
+    cover its bytes, not only its characters."""
+    from yatt.rollout.engine import _completes_stop
+
+    _, tokenizer = model_and_tokenizer
+    ids = tokenizer.encode(" The answer 答案", add_special_tokens=False)
+    assert len(ids) - len(tokenizer.encode(" The answer", add_special_tokens=False)) > 3
+    assert _completes_stop(tokenizer, ids, ("答案",))
+    assert not _completes_stop(tokenizer, ids[:-1], ("答案",))  # its last byte not yet out
+
+
 def test_seeded_rows_do_not_depend_on_batch_order_or_composition(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     engine = RolloutEngine(model, tokenizer)

@@ -25,3 +25,12 @@ class DataError(YattError):
 
 class ModelError(YattError):
     """A model folder is missing or unloadable, or a model name is unknown."""
+
+
+class WorkerError(YattError):
+    """A worker process of the distributed controllers failed a call or died (the message
+    names the worker and the cause)."""
+
+
+class WorkerDied(WorkerError):
+    """A worker process of the distributed controllers exited (crash, os._exit, OOM killer)."""

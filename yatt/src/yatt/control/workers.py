@@ -24,7 +24,7 @@ import torch
 
 from yatt.control.devices import Device
 from yatt.control.transfer import PackedTensor
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, WorkerDied, WorkerError
 
 __all__ = [
     "BACKENDS",
@@ -35,6 +35,7 @@ __all__ = [
     "WorkerGroup",
     "WorkerHandle",
     "call_now",
+    "gather",
     "make_backend",
     "payload_nbytes",
     "require_backend",
@@ -86,6 +87,44 @@ def call_now(function: Any, *args: Any) -> Future:
         return _DoneFuture(function(*args))
     except Exception as exc:  # re-raised by result(), as Ray does
         return _DoneFuture(error=exc)
+
+
+def gather(futures: list[Future]) -> list[Any]:
+    """The futures' results in order; the first call to fail, in completion order, raises at
+    once. (In submission order, a driver would wait forever on a rank blocked in a collective
+    with the rank that failed; raising lets the caller shut the workers down.)"""
+    results: list[Any] = [None] * len(futures)
+    refs = {f._ref: i for i, f in enumerate(futures) if isinstance(f, _RayFuture)}
+    if len(refs) == len(futures) > 1:
+        import ray
+
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            index = refs[ready[0]]
+            try:
+                results[index] = futures[index].result()
+            except WorkerError as error:
+                raise _root_cause(error, [futures[refs[ref]] for ref in pending]) from None
+        return results
+    return [f.result() for f in futures]
+
+
+def _root_cause(first: WorkerError, others: list[Future]) -> WorkerError:
+    """The error to report when `first` failed: a worker that died meanwhile, if one did (its
+    peers' collectives then fail with a connection reset, which comes first but says less)."""
+    import ray
+
+    ready, _ = ray.wait([f._ref for f in others], num_returns=len(others), timeout=2.0)
+    for future in others:
+        if future._ref in ready:
+            try:
+                future.result()
+            except WorkerDied as error:
+                return error
+            except WorkerError:
+                pass
+    return first
 
 
 def wait_first(futures: list[Future]) -> int:
@@ -156,9 +195,23 @@ class _RayFuture(Future):
         ray.cancel(self._ref)
 
     def result(self) -> Any:
+        """The call's value. Raises WorkerError (one line naming the worker) for a call that
+        raised there, or a worker whose process died; the worker's own exception is its
+        cause."""
         import ray
+        from ray.exceptions import RayActorError, RayTaskError
 
-        value = ray.get(self._ref)
+        try:
+            value = ray.get(self._ref)
+        except RayTaskError as error:  # the worker's exception, under Ray's remote traceback
+            cause = error.cause if isinstance(error.cause, BaseException) else error
+            detail = " ".join(f"{type(cause).__name__}: {cause}".split())[:500]
+            raise WorkerError(f"{self._handle.name}: {detail}") from cause
+        except RayActorError as error:
+            raise WorkerDied(
+                f"{self._handle.name} ({self._handle.device.name}) died: its process exited "
+                "(a crash, os._exit or the OOM killer; see its log under /tmp/ray)"
+            ) from error
         self._handle.bytes_moved += payload_nbytes(value)
         return value
 
@@ -296,16 +349,14 @@ class WorkerGroup:
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """The same call on every worker, concurrently; results in worker order."""
-        futures = [h.submit(method, *args) for h in self.handles]
-        return [f.result() for f in futures]
+        return gather([h.submit(method, *args) for h in self.handles])
 
     def call_each(self, method: str, per_worker_args: list[tuple]) -> list[Any]:
         """Worker i gets `per_worker_args[i]`, concurrently; results in worker order."""
         assert len(per_worker_args) == len(self.handles), (
             f"{len(per_worker_args)} argument tuples for {len(self.handles)} workers"
         )
-        futures = [h.submit(method, *a) for h, a in zip(self.handles, per_worker_args)]
-        return [f.result() for f in futures]
+        return gather([h.submit(method, *a) for h, a in zip(self.handles, per_worker_args)])
 
     @property
     def bytes_moved(self) -> int:

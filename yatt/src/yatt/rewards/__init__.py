@@ -11,8 +11,9 @@ in `rewards.model`, the LLM judge in `rewards.judge`) instead provide
 """
 
 import logging
+import numbers
 from collections.abc import Callable, Sequence
-from math import isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
+from math import inf, isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
 from typing import Any
 
 from yatt.errors import ConfigError, YattError
@@ -114,16 +115,24 @@ def load_callable(path: str, key: str = "reward"):
 
 
 def _checked(value: Any, name: str, row: int) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """`value` as a float; numpy and 0-d torch scalars count as numbers (`numbers.Real`, or
+    a `.item()` that is one), bools do not."""
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy / torch scalar
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         kind = type(value).__name__
         raise RewardError(
-            f"reward {name!r} returned {value!r} ({kind}) on row {row}; need a number", row
+            f"reward {name!r} returned {value!r:.80} ({kind}) on row {row}; need a number", row
         )
-    if not isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = inf
+    if not isfinite(number):
         raise RewardError(
-            f"reward {name!r} returned {value!r} on row {row}; need a finite number", row
+            f"reward {name!r} returned {value!r:.80} on row {row}; need a finite number", row
         )
-    return float(value)
+    return number
 
 
 def _component_name(component: Any) -> str:

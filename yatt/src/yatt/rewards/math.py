@@ -17,14 +17,18 @@ __all__ = [
     "reasoning_gym_reward",
 ]
 
-# A sign counts only when no digit precedes it, so "10-3" reads as 10 and 3, not 10 and -3.
-_NUMBER = re.compile(r"(?:(?<![\d])-)?\d+(?:,\d{3})*(?:\.\d+)?|(?:(?<![\d])-)?\.\d+")
+# A sign counts only when no digit precedes it, so "10-3" reads as 10 and 3, not 10 and -3; a
+# fraction a/b is one number ("3/4" is 3/4, not 4).
+_NUMBER = re.compile(
+    r"(?:(?<![\d])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+(?![\d.]))?|(?:(?<![\d])-)?\.\d+"
+)
+_MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})  # the minus sign, an en dash
 _ONLY_A_NUMBER = r"\s*-?\d[\d,]*(?:\.\d+)?\s*\.?\s*"
 
 
 def _to_fraction(text: str) -> Fraction | None:
     """Exact value of a number written with optional sign, thousands commas, decimals, or a/b."""
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    cleaned = text.translate(_MINUS).strip().replace(",", "").replace("$", "").rstrip(".")
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
@@ -33,7 +37,7 @@ def _to_fraction(text: str) -> Fraction | None:
 
 def extract_last_number(text: str) -> Fraction | None:
     """The last number in text ("1,234." -> 1234, "-5" -> -5, "2.50" -> 5/2), or None."""
-    matches = _NUMBER.findall(text)
+    matches = _NUMBER.findall(text.translate(_MINUS))
     return _to_fraction(matches[-1]) if matches else None
 
 
@@ -69,7 +73,15 @@ def extract_boxed(text: str) -> str | None:
 
 
 def _normalise(text: str) -> str:
-    return re.sub(r"\s+|\$", "", text).rstrip(".")
+    """Boxed or reference text as a plain string: no spaces or $, the minus sign as -, LaTeX
+    \\frac{a}{b} as a/b, \\text{...} unwrapped, no percent sign, no enclosing braces."""
+    text = re.sub(r"\s+|\$", "", text.translate(_MINUS)).rstrip(".")
+    text = re.sub(r"\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", r"\1/\2", text)
+    text = re.sub(r"\\text\{([^{}]*)\}", r"\1", text)
+    text = re.sub(r"\\?%$", "", text)
+    while text.startswith("{") and text.endswith("}"):
+        text = text[1:-1]
+    return text
 
 
 def math_boxed(prompt: str, completion: str, *, answer: Any = None, **_fields: Any) -> float:

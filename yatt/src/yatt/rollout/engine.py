@@ -324,9 +324,10 @@ def _completes_stop(
     tokenizer: PreTrainedTokenizerBase, token_ids: list[int], stops: tuple[str, ...]
 ) -> bool:
     """Whether the newest token completed one of the stop strings."""
-    # Every token decodes to at least one character, so the last len(stop) + 1 tokens cover any
-    # stop string the newest token completed; an earlier one would have stopped the row already.
-    window = max(len(s) for s in stops) + 1
+    # Every token carries at least one byte of the text (byte-level vocabularies split a
+    # character such as 答 into several tokens), so the last len(stop in UTF-8) + 1 tokens cover
+    # any stop string the newest token completed; an earlier one would have stopped the row.
+    window = max(len(s.encode()) for s in stops) + 1
     tail = tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
     return any(stop in tail for stop in stops)
 
