@@ -199,6 +199,11 @@ class InterleavedProtocol(Protocol):
         """Make the attempt's writes visible in the database, or return an abort cause."""
         return None
 
+    def check_abort(self, attempt: Attempt) -> str | None:
+        """Before a logic abort is final: a cause to restart instead when the attempt may have
+        decided it on reads no serial order gives (None: locks made them consistent)."""
+        return None
+
     def finish(self, attempt: Attempt, *, undo: bool) -> None:
         """Release whatever the attempt holds; undo its writes when ``undo``."""
         raise NotImplementedError
@@ -254,6 +259,8 @@ class InterleavedProtocol(Protocol):
         run_piece(attempt.ctx, txn, piece)
         attempt.next_piece += 1
         if txn.abort_reason is not None or txn.error is not None:
+            if txn.error is None and (cause := self.check_abort(attempt)) is not None:
+                return self._cc_abort(attempt, cause)  # decided on a view no order had
             self.finish(attempt, undo=False)  # final: a logic abort wrote nothing
             return True
         return False

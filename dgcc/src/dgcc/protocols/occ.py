@@ -124,12 +124,21 @@ class OccProtocol(InterleavedProtocol):
     def before_piece(self, attempt: Attempt) -> tuple[Verdict, str]:
         return Verdict.GO, ""
 
+    def _stale(self, attempt: Attempt) -> bool:
+        """Whether a key the attempt read has been written since (backward validation)."""
+        versions = self.versions
+        return self.validate and any(
+            versions.get(key, 0) != version for key, version in attempt.seen.items()
+        )
+
+    def check_abort(self, attempt: Attempt) -> str | None:
+        """A logic abort decided on stale reads restarts, as a commit would: the abort must
+        be one a serial order gives."""
+        return "validation" if self._stale(attempt) else None
+
     def try_commit(self, attempt: Attempt) -> str | None:
-        if self.validate:
-            versions = self.versions
-            for key, version in attempt.seen.items():
-                if versions.get(key, 0) != version:
-                    return "validation"
+        if self._stale(attempt):
+            return "validation"
         ctx = attempt.ctx
         assert isinstance(ctx, BufferedContext)
         ctx.apply()

@@ -483,6 +483,14 @@ class TwoPhaseCommitNode(Node):
                 except (PeerLost, TimeoutError) as error:
                     return await self._abandon(branch_id, touched, node, error)
             kind, value = result
+            if kind == "aborted" and self.config.protocol == "occ":  # on a valid view only
+                try:  # OCC's reads may be stale: the participants validate them (a vote)
+                    votes = await asyncio.gather(*(self._vote(branch_id, n) for n in touched))
+                except (PeerLost, TimeoutError) as error:
+                    return await self._abandon(branch_id, touched, None, error)
+                if not all(votes):
+                    await self._finish(branch_id, touched, commit=False)
+                    return "validation"
             if kind != "ok":
                 await self._finish(branch_id, touched, commit=False)
                 if kind == "cc":
