@@ -168,6 +168,13 @@ def test_ray_controllers_refuse_what_only_the_trainer_supports(overrides, named,
     load_config("tiny_test", trainer_only)  # the single-process trainer takes each of them
 
 
+def test_bf16_rollouts_refuse_a_top_p_or_top_k_filter() -> None:
+    message = _error(["rollout.dtype=bfloat16", "rollout.top_p=0.7"])
+    assert "rollout.dtype=bfloat16 with rollout.top_p=0.7 rollout.top_k=0" in message
+    assert "top_p=1 and top_k=0" in _error(["rollout.dtype=bfloat16", "rollout.top_k=50"])
+    load_config("tiny_test", ["rollout.dtype=bfloat16"])  # no filter: fine
+
+
 def test_an_overlong_buffer_must_fit_every_response_budget() -> None:
     message = _error(["algo.overlong_buffer=9", "rollout.max_new_tokens=8"])
     assert "algo.overlong_buffer=9 is longer than rollout.max_new_tokens=8" in message
