@@ -152,13 +152,7 @@ def test_every_node_fails_a_multi_node_call_of_a_bad_shape_alike(protocol: str) 
     router = Router(_TwoNodes(), Placement.round_robin(2))
     batch = [TxnRequest("shaped", {"keys": [3, 12], "shape": "dup"}), _bump([4], 1)]
     runs = [run_class(node, _db(), registry, router, [batch, []]) for node in (0, 1)]
-    while not all(run.finished for run in runs):
-        moved = sum(run.step(100) for run in runs)
-        for run in runs:
-            for target, entries in run.take_outbox().items():
-                runs[target].deliver(_wire(entries))
-                moved += 1
-        assert moved, "no piece ran and no value moved"
+    _run_to_the_end(runs)
     assembler = ResultAssembler(registry, batch, 2)
     for node, run in enumerate(runs):
         assembler.add(node, _wire(run.reports().get(0, [])))
@@ -220,6 +214,17 @@ def _wire(message: Any) -> Any:
     return decode(encode(("m", message)))[1]
 
 
+def _run_to_the_end(runs: list) -> None:
+    """Step both nodes' epoch runs, delivering their value messages, until both finish."""
+    while not all(run.finished for run in runs):
+        moved = sum(run.step(100) for run in runs)
+        for run in runs:
+            for target, entries in run.take_outbox().items():
+                runs[target].deliver(_wire(entries))
+                moved += 1
+        assert moved, "no piece ran and no value moved"
+
+
 @pytest.mark.parametrize("protocol", ["dgcc", "calvin"])
 def test_every_node_fails_a_faulty_multi_node_call_alike(protocol: str) -> None:
     run_class = server_class(protocol).epoch_run
@@ -235,13 +240,7 @@ def test_every_node_fails_a_faulty_multi_node_call_alike(protocol: str) -> None:
     with pytest.raises(ProcedureError, match=f"{PLAN_FAILED} \\(a call planned on several"):
         run_class(0, _db(), registry, router, [[_bump([2, 13], 0)], []])  # a peer may commit
     runs = [run_class(node, dbs[node], registry, router, [batch, []]) for node in (0, 1)]
-    while not all(run.finished for run in runs):
-        moved = sum(run.step(100) for run in runs)
-        for run in runs:
-            for target, entries in run.take_outbox().items():
-                runs[target].deliver(_wire(entries))
-                moved += 1
-        assert moved, "no piece ran and no value moved"
+    _run_to_the_end(runs)
     assembler = ResultAssembler(registry, batch, 2)
     for node, run in enumerate(runs):
         assembler.add(node, _wire(run.reports().get(0, [])))
