@@ -18,6 +18,7 @@ from dgcc.api import (
 )
 from dgcc.errors import (
     BadParams,
+    BadPlan,
     BadRequest,
     ConfigError,
     DgccError,
@@ -30,6 +31,7 @@ from dgcc.storage import Database, Index, Table
 __all__ = [
     "PROTOCOLS",
     "BadParams",
+    "BadPlan",
     "BadRequest",
     "ConfigError",
     "Database",

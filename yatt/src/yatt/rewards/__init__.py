@@ -13,7 +13,7 @@ in `rewards.model`, the LLM judge in `rewards.judge`) instead provide
 import logging
 import numbers
 from collections.abc import Callable, Sequence
-from math import inf, isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
+from math import isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
 from typing import Any
 
 from yatt.errors import ConfigError, YattError
@@ -127,7 +127,7 @@ def _checked(value: Any, name: str, row: int) -> float:
     try:
         number = float(value)
     except OverflowError:  # an int past float's range
-        number = inf
+        number = float("inf")
     if not isfinite(number):
         raise RewardError(
             f"reward {name!r} returned {value!r:.80} on row {row}; need a finite number", row
