@@ -15,6 +15,7 @@ from yatt.control.async_rollout import QueueState, deal_prompts, prompts_due
 from yatt.control.cluster import Cluster
 from yatt.control.config import ControlConfig
 from yatt.control.rank import peak_rss_mb
+from yatt.control.workers import gather
 from yatt.errors import ConfigError
 
 __all__ = [
@@ -201,23 +202,20 @@ class Controller(ABC):
         and each group's queue starts with the prompts that were still due; returns the step
         to continue from (`fit(start_step=...)`). The group count may differ from the run that
         wrote it: old group g's prompts go to new group g mod n (`deal_prompts`)."""
-        from yatt.builders import build_data
-
         step = int(state["step"])
-        handles = self.cluster.all_handles()
+        restoring = [h.submit("restore", str(checkpoint), step) for h in self.cluster.all_handles()]
         try:
-            for future in [handle.submit("restore", str(checkpoint), step) for handle in handles]:
-                future.result()
+            gather(restoring)
         except Exception as exc:  # a state from another model, or edited by hand
-            cause = getattr(exc, "cause", None) or exc  # a Ray task error wraps the worker's
-            detail = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             raise ConfigError(
                 f"checkpoint.resume={checkpoint}: its state does not fit this run: {detail}"
             ) from exc
-        train_set, _ = build_data(self.config.data)
-        seed = self.config.data.seed + self.config.train.seed
+        # The draws' order as the checkpoint recorded it (fit_distributed checked it is this
+        # config's: check_resume_fits).
         states = [(draws, pending) for draws, pending in state["queues"]]
-        draws, due = prompts_due(states, len(train_set), seed, state["prompts_per_step"])
+        draws, due = prompts_due(states, state["n_prompts"], state["order_seed"],
+                                 state["prompts_per_step"])  # fmt: skip
         self.resume_queues(draws, deal_prompts(due, len(self.cluster.ranks)), step)
         logger.info("resumed from %s at step %d", checkpoint, step)
         return step

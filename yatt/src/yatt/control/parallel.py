@@ -165,15 +165,15 @@ class ParallelRank(RankWorker):
                 actor: dict[str, float]) -> dict[str, float]:  # fmt: skip
         """Global metrics: batch sums, rollout counts and update terms add up over ranks."""
         count_keys, keys = sorted(counts), sorted(actor)
-        extra = [counts[k] for k in count_keys] + [actor[k] for k in keys]
+        # Every rank must sum the same keys in the same order: a signature of the keys rides
+        # along in the same all-reduce, and sums to world x its own only if all ranks agree.
+        signature = float(zlib.crc32("\n".join(count_keys + keys).encode()))
+        extra = [counts[k] for k in count_keys] + [actor[k] for k in keys] + [signature]
         vector = torch.cat([sums, torch.tensor(extra, dtype=torch.float64)])
-        if self.collective is not None:  # every rank must sum the same keys in the same order
-            signature = float(zlib.crc32("\n".join(count_keys + keys).encode()))
-            extremes = self.collective.max_tensor(
-                torch.tensor([signature, -signature], dtype=torch.float64)
-            )
-            assert extremes[0] == -extremes[1] == signature, f"ranks differ in metrics: {keys}"
+        if self.collective is not None:
             vector = self.collective.sum_tensor(vector)
+        assert float(vector[-1]) == self.world * signature, f"ranks differ in metrics: {keys}"
+        vector = vector[:-1]
         n_sums, n_counts = sums.numel(), len(count_keys)
         metrics = sums_to_metrics(vector[:n_sums])
         metrics.update({k: float(v) for k, v in zip(count_keys, vector[n_sums:])})

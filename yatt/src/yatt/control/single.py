@@ -120,8 +120,9 @@ class SingleController(Controller):
             actor = self.cluster.ranks.call_each("update", [(p,) for p in parts])
         with _lap(timings, "update_weights"):
             self._sync_weights(step)
-        metrics = sums_to_metrics(batch_sums(Shard(-1, step, whole, features)))
-        metrics.update(extremes_to_metrics(batch_extremes(Shard(-1, step, whole, features))))
+        global_shard = Shard(-1, step, whole, features)
+        metrics = sums_to_metrics(batch_sums(global_shard))
+        metrics.update(extremes_to_metrics(batch_extremes(global_shard)))
         for key in stats[0].metrics():
             metrics[key] = sum(s.metrics()[key] for s in stats)
         metrics.update(reduce_actor_metrics({k: sum(a[k] for a in actor) for k in actor[0]}))
