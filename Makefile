@@ -46,6 +46,7 @@ bench: install
 	$(PY) -O dgcc/bench/protocols.py --log
 	$(PY) -O dgcc/bench/protocols_nodes.py
 	$(PY) -O dgcc/bench/postgres.py
+	$(PY) -O dgcc/bench/tpcc_soak.py --shadow serial
 	$(PY) yatt/bench/rollout.py
 	$(PY) yatt/bench/step.py --threads 1
 	$(PY) yatt/bench/controllers.py

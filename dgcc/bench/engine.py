@@ -287,7 +287,7 @@ def _sweep_markdown(sweep: list[dict[str, Any]], args: argparse.Namespace) -> li
         "protocol runs the same seeded stream on its own copy of the "
         f"data, {first['seconds_per_protocol']:g} s each per point in alternating windows, "
         f"{args.batch_size} requests in flight, default protocol options (the interleaving "
-        "baselines simulate concurrency on one thread; see `dgcc/protocols/_locking.py`). "
+        "baselines simulate concurrency on one thread; see `dgcc/src/dgcc/protocols/_locking.py`). "
         f"TPC-C at {SWEEP_SCALE['tpcc']} per warehouse (fewer warehouses = more contention); "
         "YCSB at its default 100k records, theta = zipfian skew. One Python process on one core: "
         "this is contention's effect on each protocol's work, not parallel speedup.",

@@ -1,14 +1,16 @@
 """TPC-C soak: run the standard mix for minutes and check the spec's consistency as it goes.
 
-Usage: ``python -O dgcc/bench/tpcc_soak.py [--minutes 3] [--protocol dgcc] [--warehouses 1]
-[--check-every-s 30] [--shadow serial] [--report-dir docs/bench] [--canary]``
+Usage: ``python -O dgcc/bench/tpcc_soak.py [--quick] [--minutes 3] [--protocol dgcc]
+[--warehouses 1] [--check-every-s 30] [--shadow serial] [--report-dir docs/bench] [--canary]``
+(``make bench`` and ``dgcc report`` run it with ``--shadow serial``)
 
 Batches of ``--batch`` requests run back to back under one protocol (dgcc by default, serial if
 dgcc is not registered); every ``--check-every-s`` seconds the consistency conditions run, and
 with ``--shadow serial`` a second copy runs every batch under the serial executor and must give
 the same outcomes (and the same state at each check). Exits 1 on any violation or mismatch;
 ``--canary`` plants one to prove it. Writes ``tpcc_soak.md`` and ``tpcc_soak.json`` to
-``--report-dir`` unless it is empty.
+``--report-dir`` unless it is empty. ``--quick``: 15 s on a small database, checking every 5 s,
+writing no report (the scale and timing flags it sets override the ones given).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="15 s on a small database, no report")
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--protocol", default="dgcc")
     parser.add_argument("--shadow", default="", help="a protocol to compare every batch with")
@@ -101,6 +104,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--canary", action="store_true", help="plant a D_YTD corruption: the run must fail"
     )
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.command = " ".join(["python -O dgcc/bench/tpcc_soak.py", *given])  # as the report says
+    if args.quick:
+        args.minutes, args.check_every_s, args.report_dir = 0.25, 5.0, ""
+        args.items, args.customers, args.orders = 10_000, 300, 300
     if not 0 < args.minutes <= 24 * 60:
         parser.error(f"--minutes={args.minutes} must be in (0, 1440]")
     if not 1 <= args.batch <= 1_000_000:
@@ -230,6 +238,7 @@ def _record(workload: TpccWorkload, totals: _Totals, protocol_name: str, args: A
     }
     return {
         "summary": summary,
+        "command": args.command,
         "workload": workload.describe(),
         "statuses": {f"{p}/{s}": n for (p, s), n in sorted(totals.statuses.items())},
         "problems": totals.problems[:100],
@@ -246,7 +255,7 @@ def _write_report(report_dir: Path, record: dict) -> None:
     lines = [
         "## TPC-C consistency soak",
         "",
-        f"`python -O dgcc/bench/tpcc_soak.py --minutes {summary['minutes']}` "
+        f"`{record['command']}` "
         f"({record['workload']['warehouses']} warehouse(s), batches of {summary['batch']}, "
         f"protocol `{summary['protocol']}`, shadow `{summary['shadow']}`).",
         "",

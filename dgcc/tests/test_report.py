@@ -64,6 +64,7 @@ def test_runs_scripts_in_order_and_stitches(tmp_path: Path) -> None:
         "protocols_nodes": "skipped",
         "wal_logging": "skipped",
         "postgres": "ok",
+        "tpcc_soak": "skipped",
         "stitch": "ok",
     }
     by_name = {r.name: r for r in results}
@@ -75,7 +76,9 @@ def test_runs_scripts_in_order_and_stitches(tmp_path: Path) -> None:
 
 def test_quick_is_passed_through_and_leaves_docs_alone(tmp_path: Path) -> None:
     repo = _checkout(tmp_path, {"engine": OK_SCRIPT})
-    results = run_report(ReportConfig(repo=repo, quick=True, only=("engine",)))
+    results = run_report(
+        ReportConfig(repo=repo, quick=True, only=("engine",), log_dir=tmp_path / "logs")
+    )
     assert [(r.name, r.status) for r in results] == [("engine", "ok")]
     assert results[0].summary == ("[summary] name=engine argv=--quick",)
     assert not (repo / "docs" / "benchmarks.md").exists()
@@ -83,7 +86,9 @@ def test_quick_is_passed_through_and_leaves_docs_alone(tmp_path: Path) -> None:
 
 def test_a_hanging_script_times_out(tmp_path: Path) -> None:
     repo = _checkout(tmp_path, {"engine": HANGING_SCRIPT})
-    config = ReportConfig(repo=repo, only=("engine",), stitch=False, timeout_s=1.0)
+    config = ReportConfig(
+        repo=repo, only=("engine",), stitch=False, timeout_s=1.0, log_dir=tmp_path / "logs"
+    )
     (result,) = run_report(config)
     assert result.status == "timeout"
 

@@ -48,5 +48,14 @@ def test_canary_soak_fails(soak: ModuleType, capsys: pytest.CaptureFixture[str])
 def test_soak_writes_its_report(soak: ModuleType, tmp_path: Path) -> None:
     quick = [arg if arg else str(tmp_path) for arg in QUICK]
     assert soak.main([*TINY, *quick]) == 0
-    assert "TPC-C consistency soak" in (tmp_path / "tpcc_soak.md").read_text()
+    report = (tmp_path / "tpcc_soak.md").read_text()
+    assert "TPC-C consistency soak" in report
+    assert (
+        f"`python -O dgcc/bench/tpcc_soak.py {' '.join([*TINY, *quick])}`" in report
+    )  # rerunnable
     assert (tmp_path / "tpcc_soak.json").exists()
+
+
+def test_quick_writes_no_report(soak: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    args = soak._parse(["--quick", "--report-dir", "somewhere"])
+    assert (args.minutes, args.report_dir, args.items) == (0.25, "", 10_000)

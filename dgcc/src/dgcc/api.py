@@ -1,8 +1,8 @@
 """Stored procedures as pieces, transaction requests and outcomes, and the protocol interface.
 
 A transaction is a registered procedure plus parameters. Before a batch runs, each procedure's
-``plan`` turns its parameters into an ordered list of pieces (the DGCC model of
-``shared/design/dgcc.md``): every piece declares the conflict keys it reads and writes, computed
+``plan`` turns its parameters into an ordered list of pieces (the DGCC model, see
+docs/architecture.md): every piece declares the conflict keys it reads and writes, computed
 from the parameters alone, so a protocol can order pieces without running them. Keys are opaque
 hashables; a table maps each of its records to one (see ``storage.Table.conflict_key``), and a key
 may stand for a coarse "virtual record" such as a district's whole order sequence.

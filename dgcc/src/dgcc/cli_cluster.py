@@ -1,4 +1,5 @@
-"""The cluster commands: ``dgcc node``, ``dgcc cluster start|stop|status``, ``dgcc bench --nodes``.
+"""The cluster commands: ``dgcc node``, ``dgcc cluster start|stop|status|check``, ``dgcc call``,
+``dgcc bench --nodes``.
 
 ``register(commands)`` adds the ``node`` and ``cluster`` sub-commands to the ``dgcc`` parser,
 ``add_bench_flags(parser)`` adds ``--nodes``/``--distributed-fraction``/``--inflight``/

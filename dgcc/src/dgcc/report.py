@@ -41,9 +41,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Run order; a script that is not in the checkout (yet) is reported as skipped.
-SCRIPTS = ("engine", "cluster", "protocols", "protocols_nodes", "wal_logging", "postgres")
-# Extra arguments of a full (not quick) run: the protocols sweep also logs its headline runs.
-FULL_ARGS = {"protocols": ("--log",)}
+SCRIPTS = (
+    "engine", "cluster", "protocols", "protocols_nodes", "wal_logging", "postgres", "tpcc_soak",
+)  # fmt: skip
+# Extra arguments of a full (not quick) run: the protocols sweep also logs its headline runs,
+# and the soak checks every batch against the serial executor.
+FULL_ARGS = {"protocols": ("--log",), "tpcc_soak": ("--shadow", "serial")}
 TIMEOUT_S_DEFAULT = 3 * 3600.0
 TAIL_LINES = 8
 SUMMARY_LINES = 4  # per script in the final table

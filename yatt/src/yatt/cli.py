@@ -1,7 +1,7 @@
 """The `yatt` command: train, eval, sft, models prepare, report, demo.
 
     yatt train grpo_addition rollout.n_samples=8 train.steps=50
-    yatt eval runs/demo/checkpoints/step_000150 eval.n=200
+    yatt eval runs/grpo_addition/checkpoints/step_000050 eval.n=200
     yatt sft tiny_test data.path=answers.jsonl
     yatt models prepare smollm2
     yatt report runs/demo

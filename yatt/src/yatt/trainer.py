@@ -3,7 +3,8 @@
 One step is a list of named, timed phases: gen (+ reward, with DAPO refills), old_logp (skipped
 for one on-policy pass: the detached current log-probs are the old ones; with bf16 rollouts the
 sampler's own log-probs ride along for truncated importance weights), ref (only with KL),
-values (PPO), adv, update (policy, critic), weight_sync. Each step emits a flat metrics dict
+values (PPO), adv, update_actor, update_critic (PPO), update_weights (the sampler takes the
+new policy). Each step emits a flat metrics dict
 (`critic/score/mean`, `timing_s/gen`, `perf/throughput`, ...) to JSONL and optional TensorBoard.
 """
 

@@ -1,4 +1,5 @@
-"""Durability for dgcc: write-ahead logs, checkpoints and recovery (``shared/design/dgcc.md``).
+"""Durability for dgcc: write-ahead logs, checkpoints and recovery (dependency logging, after
+DistDGCC; see docs/architecture.md).
 
 One log block per node per epoch (group commit), in one of three schemes: ``command`` (inputs,
 serial replay), ``value`` (after-images) and ``dependency`` (inputs plus the epoch's dependency
