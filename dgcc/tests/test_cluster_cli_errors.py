@@ -114,6 +114,11 @@ def _write_cluster(directory: Path, config: ClusterConfig, pids: list[int]) -> N
             {"checkpoint_every_epochs": 5},
             "checkpoint_every_epochs = 5 needs data_dir (checkpoints are written there)",
         ),
+        (
+            {"protocol": "occ", "data_dir": "d", "checkpoint_every_epochs": 5},
+            "protocol 'occ' logs without checkpoints (its prepare and commit records are the "
+            "log); drop checkpoint_every_epochs = 5",
+        ),
     ],
 )
 def test_bad_config_values_fail_when_built(values, message):

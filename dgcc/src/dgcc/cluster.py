@@ -202,6 +202,7 @@ class ClusterConfig:
         """The names and options a node would build its workload and server from."""
         # Imported here: both modules import this one.
         from dgcc.net.servers import server_class
+        from dgcc.net.servers.cc import PROTOCOLS as TWO_PHASE_PROTOCOLS
         from dgcc.workloads import get_workload
 
         if not isinstance(self.workload, str):
@@ -218,6 +219,12 @@ class ClusterConfig:
         if not isinstance(self.protocol, str):
             raise ConfigError(f"protocol must be a name, got {self.protocol!r}")
         server_class(self.protocol)
+        if self.protocol in TWO_PHASE_PROTOCOLS and self.checkpoint_every_epochs:
+            raise ConfigError(
+                f"protocol {self.protocol!r} logs without checkpoints (its prepare and commit "
+                f"records are the log); drop checkpoint_every_epochs = "
+                f"{self.checkpoint_every_epochs}"
+            )
 
     def placement(self) -> Placement:
         if self.partition_nodes is None:
