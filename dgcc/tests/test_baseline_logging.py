@@ -37,7 +37,6 @@ from dgcc.cluster import local_config, start_local
 from dgcc.errors import ConfigError
 from dgcc.net import Client, call_each_in_order
 from dgcc.net.client import AsyncClient
-from dgcc.net.servers.twopc import TwoPhaseCommitNode
 from dgcc.net.wire import NetError, decode, encode
 from dgcc.protocols._history import CommittedTxn, serial_order
 from dgcc.protocols.dist_dgcc import Router
@@ -138,17 +137,16 @@ def test_checksum_failure_mid_log_is_one_line_error(tmp_path: Path) -> None:
     assert "\n" not in str(error.value)
 
 
-def test_2pc_node_refuses_checkpoints_it_would_not_take(tmp_path: Path) -> None:
-    config = local_config(
-        2,
-        workload="ycsb",
-        workload_options={"records": 100},
-        protocol="occ",
-        data_dir=str(tmp_path),
-        checkpoint_every_epochs=2,
-    )
-    with pytest.raises(ConfigError, match=r"'occ' logs without checkpoints.*epochs=2$"):
-        TwoPhaseCommitNode(config, 0)
+def test_2pc_cluster_refuses_checkpoints_it_would_not_take(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'occ' logs without checkpoints.*epochs = 2$"):
+        local_config(
+            2,
+            workload="ycsb",
+            workload_options={"records": 100},
+            protocol="occ",
+            data_dir=str(tmp_path),
+            checkpoint_every_epochs=2,
+        )
 
 
 FLUSHES = [[("start",)], RECORDS[:2], RECORDS[2:4], RECORDS[4:]]

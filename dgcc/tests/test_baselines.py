@@ -17,6 +17,7 @@ import pytest
 
 from dgcc import debug, get_protocol
 from dgcc.api import (
+    Outcome,
     Piece,
     PlannedTxn,
     Procedure,
@@ -25,9 +26,8 @@ from dgcc.api import (
     TxnRequest,
     plan_batch,
 )
-from dgcc.bench import _wants_retry
 from dgcc.errors import ConfigError
-from dgcc.protocols._history import NotSerializable, replay
+from dgcc.protocols._history import CommittedTxn, NotSerializable, replay
 from dgcc.protocols._locking import UndoContext
 from dgcc.storage import Database, Table
 from dgcc.workloads import _load_builtin, get_workload
@@ -85,7 +85,10 @@ def test_history_is_conflict_serializable(protocol: str, workload_name: str) -> 
     flat = [outcome for batch in outcomes for outcome in batch]
     assert not [o for o in flat if o.status is Status.ERROR]
     committed = sum(outcome.committed for outcome in flat)
-    assert committed == len(engine.history) == engine.stats[f"{protocol}/commits"]
+    logic_aborts = sum(o.status is Status.ABORTED and not o.gave_up for o in flat)
+    assert committed == engine.stats[f"{protocol}/commits"]
+    assert [txn.aborted for txn in engine.history].count(False) == committed
+    assert [txn.aborted for txn in engine.history].count(True) == logic_aborts
     assert _replay(workload_name, engine, outcomes) == db.dump()
 
 
@@ -96,7 +99,7 @@ def test_contention_causes_cc_aborts_and_retries(protocol: str) -> None:
     assert sum(aborts.values()) > 0, f"{protocol}: no cc aborts under contention"
     assert engine.stats[f"{protocol}/retries"] == sum(aborts.values())
     assert engine.stats[f"{protocol}/gave_up"] == 0
-    assert not [o for batch in outcomes for o in batch if _wants_retry(o)]
+    assert not [o for batch in outcomes for o in batch if o.gave_up]
 
 
 def test_retry_budget_exhausted_gives_a_retryable_abort() -> None:
@@ -104,7 +107,7 @@ def test_retry_budget_exhausted_gives_a_retryable_abort() -> None:
         "smallbank", "no_wait", inflight=16, seed=1, retries_max=0, record_history=True
     )
     gave_up = [o for batch in outcomes for o in batch if o.status is Status.ABORTED]
-    assert gave_up and all(_wants_retry(o) for o in gave_up)
+    assert gave_up and all(o.gave_up for o in gave_up)
     assert engine.stats["no_wait/gave_up"] == len(gave_up)
     assert workload.check(db) == []  # given-up transactions were fully undone
     assert _replay("smallbank", engine, outcomes) == db.dump()
@@ -243,3 +246,99 @@ def test_a_logic_abort_is_one_a_serial_order_gives(protocol: str) -> None:
         outcomes = get_protocol(protocol)(db, _sum_check_registry(), inflight=8,
                                           seed=seed).run_batch(batch)  # fmt: skip
         assert [o.status for o in outcomes] == [Status.COMMITTED] * 2, (seed, outcomes)
+
+
+def _sum_check_db() -> Database:
+    db = Database((Table("acct"),))
+    db["acct"].rows.update({0: {"bal": 100}, 1: {"bal": 100}})
+    return db
+
+
+def _sum_check_run(protocol: str, seed: int, need: int, *, validate: bool = True):
+    """``check`` then ``move`` (see ``_sum_check_registry``) in one batch, with a history;
+    ``validate=False``: OCC's canary."""
+    batch = [TxnRequest("check", {"a": 0, "b": 1, "need": need}),
+             TxnRequest("move", {"src": 1, "dst": 0, "amount": 50})]  # fmt: skip
+    engine = get_protocol(protocol)(_sum_check_db(), _sum_check_registry(), inflight=8,
+                                    seed=seed, record_history=True)  # fmt: skip
+    if not validate:
+        engine.validate = False
+    return engine, [engine.run_batch(batch)]
+
+
+@pytest.mark.parametrize("protocol", INTERLEAVING)
+def test_the_history_holds_logic_aborts_and_the_replay_aborts_them(protocol: str) -> None:
+    """A sum no order reaches (need 300): ``check`` logic-aborts in every interleaving; the
+    history holds it as a logic abort and the serial replay aborts it, with the same reason."""
+    for seed in range(10):
+        engine, outcomes = _sum_check_run(protocol, seed, need=300)
+        assert [o.status for o in outcomes[0]] == [Status.ABORTED, Status.COMMITTED]
+        assert sorted((t.index, t.aborted) for t in engine.history) == [(0, True), (1, False)]
+        aborted = next(t for t in engine.history if t.aborted)
+        assert aborted.writes == {} and set(aborted.reads) == {("acct", 0), ("acct", 1)}
+        replay(engine.history, _sum_check_db(), _sum_check_registry(), outcomes)
+
+
+def test_canary_occ_logic_abort_on_stale_reads_is_caught_by_the_history_check() -> None:
+    """OCC without validation decides ``check``'s abort on a view no serial order gives (``a``
+    before ``move``, ``b`` after) in some interleavings; the abort's recorded reads put it in
+    a cycle with ``move``. Before, logic aborts were not in the history: nothing caught it."""
+    caught = 0
+    for seed in range(60):
+        engine, outcomes = _sum_check_run("occ", seed, need=200, validate=False)
+        if outcomes[0][0].status is Status.ABORTED:
+            caught += 1
+            with pytest.raises(NotSerializable, match="cycle"):
+                replay(engine.history, _sum_check_db(), _sum_check_registry(), outcomes)
+    assert caught > 0, "no seed made unvalidated OCC abort on stale reads"
+
+
+_CHECK_300 = TxnRequest("check", {"a": 0, "b": 1, "need": 300})
+_CHECK_100 = TxnRequest("check", {"a": 0, "b": 1, "need": 100})
+_READS = {("acct", 0): 0, ("acct", 1): 0}
+
+
+@pytest.mark.parametrize(
+    ("history", "outcome", "problem"),
+    [
+        pytest.param(  # committed in the run, but the serial order aborts it
+            [CommittedTxn(0, 0, _CHECK_300, _READS, {})],
+            Outcome(Status.COMMITTED, {"ra": 100, "rb": 200}),
+            "gave Outcome",
+            id="committed-aborts-in-replay",
+        ),
+        pytest.param(  # logic-aborted in the run, but the serial order commits it
+            [CommittedTxn(0, 0, _CHECK_100, _READS, {}, aborted=True)],
+            Outcome(Status.ABORTED, reason="total 200 < 100"),
+            "gave Outcome",
+            id="aborted-commits-in-replay",
+        ),
+        pytest.param(  # a logic abort the protocol did not record
+            [],
+            Outcome(Status.ABORTED, reason="total 200 < 300"),
+            r"ended aborted \(total 200 < 300\) but the history has it not in it",
+            id="logic-abort-missing",
+        ),
+        pytest.param(  # a logic abort filed as a commit
+            [CommittedTxn(0, 0, _CHECK_300, _READS, {})],
+            Outcome(Status.ABORTED, reason="total 200 < 300"),
+            "but the history has it as committed",
+            id="logic-abort-filed-as-commit",
+        ),
+        pytest.param(  # a give-up was undone: it must not be in the history
+            [CommittedTxn(0, 0, _CHECK_300, _READS, {}, aborted=True)],
+            Outcome(Status.ABORTED, reason="retry: occ cc_abort (validation) after 1 attempts"),
+            "but the history has it as logic-aborted",
+            id="give-up-recorded",
+        ),
+    ],
+)
+def test_the_replay_compares_aborted_outcomes(history, outcome, problem: str) -> None:
+    with pytest.raises(NotSerializable, match=problem):
+        replay(history, _sum_check_db(), _sum_check_registry(), [[outcome]])
+
+
+def test_the_replay_accepts_a_logic_abort_at_its_place() -> None:
+    history = [CommittedTxn(0, 0, _CHECK_300, _READS, {}, aborted=True)]
+    outcome = Outcome(Status.ABORTED, reason="total 200 < 300")
+    replay(history, _sum_check_db(), _sum_check_registry(), [[outcome]])

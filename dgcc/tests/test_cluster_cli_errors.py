@@ -56,23 +56,30 @@ def children():
     for process in started:
         process.kill()
         process.wait(timeout=WAIT_S)
-        if process.stdin is not None:
-            process.stdin.close()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+WAIT_FOR_STDIN = "import sys; print('up', flush=True); sys.stdin.read()"
+
+
+def _started(children: list, command: list[str]) -> subprocess.Popen:
+    """``command`` running: it printed its first line, so its /proc command line is readable
+    (right after ``Popen`` returns it can still read empty, and the child would not count)."""
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    children.append(process)
+    assert process.stdout is not None and process.stdout.readline() == "up\n"
+    return process
 
 
 def _fake_node(children: list, directory: Path, node: int) -> subprocess.Popen:
     """A child whose command line ends with node ``node``'s arguments; it runs until killed."""
-    command = [sys.executable, "-c", "import sys; sys.stdin.read()", *_node_args(directory, node)]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE)
-    children.append(process)
-    return process
+    return _started(children, [sys.executable, "-c", WAIT_FOR_STDIN, *_node_args(directory, node)])
 
 
 def _other_program(children: list) -> subprocess.Popen:
-    command = [sys.executable, "-c", "import sys; sys.stdin.read()"]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE)
-    children.append(process)
-    return process
+    return _started(children, [sys.executable, "-c", WAIT_FOR_STDIN])
 
 
 def _write_cluster(directory: Path, config: ClusterConfig, pids: list[int]) -> None:

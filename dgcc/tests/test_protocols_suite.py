@@ -168,32 +168,41 @@ def _serial_epochs(workload_name: str, order: tuple) -> tuple[list[list[Outcome]
     return per_node, _wire(db.dump())
 
 
-def _history(requests, histories) -> list[CommittedTxn]:
-    """Every node's committed branches merged per transaction, checked against the calls."""
-    merged: dict[tuple[int, int], tuple[dict, dict]] = {}
-    for entries in histories:
+def _history(requests, histories, aborted_histories=()) -> list[CommittedTxn]:
+    """Every node's committed branches (and logic-aborted ones, from ``logic_aborted``) merged
+    per transaction, checked against the calls."""
+    merged: dict[tuple[int, int], tuple[dict, dict, bool]] = {}
+    for entries, aborted in [(e, False) for e in histories] + [
+        (e, True) for e in aborted_histories
+    ]:
         for (origin, seq), procedure, params, reads, writes in entries:
             sent = requests[origin][seq]
             assert (procedure, _wire(dict(params))) == (sent.procedure, _wire(dict(sent.params)))
-            both = merged.setdefault((origin, seq), ({}, {}))
+            both = merged.setdefault((origin, seq), ({}, {}, aborted))
+            assert both[2] is aborted, f"call {(origin, seq)} both committed and aborted"
             both[0].update(reads)
             both[1].update(writes)
     return [
-        CommittedTxn(origin, seq, requests[origin][seq], reads, writes)
-        for (origin, seq), (reads, writes) in sorted(merged.items())
+        CommittedTxn(origin, seq, requests[origin][seq], reads, writes, aborted)
+        for (origin, seq), (reads, writes, aborted) in sorted(merged.items())
     ]
 
 
 def _replay_serially(workload_name: str, requests, outcomes, history) -> dict:
-    """Replay the committed transactions one by one in a conflict order; the final rows."""
+    """Replay the history one by one in a conflict order; the final rows. A committed call
+    must commit with the same result (StockLevel: read committed, its result is not
+    compared), a logic-aborted one must abort with the same reason."""
     workload = get_workload(workload_name, **WORKLOADS[workload_name])
     db = workload.build(SEED)
     serial = SerialProtocol(db, workload.registry())
     for txn in serial_order(history):
         (replayed,) = serial.run_batch([txn.request])
         recorded = outcomes[txn.batch][txn.index]
-        assert recorded.status is Status.COMMITTED
-        if txn.request.procedure not in READ_COMMITTED:
+        assert recorded.status is (Status.ABORTED if txn.aborted else Status.COMMITTED)
+        assert replayed.status is recorded.status, f"txn {txn.txn_id}: {replayed} {recorded}"
+        if txn.aborted:
+            assert replayed.reason == recorded.reason, f"txn {txn.txn_id}"
+        elif txn.request.procedure not in READ_COMMITTED:
             assert _wire(replayed.result) == _wire(recorded.result), f"txn {txn.txn_id}"
     _check_invariants(workload_name, db)
     return _wire(db.dump())
@@ -310,3 +319,41 @@ def test_unknown_protocol_is_named() -> None:
 
     with pytest.raises(ConfigError, match="'2pl'"):
         server_class("2pl")
+
+
+async def _in_process_run(config, requests) -> tuple[list, list, list, dict]:
+    """Both nodes in this process; (outcomes, committed and logic-aborted branches, rows)."""
+    nodes = [TwoPhaseCommitNode(config, n) for n in range(2)]
+    await asyncio.gather(*(node.start() for node in nodes))
+    try:
+        outcomes = await _drive(config.nodes, requests)
+    finally:
+        for node in nodes:
+            node.stop()
+    merged: dict = {}
+    for node in nodes:
+        for table, rows in node.owned_dump().items():
+            merged.setdefault(table, {}).update(rows)
+    committed = [tuple(node._committed) for node in nodes]
+    return outcomes, committed, [tuple(node.logic_aborted) for node in nodes], merged
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", sorted(TWO_PHASE))
+def test_2pc_logic_aborts_are_ones_a_serial_order_gives(protocol: str) -> None:
+    """Smallbank's hot accounts make calls logic-abort (insufficient funds and the like): each
+    such 2PC call's branches are kept with the versions they read, and replaying the history
+    with them aborts each at its place, for the same reason, and commits the rest."""
+    stream = _stream("smallbank", 2 * CALLS_PER_NODE)
+    requests = [stream[:CALLS_PER_NODE], stream[CALLS_PER_NODE:]]
+    config = local_config(2, workload="smallbank", workload_options=WORKLOADS["smallbank"],
+                          order_log=True, seed=SEED, protocol=protocol)  # fmt: skip
+    outcomes, committed, aborted, merged = asyncio.run(_in_process_run(config, requests))
+    flat = [o for node in outcomes for o in node]
+    assert not [o for o in flat if o.status is Status.ERROR or o.gave_up]
+    history = _history(requests, _wire(committed), _wire(aborted))
+    logic_aborts = sum(o.status is Status.ABORTED for o in flat)
+    assert logic_aborts > 0, "no logic abort: the check is vacuous"
+    assert [t.aborted for t in history].count(True) == logic_aborts
+    assert [t.aborted for t in history].count(False) == sum(o.committed for o in flat)
+    assert _replay_serially("smallbank", requests, outcomes, history) == _wire(merged)

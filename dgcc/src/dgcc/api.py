@@ -30,6 +30,7 @@ from dgcc.errors import BadParams, BadPlan, BadRequest, ProcedureError, UnknownP
 from dgcc.storage import Database, Index, ReadView
 
 __all__ = [
+    "RETRY_PREFIX",
     "Outcome",
     "Piece",
     "PieceContext",
@@ -63,6 +64,9 @@ class Status(enum.Enum):
     ERROR = "error"  # a bad request (never executed) or a procedure that raised
 
 
+RETRY_PREFIX = "retry"  # an ABORTED reason starting so: concurrency control gave up, not logic
+
+
 @dataclass(frozen=True, slots=True)
 class TxnRequest:
     """One call: a procedure name and its parameters."""
@@ -80,6 +84,12 @@ class Outcome:
     @property
     def committed(self) -> bool:
         return self.status is Status.COMMITTED
+
+    @property
+    def gave_up(self) -> bool:
+        """A concurrency-control give-up (ABORTED, reason starting with ``RETRY_PREFIX``: undone
+        after the protocol's retry budget ran out), not a logic abort; callers may resubmit."""
+        return self.status is Status.ABORTED and self.reason.startswith(RETRY_PREFIX)
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 us per piece on the hot path

@@ -4,8 +4,11 @@ A fixed number of requests is in flight (the batch size): each batch is admitted
 epoch, and its requests complete together, so a transaction's latency is the time from its
 batch's admission to the batch's completion (plus earlier tries if it was retried). Logic
 aborts are outcomes and are not retried; an ABORTED outcome whose reason starts with ``retry``
-(a protocol asking to run again) is re-admitted in the next batch, at most ``RETRIES_MAX`` times.
-Metrics use slash keys (``txn/commits_per_s``, ``timing_s/build_graph``); see ``summary_line``.
+(a protocol asking to run again) is re-admitted at the head of the next batch (so it is older
+than every fresh request there), at most ``RETRIES_MAX`` times; one still asking after that is
+a give-up, counted apart (``txn/gave_up``, ``txn/gave_up_rate``), so ``txn/aborted`` and
+``txn/abort_rate`` count logic aborts only. Metrics use slash keys (``txn/commits_per_s``,
+``timing_s/build_graph``); see ``summary_line``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dgcc.api import Outcome, Protocol, Status, TxnRequest
+from dgcc.api import Protocol, Status, TxnRequest
 from dgcc.errors import ConfigError
 from dgcc.protocols import get_protocol
 from dgcc.workloads import Workload, get_workload
@@ -41,8 +44,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RETRIES_MAX = 10
-RETRY_PREFIX = "retry"
+RETRIES_MAX = 10  # resubmissions of a call whose protocol gave up on it (after the first)
 BATCHES_MAX = 10_000_000  # bound on the batch loop; a window this long means a stuck clock
 
 ProgressFn = Callable[[str, float, float], None]  # (phase, done_s, total_s)
@@ -132,7 +134,8 @@ class _Window:
     """Counters of one measured window."""
 
     committed: int = 0
-    aborted: Counter[str] = field(default_factory=Counter)
+    aborted: Counter[str] = field(default_factory=Counter)  # logic aborts, by reason
+    gave_up: int = 0  # still a concurrency-control give-up after RETRIES_MAX resubmissions
     errors: Counter[str] = field(default_factory=Counter)
     retried: int = 0
     batches: int = 0
@@ -209,24 +212,28 @@ class Runner:
         window.run_batch_s += done_s - admitted_s
         latencies_ms = window.latencies_ms
         for (request, first_s, tries), outcome in zip(in_flight, outcomes):
-            if _wants_retry(outcome) and tries < RETRIES_MAX:
+            if outcome.gave_up and tries < RETRIES_MAX:
                 self._retries.append((request, first_s, tries + 1))
                 window.retried += 1
                 continue
             latencies_ms.append((done_s - first_s) * 1e3)
             if outcome.status is Status.COMMITTED:
                 window.committed += 1
+            elif outcome.gave_up:
+                window.gave_up += 1
             elif outcome.status is Status.ABORTED:
                 window.aborted[outcome.reason] += 1
             else:
                 window.errors[outcome.reason.split(":")[0]] += 1
 
     def metrics(self) -> dict[str, float]:
-        """The measured window's metrics under slash keys."""
+        """The measured window's metrics under slash keys. ``txn/aborted`` and ``txn/abort_rate``
+        count logic aborts only; calls the protocol gave up on count under ``txn/gave_up`` and
+        ``txn/gave_up_rate`` (all rates are over every completed call)."""
         window = self.window
         elapsed_s = max(window.elapsed_s, 1e-9)
         aborted = sum(window.aborted.values())
-        completed = window.committed + aborted + sum(window.errors.values())
+        completed = window.committed + aborted + window.gave_up + sum(window.errors.values())
         latencies = sorted(window.latencies_ms)
         metrics: dict[str, float] = {
             "txn/commits_per_s": window.committed / elapsed_s,
@@ -237,6 +244,8 @@ class Runner:
             "txn/errors": sum(window.errors.values()),
             "txn/retried": window.retried,
             "txn/abort_rate": aborted / completed if completed else 0.0,
+            "txn/gave_up": window.gave_up,
+            "txn/gave_up_rate": window.gave_up / completed if completed else 0.0,
             "txn/latency_ms_p50": _percentile(latencies, 0.50),
             "txn/latency_ms_p99": _percentile(latencies, 0.99),
             "txn/batches": window.batches,
@@ -252,10 +261,6 @@ class Runner:
         for key, value in sorted(window.protocol_stats.items()):
             metrics[key] = value
         return metrics
-
-
-def _wants_retry(outcome: Outcome) -> bool:
-    return outcome.status is Status.ABORTED and outcome.reason.startswith(RETRY_PREFIX)
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:

@@ -10,7 +10,9 @@ runs its own mix only. ``run_bench`` starts the node processes and
 one client process per node, each with ``inflight`` calls always outstanding on one pipelined
 connection (answers arrive batched per epoch; each submits the next call from a callback), and
 measures a window after a warm-up. ``cluster_workload_options`` makes TPC-C warehouses count per
-node, here and in ``dgcc cluster start``.
+node, here and in ``dgcc cluster start``. Calls a 2PC node gave up on after its retry budget
+(ABORTED with a ``retry`` reason) count apart from logic aborts: ``txn/gave_up_rate`` and
+``txn/abort_rate`` (logic aborts only) are both shares of all answered calls.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ CLIENT_EXIT_TIMEOUT_S = 60.0
 # start`); docs/benchmarks.md reports runs at this value.
 EPOCH_MS_DEFAULT = 2.0
 TPCC_WAREHOUSES_PER_NODE = 2  # when a cluster run names no warehouse count (weak scaling)
+COUNTED = ("committed", "aborted", "gave_up", "error")  # a client's answers, by kind
 
 
 def cluster_workload_options(
@@ -250,7 +253,8 @@ class _ClosedLoop:
     Counts and latencies cover the calls answered inside ``[measure_from, until)``, whenever
     they started: throughput is completions per second of the window, and a protocol whose
     calls take longer than the window is not undercounted (counting only calls that also
-    started inside it dropped them, and their latencies).
+    started inside it dropped them, and their latencies). ``counts`` splits the answers into
+    committed, aborted (logic aborts), gave_up (concurrency-control give-ups) and error.
     """
 
     def __init__(self, client: Any, pool: list[TxnRequest], measure_from: float, until: float):
@@ -258,7 +262,7 @@ class _ClosedLoop:
         self.cursor = itertools.cycle([(r.procedure, r.params) for r in pool])
         self.measure_from = measure_from
         self.until = until
-        self.counts = {"committed": 0, "aborted": 0, "error": 0}
+        self.counts = dict.fromkeys(COUNTED, 0)
         self.latencies_ms: list[float] = []
         self.lost: BaseException | None = None
         self.done = asyncio.Event()
@@ -275,7 +279,7 @@ class _ClosedLoop:
             self.done.set()
             return
         if self.measure_from <= done_s < self.until:
-            self.counts[result.status.value] += 1
+            self.counts["gave_up" if result.gave_up else result.status.value] += 1
             self.latencies_ms.append((done_s - started_s) * 1000)
         if done_s < self.until:
             self._submit()
@@ -445,14 +449,18 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 def _record(bench, config, results, before, after) -> dict[str, Any]:
+    """The run's record. ``txn/abort_rate`` is the share of answered calls that logic-aborted;
+    ``txn/gave_up_rate`` the share a 2PC node gave up on after its retries (not logic aborts)."""
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
-    counts = {k: sum(r["counts"][k] for r in results) for k in ("committed", "aborted", "error")}
+    counts = {k: sum(r["counts"].get(k, 0) for r in results) for k in COUNTED}
     latencies = sorted(itertools.chain.from_iterable(r["latencies_ms"] for r in results))
     committed = max(1, delta["txn/committed"])
     metrics = {
         "txn/commits_per_s": counts["committed"] / bench.seconds,
         "txn/txns_per_s": sum(counts.values()) / bench.seconds,
         "txn/abort_rate": counts["aborted"] / max(1, sum(counts.values())),
+        "txn/gave_up_rate": counts["gave_up"] / max(1, sum(counts.values())),
+        "txn/gave_up": counts["gave_up"],
         "txn/cc_abort_rate": delta.get("txn/cc_aborts", 0) / max(1, delta.get("txn/attempts", 0)),
         "txn/errors": counts["error"],
         "txn/latency_ms_p50": _percentile(latencies, 0.50),

@@ -77,7 +77,7 @@ CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
-_PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
+PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
 _STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
 
 
@@ -233,7 +233,7 @@ class Node:
                     self._out[peer] = writer
                     return
                 writer.close()
-                if answer[0] != "error" or _PEER_CONNECTED not in str(answer[1:2]):
+                if answer[0] != "error" or PEER_CONNECTED not in str(answer[1:2]):
                     raise HandshakeError(f"node {self.id}: peer {peer} refused us: {answer!r:.80}")
                 failure = str(answer[1])
             if time.monotonic() > deadline_s:
@@ -310,7 +310,7 @@ class Node:
         if not check_mac(self.secret, nonce, mac):
             raise HandshakeError("wrong shared secret")
         if role == "node" and self._peer_link_open(peer):
-            raise HandshakeError(f"node {self.id}: {_PEER_CONNECTED} {peer}")
+            raise HandshakeError(f"node {self.id}: {PEER_CONNECTED} {peer}")
         writer.write(frame(("ready", self.id)))
         return role, peer
 

@@ -105,7 +105,7 @@ async def _client(
             started_s = time.perf_counter()
             for tries in range(RETRIES_MAX + 1):
                 outcome = await call(connection, request)
-                if not outcome.reason.startswith("retry") or tries == RETRIES_MAX:
+                if not outcome.gave_up or tries == RETRIES_MAX:
                     break
                 if window.measuring:
                     window.retried += 1

@@ -7,6 +7,11 @@ reached it (``reads``) and the version it installed on each key it wrote (``writ
 the conflict graph follows: the writer of version ``v`` precedes the writer of ``v + 1`` (ww), the
 readers of ``v`` (wr), and each reader of ``v`` precedes the writer of ``v + 1`` (rw). Declared
 keys over-approximate the records touched, which only adds edges.
+
+A logic abort (the procedure itself rolled back) is recorded too (``aborted``): it read keys and
+wrote none, so it sits in the graph as a reader, and the serial replay must abort it at its
+place, for the same reason; a committed transaction must commit there. Concurrency-control
+give-ups (ABORTED with a ``retry`` reason, see ``gave_up``) were undone and are not recorded.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from dgcc.api import Outcome, ProcedureRegistry, TxnRequest
+from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.storage import Database
 
@@ -28,11 +33,15 @@ TxnId = tuple[int, int]  # (batch number, position in the batch)
 
 @dataclass(frozen=True, slots=True)
 class CommittedTxn:
+    """A finished transaction of the history: committed, or logic-aborted (``aborted``: then
+    ``writes`` is empty and ``reads`` holds the versions its decision rested on)."""
+
     batch: int
     index: int
     request: TxnRequest
     reads: dict[Key, int]
     writes: dict[Key, int]
+    aborted: bool = False
 
     @property
     def txn_id(self) -> TxnId:
@@ -101,15 +110,20 @@ def replay(
     registry: ProcedureRegistry,
     outcomes: Sequence[Sequence[Outcome]],
 ) -> None:
-    """Run the committed transactions serially, in conflict order, batch by batch, on ``db``.
+    """Run the history serially, in conflict order, batch by batch, on ``db``.
 
     ``db`` must hold the state the recorded run started from and ``outcomes`` that run's
-    outcomes per batch; each replayed result must equal the recorded one. Afterwards ``db``
-    should equal the recorded run's final state (the caller compares).
+    outcomes per batch. The history must hold exactly the transactions whose outcome is
+    COMMITTED or a logic abort (ABORTED, not a give-up), each marked as such; each replayed
+    outcome must equal the recorded one, so a logic abort aborts at its place in the serial
+    order with the same reason, and a committed transaction commits with the same result.
+    Afterwards ``db`` should equal the recorded run's final state (the caller compares).
 
     Raises:
-        NotSerializable: the conflict graph has a cycle, or a replayed result differs.
+        NotSerializable: the conflict graph has a cycle, the history misses or misfiles a
+            transaction, or a replayed outcome differs.
     """
+    _check_complete(history, outcomes)
     serial = SerialProtocol(db, registry)
     by_batch: dict[int, list[CommittedTxn]] = defaultdict(list)
     for txn in serial_order(history):
@@ -123,3 +137,36 @@ def replay(
                 raise NotSerializable(
                     f"replay of transaction {txn.txn_id} gave {outcome!r}, recorded {recorded!r}"
                 )
+
+
+def _check_complete(history: Sequence[CommittedTxn], outcomes: Sequence[Sequence[Outcome]]) -> None:
+    """The history holds exactly the committed and logic-aborted transactions, each marked as
+    its outcome says (a give-up or an error is not in it).
+
+    Raises:
+        NotSerializable: naming the first transaction missing, misfiled or recorded twice.
+    """
+    recorded: dict[TxnId, bool] = {}
+    for txn in history:
+        if txn.txn_id in recorded:
+            raise NotSerializable(f"transaction {txn.txn_id} is in the history twice")
+        recorded[txn.txn_id] = txn.aborted
+    kept = {None: "not in it", True: "as logic-aborted", False: "as committed"}
+    for batch_no, batch in enumerate(outcomes):
+        for index, outcome in enumerate(batch):
+            if outcome.status is Status.COMMITTED:
+                expected: bool | None = False
+            elif outcome.status is Status.ABORTED and not outcome.gave_up:
+                expected = True
+            else:
+                expected = None  # undone (a give-up) or an error: nothing to replay
+            found = recorded.pop((batch_no, index), None)
+            if found is not expected:
+                raise NotSerializable(
+                    f"transaction {(batch_no, index)} ended {outcome.status.value} "
+                    f"({outcome.reason or 'no reason'}) but the history has it {kept[found]}"
+                )
+    if recorded:
+        raise NotSerializable(
+            f"the history holds transactions never answered: {sorted(recorded)[:10]}"
+        )

@@ -4,8 +4,10 @@ Python runs one thread, so concurrency is simulated: up to ``inflight`` transact
 at once and a seeded cooperative scheduler picks which one runs its next piece. Interleaving at
 piece granularity is what makes transactions conflict. A transaction aborted by concurrency
 control is undone and restarted within the same ``run_batch`` (keeping its first-attempt
-timestamp), up to ``retries_max`` times; past that it ends ABORTED with a reason starting
-``retry`` so the closed-loop driver resubmits it. Logic aborts and errors are final.
+timestamp), up to ``retries_max`` times (so at most ``retries_max + 1`` attempts); past that it
+ends ABORTED with a reason starting ``retry`` (``api.RETRY_PREFIX``) so the closed-loop
+driver resubmits it. Logic aborts and errors are final. With ``record_history``, committed and
+logic-aborted transactions are recorded for the serializability check (``_history``).
 """
 
 from __future__ import annotations
@@ -149,8 +151,10 @@ class InterleavedProtocol(Protocol):
     Args:
         inflight: transactions active at once (the simulated concurrency).
         seed: seeds the scheduler's choices.
-        retries_max: concurrency-control restarts of one transaction within a batch.
-        record_history: keep ``history`` (committed read/write versions) for the checker.
+        retries_max: concurrency-control restarts of one transaction within a batch (retries:
+            a transaction makes at most ``retries_max + 1`` attempts).
+        record_history: keep ``history`` (the read/write versions of committed and
+            logic-aborted transactions) for the checker.
     """
 
     deterministic = False
@@ -261,6 +265,11 @@ class InterleavedProtocol(Protocol):
         if txn.abort_reason is not None or txn.error is not None:
             if txn.error is None and (cause := self.check_abort(attempt)) is not None:
                 return self._cc_abort(attempt, cause)  # decided on a view no order had
+            if txn.error is None and self.record_history:  # on the reads the abort rests on
+                ts = attempt.ts
+                self.history.append(
+                    CommittedTxn(ts[0], ts[1], attempt.request, attempt.seen, {}, aborted=True)
+                )
             self.finish(attempt, undo=False)  # final: a logic abort wrote nothing
             return True
         return False
