@@ -424,6 +424,7 @@ def test_public_api_is_exported():
         "Completion",
         "HFGenerateEngine",
         "RolloutEngine",
+        "SamplingError",
         "SamplingParams",
         "VLLMEngine",
         "make_engine",

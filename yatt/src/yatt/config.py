@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from yatt.control.config import ControlConfig
+from yatt.data import TASK_PROVIDES, TASKS
 from yatt.errors import ConfigError
-from yatt.rewards import REWARD_FNS, load_callable
+from yatt.rewards import NEED_MEANINGS, REWARD_FNS, REWARD_NEEDS, load_callable
 
 __all__ = [
     "AlgoConfig",
@@ -131,6 +132,7 @@ class DataConfig:
     use_chat_template: bool = True
 
     def __post_init__(self) -> None:
+        _require(self.task in TASKS, "data.task", self.task, f"one of {', '.join(TASKS)}")
         _require(self.n_train > 0, "data.n_train", self.n_train, "an int > 0")
         _require(self.n_heldout >= 0, "data.n_heldout", self.n_heldout, "an int >= 0")
 
@@ -447,6 +449,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _require_ray_for_control(self.control)
+        _require_rewards_grade_task(self)
         if self.control.backend == "ray":
             check_controller_settings(self, self.control)
         if self.algo.overlong_buffer > self.rollout.max_new_tokens:
@@ -461,6 +464,36 @@ class Config:
                 f"prompt's group, so rollout.n_samples={self.rollout.n_samples} would make every "
                 "advantage 0; set rollout.n_samples >= 2 (or use reinforce_pp or ppo)"
             )
+
+
+def _require_rewards_grade_task(config: Config) -> None:
+    """Refuse a built-in reward that cannot grade the rows of the built-in task `data.task`
+    (ConfigError, one line naming both settings and the rewards that fit), so that a run does
+    not fail (or score every completion 0) only at its first reward or evaluation: a reward
+    that compares with a numeric answer on countdown (an expression, one of many correct),
+    reasoning_gym's checker on addition rows.
+
+    `reward.fns` is checked always, `eval.reward_fn` when the run evaluates (`eval.enabled`).
+    Not checked: rows from a file (`data.path`: their fields are the user's), rewards given as
+    "package.module:function", and names registered without a `REWARD_NEEDS` entry.
+    """
+    if config.data.path:
+        return
+    task = config.data.task
+    provides = TASK_PROVIDES.get(task, frozenset())
+    settings = [("reward.fns", name) for name in config.reward.fns]
+    if config.eval.enabled:
+        settings.append(("eval.reward_fn", config.eval.reward_fn))
+    for key, name in settings:
+        need = None if ":" in name else REWARD_NEEDS.get(name)
+        if need is None or need in provides:
+            continue
+        fits = [reward for reward, needs in REWARD_NEEDS.items() if needs in provides]
+        raise ConfigError(
+            f"{key}={name!r} cannot grade data.task={task!r}: {name} needs "
+            f"{NEED_MEANINGS[need]}, which {task} rows lack; rewards for {task}: "
+            f"{', '.join(fits)} (or your own 'package.module:function')"
+        )
 
 
 def _require_ray_for_control(control: ControlConfig) -> None:

@@ -20,6 +20,7 @@ from yatt.errors import ConfigError, DataError, ModelError
 __all__ = [
     "ADDITION_TEMPLATE",
     "TASKS",
+    "TASK_PROVIDES",
     "PromptDataset",
     "PromptExample",
     "generate_task",
@@ -38,6 +39,17 @@ _RG_TASKS = {
     "gsm8k_style": "gsm_symbolic",
 }
 TASKS = ("addition", *_RG_TASKS)
+# What each built-in task's rows give a reward function to grade against (the names a
+# reward's entry in yatt.rewards.REWARD_NEEDS asks for): "number", a numeric reference answer
+# that is the only correct one; "reasoning_gym", the `rg_dataset` and `metadata` fields that
+# reasoning_gym's own checker reads. A countdown answer is one of many valid expressions, so
+# only its checker grades it.
+TASK_PROVIDES: dict[str, frozenset[str]] = {
+    "addition": frozenset({"number"}),
+    "arithmetic": frozenset({"number", "reasoning_gym"}),
+    "countdown": frozenset({"reasoning_gym"}),
+    "gsm8k_style": frozenset({"number", "reasoning_gym"}),
+}
 _SUFFIXES = (".jsonl", ".parquet")
 # Reward functions are called fn(prompt, completion, **fields): a field named like an argument
 # would clash (`prompt` never reaches `fields`: _parse_row reads it as the prompt).

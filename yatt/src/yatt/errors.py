@@ -3,12 +3,13 @@
     YattError
      ├── ConfigError   bad config key/value/type (message names key, value, allowed)
      ├── DataError     bad dataset file or row (names file, line/row number, field)
-     └── ModelError    model folder missing/unloadable, unknown model name
+     ├── ModelError    model folder missing/unloadable, unknown model name
+     └── SamplingError the policy's logits hold a NaN or an infinity (a diverged policy)
 
 Messages are one line and name the bad value; entry points print them without a traceback.
 """
 
-__all__ = ["ConfigError", "DataError", "ModelError", "YattError"]
+__all__ = ["ConfigError", "DataError", "ModelError", "SamplingError", "YattError"]
 
 
 class YattError(Exception):
@@ -25,6 +26,11 @@ class DataError(YattError):
 
 class ModelError(YattError):
     """A model folder is missing or unloadable, or a model name is unknown."""
+
+
+class SamplingError(YattError):
+    """The policy's next-token logits hold a NaN or an infinity, so no token can be sampled
+    (the message names the decode step and what to change)."""
 
 
 class WorkerError(YattError):

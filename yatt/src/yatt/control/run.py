@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 from yatt.config import Config, check_controller_settings, check_eval_data, check_training_dtype
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
+from yatt.control.segments import SEGMENTS_FILE, Segment
 from yatt.errors import ConfigError
 
 __all__ = ["fit_distributed"]
@@ -34,7 +36,11 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     still due. A synchronous run then continues exactly as an uninterrupted one; an async one
     samples the steps that were in flight again, with the checkpoint's weights. A checkpoint of
     this run folder continues the run in place (its later rows and checkpoints give way); one
-    of another folder starts a new run here.
+    of another folder starts a new run here. `progress` first gets the resumed step (with its
+    logged row), so a progress bar starts there. `timeline.png` and `control.json` cover every
+    segment of a run resumed in place (`yatt.control.segments`: the records each part that
+    ended left in the run folder) and name the steps they cover; steps of a part that crashed
+    are named as not recorded.
 
     Raises ConfigError, before the run folder is claimed or any worker starts, for settings
     only the single-process trainer offers (see `check_controller_settings`: PPO and
@@ -45,7 +51,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
-    from yatt.control.timeline import plot_timeline, spans_from_events
+    from yatt.control.segments import cut_segments, load_segments, save_segments
     from yatt.control.workers import require_backend
 
     check_controller_settings(config, control)
@@ -64,12 +70,18 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     save_config(config, run_dir)
     controller = make_controller(config, control)
     controller.checkpoint_dir = run_dir
+    earlier: list[Segment] = []  # the records of the run's parts before this one
     try:
         if state is not None:  # before anything in the folder changes: a misfit is refused
             controller.restore(Path(resume), state)
             if checkpoint_run_dir(Path(resume)) == run_dir.resolve():  # in place
                 drop_later_checkpoints(run_dir, Path(resume), start_step, config.logging.overwrite)
                 truncate_metrics(metrics_path, start_step)
+                if (run_dir / SEGMENTS_FILE).is_file():  # the steps run again leave them now
+                    earlier = cut_segments(load_segments(run_dir), start_step)
+                    save_segments(run_dir, earlier)
+            if progress is not None:  # the bar starts at the resumed step, as the trainer's
+                progress(start_step, config.train.steps, _logged_row(Path(resume), start_step))
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
@@ -84,6 +96,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             elif progress is not None:
                 progress(step, total, metrics)
 
+        start_s = time.time()
         try:
             result = controller.fit(progress=step_done, start_step=start_step)
         finally:
@@ -96,11 +109,9 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     finally:
         controller.close()
     _rewrite_metrics(config, run_dir, start_step, start_rows, result.history)
-    plot_timeline(spans_from_events(result.events), n_devices, run_dir / "timeline.png",
-                  f"{control.mode} controllers, {control.placement}")  # fmt: skip
-    summary = {"wall_s": result.wall_s, "driver_peak_rss_mb": result.driver_peak_rss_mb,
-               "bytes_moved": result.bytes_moved, "workers": result.workers}  # fmt: skip
-    (run_dir / "control.json").write_text(json.dumps(summary, indent=1))
+    segments = [*earlier, _segment(result, start_step, start_s, n_devices)]
+    save_segments(run_dir, segments)
+    _write_run_outputs(run_dir, segments, f"{control.mode} controllers, {control.placement}")
     logger.info(
         "distributed run: %.1f s, driver peak %.0f MiB, %d bytes via the driver",
         result.wall_s,
@@ -108,6 +119,52 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         result.bytes_moved,
     )
     return result
+
+
+def _segment(result: RunResult, start_step: int, start_s: float, n_devices: int) -> Segment:
+    """The record of the part of the run `result` describes (steps `start_step + 1` on)."""
+    history = result.history
+    per_step_bytes = all("control/bytes_moved" in row for row in history)
+    return Segment(
+        first_step=start_step,
+        step_end_s=[row["control/step_end_s"] for row in history],
+        start_s=start_s,
+        wall_s=result.wall_s,
+        n_devices=n_devices,
+        driver_peak_rss_mb=result.driver_peak_rss_mb,
+        bytes_moved=result.bytes_moved,
+        step_bytes=[row["control/bytes_moved"] for row in history] if per_step_bytes else [],
+        workers=result.workers,
+        events=[tuple(event) for event in result.events],  # type: ignore[misc]
+    )
+
+
+def _write_run_outputs(run_dir: Path, segments: list[Segment], title: str) -> None:
+    """`timeline.png` and `control.json` over every segment of the run, each naming the steps
+    it covers (`coverage_text`, `merged_summary`'s `steps` and `not_recorded`)."""
+    from yatt.control.segments import coverage_text, merged_spans, merged_summary
+    from yatt.control.timeline import plot_timeline
+
+    spans, marks = merged_spans(segments)
+    n_devices = max(segment.n_devices for segment in segments)
+    plot_timeline(spans, n_devices, run_dir / "timeline.png",
+                  f"{title}, {coverage_text(segments)}", marks)  # fmt: skip
+    (run_dir / "control.json").write_text(json.dumps(merged_summary(segments), indent=1))
+
+
+def _logged_row(checkpoint: Path, step: int) -> dict[str, float]:
+    """The metrics row the run that wrote `checkpoint` logged for `step` (without `step`), or
+    {} when its run folder holds no readable one."""
+    from yatt.checkpoint import checkpoint_run_dir
+    from yatt.common import read_metrics
+
+    folder = checkpoint_run_dir(checkpoint)
+    try:
+        rows = read_metrics(folder / "metrics.jsonl")[0] if folder is not None else []
+    except (OSError, ValueError):  # missing, or damaged before its last line
+        return {}
+    logged = [row for _, row in rows if row["step"] == step and "timing_s/step" in row]
+    return {k: v for k, v in logged[-1].items() if k != "step"} if logged else {}
 
 
 def _claim(config: Config) -> tuple[str, dict[str, Any] | None, Path]:
@@ -123,8 +180,8 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, Path]:
         check_resume_fits(config, state, resume)
     run_dir = Path(config.logging.run_dir).resolve()
     in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == run_dir
-    outputs = ("metrics.jsonl", "timeline.png", "control.json", "tensorboard", "checkpoints",
-               MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
+    outputs = ("metrics.jsonl", "timeline.png", "control.json", SEGMENTS_FILE, "tensorboard",
+               "checkpoints", MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
     try:
         claimed = claim_run_dir(
             config.logging.run_dir, outputs, resuming=in_place,

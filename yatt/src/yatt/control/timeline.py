@@ -78,8 +78,10 @@ def idle_fractions(spans: list[Span], n_devices: int, window: tuple[float, float
     return fractions
 
 
-def plot_timeline(spans: list[Span], n_devices: int, path: Path, title: str = "timeline") -> Path:
-    """A Gantt chart: one row per device, one bar per span, coloured by phase."""
+def plot_timeline(spans: list[Span], n_devices: int, path: Path, title: str = "timeline",
+                  marks: Iterable[tuple[float, str]] = ()) -> Path:  # fmt: skip
+    """A Gantt chart: one row per device, one bar per span, coloured by phase; a dashed
+    vertical line, labelled, at each of `marks` (time_s, label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,6 +101,9 @@ def plot_timeline(spans: list[Span], n_devices: int, path: Path, title: str = "t
             linewidth=0.3,
             label=label,
         )
+    for time_s, text in marks:
+        ax.axvline(time_s, color="black", linestyle="--", linewidth=0.8)
+        ax.text(time_s, n_devices - 0.5, f" {text}", fontsize="small", va="bottom")
     idle = idle_fractions(spans, n_devices)
     ax.set_yticks(range(n_devices), [f"dev {d} (idle {100 * f:.0f}%)" for d, f in enumerate(idle)])
     ax.set(xlabel="seconds", title=title)

@@ -25,7 +25,9 @@ from yatt.rewards.math import (
 )
 
 __all__ = [
+    "NEED_MEANINGS",
     "REWARD_FNS",
+    "REWARD_NEEDS",
     "CombinedReward",
     "RewardError",
     "RewardFn",
@@ -66,6 +68,22 @@ REWARD_FNS: dict[str, Callable[..., RewardFn]] = {
     "math_boxed": _no_options(math_boxed),
     "reasoning_gym": _no_options(reasoning_gym_reward),
     "format": format_reward,
+}
+
+
+# name -> what the registered reward grades against, one of the names a built-in task's rows
+# provide (yatt.data.TASK_PROVIDES): config loading refuses a built-in task whose rows lack it.
+# "format" (default pattern) rewards a completion that is just a number. A name registered
+# without an entry here, like a "package.module:function" reward, is never refused.
+REWARD_NEEDS: dict[str, str] = {
+    "math_answer": "number",
+    "math_boxed": "number",
+    "reasoning_gym": "reasoning_gym",
+    "format": "number",
+}
+NEED_MEANINGS: dict[str, str] = {
+    "number": "answers that are numbers, one correct per problem",
+    "reasoning_gym": "the rg_dataset and metadata fields of a reasoning_gym task's rows",
 }
 
 

@@ -8,7 +8,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from yatt.errors import ConfigError
 from yatt.rollout.engine import Completion, RolloutEngine
 from yatt.rollout.hf import HFGenerateEngine
-from yatt.rollout.sampling import SamplingParams
+from yatt.rollout.sampling import SamplingError, SamplingParams
 from yatt.rollout.vllm import VLLMEngine
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "Completion",
     "HFGenerateEngine",
     "RolloutEngine",
+    "SamplingError",
     "SamplingParams",
     "VLLMEngine",
     "make_engine",

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from yatt.errors import ConfigError
 from yatt.rollout.forward import DecoderForward, make_forward
 from yatt.rollout.kv import PromptLayout
-from yatt.rollout.sampling import SamplingParams, draw_uniforms, sample_next
+from yatt.rollout.sampling import SamplingParams, check_logprob, draw_uniforms, sample_next
 from yatt.rollout.static import decode_static
 
 __all__ = ["Completion", "RolloutEngine", "eos_token_ids"]
@@ -169,6 +169,8 @@ class RolloutEngine(EngineBase):
                 the weights. None draws seeds from torch's global generator.
         Raises:
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
+            SamplingError: the policy's logits held a NaN or an infinity at some decode step
+                (found when the step's tokens are read back, every `sync_every` steps).
         """
         _check_request(prompt_ids, seeds)
         if seeds is None:
@@ -308,8 +310,13 @@ def _append_token(
     eos_ids: set[int],
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    """Add one sampled token to a row and decide whether the row is finished."""
+    """Add one sampled token to a row and decide whether the row is finished.
+
+    Raises SamplingError when `logp` is not finite: the policy's logits were NaN or infinite
+    at this step (`check_logprob`), and neither the token nor anything after it means anything.
+    """
     assert row.finish_reason is None, "appending to a finished row"
+    check_logprob(logp, len(row.token_ids) + 1)
     row.token_ids.append(token)
     row.logprobs.append(logp)
     if (token in eos_ids and not params.ignore_eos) or (

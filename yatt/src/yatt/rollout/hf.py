@@ -20,7 +20,7 @@ from yatt.rollout.engine import (
     _Row,
     eos_token_ids,
 )
-from yatt.rollout.sampling import SamplingParams
+from yatt.rollout.sampling import SamplingParams, non_finite_logits
 
 __all__ = ["HFGenerateEngine"]
 
@@ -49,6 +49,7 @@ class HFGenerateEngine(EngineBase):
 
         Raises:
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
+            SamplingError: the policy's logits held a NaN or an infinity.
         """
         _check_request(prompt_ids, seeds)
         if params.ignore_eos:
@@ -66,6 +67,10 @@ class HFGenerateEngine(EngineBase):
                     attention_mask=attention_mask,
                     **self._generate_kwargs(params, sorted(eos_ids)),
                 )
+        except RuntimeError as exc:  # torch.multinomial on NaN/inf probabilities
+            if "probability tensor contains" not in str(exc):
+                raise
+            raise non_finite_logits(None) from exc
         finally:
             self.model.train(was_training)
         generated = out.sequences[:, input_ids.shape[1] :]  # (B, n <= N)

@@ -5,6 +5,11 @@ Randomness is counter-free: each request's uniforms are drawn up front from its 
 (temperature, top-k, top-p) distribution. A row's sample therefore depends only on its seed and
 its logits, never on the batch around it, and the decode loop holds no generator state (which
 keeps it open for CUDA graphs).
+
+Logits with a NaN or an infinity (a diverged policy) leave no distribution to sample from. The
+sampler does not stop for them on the device (no host sync, nothing a CUDA graph cannot hold):
+such a row gets an in-range token with a non-finite log-prob, and the engines raise
+`SamplingError` (`check_logprob`) when they read the step back on the host.
 """
 
 import math
@@ -12,9 +17,38 @@ from dataclasses import dataclass
 
 import torch
 
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, SamplingError
 
-__all__ = ["SamplingParams", "draw_uniforms", "sample_next"]
+__all__ = [
+    "SamplingError",
+    "SamplingParams",
+    "check_logprob",
+    "draw_uniforms",
+    "non_finite_logits",
+    "sample_next",
+]
+
+
+def check_logprob(logp: float, step: int) -> None:
+    """Raise SamplingError (one line naming `step`, 1-based within the completion) unless
+    `logp`, a sampled token's log-prob from `sample_next`, is finite.
+
+    A token `sample_next` draws from finite logits always has a finite log-prob (it never picks
+    a token of zero probability), so a non-finite one means the logits were not finite.
+    """
+    if not math.isfinite(logp):
+        raise non_finite_logits(step)
+
+
+def non_finite_logits(step: int | None) -> SamplingError:
+    """The one-line SamplingError for logits with a NaN or an infinity at decode `step`
+    (1-based; None where the backend does not say which)."""
+    where = f"at decode step {step}" if step is not None else "while decoding"
+    return SamplingError(
+        f"the policy produced NaN or infinite logits {where}, so no token can be sampled: "
+        "its weights have likely diverged (lower optim.lr, keep optim.grad_clip > 0), or "
+        "rollout.temperature is too small to divide by"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +137,9 @@ def sample_next(
         uniforms: (B,) float64 in [0, 1), this step's uniform per row (ignored when greedy).
     Returns:
         tokens (B,) int64 and their log-probs (B,) float32 under the sampling distribution
-        (for greedy: under the temperature-1 distribution).
+        (for greedy: under the temperature-1 distribution). Every token is in [0, V). A row
+        whose logits hold a NaN or an infinity gets a non-finite log-prob (and an arbitrary
+        token) instead of an error here; callers check it on the host (`check_logprob`).
     """
     if params.is_greedy:
         logp = torch.log_softmax(logits.float(), dim=-1)
@@ -117,6 +153,10 @@ def sample_next(
         # a token of positive probability (never past the end, never a filtered-out token).
         targets = torch.minimum(uniforms.unsqueeze(-1).to(cdf.dtype) * total, _below(total))
         tokens = torch.searchsorted(cdf, targets, right=True).squeeze(-1)  # (B,)
+        # A NaN CDF (non-finite logits) puts the target past the end: keep the index in range,
+        # so the gather below and the next forward's embedding lookup stay valid (an index
+        # error on the CPU, a device-side assert on CUDA); its NaN log-prob reports the row.
+        tokens = tokens.clamp_(max=cdf.shape[-1] - 1)
     token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, token_logp
 
