@@ -470,53 +470,59 @@ class EpochRun:
     def _held(self, cross_in: list[int]) -> list[int]:
         """Pieces that wait for another node, and every piece with a path from one: a later
         access conflicting with a held one (a read after its write, a write after its read
-        or write), and, conservatively, every later piece of a transaction with a held one."""
+        or write), and, conservatively, every later piece of a transaction with a held one.
+
+        A transaction's pieces are consecutive, so "a later piece of a transaction with a held
+        one" is one of the last held piece's; the scan starts at the first waiting piece, and a
+        piece writing one key and reading none (most of them) is checked by two look-ups.
+        """
+        pieces, owners = self._pieces, self._owners
+        count = len(pieces)
         held: list[int] = []
-        held_slots: set[int] = set()
         wrote: set[Hashable] = set()  # keys held pieces write
         read: set[Hashable] = set()  # keys held pieces read
-        owners = self._owners
-        for pid, piece in enumerate(self._pieces):
-            if not cross_in[pid] and owners[pid] not in held_slots:
-                if not held:
-                    continue
-                writes = piece.writes
-                if (
-                    wrote.isdisjoint(piece.reads)
-                    and wrote.isdisjoint(writes)
-                    and (not writes or read.isdisjoint(writes))
+        held_slot = -1  # the transaction of the last held piece
+        for pid in range(next(filter(cross_in.__getitem__, range(count)), count), count):
+            piece = pieces[pid]
+            writes = piece.writes
+            if not cross_in[pid] and owners[pid] != held_slot:
+                if len(writes) == 1 and not piece.reads:
+                    if writes[0] not in wrote and writes[0] not in read:
+                        continue
+                elif wrote.isdisjoint(piece.reads) and (
+                    not writes or (wrote.isdisjoint(writes) and read.isdisjoint(writes))
                 ):
                     continue
             held.append(pid)
-            held_slots.add(owners[pid])
+            held_slot = owners[pid]
             read.update(piece.reads)
-            wrote.update(piece.writes)
+            wrote.update(writes)
         return held
 
     def _ancestry(self) -> list[int]:
         """Pieces of transactions that send values, and every piece with a path to one: an
         earlier access conflicting with one, and every earlier piece of such a transaction
-        (a backward scan, mirroring ``_held``); in serial order."""
+        (a backward scan from the last of them, mirroring ``_held``); in serial order."""
         found: list[int] = []
-        slots: set[int] = set()
         before_all: set[Hashable] = set()  # keys every earlier access of which is an ancestor
         before_writes: set[Hashable] = set()  # keys whose earlier writes are ancestors
         seeds, owners, pieces = self._urgent_pids, self._owners, self._pieces
-        for pid in range(len(pieces) - 1, -1, -1):
+        found_slot = -1  # the transaction of the last piece found (its pieces are consecutive)
+        for pid in range(max(seeds, default=-1), -1, -1):
             piece = pieces[pid]
-            if pid not in seeds and owners[pid] not in slots:
-                if not found:
-                    continue
-                writes = piece.writes
-                if (
-                    before_all.isdisjoint(piece.reads)
-                    and before_all.isdisjoint(writes)
-                    and (not writes or before_writes.isdisjoint(writes))
+            writes = piece.writes
+            if pid not in seeds and owners[pid] != found_slot:
+                if len(writes) == 1 and not piece.reads:
+                    if writes[0] not in before_all and writes[0] not in before_writes:
+                        continue
+                elif before_all.isdisjoint(piece.reads) and (
+                    not writes
+                    or (before_all.isdisjoint(writes) and before_writes.isdisjoint(writes))
                 ):
                     continue
             found.append(pid)
-            slots.add(owners[pid])
-            before_all.update(piece.writes)
+            found_slot = owners[pid]
+            before_all.update(writes)
             before_writes.update(piece.reads)
         found.reverse()
         return found
