@@ -321,3 +321,14 @@ def test_call_refuses_params_that_are_not_a_json_object(tmp_path, cli_error) -> 
     assert "params '{bad' are not JSON" in cli_error([*call[:2], "{bad", *call[2:]])
     assert "params must be a JSON object" in cli_error([*call[:2], "[1]", *call[2:]])
     assert "--node 5 is not a node" in cli_error([*call, "--node", "5"])
+
+
+def test_a_node_of_a_2pc_cluster_is_refused_at_once(tmp_path, cli_error):
+    """A 2PC node does not rejoin running peers: restarting one alone would wait out the ready
+    timeout; the whole cluster restarts instead (each node recovers from its log)."""
+    run = tmp_path / "run"
+    _write_cluster(run, protocol="occ", data_dir=str(tmp_path / "data"))
+    err = cli_error(["cluster", "start", "--dir", str(run), "--node", "1"])
+    assert "node 1 cannot restart alone: occ nodes do not rejoin running peers" in err
+    assert "dgcc cluster stop, then dgcc cluster start" in err
+    assert not (run / "node1.log").exists()  # no node process was started

@@ -405,8 +405,8 @@ def start_node(
 
     Raises:
         ConfigError: no cluster in ``directory``, ``node`` not one of its nodes or still
-            running, a cluster without ``data_dir`` (refused before anything starts), or the
-            node exits or is not ready within ``ready_timeout_s``.
+            running, a cluster without ``data_dir`` or of a 2PC protocol (refused before
+            anything starts), or the node exits or is not ready within ``ready_timeout_s``.
     """
     config_path = directory / CONFIG_FILE
     if not config_path.exists():
@@ -425,6 +425,14 @@ def start_node(
             f"node {node} cannot restart alone: the cluster in {str(directory)!r} runs without "
             "logging (no data_dir), so the node has no log to recover and rejoin from; stop "
             "the cluster and start it with a data dir (dgcc cluster start --data-dir DIR)"
+        )
+    from dgcc.net.servers.cc import PROTOCOLS as TWO_PHASE_PROTOCOLS  # it imports this module
+
+    if config.protocol in TWO_PHASE_PROTOCOLS:  # its peers would never take it back
+        raise ConfigError(
+            f"node {node} cannot restart alone: {config.protocol} nodes do not rejoin "
+            "running peers; restart the whole cluster (dgcc cluster stop, then dgcc cluster "
+            "start: every node recovers from its log)"
         )
     log_starts = [_log_size(directory, node)]
     process = _spawn(directory, node)

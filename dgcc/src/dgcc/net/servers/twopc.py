@@ -36,11 +36,9 @@ coordinator about its branches in doubt, redoes the committed branches' images, 
 new incarnation (part of every transaction id) before it takes calls.
 
 Peer messages are ``(kind, request id, sender, body)`` with kinds ``req`` and ``rep``; they are
-gathered per peer and written once per loop iteration. A lost peer's link is dialed again when
-the peer connects back (it restarted, or it dropped the link too; a peer connecting again
-before its previous link was seen to end is lost first) or when a transaction needs it (one
-bounded try, ``REDIAL_TIMEOUT_S``: while the peer is still down, that transaction fails with an
-ERROR naming it); replies to a peer wait while its link is being dialed.
+gathered per peer and written once per loop iteration. A lost peer stays lost until the
+cluster restarts (a 2PC node does not rejoin running peers): calls that need it fail with an
+ERROR naming it, the others go on.
 
 With ``order_log`` on, every node keeps its committed branches and answers ``order`` with them:
 ``((called node, seq), procedure, params, reads, writes)`` per branch, enough to rebuild the
@@ -54,7 +52,6 @@ against a serial replay too.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import random
@@ -73,9 +70,9 @@ from dgcc.api import (
 )
 from dgcc.cluster import ClusterConfig
 from dgcc.errors import ConfigError
-from dgcc.net.node import CALLS_WAITING_MAX, PEER_CONNECTED, Node
+from dgcc.net.node import CALLS_WAITING_MAX, Node
 from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
-from dgcc.net.wire import FrameError, NetError, frame, read_frame
+from dgcc.net.wire import FrameError, frame, read_frame
 from dgcc.protocols.dist_dgcc import REPLICATED
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.node_log import node_directory
@@ -89,16 +86,10 @@ RETRIES_MAX = 1000  # attempts per transaction, the first included: at most 999 
 BACKOFF_S_MIN = 0.0002  # first retry waits up to this long; doubling per retry
 BACKOFF_S_MAX = 0.002
 RPC_TIMEOUT_S = 120.0
-REDIAL_TIMEOUT_S = 2.0  # one try to dial a lost peer again (connect and handshake)
-REDIAL_PAUSE_S = 0.01  # between connects a peer refused because it still held our old link
 
 
 class PeerLost(ConnectionError):
     """The link to the peer a request waits on is down (see ``TwoPhaseCommitNode._peer_lost``)."""
-
-
-class PeerUnreachable(PeerLost):
-    """The link to the peer was down and dialing it again failed: the request was not sent."""
 
 
 BranchId = tuple[int, int, int, int]  # (origin node, sequence, attempt, origin incarnation)
@@ -130,7 +121,6 @@ class TwoPhaseCommitNode(Node):
         self._committed: list[tuple] = []
         self.logic_aborted: list[tuple] = []  # with order_log: logic-aborted branches
         self._txn_tasks: set[asyncio.Task] = set()
-        self._redialing: dict[int, asyncio.Task[str | None]] = {}  # peer -> its dial in flight
         self.stats.update({"txn/attempts": 0, "txn/cc_aborts": 0, "txn/retries": 0,
                            "txn/gave_up": 0, "txn/forwarded": 0})  # fmt: skip
 
@@ -174,7 +164,7 @@ class TwoPhaseCommitNode(Node):
         return cc_class
 
     def stop(self) -> None:
-        for task in [*self._txn_tasks, *self._redialing.values()]:
+        for task in self._txn_tasks:
             task.cancel()
         if self.wal is not None:  # closed before ``Node.stop`` gives up the directory
             self.wal.close()
@@ -199,25 +189,17 @@ class TwoPhaseCommitNode(Node):
         queue.append(frame(message))
 
     def _flush(self, peer: int) -> None:
-        if peer in self._redialing:  # held until the link is back (or the dial failed)
-            return
         data = b"".join(self._outgoing.pop(peer, ()))
         self.stats["net/peer_bytes"] += len(data)
         writer = self._out.get(peer)  # None: the peer was lost; its requests time out
         if writer is not None and not writer.is_closing():
             writer.write(data)
 
-    async def _request(self, peer: int, body: tuple, *, redial: bool = True) -> Any:
-        """``peer``'s answer to ``body``. A lost ``peer`` is dialed again first (one try of at
-        most ``REDIAL_TIMEOUT_S``; not with ``redial=False``). Raises PeerUnreachable if the
-        link is down and stays so (nothing was sent), PeerLost at once if the link goes down
-        before ``peer`` answers, TimeoutError after ``RPC_TIMEOUT_S``."""
-        if peer in self._down and not redial:
-            raise PeerUnreachable(f"node {peer} is lost")
+    async def _request(self, peer: int, body: tuple) -> Any:
+        """``peer``'s answer to ``body``. Raises PeerLost at once if the link to ``peer`` is
+        down or goes down before it answers, TimeoutError after ``RPC_TIMEOUT_S``."""
         if peer in self._down:
-            failure = await asyncio.shield(self._redial(peer))
-            if failure is not None:
-                raise PeerUnreachable(f"node {peer} is lost and dialing it again failed: {failure}")
+            raise PeerLost(f"node {peer} is lost")
         request_id = next(self._request_ids)
         reply = asyncio.get_running_loop().create_future()
         self._replies[request_id] = reply
@@ -251,89 +233,7 @@ class TwoPhaseCommitNode(Node):
             logger.warning("node %d: aborted %d branches of lost coordinator %d", self.id,
                            len(orphans), peer)  # fmt: skip
 
-    def _redial(self, peer: int) -> asyncio.Task[str | None]:
-        """The dial of lost ``peer`` in flight, started if none is: one at a time per peer,
-        shared by everyone waiting on it. Its result: None once the link is back, else why not."""
-        task = self._redialing.get(peer)
-        if task is None:
-            task = asyncio.create_task(self._dial(peer), name=f"redial {peer}")
-            self._redialing[peer] = task
-            task.add_done_callback(functools.partial(self._redialed, peer))
-        return task
-
-    def _redialed(self, peer: int, task: asyncio.Task[str | None]) -> None:
-        """A dial ended: log a failure, and send (or, still down, drop) the replies it held."""
-        if self._redialing.get(peer) is task:
-            del self._redialing[peer]
-        if not task.cancelled() and task.exception() is None and task.result() is not None:
-            logger.warning("node %d: dialing lost peer %d again failed: %s", self.id, peer,
-                           task.result())  # fmt: skip
-        if peer in self._outgoing:
-            self._flush(peer)
-
-    async def _dial(self, peer: int) -> str | None:
-        """Dial lost ``peer`` again, within ``REDIAL_TIMEOUT_S``: None once the link is back
-        (the peer is no longer down), else the reason in one line. A refused connection fails
-        at once (nothing listens: the peer is still down); only a peer that still holds our
-        previous link open (it has not yet read its end) is asked again."""
-        address = self.config.nodes[peer]
-        deadline_s = time.monotonic() + REDIAL_TIMEOUT_S
-        while peer in self._down and not self.stopped.is_set():
-            writer = None
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address.host, address.port),
-                    max(0.0, deadline_s - time.monotonic()),
-                )
-                answer = await asyncio.wait_for(
-                    self._introduce(peer, reader, writer), max(0.0, deadline_s - time.monotonic())
-                )
-            except TimeoutError:
-                failure = f"no connection and handshake in {REDIAL_TIMEOUT_S:g} s"
-            except (OSError, NetError) as error:
-                failure = str(error) or type(error).__name__
-            else:
-                if answer[0] == "ready" and self.stopped.is_set():
-                    writer.close()
-                    break
-                if answer[0] == "ready":
-                    self._out[peer] = writer
-                    self._down.discard(peer)
-                    self._check_ready()
-                    logger.warning("node %d: link to peer %d is back", self.id, peer)
-                    return None
-                failure = f"refused: {answer!r:.120}"
-                if answer[0] == "error" and PEER_CONNECTED in str(answer[1:2]):
-                    failure = f"it still holds our previous link ({answer[1]!s:.120})"
-                    if time.monotonic() + REDIAL_PAUSE_S < deadline_s:
-                        writer.close()
-                        await asyncio.sleep(REDIAL_PAUSE_S)  # retry policy: it lets go soon
-                        continue
-            if writer is not None:
-                writer.close()
-            return failure.replace("\n", " ")
-        return None if peer not in self._down else "this node is stopping"
-
-    async def _handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[str, Any]:
-        """``Node._handshake``; a peer accepted while its previous link is still registered
-        (that link is at its end, or the peer would be refused, but its end was not handled
-        yet, and once the new link replaces it, never would be) is lost first, as when that
-        end is handled: what waits on it fails, its unvoted branches abort, and it is dialed
-        back (``_serve_peer``)."""
-        role, peer = await super()._handshake(reader, writer)
-        if role == "node" and peer in self._peer_readers and not self.stopped.is_set():
-            logger.warning("node %d: peer %d connected again; its previous link ended", self.id,
-                           peer)  # fmt: skip
-            self._peer_lost(peer)
-        return role, peer
-
     async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
-        """Serve ``peer``'s requests and replies; a lost peer connecting back (it restarted, or
-        re-dials us after dropping the link) is dialed back at once."""
-        if peer in self._down and not self.stopped.is_set():
-            self._redial(peer)
         limit = self.config.frame_bytes_max
         while True:
             message = await read_frame(reader, limit)
@@ -351,9 +251,6 @@ class TwoPhaseCommitNode(Node):
 
     async def _answer(self, peer: int, request_id: int, body: Sequence[Any]) -> None:
         op, branch_id = body[0], tuple(body[1])
-        dial = self._redialing.get(peer)
-        if dial is not None:  # it connected back and we dial it: answer once we can reply
-            await asyncio.shield(dial)
         if op in ("pieces", "call") and not self._recovered.is_set():
             await self._recovered.wait()  # a peer that restarted first must not see old rows
         if op == "call":  # a call forwarded by the node its client called: coordinate it here
@@ -534,8 +431,6 @@ class TwoPhaseCommitNode(Node):
         except TimeoutError:
             reason = f"node {node} gave no outcome of the forwarded call in {RPC_TIMEOUT_S:.0f} s"
             return Outcome(Status.ERROR, reason=reason)
-        except PeerUnreachable as error:
-            return Outcome(Status.ERROR, reason=f"{error}; the call was not forwarded")
         except PeerLost:
             return Outcome(
                 Status.ERROR, reason=f"node {node} was lost; the call's outcome there is unknown"
@@ -649,8 +544,6 @@ class TwoPhaseCommitNode(Node):
         call fails with an ERROR naming the cause; the other participants abort their
         branches (the lost one aborts its own unvoted branch when it sees this node lost)."""
         await self._finish(branch_id, touched, commit=False)
-        if isinstance(error, PeerUnreachable):
-            return Outcome(Status.ERROR, reason=f"{error}; the call was aborted")
         where = f"node {node}" if node is not None else "a participant"
         cause = (
             "was lost"
@@ -668,12 +561,11 @@ class TwoPhaseCommitNode(Node):
         self, branch_id: BranchId, nodes: list[int], *, commit: bool, logic: bool = False
     ) -> None:
         """Send the decision (``logic``: an abort that is the transaction's logic abort). A
-        participant lost meanwhile misses it: an abort it presumes itself (so a lost one is not
-        dialed for it); a commit it gets if dialing it again succeeds, else it learns it from
-        this node's log when it restarts (with a data dir)."""
+        participant lost meanwhile misses it: an abort it presumes itself; a commit it learns
+        from this node's log when it restarts (with a data dir)."""
         op = "commit" if commit else "abort"
         body = (op, branch_id, True) if logic else (op, branch_id)
-        remote = [self._request(node, body, redial=commit) for node in nodes if node != self.id]
+        remote = [self._request(node, body) for node in nodes if node != self.id]
         if self.id in nodes:
             self._end(branch_id, commit=commit, logic=logic)
         if remote:
