@@ -1,14 +1,16 @@
-"""A built-in reward that cannot grade a built-in task's rows is refused when the config loads,
-in one line naming both settings; every pair the check accepts does grade the task (a correct
-completion scores 1), and every pair it refuses does not (it raises, or scores a correct
-completion 0). Rewards of the user's own and rows from a file are never refused."""
+"""A built-in reward that cannot grade a built-in task's rows is refused before a run that would
+use it starts (`check_rewards_grade_task`, called by the trainer, the controllers and `yatt
+eval`), in one line naming both settings; every pair the check accepts does grade the task (a
+correct completion scores 1), and every pair it refuses does not (it raises, or scores a correct
+completion 0). Rewards of the user's own and rows from a file are never refused, and SFT, which
+uses no reward, is not checked."""
 
 import re
 from functools import cache
 
 import pytest
 
-from yatt.config import load_config
+from yatt.config import check_rewards_grade_task, load_config
 from yatt.data import TASKS, generate_task
 from yatt.errors import ConfigError
 from yatt.rewards import REWARD_FNS, get_reward_fn
@@ -52,33 +54,60 @@ def test_every_built_in_pair_is_accepted_exactly_when_the_reward_grades_the_task
     for reward in sorted(REWARD_FNS):
         overrides = [f"data.task={task}", f"reward.fns=[{reward}]", f"eval.reward_fn={reward}"]
         assert _grades(task, reward) == (reward in ACCEPTED[task]), (task, reward)
+        config = load_config("tiny_test", overrides)  # loading checks no reward
         if reward in ACCEPTED[task]:
-            assert load_config("tiny_test", overrides).data.task == task
+            check_rewards_grade_task(config)
             continue
         with pytest.raises(ConfigError) as info:
-            load_config("tiny_test", overrides)
+            check_rewards_grade_task(config)
         message = str(info.value)
         assert f"reward.fns='{reward}'" in message and f"data.task='{task}'" in message
         assert "\n" not in message and sorted(ACCEPTED[task])[0] in message
 
 
-def test_the_evaluation_reward_is_checked_only_when_the_run_evaluates():
+def test_the_evaluation_reward_is_checked_only_where_it_is_used():
     countdown = ["data.task=countdown", "reward.fns=[reasoning_gym]"]
     message = "eval.reward_fn='math_answer' cannot grade data.task='countdown'"
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config("tiny_test", countdown)
-    assert load_config("tiny_test", [*countdown, "eval.n=0"]).eval.reward_fn == "math_answer"
-    assert load_config("tiny_test", [*countdown, "eval.reward_fn=reasoning_gym"])
+        check_rewards_grade_task(load_config("tiny_test", countdown))  # the run evaluates
+    check_rewards_grade_task(load_config("tiny_test", [*countdown, "eval.n=0"]))  # it does not
+    check_rewards_grade_task(load_config("tiny_test", [*countdown, "eval.reward_fn=reasoning_gym"]))
+    # `yatt eval` grades with eval.reward_fn alone, whatever reward.fns says
+    only_eval = load_config("tiny_test", ["data.task=countdown", "eval.reward_fn=reasoning_gym"])
+    check_rewards_grade_task(only_eval, train=False, evaluate=True)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_rewards_grade_task(load_config("tiny_test", ["data.task=countdown", "eval.n=0"]),
+                                 train=False, evaluate=True)  # fmt: skip
+
+
+def test_a_countdown_config_with_default_rewards_loads_for_sft():
+    """SFT reads neither reward setting, so loading (what `yatt sft` does) refuses nothing."""
+    assert load_config("tiny_test", ["data.task=countdown"]).reward.fns == ("math_answer",)
 
 
 def test_own_rewards_and_rows_from_a_file_are_never_refused(tmp_path):
     config = load_config("tiny_test", ["data.task=countdown", f"reward.fns=[{USER_REWARD}]",
                                        f"eval.reward_fn={USER_REWARD}"])  # fmt: skip
-    assert config.reward.fns == (USER_REWARD,)
+    check_rewards_grade_task(config, evaluate=True)
     rows = ["data.task=countdown", f"data.path={tmp_path / 'rows.jsonl'}"]
-    assert load_config("tiny_test", rows).reward.fns == ("math_answer",)
+    check_rewards_grade_task(load_config("tiny_test", rows), evaluate=True)
+    # with rows from a file, data.task is not used: any name loads
+    assert load_config("tiny_test", ["data.task=mine", f"data.path={tmp_path / 'r.jsonl'}"])
 
 
 def test_an_unknown_task_is_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match=r"'data\.task'.*addition, arithmetic, countdown"):
         load_config("tiny_test", ["data.task=countdwn"])
+
+
+def test_training_entry_points_refuse_a_mismatch_before_any_work(tmp_path):
+    from yatt.control import fit_distributed
+    from yatt.trainer import Trainer
+
+    config = load_config("tiny_test", ["data.task=countdown", f"logging.run_dir={tmp_path}/r"])
+    message = "reward.fns='math_answer' cannot grade data.task='countdown'"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Trainer(config)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        fit_distributed(config, config.control)
+    assert not (tmp_path / "r").exists()  # refused before the run folder was claimed

@@ -86,3 +86,48 @@ def test_hf_backend_reports_non_finite_logits_alike(tiny, greedy):
     params = SamplingParams(max_new_tokens=4, greedy=greedy)
     with pytest.raises(SamplingError, match=r"NaN or infinite logits.*optim\.lr"):
         HFGenerateEngine(poisoned, tokenizer).generate([prompt], params, [3])
+
+
+def test_a_cdf_rising_at_a_filtered_token_is_made_flat_there():
+    """A tree-order scan (CUDA) can round the running sum up at a token of zero probability;
+    `flat_at_zeros` gives that token the sum before it, so `searchsorted` never picks it."""
+    from yatt.rollout.sampling import flat_at_zeros
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [float("nan")] * 5])
+    up = torch.nextafter(torch.tensor([0.5, 1.0]), torch.tensor(2.0)).tolist()  # one step up
+    rounded = torch.tensor([[1e-8, 0.5, up[0], 1.0, up[1]], [float("nan")] * 5])
+    flat = flat_at_zeros(rounded, probs)
+    assert flat[0].tolist() == [float("-inf"), 0.5, 0.5, 1.0, 1.0]
+    assert torch.isnan(flat[1]).all()  # a NaN row stays NaN (and is reported by its log-prob)
+    target = torch.tensor([[0.5]])  # the raw scan rises above it first at token 2
+    assert torch.searchsorted(rounded[:1], target, right=True).item() == 2  # the filtered one
+    assert torch.searchsorted(flat[:1], target, right=True).item() == 3  # the next kept one
+
+
+def test_the_vllm_backend_reports_a_non_finite_log_prob_with_its_step():
+    """vLLM samples on its own; its completions' log-probs are checked as the engine's are."""
+    from types import SimpleNamespace
+
+    from yatt.rollout.vllm import VLLMEngine
+
+    def output(logprobs: list[float]) -> SimpleNamespace:
+        steps = [{token: SimpleNamespace(logprob=lp)} for token, lp in enumerate(logprobs)]
+        return SimpleNamespace(token_ids=list(range(len(logprobs))), logprobs=steps,
+                               finish_reason="length", text="abc")  # fmt: skip
+
+    assert VLLMEngine._completion([7], output([-0.5, -1.0, -2.0])).logprobs == [-0.5, -1.0, -2.0]
+    with pytest.raises(SamplingError, match="NaN or infinite logits at decode step 2"):
+        VLLMEngine._completion([7], output([-0.5, float("nan"), -2.0]))
+
+
+def test_several_steps_read_back_at_once_report_the_earliest_bad_one():
+    """With sync_every > 1 the host reads k steps of every row together: the error names the
+    earliest step any unfinished row went bad at, not the first bad row's."""
+    from yatt.rollout.engine import _Row, _StopRule
+
+    rule = _StopRule(SamplingParams(max_new_tokens=8, temperature=1.0), set(), None)
+    rows = [_Row([1]), _Row([1])]
+    nan = float("nan")
+    logps = torch.tensor([[-1.0, -1.0, nan], [nan, -1.0, -1.0]])  # row 0 at step 3, row 1 at 1
+    with pytest.raises(SamplingError, match="at decode step 1,"):
+        rule.feed(rows, torch.zeros(2, 3, dtype=torch.long), logps)

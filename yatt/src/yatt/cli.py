@@ -180,12 +180,14 @@ def _eval(model: str, overrides: list[str]) -> None:
     run's saved `model/`) is evaluated on the data and eval settings of that run; `overrides`
     win over them."""
     from yatt.builders import build_data, build_model
+    from yatt.config import check_rewards_grade_task
     from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
     from yatt.rollout import make_engine
     from yatt.trainer import configure_threads
 
     config = _configured(_eval_config(model, overrides))
+    check_rewards_grade_task(config, train=False, evaluate=True)
     if config.eval.n == 0:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)

@@ -38,6 +38,7 @@ __all__ = [
     "apply_overrides",
     "check_controller_settings",
     "check_eval_data",
+    "check_rewards_grade_task",
     "check_training_dtype",
     "load_config",
     "log_level",
@@ -132,7 +133,8 @@ class DataConfig:
     use_chat_template: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.task in TASKS, "data.task", self.task, f"one of {', '.join(TASKS)}")
+        if not self.path:  # rows from a file make the task moot
+            _require(self.task in TASKS, "data.task", self.task, f"one of {', '.join(TASKS)}")
         _require(self.n_train > 0, "data.n_train", self.n_train, "an int > 0")
         _require(self.n_heldout >= 0, "data.n_heldout", self.n_heldout, "an int >= 0")
 
@@ -449,7 +451,6 @@ class Config:
 
     def __post_init__(self) -> None:
         _require_ray_for_control(self.control)
-        _require_rewards_grade_task(self)
         if self.control.backend == "ray":
             check_controller_settings(self, self.control)
         if self.algo.overlong_buffer > self.rollout.max_new_tokens:
@@ -466,23 +467,25 @@ class Config:
             )
 
 
-def _require_rewards_grade_task(config: Config) -> None:
+def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bool = False) -> None:
     """Refuse a built-in reward that cannot grade the rows of the built-in task `data.task`
     (ConfigError, one line naming both settings and the rewards that fit), so that a run does
     not fail (or score every completion 0) only at its first reward or evaluation: a reward
     that compares with a numeric answer on countdown (an expression, one of many correct),
     reasoning_gym's checker on addition rows.
 
-    `reward.fns` is checked always, `eval.reward_fn` when the run evaluates (`eval.enabled`).
-    Not checked: rows from a file (`data.path`: their fields are the user's), rewards given as
-    "package.module:function", and names registered without a `REWARD_NEEDS` entry.
+    What is checked is what the caller will use: `reward.fns` with `train` (an RL run), and
+    `eval.reward_fn` when the run evaluates (`eval.enabled`) or with `evaluate` (`yatt eval`);
+    SFT uses neither. Not checked: rows from a file (`data.path`: their fields are the
+    user's), rewards given as "package.module:function", and names registered without a
+    `REWARD_NEEDS` entry.
     """
     if config.data.path:
         return
     task = config.data.task
     provides = TASK_PROVIDES.get(task, frozenset())
-    settings = [("reward.fns", name) for name in config.reward.fns]
-    if config.eval.enabled:
+    settings = [("reward.fns", name) for name in config.reward.fns] if train else []
+    if config.eval.enabled or evaluate:
         settings.append(("eval.reward_fn", config.eval.reward_fn))
     for key, name in settings:
         need = None if ":" in name else REWARD_NEEDS.get(name)

@@ -37,7 +37,13 @@ from yatt.checkpoint import (
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
-from yatt.config import Config, check_eval_data, check_training_dtype, save_config
+from yatt.config import (
+    Config,
+    check_eval_data,
+    check_rewards_grade_task,
+    check_training_dtype,
+    save_config,
+)
 from yatt.errors import ConfigError
 from yatt.rewards import RewardError
 from yatt.roles.critic import CriticRole
@@ -128,6 +134,7 @@ class Trainer:
         self.config = config
         check_eval_data(config)
         check_training_dtype(config)
+        check_rewards_grade_task(config, train=reward is None)  # a given reward is the caller's
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         if resume:
             check_resumed_by(Path(resume), controllers=False)

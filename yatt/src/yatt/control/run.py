@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yatt.config import Config, check_controller_settings, check_eval_data, check_training_dtype
+from yatt.config import (
+    Config,
+    check_controller_settings,
+    check_eval_data,
+    check_rewards_grade_task,
+    check_training_dtype,
+)
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
 from yatt.control.segments import SEGMENTS_FILE, Segment
@@ -58,6 +64,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     require_backend(control.backend)
     check_eval_data(config)
     check_training_dtype(config)
+    check_rewards_grade_task(config)
     if control.backend == "ray" and config.train.torch_threads:
         logger.info(
             "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "

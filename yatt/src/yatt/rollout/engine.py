@@ -292,14 +292,16 @@ class _StopRule:
         """Append k steps of samples; tokens after a row's stop are dropped.
 
         rows: the batch's rows in batch order; tokens (B, k) int64, logps (B, k) float.
+        Step by step across the rows, so a SamplingError names the earliest bad step.
         """
         assert tokens.shape == logps.shape, f"{tokens.shape} != {logps.shape}"
         assert tokens.shape[0] == len(rows), f"{tokens.shape[0]} token rows for {len(rows)} rows"
-        for row, row_tokens, row_logps in zip(rows, tokens.tolist(), logps.tolist()):
-            for token, logp in zip(row_tokens, row_logps):
-                if row.finish_reason is not None:
-                    break
-                _append_token(row, token, logp, self.params, self.eos_ids, self.tokenizer)
+        token_rows, logp_rows = tokens.tolist(), logps.tolist()
+        for step in range(tokens.shape[1]):
+            for row, row_tokens, row_logps in zip(rows, token_rows, logp_rows, strict=True):
+                if row.finish_reason is None:
+                    _append_token(row, row_tokens[step], row_logps[step], self.params,
+                                  self.eos_ids, self.tokenizer)  # fmt: skip
 
 
 def _append_token(

@@ -24,6 +24,7 @@ __all__ = [
     "SamplingParams",
     "check_logprob",
     "draw_uniforms",
+    "flat_at_zeros",
     "non_finite_logits",
     "sample_next",
 ]
@@ -147,7 +148,10 @@ def sample_next(
         tokens = torch.argmax(logits.float(), dim=-1)
     else:
         logp = filtered_logprobs(logits, params)
-        cdf = torch.cumsum(logp.exp(), dim=-1)  # (B, V)
+        probs = logp.exp()
+        cdf = torch.cumsum(probs, dim=-1)  # (B, V)
+        if cdf.is_cuda:  # a parallel scan: its sums may round up at a filtered-out token
+            cdf = flat_at_zeros(cdf, probs)
         total = cdf[:, -1:]  # (B, 1), 1 up to rounding
         # The target stays strictly below the CDF's own total, so the first entry above it is
         # a token of positive probability (never past the end, never a filtered-out token).
@@ -159,6 +163,19 @@ def sample_next(
         tokens = tokens.clamp_(max=cdf.shape[-1] - 1)
     token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, token_logp
+
+
+def flat_at_zeros(cdf: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """`cdf` made flat at every token of zero probability, and non-decreasing.
+
+    A sequential cumulative sum adds exactly 0 there, so the CPU's needs nothing. CUDA's scan
+    sums in tree order: the total before and at a filtered-out token can differ by a rounding
+    step, and `searchsorted` could then land on that token (log-prob -inf, a false
+    SamplingError). Here such a token repeats the largest sum before it (-inf before the first
+    kept token), so it is never the first entry above a target. NaN rows stay NaN.
+    """
+    masked = cdf.masked_fill(probs == 0, float("-inf"))
+    return torch.cummax(masked, dim=-1).values
 
 
 def _below(values: torch.Tensor) -> torch.Tensor:

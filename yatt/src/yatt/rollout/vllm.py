@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from yatt.errors import ConfigError
 from yatt.rollout.engine import Completion, EngineBase, _check_request
-from yatt.rollout.sampling import SamplingParams
+from yatt.rollout.sampling import SamplingParams, check_logprob
 
 __all__ = ["VLLMEngine"]
 
@@ -106,6 +106,8 @@ class VLLMEngine(EngineBase):
     def _completion(prompt: list[int], output) -> Completion:
         token_ids = list(output.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(output.logprobs, token_ids)]
+        for position, logprob in enumerate(logprobs, 1):
+            check_logprob(logprob, position)  # a diverged policy: one line, not garbage rows
         reason = "length" if output.finish_reason == "length" else "stop"
         return Completion(list(prompt), token_ids, output.text, reason, logprobs)
 
