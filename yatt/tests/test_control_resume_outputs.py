@@ -11,6 +11,7 @@ import yatt.control.timeline
 from yatt.config import load_config
 from yatt.control import ControlConfig, fit_distributed
 from yatt.control.segments import (
+    SEGMENTS_BAD_FILE,
     SEGMENTS_FILE,
     Segment,
     coverage_text,
@@ -105,12 +106,16 @@ def test_parts_are_laid_end_to_end_on_the_timeline():
     assert marks == [(pytest.approx(1.8), "resumed at step 2")]
 
 
-def test_segment_records_round_trip_and_a_damaged_file_is_left_out(tmp_path, caplog):
+def test_segment_records_round_trip_and_a_damaged_file_is_moved_aside(tmp_path, caplog):
     parts = [_segment(0, 3, 1000.0), _segment(3, 2, 2000.0)]
     save_segments(tmp_path, parts)
     assert load_segments(tmp_path) == parts
-    (tmp_path / SEGMENTS_FILE).write_text('[{"first_step": 0, "step_end_s": [1')  # torn
+    torn = '[{"first_step": 0, "step_end_s": [1'
+    (tmp_path / SEGMENTS_FILE).write_text(torn)
     assert load_segments(tmp_path) == []
-    assert "unreadable" in caplog.text and "\n" not in caplog.records[-1].getMessage()
+    assert "damaged" in caplog.text and "\n" not in caplog.records[-1].getMessage()
+    assert (tmp_path / SEGMENTS_BAD_FILE).read_text() == torn  # kept, not overwritten
+    assert not (tmp_path / SEGMENTS_FILE).exists()
     (tmp_path / SEGMENTS_FILE).write_text(json.dumps([{"first_step": 0}]))  # not a record
     assert load_segments(tmp_path) == []
+    assert "missing" in caplog.records[-1].getMessage()

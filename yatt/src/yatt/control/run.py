@@ -18,7 +18,7 @@ from yatt.config import (
 )
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
-from yatt.control.segments import SEGMENTS_FILE, Segment
+from yatt.control.segments import SEGMENTS_BAD_FILE, SEGMENTS_FILE, Segment
 from yatt.errors import ConfigError
 
 __all__ = ["fit_distributed"]
@@ -187,8 +187,8 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, Path]:
         check_resume_fits(config, state, resume)
     run_dir = Path(config.logging.run_dir).resolve()
     in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == run_dir
-    outputs = ("metrics.jsonl", "timeline.png", "control.json", SEGMENTS_FILE, "tensorboard",
-               "checkpoints", MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
+    outputs = ("metrics.jsonl", "timeline.png", "control.json", SEGMENTS_FILE, SEGMENTS_BAD_FILE,
+               "tensorboard", "checkpoints", MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
     try:
         claimed = claim_run_dir(
             config.logging.run_dir, outputs, resuming=in_place,

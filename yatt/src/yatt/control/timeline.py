@@ -67,44 +67,47 @@ def idle_fractions(spans: list[Span], n_devices: int, window: tuple[float, float
     start_s, end_s = window or (min(s.start_s for s in spans), max(s.end_s for s in spans))
     length_s = end_s - start_s
     assert length_s > 0, f"empty window {start_s}..{end_s}"
-    fractions = []
-    for device in range(n_devices):
-        clipped = [
-            (max(s.start_s, start_s), min(s.end_s, end_s))
-            for s in spans
-            if s.device == device and s.end_s > start_s and s.start_s < end_s
-        ]
-        fractions.append(1.0 - _busy_s(clipped) / length_s)
-    return fractions
+    clipped: dict[int, list[tuple[float, float]]] = {device: [] for device in range(n_devices)}
+    for s in spans:
+        if s.device in clipped and s.end_s > start_s and s.start_s < end_s:
+            clipped[s.device].append((max(s.start_s, start_s), min(s.end_s, end_s)))
+    return [1.0 - _busy_s(clipped[device]) / length_s for device in range(n_devices)]
 
 
 def plot_timeline(spans: list[Span], n_devices: int, path: Path, title: str = "timeline",
                   marks: Iterable[tuple[float, str]] = ()) -> Path:  # fmt: skip
-    """A Gantt chart: one row per device, one bar per span, coloured by phase; a dashed
-    vertical line, labelled, at each of `marks` (time_s, label)."""
+    """A Gantt chart: one row per device, one bar per span, coloured by phase (one legend entry
+    a phase); a dashed vertical line, labelled, at each of `marks` (time_s, label). Each
+    device's idle fraction (`idle_fractions`; 100% where no span has any length) names its
+    row. The bars of one device and phase are drawn as one collection, so the cost grows with
+    the spans only through the rendering."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 0.5 * n_devices + 2.0))
-    seen: set[str] = set()
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}  # in order of first span
     for span in spans:
-        color = PHASE_COLORS.get(span.phase, "tab:purple")
-        label = None if span.phase in seen else span.phase
-        seen.add(span.phase)
+        bars.setdefault((span.device, span.phase), []).append(
+            (span.start_s, span.end_s - span.start_s)
+        )
+    seen: set[str] = set()
+    for (device, phase), xranges in bars.items():
         ax.broken_barh(
-            [(span.start_s, span.end_s - span.start_s)],
-            (span.device - 0.4, 0.8),
-            facecolors=color,
+            xranges,
+            (device - 0.4, 0.8),
+            facecolors=PHASE_COLORS.get(phase, "tab:purple"),
             edgecolor="white",
             linewidth=0.3,
-            label=label,
+            label=None if phase in seen else phase,
         )
+        seen.add(phase)
     for time_s, text in marks:
         ax.axvline(time_s, color="black", linestyle="--", linewidth=0.8)
         ax.text(time_s, n_devices - 0.5, f" {text}", fontsize="small", va="bottom")
-    idle = idle_fractions(spans, n_devices)
+    timed = spans and max(s.end_s for s in spans) > min(s.start_s for s in spans)
+    idle = idle_fractions(spans, n_devices) if timed else [1.0] * n_devices
     ax.set_yticks(range(n_devices), [f"dev {d} (idle {100 * f:.0f}%)" for d, f in enumerate(idle)])
     ax.set(xlabel="seconds", title=title)
     ax.legend(fontsize="small", ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35))
