@@ -286,21 +286,7 @@ def test_canary_occ_without_validation_is_caught(monkeypatch) -> None:
         protocol="occ",
     )
 
-    async def run() -> tuple[list, list, dict]:
-        nodes = [TwoPhaseCommitNode(config, n) for n in range(2)]
-        await asyncio.gather(*(node.start() for node in nodes))
-        try:
-            outcomes = await _drive(config.nodes, requests)
-        finally:
-            for node in nodes:
-                node.stop()
-        merged: dict = {}
-        for node in nodes:
-            for table, rows in node.owned_dump().items():
-                merged.setdefault(table, {}).update(rows)
-        return outcomes, [tuple(node._committed) for node in nodes], merged
-
-    outcomes, histories, merged = asyncio.run(run())
+    outcomes, histories, _, merged = asyncio.run(_in_process_run(config, requests))
     history = _history(requests, _wire(histories))
     try:
         rows = _replay_serially("ycsb", requests, outcomes, history)
