@@ -104,11 +104,13 @@ def test_bad_config_is_rejected(tmp_path: Path) -> None:
 
 def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo = _checkout(tmp_path, {"engine": OK_SCRIPT, "postgres": FAILING_SCRIPT})
-    argv = ["report", "--repo", str(repo), "--only", "engine", "--no-stitch"]
+    logs = ["--log-dir", str(tmp_path / "logs")]  # not the default temp folder (it is kept)
+    argv = ["report", "--repo", str(repo), "--only", "engine", "--no-stitch", *logs]
     assert cli.main(argv) == 0
     assert "name=engine" in capsys.readouterr().out
-    assert cli.main(["report", "--repo", str(repo), "--only", "postgres", "--no-stitch"]) == 1
-    assert cli.main(["report", "--repo", str(repo), "--only", "bogus"]) == 2
+    argv = ["report", "--repo", str(repo), "--only", "postgres", "--no-stitch", *logs]
+    assert cli.main(argv) == 1
+    assert cli.main(["report", "--repo", str(repo), "--only", "bogus", *logs]) == 2
     assert "unknown benchmark" in capsys.readouterr().err
 
 
