@@ -18,7 +18,17 @@ from yatt.config import (
 )
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
-from yatt.control.segments import SEGMENTS_BAD_FILE, SEGMENTS_FILE, Segment
+from yatt.control.segments import (
+    SEGMENTS_BAD_FILE,
+    SEGMENTS_FILE,
+    Segment,
+    coverage_text,
+    cut_segments,
+    load_segments,
+    merged_spans,
+    merged_summary,
+    save_segments,
+)
 from yatt.errors import ConfigError
 
 __all__ = ["fit_distributed"]
@@ -57,7 +67,6 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
-    from yatt.control.segments import cut_segments, load_segments, save_segments
     from yatt.control.workers import require_backend
 
     check_controller_settings(config, control)
@@ -149,7 +158,6 @@ def _segment(result: RunResult, start_step: int, start_s: float, n_devices: int)
 def _write_run_outputs(run_dir: Path, segments: list[Segment], title: str) -> None:
     """`timeline.png` and `control.json` over every segment of the run, each naming the steps
     it covers (`coverage_text`, `merged_summary`'s `steps` and `not_recorded`)."""
-    from yatt.control.segments import coverage_text, merged_spans, merged_summary
     from yatt.control.timeline import plot_timeline
 
     spans, marks = merged_spans(segments)
