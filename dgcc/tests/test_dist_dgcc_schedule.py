@@ -126,7 +126,8 @@ def test_a_value_turns_into_the_value_a_peer_waits_for_before_local_work(checked
     with debug.invariants(checked):
         (node0, node1), dbs = _runs(workload, [[_move(3, 12), _move(12, 4)], local])
         assert node1.step(1) == 1  # a local-only piece: no value has come yet
-        assert node0.step(100) == 1 and not node0.has_ready
+        assert node0.step(100) == 1  # txn 0's take, whose value leaves at once
+        assert node0.step(100) == 0 and not node0.has_ready  # txn 1's put waits for node 1
         node1.deliver(_wire(node0.take_outbox()[1]))
         assert node1.step(100) == 2  # both held pieces, then the value leaves
         assert workload.ran[2:] == [(3, 12, "put"), (12, 4, "take")]
@@ -136,6 +137,24 @@ def test_a_value_turns_into_the_value_a_peer_waits_for_before_local_work(checked
         assert node1.step(100) == 2 * len(local) - 1 and node1.finished
     assert dbs[1]["kv"].rows[12]["v"] == 12 * 2 + 3
     assert dbs[0]["kv"].rows[4]["v"] == 4 * 2 + dbs[1]["kv"].rows[12]["v"]
+
+
+def test_once_values_come_pending_senders_and_their_ancestors_run_first() -> None:
+    # On node 1, txn 0's put and txn 1's put wait for node 0's takes, and txn 2's take reads
+    # what txn 1's put writes and feeds node 0. Once both values came, txn 1's put and txn 2's
+    # take run and that value leaves before txn 0's put, though it is first in serial order.
+    workload = _KeyValue()
+    (node0, node1), dbs = _runs(workload, [[_move(1, 11), _move(2, 12), _move(12, 3)], []])
+    assert node1.step(100) == 0 and not node1.has_ready
+    assert node0.step(100) == 2  # both takes, whose values leave in one message
+    node1.deliver(_wire(node0.take_outbox()[1]))
+    assert node1.step(100) == 2
+    assert workload.ran[2:] == [(2, 12, "put"), (12, 3, "take")]
+    node0.deliver(_wire(node1.take_outbox()[0]))
+    assert node1.step(100) == 1 and node1.finished
+    assert workload.ran[4:] == [(1, 11, "put")]
+    assert node0.step(100) == 1 and node0.finished
+    assert dbs[0]["kv"].rows[3]["v"] == 3 * 2 + (12 * 2 + 2)
 
 
 @pytest.mark.parametrize("checked", [False, True])

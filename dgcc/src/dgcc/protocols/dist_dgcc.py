@@ -23,13 +23,16 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Splitting. Each piece runs on the node owning its conflict keys (all of a piece's keys
     must lie in one partition); a piece touching only replicated keys (TPC-C's ITEM) must not
     write and runs on every participant, so its output and abort decision cost no message.
-  * Local graph. ``build_graph`` of the single-node protocol orders the node's own pieces
-    (temporal edges are complete, since a key's pieces all live on its owner). Cross-node
-    edges (``after`` values and abort decisions) become extra in-degree that a value message
-    removes; an executor never waits on one, it runs whatever else is ready. Only the pieces
-    with a path from such an edge (``held``: a few percent of a TPC-C epoch, none of YCSB's
-    independent accesses) need the graph; a node runs the others first, in serial order (a
-    topological order of theirs), those whose values peers wait for and their ancestors ahead.
+  * Local graph. DGCC's piece-level dependency graph orders the node's own pieces (temporal
+    edges are complete, since a key's pieces all live on its owner); cross-node edges
+    (``after`` values and abort decisions) are waits that a value message ends, and an
+    executor never waits on one: it runs whatever else is ready. The graph itself is not
+    built: serial order is a topological order of it, so a node runs its pieces in one pass
+    in that order (senders of values and their local ancestors first), leaving pending only
+    the pieces with a path from a cross-node edge (a few percent of a TPC-C epoch, none of
+    YCSB's independent accesses), found by the keys of the pieces already pending; passes
+    over those run them as values come. (A graph over the pending pieces, as the first
+    version built, cost more than the rest of the schedule together.)
   * Results. Each node reports, per origin, the outputs it produced and the abort decisions
     it took; the origin assembles outcomes (``dist_results``) once every node reported the
     epoch, and answers them once every node has also made the epoch durable when the cluster
@@ -43,7 +46,7 @@ import itertools
 import logging
 import operator
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dgcc import debug
@@ -80,6 +83,10 @@ NODES_MAX = 64
 
 # A value message entry: (global txn index, piece index, output, abort reason, error).
 ValueEntry = tuple[int, int, Any, str | None, str | None]
+
+# Passes over an epoch run's pending pieces that are due (``EpochRun._next_rescan``): none, one
+# over all of them, or first one over the pending ancestors of senders (values came).
+_NONE, _ALL, _SENDERS_FIRST = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -258,6 +265,25 @@ class _SubTxn:
     local_abort: tuple[int, str] | None = None
 
 
+@dataclass(slots=True)
+class _Scan:
+    """A pass over pieces (``EpochRun._scan``): those that can run do, the others stay pending
+    and hold back every later piece with a path from one of them."""
+
+    pids: Sequence[int]  # the pieces to visit, in serial order (see ``EpochRun._scan``)
+    urgent_end: int = 0  # the senders' part ends here: the values leave before the rest runs
+    only: set[int] | None = None  # run only these (the others stay pending)
+    position: int = 0
+    pending: list[int] = field(default_factory=list)  # visited, not run
+    wrote: set[Hashable] = field(default_factory=set)  # keys the pending pieces write
+    read: set[Hashable] = field(default_factory=set)  # keys the pending pieces read
+    slots: set[int] = field(default_factory=set)  # transactions with a pending piece
+
+    @property
+    def done(self) -> bool:
+        return self.position == len(self.pids)
+
+
 class EpochRun:
     """One node's execution of one epoch; driven by ``step`` and ``deliver``.
 
@@ -386,12 +412,16 @@ class EpochRun:
     def _build(self) -> None:
         """This node's pieces in serial order, their cross-node edges, and their schedule.
 
-        Only the pieces that wait for another node, directly or through a local predecessor
-        (``_held``), need a graph: D1's builder over them alone, with the cross-node in-degree
-        on top. The rest run in serial order first (every edge points forward, and none leads
-        from a held piece to them), those whose values peers wait for, with their local
-        ancestors, ahead of the others. With ``debug.check_invariants`` the whole local graph
-        is also built, and every piece checks it before it runs.
+        DistDGCC builds no graph for its pieces: they run in serial order in one pass
+        (``_scan``), which leaves pending every piece that waits for another node's value and
+        every later piece with a path from a pending one in the local graph (a conflicting
+        access, or, conservatively, a later piece of its transaction), decided by the keys of
+        the pending pieces alone. Pending pieces run in later passes over them, as values free
+        them. The pieces whose values peers wait for, with their local ancestors
+        (``_ancestry``), head the pass, so values leave early. Calvin's lock order
+        (``partial_graph`` False) takes a graph over every piece of an epoch where values
+        cross. With ``debug.check_invariants`` the whole local graph is also built, and every
+        piece checks it before it runs.
         """
         pieces: list[Piece] = []
         piece_index: list[int] = []  # pid -> index of the piece in its transaction's plan
@@ -411,98 +441,58 @@ class EpochRun:
         self._sends: dict[int, tuple[int, ...]] = {}
         self._urgent_pids: set[int] = set()  # local pieces of txns other nodes wait on
         self._sub_of_index = {sub.index: sub for sub, _ in spread}  # values come for these
-        cross_in = [0] * len(pieces)  # pid -> its predecessors on other nodes
+        self._cross_in = cross_in = [0] * len(pieces)  # pid -> its predecessors elsewhere
         for sub, base in spread:
             self._cross_edges(sub, base, cross_in)
         self.remaining = len(pieces)
         self._check: Graph | None = None  # the whole local graph, to check the schedule
         if debug.check_invariants:
-            self._check = self.local_graph(self._views(None))
-        self._owners: list[int] = []  # pid -> slot of its transaction in ``self._subs``
-        crossing = bool(self._waiters or self._sends)
-        if crossing and not self.partial_graph:
-            self._schedule(list(range(len(pieces))), cross_in)  # takes the graph's owners
+            self._check = self.local_graph(self._views())
+        self._graph: Graph | None = None  # Calvin's, with its ready pieces:
+        self._urgent: list[int] = []  # a heap of those peers wait on
+        self._ready: list[int] = []  # a stack of the others
+        self._rescan: _Scan | None = None  # a pass over the pending pieces, once one started
+        self._dirty = _NONE  # which passes over the pending pieces are due (values came)
+        self._ancestors: set[int] = set()  # senders and their local ancestors
+        if (self._waiters or self._sends) and not self.partial_graph:
+            self._schedule_graph()
+            self._initial = _Scan(())
             return
+        self._owners: list[int] = []  # pid -> slot of its transaction in ``self._subs``
         for slot, sub in enumerate(self._subs):
             self._owners.extend([slot] * len(sub.local))
-        self._schedule(self._held(cross_in) if crossing else [], cross_in)
-
-    def _schedule(self, held: list[int], cross_in: list[int]) -> None:
-        """The serial run (``_order``) and the graph of the ``held`` pieces."""
-        count = len(self._pieces)
-        self._order: list[int] = []
-        self._order_urgent = self._next = 0  # the urgent part's end; the next in ``_order``
-        self._urgent: list[int] = []
-        self._ready: list[int] = []
-        self._graph: Graph | None = None
-        if len(held) < count:
-            held_set = set(held)
-            first: list[int] = []  # senders and their ancestors, unless held: values leave early
-            if self._sends:
-                first = [pid for pid in self._ancestry() if pid not in held_set]
-            skip = held_set.union(first)
-            self._order = first + list(itertools.filterfalse(skip.__contains__, range(count)))
-            self._order_urgent = len(first)
-        if not held:
+        count = len(pieces)
+        if not self._sends:
+            self._initial = _Scan(range(count))
             return
-        graph = self.local_graph(self._views(None if len(held) == count else held))
-        if len(held) == count:
-            self._owners = graph.owners  # the views are the transactions in slot order
-        else:  # graph ids -> pids
-            in_degrees = [0] * count
-            for position, pid in enumerate(held):
-                in_degrees[pid] = graph.in_degrees[position]
-            successors = {held[j]: [held[t] for t in ts] for j, ts in graph.successors.items()}
-            graph = Graph(self._pieces, self._owners, successors, in_degrees, graph.edges)
-        graph.in_degrees = in_degrees = list(map(operator.add, graph.in_degrees, cross_in))
+        first = self._ancestry()
+        self._ancestors = ancestors = set(first)
+        rest = itertools.filterfalse(ancestors.__contains__, range(count))
+        self._initial = _Scan(first + list(rest), urgent_end=len(first))
+
+    def _schedule_graph(self) -> None:
+        """Calvin's schedule: the graph of every piece here, cross-node in-degree on top."""
+        graph = self.local_graph(self._views())
+        self._owners = graph.owners  # the views are the transactions in slot order
+        graph.in_degrees = in_degrees = list(map(operator.add, graph.in_degrees, self._cross_in))
         self._graph = graph
-        # Held transactions whose values other nodes wait for run first (oldest first among
-        # them: a heap), and so do the held pieces they wait on, so the peers' executors are
-        # not left idle at the end of the epoch. The other held pieces only have to run before
-        # the epoch ends: a stack (O(1), where a heap costs a log per piece) that starts oldest
-        # first and then runs the pieces each piece frees next, depth first.
+        # Transactions whose values other nodes wait for run first (oldest first among them:
+        # a heap), and so do the pieces they wait on, so the peers' executors are not left
+        # idle at the end of the epoch. The others only have to run before the epoch ends: a
+        # stack (O(1), where a heap costs a log per piece) that starts oldest first and then
+        # runs the pieces each piece frees next, depth first.
         urgent = self._urgent_pids
         _add_ancestors(urgent, graph.successors)
-        in_held = range(count).__contains__ if len(held) == count else set(held).__contains__
-        self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid] and in_held(pid)]
-        self._ready = [pid for pid in reversed(held) if not in_degrees[pid] and pid not in urgent]
-
-    def _held(self, cross_in: list[int]) -> list[int]:
-        """Pieces that wait for another node, and every piece with a path from one: a later
-        access conflicting with a held one (a read after its write, a write after its read
-        or write), and, conservatively, every later piece of a transaction with a held one.
-
-        A transaction's pieces are consecutive, so "a later piece of a transaction with a held
-        one" is one of the last held piece's; the scan starts at the first waiting piece, and a
-        piece writing one key and reading none (most of them) is checked by two look-ups.
-        """
-        pieces, owners = self._pieces, self._owners
-        count = len(pieces)
-        held: list[int] = []
-        wrote: set[Hashable] = set()  # keys held pieces write
-        read: set[Hashable] = set()  # keys held pieces read
-        held_slot = -1  # the transaction of the last held piece
-        for pid in range(next(filter(cross_in.__getitem__, range(count)), count), count):
-            piece = pieces[pid]
-            writes = piece.writes
-            if not cross_in[pid] and owners[pid] != held_slot:
-                if len(writes) == 1 and not piece.reads:
-                    if writes[0] not in wrote and writes[0] not in read:
-                        continue
-                elif wrote.isdisjoint(piece.reads) and (
-                    not writes or (wrote.isdisjoint(writes) and read.isdisjoint(writes))
-                ):
-                    continue
-            held.append(pid)
-            held_slot = owners[pid]
-            read.update(piece.reads)
-            wrote.update(writes)
-        return held
+        self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid]]
+        count = len(in_degrees)
+        self._ready = [
+            pid for pid in range(count - 1, -1, -1) if not in_degrees[pid] and pid not in urgent
+        ]
 
     def _ancestry(self) -> list[int]:
         """Pieces of transactions that send values, and every piece with a path to one: an
         earlier access conflicting with one, and every earlier piece of such a transaction
-        (a backward scan from the last of them, mirroring ``_held``); in serial order."""
+        (a backward scan from the last of them, mirroring ``_scan``); in serial order."""
         found: list[int] = []
         before_all: set[Hashable] = set()  # keys every earlier access of which is an ancestor
         before_writes: set[Hashable] = set()  # keys whose earlier writes are ancestors
@@ -527,29 +517,16 @@ class EpochRun:
         found.reverse()
         return found
 
-    def _views(self, pids: Sequence[int] | None) -> list[PlannedTxn]:
-        """The transactions of ``pids`` (ascending; None: every piece here) as a graph sees
-        them: only those pieces, with the ``after`` names of the others (run elsewhere or
-        already) dropped."""
-        pieces = self._pieces
-        groups: list[tuple[int, list[Piece] | None]]  # None: the whole transaction
-        if pids is None:
-            groups = [
-                (slot, None if sub.runs_on is None else [sub.txn.pieces[k] for k in sub.local])
-                for slot, sub in enumerate(self._subs)
-            ]
-        else:
-            owner_of = self._owners.__getitem__
-            groups = [
-                (slot, [pieces[pid] for pid in group])
-                for slot, group in itertools.groupby(pids, owner_of)
-            ]
+    def _views(self) -> list[PlannedTxn]:
+        """This node's share of each transaction, as a graph sees it: only the pieces that
+        run here, with the ``after`` names of the others (run elsewhere) dropped."""
         views: list[PlannedTxn] = []
-        for slot, chosen in groups:
-            txn = self._txns[slot]
-            if chosen is None or len(chosen) == len(txn.pieces):
+        for sub in self._subs:
+            txn = sub.txn
+            if sub.runs_on is None or len(sub.local) == len(txn.pieces):
                 views.append(txn)
                 continue
+            chosen = [txn.pieces[k] for k in sub.local]
             names = {piece.name for piece in chosen}
             view = [
                 piece
@@ -607,62 +584,133 @@ class EpochRun:
     @property
     def has_ready(self) -> bool:
         """Whether a piece can run now (otherwise this node waits for value messages)."""
-        return self._next < len(self._order) or bool(self._urgent or self._ready)
+        if self._graph is not None:
+            return bool(self._urgent or self._ready)
+        initial = self._initial
+        return not initial.done or self._rescan is not None or bool(self._dirty and initial.pending)
 
     def step(self, budget: int) -> int:
-        """Run up to ``budget`` ready pieces (urgent ones first); returns how many ran.
+        """Run up to ``budget`` ready pieces; returns how many ran.
 
-        The serial run comes first, then the held pieces by in-degree; but a held piece peers
-        wait on runs as soon as a value frees it, once the urgent part of the serial run is
-        done (that part holds every unheld ancestor of such a piece, see ``_ancestry``), so a
-        peer's value turns into the value it waits for while this node still has local work.
-        Returns early once values are due to peers and no urgent piece is left, so they leave
-        before the local-only pieces run. Zero with pieces remaining means this node waits
-        for value messages.
+        First the pass over every piece (``_scan``): senders and their ancestors, then the
+        rest, in serial order. Then passes over the pieces it left pending, each once values
+        came. A pending piece whose value a peer waits for runs as soon as a value frees it
+        (a pass over the pending ancestors of senders), even before the first pass is over,
+        once that pass is past its senders' part. Returns early once values are due to peers,
+        so they leave before local-only pieces run. Zero with pieces remaining means this node
+        waits for value messages.
         """
-        ran = 0
-        if self._urgent and self._next >= self._order_urgent:
-            ran = self._step_graph(budget, urgent_only=True)
-        if ran < budget and self._next < len(self._order) and not (ran and self.outbox):
-            ran += self._step_order(budget - ran)
-        if ran < budget and self._next == len(self._order) and not (ran and self.outbox):
-            ran += self._step_graph(budget - ran)
+        ran = self._step_graph(budget) if self._graph is not None else self._step_scan(budget)
         self.remaining -= ran
         assert self.remaining >= 0, f"{self.remaining} pieces remaining"
         return ran
 
-    def _step_order(self, budget: int) -> int:
-        """The next pieces of the serial run; stops where its urgent part ends with values
-        to send."""
+    def _step_scan(self, budget: int) -> int:
+        initial = self._initial
+        ran = 0
+        while ran < budget:
+            scan = self._rescan
+            if scan is None:
+                scan = self._rescan = self._next_rescan()
+            if scan is not None:
+                ran += self._scan(scan, budget - ran)
+                if scan.done:  # what it left pending is what is pending now
+                    self._rescan = None
+                    initial.pending = scan.pending
+            elif not initial.done:
+                ran += self._scan(initial, budget - ran)
+                if initial.done and initial.pending:
+                    initial.pending.sort()  # the senders' part and the rest, merged
+                    self._dirty = max(self._dirty, _ALL)  # passes over it may have run some
+            else:
+                break
+            if ran and self.outbox:
+                break  # peers wait on these values: they leave before the local-only pieces
+        return ran
+
+    def _next_rescan(self) -> _Scan | None:
+        """A pass over the pending pieces, if one could run any, once values came: over the
+        senders' pending ancestors only first, then (once the first pass is over) over all."""
+        initial = self._initial
+        pending, dirty = initial.pending, self._dirty
+        if not (dirty and pending):
+            return None
+        if dirty == _SENDERS_FIRST and initial.position >= initial.urgent_end:
+            self._dirty = _ALL
+            ancestors = self._ancestors
+            if not ancestors.isdisjoint(pending):
+                return _Scan(pending, urgent_end=len(pending), only=ancestors)
+        if not initial.done:
+            return None
+        self._dirty = _NONE
+        return _Scan(pending)
+
+    def _scan(self, scan: _Scan, budget: int) -> int:
+        """Continue ``scan`` for up to ``budget`` runs; returns how many ran.
+
+        A piece stays pending when it waits for a value, or a pending piece before it in the
+        scan belongs to its transaction or conflicts with it (reads a key it writes, or writes
+        a key it reads or writes): it has a path from a pending piece in the local graph. The
+        scan's pieces are in serial order, or (``only``) its pieces to run are, and none of
+        the others before one conflicts with it. Stops at the end of the scan's urgent part,
+        and past it right after a piece whose value a peer waits for.
+        """
         pieces, owners, txns, contexts = self._pieces, self._owners, self._txns, self._contexts
-        start, check = self._next, self._check
-        end = min(len(self._order), start + budget)
-        if start < self._order_urgent < end and self._sends:
-            end = self._order_urgent  # then the values leave before the local-only pieces
-        # Every sender is in the urgent part (``_ancestry`` starts from them), and a slice
-        # never spans its end: past it, no piece needs the look-up.
-        sends_of = self._sends.get if start < self._order_urgent else None
-        for pid in self._order[start:end]:
+        cross_in, check, only = self._cross_in, self._check, scan.only
+        pending, wrote, read, slots = scan.pending, scan.wrote, scan.read, scan.slots
+        position, urgent_end = scan.position, scan.urgent_end
+        stop = urgent_end if position < urgent_end else len(scan.pids)
+        # Every sender is in the senders' part of the first pass: past it, no look-up.
+        sends_of = None
+        if self._sends and (position < urgent_end or scan is not self._initial):
+            sends_of = self._sends.get
+        ran = visited = 0
+        for pid in scan.pids[position:stop]:
+            visited += 1
+            piece = pieces[pid]
+            slot = owners[pid]
+            if cross_in[pid] or (only is not None and pid not in only):
+                hold = True
+            elif not pending:
+                hold = False
+            elif slot in slots:
+                hold = True
+            else:
+                writes = piece.writes
+                if len(writes) == 1 and not piece.reads:  # most pieces: two look-ups
+                    hold = writes[0] in wrote or writes[0] in read
+                else:
+                    hold = not wrote.isdisjoint(piece.reads) or (
+                        bool(writes) and not (wrote.isdisjoint(writes) and read.isdisjoint(writes))
+                    )
+            if hold:
+                pending.append(pid)
+                slots.add(slot)
+                read.update(piece.reads)
+                wrote.update(piece.writes)
+                continue
             if check is not None:
                 _check_turn(check, pid)
-                assert sends_of is not None or pid not in self._sends, f"sender {pid} not urgent"
-            slot = owners[pid]
             txn = txns[slot]
             if txn.abort_reason is None:
-                run_piece(contexts[slot], txn, pieces[pid])
+                run_piece(contexts[slot], txn, piece)
                 if txn.abort_reason is not None:
-                    assert pieces[pid].may_abort, f"{pieces[pid].name} aborted without may_abort"
+                    assert piece.may_abort, f"{piece.name} aborted without may_abort"
                     self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
+            ran += 1
             if sends_of is not None and (targets := sends_of(pid)) is not None:
                 self._post(self._subs[slot], self._piece_index[pid], targets)
-        self._next = end
-        return end - start
+                if position + visited > urgent_end:
+                    break
+            if ran == budget:
+                break
+        scan.position = position + visited
+        return ran
 
-    def _step_graph(self, budget: int, urgent_only: bool = False) -> int:
-        """Held pieces by in-degree, urgent ones first (only those with ``urgent_only``)."""
+    def _step_graph(self, budget: int) -> int:
+        """Calvin's pieces by in-degree, urgent ones first."""
         graph = self._graph
-        if graph is None:
-            return 0
+        assert graph is not None
         pieces, ready, urgent = self._pieces, self._ready, self._urgent
         owners, in_degrees, contexts = self._owners, graph.in_degrees, self._contexts
         txns, successors_of, sends = self._txns, graph.successors.get, self._urgent_pids
@@ -672,7 +720,7 @@ class EpochRun:
         while ran < budget:
             if urgent:
                 pid = pop(urgent)
-            elif ready and not urgent_only:
+            elif ready:
                 pid = ready_pop()
             else:
                 break
@@ -716,8 +764,8 @@ class EpochRun:
 
     def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
         """Apply value entries from another node: outputs, abort decisions, errors."""
-        # An epoch without a graph waits for no value: the first entry finds no waiters.
-        in_degrees = [] if self._graph is None else self._graph.in_degrees
+        graph = self._graph
+        cross_in = self._cross_in if graph is None else graph.in_degrees
         ready, urgent, sends = self._ready, self._urgent, self._urgent_pids
         for index, piece_index, output, reason, error in entries:
             sub = self._sub_of_index.get(index)
@@ -732,19 +780,21 @@ class EpochRun:
             elif reason is None and error is None:
                 txn.outputs[txn.pieces[piece_index].name] = output
             for pid in waiters:
-                in_degrees[pid] -= 1
-                if not in_degrees[pid]:
+                cross_in[pid] -= 1
+                if graph is not None and not cross_in[pid]:
                     if pid in sends:
                         heapq.heappush(urgent, pid)
                     else:
                         ready.append(pid)
+        self._dirty = _SENDERS_FIRST
 
     def reports(self) -> dict[int, list[ReportEntry]]:
         """Per origin node: this node's outputs, abort decisions and errors of its txns."""
         assert self.finished, f"{self.remaining} pieces still to run"
         if self._check is not None:
             assert not any(self._check.in_degrees), "pieces left with unmet dependencies"
-            assert self._graph is None or not any(self._graph.in_degrees), "held pieces left"
+            assert self._graph is None or not any(self._graph.in_degrees), "pieces left"
+            assert not self._initial.pending, f"pending pieces left: {self._initial.pending[:5]}"
             assert not self._waiters, f"values never received: {sorted(self._waiters)[:5]}"
         reports: dict[int, list[ReportEntry]] = {}
         for origin, slot, error in self._errors:
