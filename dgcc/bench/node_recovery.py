@@ -22,7 +22,7 @@ from typing import Any
 
 from dgcc.api import TxnRequest
 from dgcc.cluster import ClusterConfig, start_local
-from dgcc.protocols.dist_dgcc import Router, owned_rows
+from dgcc.protocols.dist_placement import Router, owned_rows
 from dgcc.wal.cluster_trials import ClusterDrill, check_history, drive, durable_history
 from dgcc.wal.node_log import recover_node
 from dgcc.wal.trials import DrillFailure

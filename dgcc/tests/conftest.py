@@ -24,12 +24,7 @@ import pytest
 from dgcc import debug
 from dgcc.api import TxnRequest
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import (
-    Placement,
-    Router,
-    global_batch,
-    owned_rows,
-)
+from dgcc.protocols.dist_placement import Placement, Router, global_batch, owned_rows
 from dgcc.protocols.dist_results import ResultAssembler
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"

@@ -39,7 +39,7 @@ from dgcc.net import Client, call_each_in_order
 from dgcc.net.client import AsyncClient
 from dgcc.net.wire import NetError, decode, encode
 from dgcc.protocols._history import CommittedTxn, serial_order
-from dgcc.protocols.dist_dgcc import Router
+from dgcc.protocols.dist_placement import Router
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.storage import Database, Table
 from dgcc.wal.cluster_trials import ClusterDrill, merged_dump, random_trial

@@ -12,11 +12,8 @@ import pytest
 from dgcc.api import TxnRequest
 from dgcc.net.servers.calvin import GRANT, CalvinEpochRun
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import (
-    EpochRun,
-    Placement,
-    Router,
-)
+from dgcc.protocols.dist_dgcc import EpochRun
+from dgcc.protocols.dist_placement import Placement, Router
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
 

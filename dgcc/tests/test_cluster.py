@@ -25,7 +25,7 @@ from dgcc.cluster import LocalCluster, local_config, start_local
 from dgcc.net import Client, HandshakeError, call_each_in_order
 from dgcc.net.node import Node
 from dgcc.net.wire import VERSION, decode, encode, frame
-from dgcc.protocols.dist_dgcc import REPLICATED
+from dgcc.protocols.dist_placement import REPLICATED
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload
 

@@ -21,7 +21,8 @@ from dgcc import debug
 from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
 from dgcc.errors import ProcedureError
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import EpochRun, Placement, Router, owned_rows
+from dgcc.protocols.dist_dgcc import EpochRun
+from dgcc.protocols.dist_placement import Placement, Router, owned_rows
 from dgcc.storage import Database, Table
 
 KEYS = 20  # keys 0..9 live on node 0, 10..19 on node 1

@@ -16,11 +16,8 @@ from hypothesis import strategies as st
 from dgcc import debug
 from dgcc.api import Outcome, TxnRequest
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import (
-    EpochRun,
-    Placement,
-    Router,
-)
+from dgcc.protocols.dist_dgcc import EpochRun
+from dgcc.protocols.dist_placement import Placement, Router
 from dgcc.protocols.dist_results import ResultAssembler
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.workloads import get_workload

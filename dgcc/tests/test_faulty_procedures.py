@@ -36,7 +36,7 @@ from dgcc.errors import ProcedureError
 from dgcc.net import AsyncClient
 from dgcc.net.servers import SERVERS, server_class
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import Placement, Router
+from dgcc.protocols.dist_placement import Placement, Router
 from dgcc.protocols.dist_results import ResultAssembler
 from dgcc.workloads import WORKLOADS
 from dgcc.workloads.ycsb import TABLE, YcsbWorkload

@@ -23,7 +23,7 @@ from dgcc.errors import ConfigError
 from dgcc.net import AsyncClient, CallTimeout, Client, ConnectionLost, FrameError
 from dgcc.net.client import CALLS_PER_FRAME_MAX
 from dgcc.net.wire import VERSION, check_mac, decode, encode, frame, mac_of, read_frame
-from dgcc.protocols.dist_dgcc import REPLICATED, Placement, Router
+from dgcc.protocols.dist_placement import REPLICATED, Placement, Router
 from dgcc.workloads import get_workload
 
 

@@ -21,7 +21,7 @@ import pytest
 from dgcc.api import TxnRequest
 from dgcc.errors import DgccError
 from dgcc.net.wire import decode, encode
-from dgcc.protocols.dist_dgcc import Placement, Router, global_batch, owned_rows
+from dgcc.protocols.dist_placement import Placement, Router, global_batch, owned_rows
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import (

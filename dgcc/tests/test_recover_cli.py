@@ -20,7 +20,7 @@ import pytest
 from dgcc import cli
 from dgcc.cluster import local_config
 from dgcc.durable import DurableConfig, DurableEngine
-from dgcc.protocols.dist_dgcc import Router
+from dgcc.protocols.dist_placement import Router
 from dgcc.wal.format import HEADER_BYTES, BlockKind, encode_block, scan_bytes
 from dgcc.wal.node_log import LoggedEpochRun, NodeLog
 from dgcc.wal.recovery import Recovered

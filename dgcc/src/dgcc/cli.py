@@ -37,7 +37,7 @@ from dgcc.cluster import load_config
 from dgcc.errors import ConfigError, DgccError
 from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
-from dgcc.protocols.dist_dgcc import Router
+from dgcc.protocols.dist_placement import Router
 from dgcc.wal.checkpoint import (
     LAYOUT_RECORD,
     check_layout_record,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.errors import ConfigError
-from dgcc.protocols.dist_dgcc import NODES_MAX, Placement
+from dgcc.protocols.dist_placement import NODES_MAX, Placement
 
 __all__ = [
     "ClusterConfig",

@@ -56,12 +56,8 @@ from dgcc.net.wire import (
     mac_of,
     read_frame,
 )
-from dgcc.protocols.dist_dgcc import (
-    EpochRun,
-    Router,
-    keep_owned,
-    owned_rows,
-)
+from dgcc.protocols.dist_dgcc import EpochRun
+from dgcc.protocols.dist_placement import Router, keep_owned, owned_rows
 from dgcc.protocols.dist_results import ResultAssembler
 from dgcc.storage import Database
 from dgcc.wal.dirlock import DirLock

@@ -28,7 +28,8 @@ from typing import Any
 from dgcc.api import ProcedureRegistry, TxnRequest
 from dgcc.cluster import ClusterConfig
 from dgcc.errors import DgccError
-from dgcc.protocols.dist_dgcc import EpochRun, Router
+from dgcc.protocols.dist_dgcc import EpochRun
+from dgcc.protocols.dist_placement import Router
 from dgcc.storage import Database, collector_paused
 from dgcc.wal.checkpoint import (
     Checkpointer,

@@ -73,7 +73,7 @@ from dgcc.errors import ConfigError
 from dgcc.net.node import CALLS_WAITING_MAX, Node
 from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
 from dgcc.net.wire import FrameError, frame, read_frame
-from dgcc.protocols.dist_dgcc import REPLICATED
+from dgcc.protocols.dist_placement import REPLICATED
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.node_log import node_directory
 from dgcc.wal.twopc_log import TwoPhaseLog, TxnId
