@@ -4,7 +4,7 @@ A tiny two-node key-value workload (a fake beside these unit tests): ``move`` re
 writes ``dst`` from that read, so a transaction with ``src`` and ``dst`` on different nodes
 sends one value message. Pieces other nodes wait on (and their local ancestors) run first and
 their values leave before the local-only pieces run; pieces off every path from a remote value
-run in serial order, the held ones as values free them; and whatever the schedule, the state
+run in serial order, the pending ones as values free them; and whatever the schedule, the state
 equals the serial order.
 """
 
@@ -98,7 +98,7 @@ def test_values_peers_wait_on_leave_before_the_local_only_pieces() -> None:
 
 
 def test_pieces_off_every_path_from_a_remote_value_run_first_in_serial_order() -> None:
-    # Txn 0's put waits for node 1's take; txns 1 and 3 follow it through keys 1 and 2 (held);
+    # Txn 0's put waits for node 1's take; txns 1 and 3 follow it through keys 1 and 2 (pending);
     # txn 2 has no path from it, so it runs at once, though it is later in the serial order.
     workload = _KeyValue()
     batch = [_move(15, 1), _move(1, 2), _move(6, 7), _move(2, 3)]
@@ -121,7 +121,7 @@ def test_pieces_off_every_path_from_a_remote_value_run_first_in_serial_order() -
 def test_a_value_turns_into_the_value_a_peer_waits_for_before_local_work(checked: bool) -> None:
     # Node 0 -> node 1 -> node 0: txn 0's put on node 1 waits for node 0's take, and txn 1's
     # take on node 1 reads what that put writes and feeds node 0's put. Once node 0's value
-    # arrives, node 1 runs both (held, and a peer waits on them) ahead of its local-only moves.
+    # arrives, node 1 runs both (pending, and a peer waits on them) ahead of its local-only moves.
     workload = _KeyValue()
     local = [_move(15, 16), _move(17, 18), _move(18, 19)]
     with debug.invariants(checked):
@@ -130,7 +130,7 @@ def test_a_value_turns_into_the_value_a_peer_waits_for_before_local_work(checked
         assert node0.step(100) == 1  # txn 0's take, whose value leaves at once
         assert node0.step(100) == 0 and not node0.has_ready  # txn 1's put waits for node 1
         node1.deliver(_wire(node0.take_outbox()[1]))
-        assert node1.step(100) == 2  # both held pieces, then the value leaves
+        assert node1.step(100) == 2  # both pending pieces, then the value leaves
         assert workload.ran[2:] == [(3, 12, "put"), (12, 4, "take")]
         assert node1.remaining == 2 * len(local) - 1
         node0.deliver(_wire(node1.take_outbox()[0]))

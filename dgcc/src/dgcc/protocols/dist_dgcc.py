@@ -5,18 +5,18 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
   * Global order. Every node contributes its collected calls as one input batch; the global
     order is (epoch, origin node, sequence), so no sequencer or lock manager is needed.
   * Routing. A node plans only the transactions it takes part in. ``Router.route``
-    (``dist_placement``) maps a request's parameters to the nodes owning its data, through the workload's ``route_keys`` (TPC-C by
-    warehouse, YCSB by key, Smallbank by customer); a request it cannot route is planned by
-    every node, which then agree on the plan or on the planning error (a ``BadParams``, or
-    pieces that break the placement rules below, fail the call alone; a plan of a call several
-    nodes plan that raises anything else stops the node, since its peers may not agree). An
-    origin routes each of its calls once (``Router.routes``): the routes that pick what each
-    peer gets are kept for its own planning of the epoch. Planning against rows another node
-    owns is only sound for columns no transaction writes (TPC-C's W_NAME, C_LAST ...): a node
-    holds its own partitions, the replicated rows and the whole of the workload's
-    ``plan_tables`` (the tables plans read on any participant); the rows of those it does not
-    own are a frozen load-time snapshot used for exactly those plan-time reads, never written
-    and never dumped (``keep_owned``).
+    (``dist_placement``) maps a request's parameters to the nodes owning its data, through
+    the workload's ``route_keys`` (TPC-C by warehouse, YCSB by key, Smallbank by customer);
+    a request it cannot route is planned by every node, which then agree on the plan or on
+    the planning error (a ``BadParams``, or pieces that break the placement rules below, fail
+    the call alone; a plan of a call several nodes plan that raises anything else stops the
+    node, since its peers may not agree). An origin routes each of its calls once
+    (``Router.routes``): the routes that pick what each peer gets are kept for its own
+    planning of the epoch. Planning against rows another node owns is only sound for columns
+    no transaction writes (TPC-C's W_NAME, C_LAST ...): a node holds its own partitions, the
+    replicated rows and the whole of the workload's ``plan_tables`` (the tables plans read on
+    any participant); the rows of those it does not own are a frozen load-time snapshot used
+    for exactly those plan-time reads, never written and never dumped (``keep_owned``).
     TPC-C's by-last-name customer needs no remote resolution: the plan only checks that the
     name exists (C_LAST never changes), and the piece that picks the customer runs on the
     customer's node under the district key that guards the name index.
@@ -30,8 +30,9 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
     built: serial order is a topological order of it, so a node runs its pieces in one pass
     in that order (senders of values and their local ancestors first), leaving pending only
     the pieces with a path from a cross-node edge (a few percent of a TPC-C epoch, none of
-    YCSB's independent accesses), found by the keys of the pieces already pending; passes
-    over those run them as values come. (A graph over the pending pieces, as the first
+    YCSB's independent accesses), found by the keys of the pieces already pending (and,
+    conservatively, every later piece of a transaction with a pending one); passes over
+    those run them as values come. (A graph over the pending pieces, as the first
     version built, cost more than the rest of the schedule together.)
   * Results. Each node reports, per origin, the outputs it produced and the abort decisions
     it took; the origin assembles outcomes (``dist_results``) once every node reported the
@@ -61,7 +62,7 @@ from dgcc.api import (
 )
 from dgcc.errors import ProcedureError
 from dgcc.protocols.dgcc import Graph, build_graph
-from dgcc.protocols.dist_placement import REPLICATED, Router
+from dgcc.protocols.dist_placement import NODES_MAX, REPLICATED, Router
 from dgcc.protocols.dist_results import ReportEntry
 from dgcc.storage import Database
 
@@ -73,6 +74,7 @@ ValueEntry = tuple[int, int, Any, str | None, str | None]
 # Passes over an epoch run's pending pieces that are due (``EpochRun._next_rescan``): none, one
 # over all of them, or first one over the pending ancestors of senders (values came).
 _NONE, _ALL, _SENDERS_FIRST = 0, 1, 2
+_SOLO = tuple((node,) for node in range(NODES_MAX))  # the nodes running a single-node piece
 
 
 @dataclass(slots=True)
@@ -120,7 +122,7 @@ class EpochRun:
     """
 
     abort_edges = True  # only the canary test turns cross-node abort edges off
-    partial_graph = True  # a graph over the held pieces only (Calvin's locks order them all)
+    whole_graph = False  # Calvin: a graph over every piece of an epoch where values cross
 
     def __init__(
         self,
@@ -205,7 +207,8 @@ class EpochRun:
         owners: list[int] = []
         node_of_key, nodes_of = self.router.node_of_key, self.router.nodes_of
         for piece in planned.pieces:
-            keys = piece.reads + piece.writes if piece.writes else piece.reads
+            reads, writes = piece.reads, piece.writes
+            keys = reads + writes if reads and writes else reads or writes
             if len(keys) == 1:  # most pieces: one key, no set to build
                 owner = node_of_key(keys[0])
             else:
@@ -230,7 +233,8 @@ class EpochRun:
                 f"{planned.procedure.name}: pieces on nodes {list(participants)} but the route "
                 f"gave {sorted(routed)} (params {dict(planned.params)})"
             )
-        return [participants if n == REPLICATED else (n,) for n in owners]
+        solo = _SOLO  # one tuple per node, shared: ``_cross_edges`` compares by identity
+        return [participants if n == REPLICATED else solo[n] for n in owners]
 
     def _build(self) -> None:
         """This node's pieces in serial order, their cross-node edges, and their schedule.
@@ -242,7 +246,7 @@ class EpochRun:
         the pending pieces alone. Pending pieces run in later passes over them, as values free
         them. The pieces whose values peers wait for, with their local ancestors
         (``_ancestry``), head the pass, so values leave early. Calvin's lock order
-        (``partial_graph`` False) takes a graph over every piece of an epoch where values
+        (``whole_graph``) takes a graph over every piece of an epoch where values
         cross. With ``debug.check_invariants`` the whole local graph is also built, and every
         piece checks it before it runs.
         """
@@ -277,7 +281,7 @@ class EpochRun:
         self._rescan: _Scan | None = None  # a pass over the pending pieces, once one started
         self._dirty = _NONE  # which passes over the pending pieces are due (values came)
         self._ancestors: set[int] = set()  # senders and their local ancestors
-        if (self._waiters or self._sends) and not self.partial_graph:
+        if (self._waiters or self._sends) and self.whole_graph:
             self._schedule_graph()
             self._initial = _Scan(())
             return
@@ -381,18 +385,22 @@ class EpochRun:
                 preds.extend(deciders)
             if piece.may_abort:
                 deciders.append(k)
+            nodes = runs_on[k]
             for pred in preds:
-                if runs_on[pred][0] == node:  # the lowest node running pred sends its value
-                    targets = [n for n in runs_on[k] if n not in runs_on[pred]]
-                    sends.setdefault(pred, set()).update(targets)
-                if node in runs_on[k] and node not in runs_on[pred]:
+                pred_nodes = runs_on[pred]
+                if pred_nodes is nodes:  # the same node(s): nothing crosses
+                    continue
+                if pred_nodes[0] == node:  # the lowest node running pred sends its value
+                    targets = [n for n in nodes if n not in pred_nodes]
+                    if targets:
+                        sends.setdefault(pred, set()).update(targets)
+                elif node in nodes and node not in pred_nodes:
                     pid = local_pid[k]
                     self._waiters.setdefault((sub.index, pred), []).append(pid)
                     cross_in[pid] += 1
         for pred, targets in sends.items():
-            if targets:
-                self._sends[local_pid[pred]] = tuple(sorted(targets))
-                self._urgent_pids.update(local_pid.values())
+            self._sends[local_pid[pred]] = tuple(sorted(targets))
+            self._urgent_pids.update(local_pid.values())
 
     def local_graph(self, txns: list[PlannedTxn]) -> Graph:
         """The order of this node's pieces: DGCC's piece-level dependency graph."""
@@ -462,6 +470,7 @@ class EpochRun:
             self._dirty = _ALL
             ancestors = self._ancestors
             if not ancestors.isdisjoint(pending):
+                # All of it the senders' part: the values leave at its end, not one by one.
                 return _Scan(pending, urgent_end=len(pending), only=ancestors)
         if not initial.done:
             return None
@@ -587,9 +596,9 @@ class EpochRun:
 
     def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
         """Apply value entries from another node: outputs, abort decisions, errors."""
+        self._dirty = _SENDERS_FIRST  # (first: an entry that raises leaves the earlier applied)
         graph = self._graph
         cross_in = self._cross_in if graph is None else graph.in_degrees
-        ready, urgent, sends = self._ready, self._urgent, self._urgent_pids
         for index, piece_index, output, reason, error in entries:
             sub = self._sub_of_index.get(index)
             waiters = self._waiters.pop((index, piece_index), None)
@@ -605,11 +614,10 @@ class EpochRun:
             for pid in waiters:
                 cross_in[pid] -= 1
                 if graph is not None and not cross_in[pid]:
-                    if pid in sends:
-                        heapq.heappush(urgent, pid)
+                    if pid in self._urgent_pids:
+                        heapq.heappush(self._urgent, pid)
                     else:
-                        ready.append(pid)
-        self._dirty = _SENDERS_FIRST
+                        self._ready.append(pid)
 
     def reports(self) -> dict[int, list[ReportEntry]]:
         """Per origin node: this node's outputs, abort decisions and errors of its txns."""

@@ -116,7 +116,7 @@ def lock_graph(txns: Sequence[PlannedTxn]) -> Graph:
 class CalvinEpochRun(EpochRun):
     """A DistDGCC epoch run with Calvin's lock manager and read exchange (module docstring)."""
 
-    partial_graph = False  # a transaction's locks on this node hold from its first step: the
+    whole_graph = True  # a transaction's locks on this node hold from its first step: the
     # lock graph orders every piece of an epoch with cross-node edges
 
     def _placement_of(
