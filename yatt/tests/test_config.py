@@ -81,6 +81,17 @@ def test_bad_preset_file(tmp_path) -> None:
     unknown.write_text("train:\n  stepz: 3\n")
     with pytest.raises(ConfigError, match="stepz"):
         load_config(str(unknown))
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("train:\n  steps: 3  # r\u00e9glages\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 \(byte 0xe9 on line 2\)$"):
+        load_config(str(latin1))
+
+
+@pytest.mark.parametrize("key", ["train.seed", "data.seed"])
+@pytest.mark.parametrize("value", ["-1", "4294967296", "10000000000"])
+def test_seeds_out_of_range_are_refused_at_load(key, value) -> None:
+    with pytest.raises(ConfigError, match=rf"for '{key}'; expected an int in 0..4294967295"):
+        load_config("tiny_test", [f"{key}={value}"])
 
 
 def test_resolved_config_round_trips(tmp_path) -> None:
@@ -97,3 +108,16 @@ def test_configs_are_frozen() -> None:
     config = load_config(None)
     with pytest.raises(AttributeError):
         config.train.steps = 5  # type: ignore[misc]
+
+
+def test_a_leading_tilde_in_path_settings_is_the_home_folder(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config("tiny_test", ["logging.run_dir=~/runs/x", "data.path=~/rows.jsonl"])
+    assert config.logging.run_dir == f"{tmp_path}/runs/x"
+    assert config.data.path == f"{tmp_path}/rows.jsonl"
+    assert load_config("tiny_test", ["model.path=tiny"]).model.path == "tiny"  # names stay
+
+
+def test_an_empty_stop_string_is_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"for 'rollout.stop'; expected non-empty stop strings"):
+        load_config("tiny_test", ["rollout.stop="])

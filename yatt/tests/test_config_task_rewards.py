@@ -10,10 +10,11 @@ from functools import cache
 
 import pytest
 
-from yatt.config import check_rewards_grade_task, load_config
+from yatt.config import load_config
 from yatt.data import TASKS, generate_task
 from yatt.errors import ConfigError
 from yatt.rewards import REWARD_FNS, get_reward_fn
+from yatt.run_checks import check_rewards_grade_task
 
 ACCEPTED = {
     "addition": {"math_answer", "math_boxed", "format"},

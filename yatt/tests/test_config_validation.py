@@ -3,15 +3,17 @@ inside torch) or were silently ignored now raise a one-line ConfigError naming t
 when the config is loaded. Method: load_config / ControlConfig only; nothing is trained."""
 
 import math
+import sys
 
 import pytest
 import yaml
 
 from yatt.cli import main
-from yatt.config import _StrictLoader, check_eval_data, check_training_dtype, load_config
+from yatt.config import _StrictLoader, load_config
 from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
 from yatt.rewards import get_reward_fn, load_callable
+from yatt.run_checks import check_eval_data, check_training_dtype
 
 
 def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
@@ -329,3 +331,13 @@ def test_log_level_is_checked_and_applied(monkeypatch) -> None:
         assert root.level == logging.ERROR
     finally:
         root.setLevel(before)
+
+
+def test_a_reward_module_in_the_current_folder_gets_a_hint(tmp_path, monkeypatch):
+    # The `yatt` command's import path starts at its own folder, not the current one (where
+    # `python -m yatt` would find the module): the error says so.
+    (tmp_path / "myreward_hint.py").write_text("def score(**kw):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    with pytest.raises(ConfigError, match=r"myreward_hint is in the current folder, which is not"):
+        load_callable("myreward_hint:score", "reward.fns")

@@ -185,6 +185,42 @@ def test_fresh_run_into_a_used_folder_is_refused(finished_run):
     assert sorted(p.name for p in finished_run.rglob("*")) == before  # nothing lost
 
 
+def test_overwrite_deletes_the_previous_run_only_once_the_new_one_loaded(finished_run, tmp_path):
+    # logging.overwrite=true with a mistyped data.path (or model.path): the run is refused and
+    # the previous run's checkpoints and metrics are all still there.
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")  # the fixture's run is shared
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    for typo in ["data.path=/no/such/rows.jsonl", "model.path=/no/such/model"]:
+        overrides = [*TINY, f"logging.run_dir={run_dir}", "logging.overwrite=true", typo]
+        with pytest.raises(YattError) as exc_info:
+            Trainer(load_config("tiny_test", overrides))
+        assert "/no/such/" in _one_line(exc_info)
+        assert sorted(p.name for p in run_dir.rglob("*")) == before
+    model, tokenizer = tiny_model(seed=0)  # a run that loads replaces the previous one
+    config = load_config("tiny_test", [*TINY, f"logging.run_dir={run_dir}",
+                                       "logging.overwrite=true"])  # fmt: skip
+    Trainer(config, model=model, tokenizer=tokenizer)
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_resume_over_another_training_set_is_refused(finished_run, tmp_path):
+    # The checkpoint's data position counts prompts of its run's training set; a resume over
+    # a smaller one (an index error at the first step) or another one (other prompts, silently)
+    # is refused before any work, with the same line as the distributed controllers'.
+    checkpoint = finished_run / "checkpoints" / "step_000001"
+    model, tokenizer = tiny_model(seed=0)
+    changes = {
+        "data.n_train=3": "with a training set of 6",  # (64 rows less any held-out twins)
+        "data.seed=9": "with data.seed + train.seed=0, this run has 9",
+    }
+    for change, fragment in changes.items():
+        overrides = [*TINY, f"checkpoint.resume={checkpoint}", change]
+        overrides.append(f"logging.run_dir={tmp_path / change}")
+        with pytest.raises(ConfigError) as exc_info:
+            Trainer(load_config("tiny_test", overrides), model=model, tokenizer=tokenizer)
+        assert fragment in _one_line(exc_info)
+
+
 def test_claim_run_dir_resume_overwrite_and_bad_folders(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
@@ -278,3 +314,37 @@ def test_overwriting_never_deletes_the_folder_model_path_names(tmp_path):
         claim_run_dir(str(tmp_path), ("model",), overwrite=True, model_path=str(tmp_path / "model"))
     assert "would delete" in _one_line(exc_info) and "model.path=" in str(exc_info.value)
     assert (tmp_path / "model" / "config.json").is_file()
+
+
+def test_a_run_that_keeps_no_checkpoint_says_so_at_the_start(tmp_path, caplog):
+    model, tokenizer = tiny_model(seed=0)
+    for keep, warned in [([], True), (["checkpoint.at_end=true"], False)]:
+        caplog.clear()
+        run_dir = tmp_path / str(warned)
+        config = load_config("tiny_test", [*TINY, *keep, f"logging.run_dir={run_dir}"])
+        with caplog.at_level(logging.WARNING, logger="yatt.run_checks"):
+            Trainer(config, model=model, tokenizer=tokenizer)
+        said = [r.getMessage() for r in caplog.records if "keeps no checkpoint" in r.getMessage()]
+        assert bool(said) is warned, said
+
+
+def test_a_resume_with_other_optimizer_settings_uses_them(finished_run, tmp_path):
+    # The checkpoint's moments and step count carry on; lr, betas, eps and weight decay are
+    # this run's (a checkpoint's own were kept silently, though config.yaml said otherwise).
+    checkpoint = finished_run / "checkpoints" / "step_000001"
+    model, tokenizer = tiny_model(seed=0)
+    changed = [
+        "optim.lr=1e-7",
+        "optim.beta1=0.5",
+        "optim.weight_decay=0.25",
+        "optim.schedule=constant",
+    ]  # (its factor 1: the lr itself shows)
+    overrides = [*TINY, f"checkpoint.resume={checkpoint}", *changed,
+                 f"logging.run_dir={tmp_path / 'run'}"]  # fmt: skip
+    trainer = Trainer(load_config("tiny_test", overrides), model=model, tokenizer=tokenizer)
+    group = trainer.policy.optimizer.param_groups[0]
+    factor = trainer.policy.scheduler.lr_lambdas[0](trainer.policy.scheduler.last_epoch)
+    assert trainer.policy.scheduler.last_epoch == 1  # the resumed schedule step
+    assert factor == 1 and group["lr"] == 1e-7 and trainer.policy.scheduler.base_lrs == [1e-7]
+    assert group["betas"][0] == 0.5 and group["weight_decay"] == 0.25
+    assert trainer.policy.optimizer.state  # the moments came from the checkpoint

@@ -56,6 +56,8 @@ def test_jsonl_string_and_chat_prompts_keep_extra_fields(tmp_path):
         ('{"prompt": [{"role": "user"}]}', "message 0 needs a string 'content'"),
         ('{"prompt": "x", "answer": [1]}', "'answer' is list"),
         ('{"prompt": "x", "completion": "zzz"}', "field 'completion' is reserved"),
+        ('{"prompt": "x", "answer": NaN}', "field 'answer' is nan, expected a string or finite"),
+        ('{"prompt": "x", "answer": -Infinity}', "field 'answer' is -inf, expected a string"),
     ],
 )
 def test_bad_row_names_file_line_and_problem(tmp_path, line, problem):

@@ -79,3 +79,18 @@ def test_gradients_reach_head_and_backbone(model_and_tokenizer):
 def test_missing_folder_is_model_error(tmp_path):
     with pytest.raises(ModelError, match="does not exist"):
         ScalarHeadModel.from_pretrained(tmp_path / "nope")
+
+
+def test_a_reward_model_needs_a_trained_head(model_and_tokenizer, tmp_path):
+    # A plain causal LM folder as reward.model_path would score with a random head; a damaged
+    # head file is one line too.
+    causal_lm, _ = tiny_model(seed=0)
+    causal_lm.save_pretrained(tmp_path / "lm")
+    with pytest.raises(ModelError, match=r"reward.model_path=.*lm is not a trained reward model"):
+        ScalarHeadModel.from_pretrained(tmp_path / "lm", trained_head="reward.model_path")
+    head_model, tokenizer = model_and_tokenizer
+    folder = head_model.save(tmp_path / "rm", tokenizer)
+    assert ScalarHeadModel.from_pretrained(folder, trained_head="reward.model_path") is not None
+    (folder / "value_head.safetensors").write_bytes(b"\x00" * 7)
+    with pytest.raises(ModelError, match=r"cannot load the head .*value_head\.safetensors"):
+        ScalarHeadModel.from_pretrained(folder)

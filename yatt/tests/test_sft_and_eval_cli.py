@@ -69,3 +69,9 @@ def test_eval_of_a_checkpoint_uses_its_saved_config(tmp_path, data_file, capsys)
     assert f"on 5 held-out {data_file} problems" in capsys.readouterr().out
     assert main(["eval", str(checkpoint), "eval.n=0"]) == 2
     assert "eval.n=0 leaves nothing to evaluate" in capsys.readouterr().err
+    # Another split of the run's own data: its "held-out" rows may be ones the run trained on.
+    assert main(["eval", str(checkpoint), "data.seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert f"on 5 {data_file} problems of a split unlike the run's (data.seed=3, not 0)" in out
+    assert main(["eval", str(checkpoint), "data.n_heldout=2"]) == 0  # a prefix of the run's
+    assert f"on 2 held-out {data_file} problems" in capsys.readouterr().out

@@ -192,7 +192,7 @@ def load_control_state(checkpoint: Path) -> dict[str, Any]:
     """The distributed controllers' data position saved in a checkpoint folder: `step` (steps
     done), `queues` (one `[draws, pending prompts]` pair per data-parallel group of the run
     that wrote it; see `yatt.control.async_rollout.QueueState`), and what its prompt order
-    depends on (`yatt.control.async_rollout.draw_order`).
+    depends on (`yatt.data.draw_order`).
 
     Raises ConfigError (one line naming the folder) for a folder the controllers did not write
     and for a state file that is unreadable or not of that shape.

@@ -18,8 +18,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from yatt.errors import YattError
+
+if TYPE_CHECKING:
+    from yatt.config import Config
 
 __all__ = ["main"]
 
@@ -117,8 +121,9 @@ def _configured(config):
 
 def _train(preset: str, overrides: list[str]):
     """Run one training job with a progress bar, then plots and the summary table."""
-    from yatt.config import check_training_dtype, load_config
+    from yatt.config import load_config
     from yatt.report import console, progress_bar, summary_table, write_plots
+    from yatt.run_checks import check_training_dtype
     from yatt.trainer import Trainer
 
     config = _configured(load_config(preset, overrides))
@@ -180,13 +185,14 @@ def _eval(model: str, overrides: list[str]) -> None:
     run's saved `model/`) is evaluated on the data and eval settings of that run; `overrides`
     win over them."""
     from yatt.builders import build_data, build_model
-    from yatt.config import check_rewards_grade_task
     from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
     from yatt.rollout import make_engine
+    from yatt.run_checks import check_rewards_grade_task
     from yatt.trainer import configure_threads
 
-    config = _configured(_eval_config(model, overrides))
+    config, unlike = _eval_config(model, overrides)
+    config = _configured(config)
     check_rewards_grade_task(config, train=False, evaluate=True)
     if config.eval.n == 0:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
@@ -200,35 +206,57 @@ def _eval(model: str, overrides: list[str]) -> None:
         max_new_tokens=config.eval.max_new_tokens, reward_fn=config.eval.reward_fn,
         use_chat_template=config.data.use_chat_template,
     )  # fmt: skip
+    kind = f"problems of a split unlike the run's ({unlike})" if unlike else "problems"
     print(
-        f"accuracy {100 * accuracy:.1f}% on {min(config.eval.n, len(heldout))} held-out "
-        f"{config.data.path or config.data.task} problems "
+        f"accuracy {100 * accuracy:.1f}% on {min(config.eval.n, len(heldout))} "
+        f"{'' if unlike else 'held-out '}{config.data.path or config.data.task} {kind} "
         f"({time.perf_counter() - start_s:.1f} s)"
     )
 
 
-def _eval_config(model: str, overrides: list[str]):
+def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     """The config `yatt eval` uses: the folder's saved config.yaml (else the defaults), then
     model.path set to the folder's model, then `overrides`. A saved eval.n=0 (a run that did
-    not evaluate) gives way to the default eval.n unless `overrides` set it."""
+    not evaluate) gives way to the default eval.n unless `overrides` set it. Also which
+    overrides re-split the run's own data ("" for none): its held-out problems are then not
+    the run's, and some may be prompts it trained on (said in a warning and the result)."""
     import dataclasses
 
     from yatt.checkpoint import policy_folder
     from yatt.config import EvalConfig, load_config
+    from yatt.errors import ConfigError
 
     folder = Path(model)
     saved = folder / "config.yaml"
     model_path = policy_folder(folder) if folder.exists() else model
     if not saved.is_file():
         logger.info("eval: using the default config (no config.yaml in %s)", model)
-        return load_config(None, [f"model.path={model_path}", *overrides])
+        return load_config(None, [f"model.path={model_path}", *overrides]), ""
     logger.info("eval: using the run's config %s (overrides win over it)", saved)
     config = load_config(str(saved), [f"model.path={model_path}", *overrides])
+    try:
+        run = load_config(str(saved), [f"model.path={model_path}"]).data
+    except ConfigError:  # a saved setting a later version refuses, which `overrides` fixed
+        run = config.data
     if config.eval.n == 0 and not any(o.split("=")[0].strip() == "eval.n" for o in overrides):
         n = EvalConfig().n
         logger.info("eval: the run had eval.n=0; evaluating eval.n=%d (pass eval.n= to change)", n)
         config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, n=n))
-    return config
+    data, unlike = config.data, ""
+    if (data.path, data.task) == (run.path, run.task):  # the run's own data, split again
+        changed = [  # (a smaller held-out set is a prefix of the run's; rows from a file do
+            key  # not depend on n_train)
+            for key in ("seed", "n_heldout", *(() if data.path else ("n_train",)))
+            if getattr(data, key) > getattr(run, key)
+            or (key != "n_heldout" and getattr(data, key) != getattr(run, key))
+        ]
+        unlike = ", ".join(f"data.{k}={getattr(data, k)}, not {getattr(run, k)}" for k in changed)
+    if unlike:
+        logger.warning(
+            "eval: %s: these are not the run's held-out problems, and may include prompts it "
+            "trained on", unlike,
+        )  # fmt: skip
+    return config, unlike
 
 
 def _demo(overrides: list[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,9 +20,9 @@ from typing import Any
 import yaml
 
 from yatt.control.config import ControlConfig
-from yatt.data import TASK_PROVIDES, TASKS
+from yatt.data import TASKS
 from yatt.errors import ConfigError
-from yatt.rewards import NEED_MEANINGS, REWARD_FNS, REWARD_NEEDS, load_callable
+from yatt.rewards import REWARD_FNS, load_callable
 
 __all__ = [
     "AlgoConfig",
@@ -37,9 +38,6 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "check_controller_settings",
-    "check_eval_data",
-    "check_rewards_grade_task",
-    "check_training_dtype",
     "load_config",
     "log_level",
     "preset_names",
@@ -52,6 +50,10 @@ ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 ROLLOUT_DTYPES = ("float32", "bfloat16")
+SEED_MAX = 2**32 - 1
+# Settings naming files or folders: a leading "~" is the home folder (a shell leaves the "~" of
+# `logging.run_dir=~/runs` as it is).
+PATH_KEYS = ("model.path", "data.path", "reward.model_path", "logging.run_dir", "checkpoint.resume")
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -107,7 +109,7 @@ class ModelConfig:
     """The policy model: a local HF folder, a known name ('smollm2') or 'tiny' (random init).
 
     `dtype` is the dtype the weights are loaded in. "bfloat16" is for inference (`yatt eval`):
-    training runs refuse it (`check_training_dtype`), as bf16 weights lose most AdamW updates
+    training runs refuse it (`run_checks`), as bf16 weights lose most AdamW updates
     to rounding; they train fp32 weights, sampling in bf16 with `rollout.dtype=bfloat16`.
     """
 
@@ -137,6 +139,7 @@ class DataConfig:
             _require(self.task in TASKS, "data.task", self.task, f"one of {', '.join(TASKS)}")
         _require(self.n_train > 0, "data.n_train", self.n_train, "an int > 0")
         _require(self.n_heldout >= 0, "data.n_heldout", self.n_heldout, "an int >= 0")
+        _require(0 <= self.seed <= SEED_MAX, "data.seed", self.seed, f"an int in 0..{SEED_MAX}")
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,9 @@ class RolloutConfig:
                 "use top_p=1 and top_k=0 with bf16 rollouts (or rollout.dtype=float32)"
             )
         _require(isinstance(self.ignore_eos, bool), "rollout.ignore_eos", self.ignore_eos, "a bool")
+        _require(  # (`rollout.stop=` with nothing after it gives one empty string)
+            all(self.stop), "rollout.stop", list(self.stop), "non-empty stop strings"
+        )
         _require(
             not self.ignore_eos or self.backend != "hf",
             "rollout.ignore_eos",
@@ -364,6 +370,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require_finite(self, "train")
         _require(self.steps >= 1, "train.steps", self.steps, "an int >= 1")
+        # Seeds derived from it (per step, row and rank) must stay within torch's 64 bits.
+        _require(0 <= self.seed <= SEED_MAX, "train.seed", self.seed, f"an int in 0..{SEED_MAX}")
         # The single-process trainer builds its batches on the CPU; GPU placement belongs to
         # yatt.control (device-aware workers). Remove this check when the roles move batches.
         _require(self.device == "cpu", "train.device", self.device, "'cpu' in this trainer")
@@ -405,7 +413,8 @@ class EvalConfig:
 class LoggingConfig:
     """Where outputs go and which sinks are on (JSONL is always on). A fresh run into a
     `run_dir` that holds a previous run's outputs is refused unless `overwrite` (then they are
-    deleted first); `checkpoint.resume` continues a run in place."""
+    deleted, once the new run's data and model loaded); `checkpoint.resume` continues a run in
+    place."""
 
     run_dir: str = "runs/default"
     overwrite: bool = False
@@ -467,38 +476,6 @@ class Config:
             )
 
 
-def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bool = False) -> None:
-    """Refuse a built-in reward that cannot grade the rows of the built-in task `data.task`
-    (ConfigError, one line naming both settings and the rewards that fit), so that a run does
-    not fail (or score every completion 0) only at its first reward or evaluation: a reward
-    that compares with a numeric answer on countdown (an expression, one of many correct),
-    reasoning_gym's checker on addition rows.
-
-    What is checked is what the caller will use: `reward.fns` with `train` (an RL run), and
-    `eval.reward_fn` when the run evaluates (`eval.enabled`) or with `evaluate` (`yatt eval`);
-    SFT uses neither. Not checked: rows from a file (`data.path`: their fields are the
-    user's), rewards given as "package.module:function", and names registered without a
-    `REWARD_NEEDS` entry.
-    """
-    if config.data.path:
-        return
-    task = config.data.task
-    provides = TASK_PROVIDES.get(task, frozenset())
-    settings = [("reward.fns", name) for name in config.reward.fns] if train else []
-    if config.eval.enabled or evaluate:
-        settings.append(("eval.reward_fn", config.eval.reward_fn))
-    for key, name in settings:
-        need = None if ":" in name else REWARD_NEEDS.get(name)
-        if need is None or need in provides:
-            continue
-        fits = [reward for reward, needs in REWARD_NEEDS.items() if needs in provides]
-        raise ConfigError(
-            f"{key}={name!r} cannot grade data.task={task!r}: {name} needs "
-            f"{NEED_MEANINGS[need]}, which {task} rows lack; rewards for {task}: "
-            f"{', '.join(fits)} (or your own 'package.module:function')"
-        )
-
-
 def _require_ray_for_control(control: ControlConfig) -> None:
     """Refuse control.* settings that only the Ray controllers read.
 
@@ -551,36 +528,6 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
             f"algo.overlong_buffer={algo.overlong_buffer} is longer than the response budget "
             f"{min(budgets)} of control.length_schedule={list(control.length_schedule)}: the "
             "penalty zone must fit in every budget"
-        )
-
-
-def check_eval_data(config: Config) -> None:
-    """Raise ConfigError if a run would evaluate with no held-out prompts (the trainer and the
-    distributed controllers call it before any work).
-
-    Not part of Config validation: `yatt eval`, SFT and other tools load configs whose eval.*
-    they read, or do not use, with any held-out split.
-    """
-    if config.data.n_heldout == 0 and config.eval.enabled:
-        raise ConfigError(
-            f"data.n_heldout=0 leaves nothing to evaluate (eval.n={config.eval.n}): set eval.n=0 "
-            "(or disable eval: eval.at_start=false eval.at_end=false eval.every=0)"
-        )
-
-
-def check_training_dtype(config: Config) -> None:
-    """Raise ConfigError if a training run (RL or SFT) would train low-precision weights.
-
-    AdamW updates (lr x a normalised step, ~1e-6) are far below bf16's resolution near a
-    weight (~4e-3 relative), so nearly all of them round away and the run silently does not
-    train. Not part of Config validation: `yatt eval` loads bf16 weights for inference.
-    """
-    if config.model.dtype != "float32":
-        raise ConfigError(
-            f"model.dtype={config.model.dtype} would train {config.model.dtype} weights, whose "
-            "small AdamW updates round away (the run would barely train); train with "
-            "model.dtype=float32, and for bf16 speed sample with rollout.dtype=bfloat16 and/or "
-            "compute in bf16 with train.bf16_autocast=true (model.dtype=bfloat16 is for yatt eval)"
         )
 
 
@@ -643,6 +590,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
             kwargs[name] = _build(annotation, value, key)
         else:
             kwargs[name] = _coerce(key, value, annotation)
+            if key in PATH_KEYS and kwargs[name].startswith("~"):  # no shell expands it there
+                kwargs[name] = os.path.expanduser(kwargs[name])
     return cls(**kwargs)
 
 
@@ -716,7 +665,14 @@ def _read_preset(preset: str) -> dict[str, Any]:
             f"config '{preset}' is neither a YAML file nor a preset; presets: {preset_names()}"
         )
     try:
-        loaded = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config file {path} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} on line {line})"
+        ) from None
+    try:
+        loaded = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
     except _DuplicateKey as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     except yaml.YAMLError as exc:

@@ -8,9 +8,12 @@ functions take as an argument of their own). A malformed row fails the load with
 naming file, line and problem; `skip_bad_rows=True` skips such rows instead and reports the count.
 """
 
+import hashlib
 import json
 import logging
+import math
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,8 @@ __all__ = [
     "TASK_PROVIDES",
     "PromptDataset",
     "PromptExample",
+    "check_draw_order",
+    "draw_order",
     "generate_task",
     "load_prompts",
     "render_prompt",
@@ -120,6 +125,8 @@ def _parse_answer(value: Any) -> str | None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise _RowError(f"field 'answer' is {type(value).__name__}, expected a string or number")
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN/Infinity (Python's)
+        raise _RowError(f"field 'answer' is {value}, expected a string or finite number")
     return str(value)
 
 
@@ -318,3 +325,41 @@ def render_prompt(example: PromptExample, tokenizer: Any, use_chat_template: boo
         name = getattr(tokenizer, "name_or_path", "?")
         raise ModelError(f"tokenizer {name!r} has no chat template; set use_chat_template=False")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def draw_order(config: Any, train_set: Sequence[PromptExample]) -> dict[str, Any]:
+    """What the prompt order of a run depends on, as a checkpoint records it (a resume with
+    another would sample other prompts): the draw size, the order's seed, and the training
+    set (its size and a digest of its prompts and answers)."""
+    digest = hashlib.sha256()
+    for example in train_set:
+        digest.update(repr((example.prompt, example.answer)).encode())
+    return {"prompts_per_step": config.algo.prompts_per_step,
+            "order_seed": config.data.seed + config.train.seed,
+            "n_prompts": len(train_set), "prompts_sha256": digest.hexdigest()}  # fmt: skip
+
+
+def check_draw_order(
+    recorded: Mapping[str, Any],
+    config: Any,
+    train_set: Sequence[PromptExample],
+    checkpoint: str,
+    *,
+    draw_size: bool = True,
+) -> None:
+    """Raise ConfigError (one line) unless a checkpoint's data position (`recorded`, with
+    `draw_order`'s keys) fits this run: the same prompt order and training set, and with
+    `draw_size` the same prompts per step (the controllers' queues count whole draws)."""
+    here = draw_order(config, train_set)
+    named = {"prompts_per_step": "algo.prompts_per_step=", "order_seed": "data.seed + train.seed=",
+             "n_prompts": "a training set of ", "prompts_sha256": "training prompts "}  # fmt: skip
+    if not draw_size:
+        del named["prompts_per_step"]
+    for key, what in named.items():
+        if recorded.get(key) != here[key]:
+            settings = "data.* and algo.prompts_per_step" if draw_size else "data.*"
+            raise ConfigError(
+                f"checkpoint.resume={checkpoint} was written with {what}{recorded.get(key)}, "
+                f"this run has {here[key]}: its data position counts prompts drawn in that "
+                f"run's order; resume with the {settings} of the run that wrote it"
+            )

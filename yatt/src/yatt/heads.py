@@ -52,22 +52,40 @@ class ScalarHeadModel(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        *,
+        trained_head: str = "",
     ) -> "ScalarHeadModel":
         """Load a saved ScalarHeadModel folder, or start one (new head) from a causal LM folder.
 
-        Raises ModelError when the folder is missing or unloadable.
+        trained_head: the setting that names the folder when it must hold a trained head (a
+            reward model, whose random head would score at random); "" allows a new one.
+        Raises ModelError when the folder is missing or unloadable, or lacks a trained head
+        that `trained_head` asks for.
         """
         folder = Path(path)
         if not folder.is_dir():
             raise ModelError(f"scalar-head model folder {str(folder)!r} does not exist")
+        if trained_head and not (folder / _META_FILE).exists():
+            raise ModelError(
+                f"{trained_head}={folder} is not a trained reward model (no {_META_FILE}): a "
+                "causal LM there would score with a random head; train one "
+                "(yatt.rewards.model.train_reward_model) or drop the setting"
+            )
         try:
             backbone = AutoModel.from_pretrained(folder, dtype=dtype)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelError(f"cannot load backbone from {str(folder)!r}: {exc}") from exc
         model = cls(backbone)
         if (folder / _META_FILE).exists():
-            model.head.load_state_dict(load_file(folder / _HEAD_FILE))
+            try:
+                model.head.load_state_dict(load_file(folder / _HEAD_FILE))
+            except Exception as exc:  # missing, truncated or foreign: safetensors/torch raise
+                detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                raise ModelError(f"cannot load the head {folder / _HEAD_FILE}: {detail}") from None
         else:
             logger.info("no %s in %s: new value head on a pretrained backbone", _META_FILE, folder)
         return model.to(device)

@@ -1,22 +1,25 @@
 """The run folder (`logging.run_dir`): claimed once per job, so a fresh run never mixes its
-outputs with a previous run's, and a resumed one finds them."""
+outputs with a previous run's, and a resumed one finds them. With `logging.overwrite` a job
+checks the folder first (`check_run_dir`) and deletes the previous run only once its own
+inputs loaded (`RunDirClaim.clear`): a mistyped data or model path loses nothing."""
 
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from yatt.errors import ConfigError
 
-__all__ = ["claim_run_dir"]
+__all__ = ["RunDirClaim", "check_run_dir", "claim_run_dir"]
 
 logger = logging.getLogger(__name__)
 _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoint's layout)
 
 
-def claim_run_dir(
+def check_run_dir(
     run_dir: str,
     outputs: tuple[str, ...],
     *,
@@ -24,11 +27,12 @@ def claim_run_dir(
     overwrite: bool = False,
     resumable: bool = True,
     model_path: str = "",
-) -> Path:
-    """Create the run folder `logging.run_dir`; returns it.
+) -> RunDirClaim:
+    """Create the run folder `logging.run_dir` and check it for this job; deletes nothing.
 
     outputs: names inside the folder that a run writes. A fresh run (not `resuming`) into a
-    folder holding any of them is refused, unless `overwrite`: then they are deleted first.
+    folder holding any of them is refused, unless `overwrite`: then the claim's `clear()`
+    deletes them.
     resumable: the refusal suggests `checkpoint.resume=` when the folder holds a checkpoint
     (a non-empty `checkpoints/`), else says it has none (False for jobs that cannot resume).
     model_path: the run's `model.path`; overwriting never deletes the output holding it (an
@@ -49,7 +53,7 @@ def claim_run_dir(
         raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
     found = [name for name in outputs if _holds_output(folder / name)]
     if not found or resuming:
-        return folder
+        return RunDirClaim(folder)
     shown = ", ".join(f"{name}/" if (folder / name).is_dir() else name for name in found)
     if not overwrite:
         resume_hint = ""
@@ -69,11 +73,44 @@ def claim_run_dir(
                     f"logging.overwrite=true would delete {folder / name}, which holds "
                     f"model.path={model_path}: write this run to another folder"
                 )
-    logger.warning("overwriting the previous run in %s: deleting %s", folder, shown)
-    for name in found:
-        path = folder / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return folder
+    return RunDirClaim(folder, tuple(folder / name for name in found), shown)
+
+
+def claim_run_dir(
+    run_dir: str,
+    outputs: tuple[str, ...],
+    *,
+    resuming: bool = False,
+    overwrite: bool = False,
+    resumable: bool = True,
+    model_path: str = "",
+) -> Path:
+    """`check_run_dir`, then delete what `overwrite` replaces at once; returns the folder."""
+    return check_run_dir(
+        run_dir, outputs, resuming=resuming, overwrite=overwrite, resumable=resumable,
+        model_path=model_path,
+    ).clear()  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunDirClaim:
+    """A run folder checked for a job: `previous` are a previous run's outputs that
+    `logging.overwrite` replaces (`shown`: them, as the warning names them)."""
+
+    path: Path
+    previous: tuple[Path, ...] = ()
+    shown: str = ""
+
+    def clear(self) -> Path:
+        """Delete the previous run's outputs (call once the job's inputs loaded); the folder."""
+        if self.previous:
+            logger.warning("overwriting the previous run in %s: deleting %s", self.path, self.shown)
+        for path in self.previous:
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        return self.path
 
 
 def _holds_output(path: Path) -> bool:

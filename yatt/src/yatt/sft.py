@@ -26,10 +26,11 @@ from yatt.algos.losses import sft_loss
 from yatt.batch import RolloutBatch
 from yatt.common import JsonlSink, MetricsLogger
 from yatt.common.seeding import seed_everything
-from yatt.config import Config, check_training_dtype, save_config
+from yatt.config import Config, save_config
 from yatt.errors import DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
 from yatt.roles.policy import lr_lambda
+from yatt.run_checks import check_training_dtype
 
 __all__ = ["run_sft"]
 
@@ -91,7 +92,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.common import TensorBoardSink
     from yatt.evaluate import examples_due
     from yatt.models import save_checkpoint
-    from yatt.run_dir import claim_run_dir
+    from yatt.run_dir import check_run_dir
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
@@ -111,7 +112,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             raise DataError(f"SFT needs an answer on every row; {where} has none")
     # An RL run's outputs too (yatt.trainer, yatt.control): its folder is refused, not mixed
     outputs = ("sft_metrics.jsonl", "model", "tensorboard", "metrics.jsonl", "checkpoints")
-    run_dir = claim_run_dir(
+    claim = check_run_dir(
         config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False,
         model_path=config.model.path,
     )  # fmt: skip
@@ -121,6 +122,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
         model, tokenizer = build_model(config.model)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
     heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
+    run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
     save_config(config, run_dir)
     optim = config.optim
     optimizer = torch.optim.AdamW(

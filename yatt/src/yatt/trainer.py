@@ -37,13 +37,8 @@ from yatt.checkpoint import (
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
-from yatt.config import (
-    Config,
-    check_eval_data,
-    check_rewards_grade_task,
-    check_training_dtype,
-    save_config,
-)
+from yatt.config import Config, save_config
+from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError
 from yatt.rewards import RewardError
 from yatt.roles.critic import CriticRole
@@ -51,7 +46,13 @@ from yatt.roles.policy import PolicyRole
 from yatt.roles.reference import ReferenceRole
 from yatt.roles.reward import RewardRole
 from yatt.roles.rollout import RolloutRole
-from yatt.run_dir import claim_run_dir
+from yatt.run_checks import (
+    check_eval_data,
+    check_rewards_grade_task,
+    check_training_dtype,
+    warn_if_nothing_kept,
+)
+from yatt.run_dir import check_run_dir
 
 __all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
 
@@ -135,6 +136,7 @@ class Trainer:
         check_eval_data(config)
         check_training_dtype(config)
         check_rewards_grade_task(config, train=reward is None)  # a given reward is the caller's
+        warn_if_nothing_kept(config)
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         if resume:
             check_resumed_by(Path(resume), controllers=False)
@@ -145,7 +147,7 @@ class Trainer:
             and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
         )
         try:
-            self.run_dir = claim_run_dir(
+            claim = check_run_dir(
                 config.logging.run_dir,
                 _RUN_OUTPUTS,
                 resuming=self._in_place,
@@ -157,6 +159,7 @@ class Trainer:
             if config.checkpoint.resume == RESUME_AUTO and not resume:
                 raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
             raise
+        self.run_dir = claim.path
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
@@ -169,6 +172,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.prompt_texts = [self._render(example) for example in self.train_set]
         self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
+        self._draw_order = draw_order(config, self.train_set)  # in each checkpoint
         self._sampled: list[int] = []  # train_set indices of the last sampled prompts
         self._generated_tokens = 0.0  # response tokens generated in the current step
         self._build_roles(model, reward, initial)
@@ -176,6 +180,7 @@ class Trainer:
         self.timer = PhaseTimer()
         if resume:
             self._resume(Path(resume))
+        claim.clear()  # logging.overwrite: the previous run goes only once this one loaded
 
     # ------------------------------------------------------------------ set-up
 
@@ -211,6 +216,8 @@ class Trainer:
 
     def _resume(self, checkpoint: Path) -> None:
         state = load_trainer_state(checkpoint, needs_critic=self.critic is not None)
+        if isinstance(state.get("sampler"), dict):  # (else: the error below names it)
+            self._check_draw_order(state["sampler"], checkpoint)
         try:
             self.policy.load_state_dict(state["policy"])
             if self.critic is not None:
@@ -229,6 +236,22 @@ class Trainer:
             overwrite = self.config.logging.overwrite
             drop_later_checkpoints(self.run_dir, checkpoint, self.step, overwrite)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    def _check_draw_order(self, recorded: dict[str, Any], checkpoint: Path) -> None:
+        """The checkpoint's data position fits this run's prompts and order (ConfigError);
+        one written before the order was recorded is checked for its size only."""
+        if "n_prompts" in recorded:  # (a position counts prompts: any draw size continues it)
+            check_draw_order(
+                recorded, self.config, self.train_set, str(checkpoint), draw_size=False
+            )
+        else:
+            position = recorded.get("position", 0)
+            if type(position) is not int or not 0 <= position <= len(self.train_set):
+                raise ConfigError(
+                    f"checkpoint.resume={checkpoint} stands at prompt {position!r} of its data "
+                    f"epoch, not one of this run's training set of {len(self.train_set)}: "
+                    "resume with the data.* of the run that wrote it"
+                )
 
     # ------------------------------------------------------------------ the loop
 
@@ -484,7 +507,10 @@ class Trainer:
         return save_training_checkpoint(
             self.run_dir, self.step, config=self.config, policy=self.policy,
             tokenizer=self.tokenizer, critic=self.critic, keep_last=cfg.keep_last,
-            trainer_state={"sampler": self.sampler.state_dict(), "rng": rng_state()},
+            trainer_state={
+                "sampler": {**self.sampler.state_dict(), **self._draw_order},
+                "rng": rng_state(),
+            },
         )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from yatt.common.timers import time_limit_reached
-from yatt.config import Config, check_eval_data
+from yatt.config import Config
 from yatt.control.async_rollout import QueueState, deal_prompts
 from yatt.control.cluster import build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
@@ -42,6 +42,7 @@ from yatt.control.placement import Placement, make_placement
 from yatt.control.rank import peak_rss_mb
 from yatt.control.replacement import Decision, Replanner, costs_from_spans
 from yatt.control.timeline import Span
+from yatt.run_checks import check_eval_data
 
 __all__ = ["AdaptiveController"]
 

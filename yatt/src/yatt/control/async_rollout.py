@@ -23,12 +23,10 @@ Refills are sampled when they are needed, with the newest weights (staleness 0).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -46,7 +44,6 @@ __all__ = [
     "ShardQueue",
     "StepDispatch",
     "deal_prompts",
-    "draw_order",
     "make_group_rollout",
     "prompts_due",
 ]
@@ -346,18 +343,6 @@ def prompts_due(states: list[QueueState], n_prompts: int, seed: int,
         queue.catch_up(draws)
         due.append(list(pending) + queue.contents())
     return draws, due
-
-
-def draw_order(config: Any, train_set: Sequence[Any]) -> dict[str, Any]:
-    """What the prompt order of a run depends on, as a checkpoint records it (a resume with
-    another would sample other prompts): the draw size, the order's seed, and the training
-    set (its size and a digest of its prompts and answers)."""
-    digest = hashlib.sha256()
-    for example in train_set:
-        digest.update(repr((example.prompt, example.answer)).encode())
-    return {"prompts_per_step": config.algo.prompts_per_step,
-            "order_seed": config.data.seed + config.train.seed,
-            "n_prompts": len(train_set), "prompts_sha256": digest.hexdigest()}  # fmt: skip
 
 
 def deal_prompts(due: list[list[int]], n_groups: int) -> list[list[int]]:

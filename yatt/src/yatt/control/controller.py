@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from yatt.common.timers import time_limit_reached
-from yatt.config import Config, check_eval_data
+from yatt.config import Config
 from yatt.control.async_rollout import QueueState, deal_prompts, prompts_due
 from yatt.control.cluster import Cluster
 from yatt.control.config import ControlConfig
 from yatt.control.rank import peak_rss_mb
 from yatt.control.workers import gather
 from yatt.errors import ConfigError
+from yatt.run_checks import check_eval_data
 
 __all__ = [
     "Controller",

@@ -23,11 +23,11 @@ import torch
 
 from yatt.algos.kl import kl_mean
 from yatt.config import Config
-from yatt.control.async_rollout import draw_order
 from yatt.control.config import ControlConfig, make_reward_role
 from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
+from yatt.data import draw_order
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
 

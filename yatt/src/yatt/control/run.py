@@ -9,13 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yatt.config import (
-    Config,
-    check_controller_settings,
-    check_eval_data,
-    check_rewards_grade_task,
-    check_training_dtype,
-)
+from yatt.config import Config, check_controller_settings
 from yatt.control.config import ControlConfig
 from yatt.control.controller import RunResult
 from yatt.control.segments import (
@@ -30,6 +24,13 @@ from yatt.control.segments import (
     save_segments,
 )
 from yatt.errors import ConfigError
+from yatt.run_checks import (
+    check_eval_data,
+    check_rewards_grade_task,
+    check_training_dtype,
+    warn_if_nothing_kept,
+)
+from yatt.run_dir import RunDirClaim
 
 __all__ = ["fit_distributed"]
 
@@ -74,16 +75,17 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     check_eval_data(config)
     check_training_dtype(config)
     check_rewards_grade_task(config)
+    warn_if_nothing_kept(config)
     if control.backend == "ray" and config.train.torch_threads:
         logger.info(
             "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "
             "core of its device (control.cpu_mapping)",
             config.train.torch_threads,
         )
-    resume, state, run_dir = _claim(config)
+    resume, state, claim = _claim(config)
+    run_dir = claim.path
     start_step = 0 if state is None else state["step"]
     metrics_path = run_dir / "metrics.jsonl"
-    save_config(config, run_dir)
     controller = make_controller(config, control)
     controller.checkpoint_dir = run_dir
     earlier: list[Segment] = []  # the records of the run's parts before this one
@@ -98,6 +100,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
                     save_segments(run_dir, earlier)
             if progress is not None:  # the bar starts at the resumed step, as the trainer's
                 progress(start_step, config.train.steps, _logged_row(Path(resume), start_step))
+        claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
+        save_config(config, run_dir)
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
@@ -182,11 +186,12 @@ def _logged_row(checkpoint: Path, step: int) -> dict[str, float]:
     return {k: v for k, v in logged[-1].items() if k != "step"} if logged else {}
 
 
-def _claim(config: Config) -> tuple[str, dict[str, Any] | None, Path]:
+def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     """The checkpoint `checkpoint.resume` names ("" for none) with its checked data position,
-    and the run folder, claimed (in place for a checkpoint of its own)."""
+    and the run folder, checked (in place for a checkpoint of its own); a previous run there
+    that `logging.overwrite` replaces is deleted by the claim's `clear()`."""
     from yatt.checkpoint import RESUME_AUTO, checkpoint_run_dir, load_control_state, resolve_resume
-    from yatt.run_dir import claim_run_dir
+    from yatt.run_dir import check_run_dir
 
     resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
     state = None
@@ -198,7 +203,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, Path]:
     outputs = ("metrics.jsonl", "timeline.png", "control.json", SEGMENTS_FILE, SEGMENTS_BAD_FILE,
                "tensorboard", "checkpoints", MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
     try:
-        claimed = claim_run_dir(
+        claimed = check_run_dir(
             config.logging.run_dir, outputs, resuming=in_place,
             overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
             model_path=config.model.path,
@@ -241,15 +246,6 @@ def check_resume_fits(config: Config, state: dict[str, Any], checkpoint: str) ->
     `config`: its queues count draws of another size, in another prompt order (seed), or over
     another training set (size, or prompts and answers)."""
     from yatt.builders import build_data
-    from yatt.control.async_rollout import draw_order
+    from yatt.data import check_draw_order
 
-    here = draw_order(config, build_data(config.data)[0])
-    named = {"prompts_per_step": "algo.prompts_per_step=", "order_seed": "data.seed + train.seed=",
-             "n_prompts": "a training set of ", "prompts_sha256": "training prompts "}  # fmt: skip
-    for key, what in named.items():
-        if state.get(key) != here[key]:
-            raise ConfigError(
-                f"checkpoint.resume={checkpoint} was written with {what}{state.get(key)}, this "
-                f"run has {here[key]}: its data position counts prompts drawn in that run's "
-                "order; resume with the data.* and algo.prompts_per_step of the run that wrote it"
-            )
+    check_draw_order(state, config, build_data(config.data)[0], checkpoint)

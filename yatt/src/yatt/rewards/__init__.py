@@ -14,6 +14,7 @@ import logging
 import numbers
 from collections.abc import Callable, Sequence
 from math import isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
+from pathlib import Path
 from typing import Any
 
 from yatt.errors import ConfigError, YattError
@@ -121,8 +122,16 @@ def load_callable(path: str, key: str = "reward"):
         module = importlib.import_module(module_name)
     except Exception as exc:  # user code: whatever its import raises becomes one line
         detail = " ".join(str(exc).split())
+        hint = ""
+        top = module_name.partition(".")[0]
+        here = Path(top + ".py").is_file() or Path(top, "__init__.py").is_file()
+        if isinstance(exc, ModuleNotFoundError) and exc.name == top and here:
+            # `python -m yatt` puts the current folder on the import path; the `yatt` command
+            # does not.
+            hint = f"; {top} is in the current folder, which is not on the import path: run "
+            hint += "with PYTHONPATH=. (or install it)"
         raise ConfigError(
-            f"{key}={path!r}: cannot import {module_name!r} ({type(exc).__name__}: {detail})"
+            f"{key}={path!r}: cannot import {module_name!r} ({type(exc).__name__}: {detail}){hint}"
         ) from None
     function = getattr(module, attr, None)
     if function is None:

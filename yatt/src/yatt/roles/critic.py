@@ -18,7 +18,7 @@ from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.roles._forward import chunks, trim_columns
 from yatt.roles.base import Role
-from yatt.roles.policy import lr_lambda
+from yatt.roles.policy import load_optimizer_state, lr_lambda
 
 __all__ = ["CriticRole"]
 
@@ -99,8 +99,11 @@ class CriticRole(Role):
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        optim = self.optim
+        load_optimizer_state(
+            self.optimizer, self.scheduler, state, lr=optim.critic_lr,
+            betas=(optim.beta1, optim.beta2), eps=optim.eps, role="critic",
+        )  # fmt: skip
 
     def save_pretrained(self, folder: Path) -> Path:
         return self.model.save(folder)

@@ -57,6 +57,44 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
     return factor
 
 
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    state: dict[str, Any],
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float | None = None,
+    role: str = "policy",
+) -> None:
+    """Load a checkpoint's optimizer and schedule state, keeping this run's settings: the
+    moments and the step count come from the checkpoint, lr, betas, eps and
+    weight decay from the config (a checkpoint stores its own, which a resume with changed
+    settings would silently keep). The LR is this run's schedule at the resumed step."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    wanted: dict[str, Any] = {"initial_lr": lr, "betas": betas, "eps": eps}
+    if weight_decay is not None:
+        wanted["weight_decay"] = weight_decay
+    saved = optimizer.param_groups[0]
+    changed = [f"{key}={value} (was {saved.get(key)})" for key, value in wanted.items()
+               if _plain(saved.get(key)) != _plain(value)]  # fmt: skip
+    if changed:
+        logger.info("resumed the %s optimizer with this run's %s", role, ", ".join(changed))
+    for group in optimizer.param_groups:
+        group.update(wanted)
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    step = scheduler.last_epoch
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["lr"] = lr * factor(step)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def _plain(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
 class PolicyRole(Role):
     """The trained policy (an HF causal LM), updated in place."""
 
@@ -230,8 +268,11 @@ class PolicyRole(Role):
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        optim = self.optim
+        load_optimizer_state(
+            self.optimizer, self.scheduler, state, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+            eps=optim.eps, weight_decay=optim.weight_decay,
+        )  # fmt: skip
 
     def save_pretrained(self, folder: Path, tokenizer: Any) -> Path:
         """Weights + tokenizer as a safetensors folder `from_pretrained` reads."""

@@ -49,5 +49,5 @@ def _reward_model_scorer(path: str) -> Any:
     from yatt.models import load_tokenizer
     from yatt.rewards.model import RewardModelScorer
 
-    model = ScalarHeadModel.from_pretrained(path).eval()
+    model = ScalarHeadModel.from_pretrained(path, trained_head="reward.model_path").eval()
     return RewardModelScorer(model, load_tokenizer(path))

@@ -1,0 +1,95 @@
+"""Checks of a run's settings against what will use them, made where a run starts (the
+trainer, the distributed controllers, SFT, `yatt eval`), not when a config is built: the same
+config may serve tools that read other parts of it (`yatt eval` loads bf16 weights, SFT needs
+no reward, an eval-only run needs no training reward).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from yatt.config import Config
+from yatt.data import TASK_PROVIDES
+from yatt.errors import ConfigError
+from yatt.rewards import NEED_MEANINGS, REWARD_NEEDS
+
+__all__ = [
+    "check_eval_data",
+    "check_rewards_grade_task",
+    "check_training_dtype",
+    "warn_if_nothing_kept",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bool = False) -> None:
+    """Refuse a built-in reward that cannot grade the rows of the built-in task `data.task`
+    (ConfigError, one line naming both settings and the rewards that fit), so that a run does
+    not fail (or score every completion 0) only at its first reward or evaluation: a reward
+    that compares with a numeric answer on countdown (an expression, one of many correct),
+    reasoning_gym's checker on addition rows.
+
+    What is checked is what the caller will use: `reward.fns` with `train` (an RL run), and
+    `eval.reward_fn` when the run evaluates (`eval.enabled`) or with `evaluate` (`yatt eval`);
+    SFT uses neither. Not checked: rows from a file (`data.path`: their fields are the
+    user's), rewards given as "package.module:function", and names registered without a
+    `REWARD_NEEDS` entry.
+    """
+    if config.data.path:
+        return
+    task = config.data.task
+    provides = TASK_PROVIDES.get(task, frozenset())
+    settings = [("reward.fns", name) for name in config.reward.fns] if train else []
+    if config.eval.enabled or evaluate:
+        settings.append(("eval.reward_fn", config.eval.reward_fn))
+    for key, name in settings:
+        need = None if ":" in name else REWARD_NEEDS.get(name)
+        if need is None or need in provides:
+            continue
+        fits = [reward for reward, needs in REWARD_NEEDS.items() if needs in provides]
+        raise ConfigError(
+            f"{key}={name!r} cannot grade data.task={task!r}: {name} needs "
+            f"{NEED_MEANINGS[need]}, which {task} rows lack; rewards for {task}: "
+            f"{', '.join(fits)} (or your own 'package.module:function')"
+        )
+
+
+def check_eval_data(config: Config) -> None:
+    """Raise ConfigError if a run would evaluate with no held-out prompts (the trainer and the
+    distributed controllers call it before any work).
+
+    Not part of Config validation: `yatt eval`, SFT and other tools load configs whose eval.*
+    they read, or do not use, with any held-out split.
+    """
+    if config.data.n_heldout == 0 and config.eval.enabled:
+        raise ConfigError(
+            f"data.n_heldout=0 leaves nothing to evaluate (eval.n={config.eval.n}): set eval.n=0 "
+            "(or disable eval: eval.at_start=false eval.at_end=false eval.every=0)"
+        )
+
+
+def check_training_dtype(config: Config) -> None:
+    """Raise ConfigError if a training run (RL or SFT) would train low-precision weights.
+
+    AdamW updates (lr x a normalised step, ~1e-6) are far below bf16's resolution near a
+    weight (~4e-3 relative), so nearly all of them round away and the run silently does not
+    train. Not part of Config validation: `yatt eval` loads bf16 weights for inference.
+    """
+    if config.model.dtype != "float32":
+        raise ConfigError(
+            f"model.dtype={config.model.dtype} would train {config.model.dtype} weights, whose "
+            "small AdamW updates round away (the run would barely train); train with "
+            "model.dtype=float32, and for bf16 speed sample with rollout.dtype=bfloat16 and/or "
+            "compute in bf16 with train.bf16_autocast=true (model.dtype=bfloat16 is for yatt eval)"
+        )
+
+
+def warn_if_nothing_kept(config: Config) -> None:
+    """Warn (one line, at the start) when an RL run will keep no checkpoint, so no trained
+    policy: `checkpoint.every=0` and `checkpoint.at_end=false`, the defaults."""
+    if not config.checkpoint.every and not config.checkpoint.at_end:
+        logger.warning(
+            "this run keeps no checkpoint (checkpoint.every=0, checkpoint.at_end=false): the "
+            "trained policy is lost when it ends; set checkpoint.at_end=true to keep it"
+        )
