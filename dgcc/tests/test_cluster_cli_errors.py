@@ -249,7 +249,9 @@ def test_start_refuses_data_the_local_nodes_cannot_hold_together(tmp_path, monke
     one_node = workloads.get_workload("ycsb", **options).data_bytes()[0]
     monkeypatch.setattr(workloads, "available_memory_bytes", lambda: int(2.5 * one_node))
     config = local_config(3, workload="ycsb", workload_options=options)
-    with pytest.raises(ConfigError, match=r"3 local nodes of ycsb with records=10000 need about"):
+    with pytest.raises(
+        ConfigError, match=r"3 local nodes of ycsb with records=10000, field_chars=10 need about"
+    ):
         start_local(config, tmp_path)  # each fits alone; three loading at once do not
     assert not any(tmp_path.iterdir())  # refused before anything was written or spawned
 

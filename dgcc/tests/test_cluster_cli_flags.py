@@ -81,6 +81,22 @@ def test_cli_epoch_ms_defaults_agree_with_the_cluster_benchmarks():
     assert bench.durable is False
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--warmup-s", "nan"], "warmup_s must be in [0, 3600], got nan"),
+        (["--warmup-s", "-1"], "warmup_s must be in [0, 3600], got -1.0"),
+        (["--warmup-s", "1e9"], "warmup_s must be in [0, 3600], got 1000000000.0"),
+        (["--distributed-fraction", "1.5"], "distributed_fraction must be in [0, 1], got 1.5"),
+    ],
+)
+def test_bench_on_nodes_refuses_bad_flags_before_starting_anything(flags, message):
+    args = build_parser().parse_args(["bench", "--nodes", "2", "--workload", "ycsb", *flags])
+    with pytest.raises(ConfigError) as info:
+        _bench_config(args)
+    assert str(info.value) == message
+
+
 def test_bench_durable_asks_for_logging_nodes():
     args = build_parser().parse_args(["bench", "--nodes", "2", "--durable", "--warehouses", "1"])
     bench = _bench_config(args)

@@ -120,3 +120,6 @@ def test_drill_command_runs_trials_and_rejects_bad_counts(
     assert "all 2 trials recovered correctly (seed 4)" in capsys.readouterr().out
     assert cli.main(["drill", "--trials", "0"]) == 2
     assert "--trials must be in 1..100000, got 0" in capsys.readouterr().err
+    # Again into the same folder (another seed): refused, not a false durability failure.
+    assert cli.main(["drill", "--trials", "1", "--seed", "5", "--dir", str(tmp_path)]) == 2
+    assert "holds an earlier drill's trials (trial*)" in capsys.readouterr().err

@@ -158,6 +158,19 @@ def test_once_values_come_pending_senders_and_their_ancestors_run_first() -> Non
     assert dbs[0]["kv"].rows[3]["v"] == 3 * 2 + (12 * 2 + 2)
 
 
+def test_values_applied_before_a_bad_entry_still_free_their_pieces() -> None:
+    # A message whose second entry names no waiting piece raises; the first entry was applied,
+    # and the piece it freed must still run (not wait for a next message that may never come).
+    (node0, node1), _ = _runs(_KeyValue(), [[_move(15, 1)], []])
+    assert node0.step(100) == 0 and not node0.has_ready
+    assert node1.step(100) == 1
+    entries = list(_wire(node1.take_outbox()[0]))
+    with pytest.raises(ProcedureError, match="unexpected value"):
+        node0.deliver([*entries, (99, 0, None, None, None)])
+    assert node0.has_ready
+    assert node0.step(100) == 1 and node0.finished
+
+
 @pytest.mark.parametrize("checked", [False, True])
 def test_an_epoch_without_cross_node_edges_runs_in_serial_order(checked: bool) -> None:
     # Nothing waits on or feeds another node: no graph (with checks on, one that is checked).

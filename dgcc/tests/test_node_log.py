@@ -254,8 +254,8 @@ def test_answers_wait_until_every_node_made_the_epoch_durable(tmp_path: Path) ->
     workload = get_workload("tpcc", **OPTIONS)
     router = Router(workload, Placement.round_robin(NODES))
     durability = NodeDurability(tmp_path / "node0", 0, NODES)
-    sent: list[tuple[int, bool]] = []
-    durability.announce = lambda epoch, new: sent.append((epoch, new))
+    sent: list[tuple[int, bool, int]] = []
+    durability.announce = lambda epoch, new, acked: sent.append((epoch, new, acked))
     answered: list[int] = []
 
     async def scenario() -> int:
@@ -276,7 +276,7 @@ def test_answers_wait_until_every_node_made_the_epoch_durable(tmp_path: Path) ->
 
     assert asyncio.run(scenario()) == 0
     assert answered == [1, 2]
-    assert sent == [(0, True)]  # this node told the peers what its disk holds: no log yet
+    assert sent == [(0, True, 0)]  # this node told the peers what its disk holds: no log yet
     durability.close()
 
 
@@ -305,6 +305,44 @@ def test_a_restart_with_a_lost_directory_refuses_to_drop_logged_epochs(
         )
 
     with pytest.raises(RejoinError, match=r"nodes \[1\] start with no log while nodes \[0, 2\]"):
+        asyncio.run(scenario())
+    assert read_log(tmp_path / "node0", 0, repair=False)[0] == before  # nothing cut
+
+
+@pytest.mark.parametrize("restarting", [0, 1])  # a node with an intact log, the damaged one
+def test_a_restart_refuses_to_cut_logs_back_past_an_epoch_every_node_made_durable(
+    tmp_path: Path, stream: list, restarting: int
+) -> None:
+    """Whole-cluster restart where node 1's log lost its last blocks (damage, not a crash: the
+    other nodes' logs record those epochs as durable on every node, so clients may have been
+    answered). Recovering every node to node 1's end would cut them; every node refuses."""
+    cluster = Cluster(tmp_path)
+    for batches in stream[:3]:
+        cluster.run_epoch(batches, random.Random(SEED))
+    cluster.close()
+    blocks = read_log(tmp_path / "node1", 0, repair=False)[0]
+    assert [decode_payload(block)["acked"] for block in blocks] == [0, 1, 2]
+    [(_, segment)] = list_segments(tmp_path / "node1")
+    with open(segment, "r+b") as log:
+        log.truncate(blocks[1].offset)  # node 1 keeps epoch 1 only
+    before = read_log(tmp_path / "node0", 0, repair=False)[0]
+    workload = cluster.workload
+    durability = NodeDurability(tmp_path / f"node{restarting}", restarting, NODES)
+    reports = {0: (3, 2), 1: (1, 0), 2: (3, 2)}  # (log end, acked) as the nodes announce them
+
+    async def scenario() -> None:
+        for peer, (epoch, acked) in reports.items():
+            if peer != restarting:
+                durability.peer_restarting(peer, epoch, False, acked)
+        await durability.recover(
+            workload.registry(), cluster.router, lambda: workload.build(SEED), workload.schema
+        )
+
+    with pytest.raises(
+        RejoinError,
+        match=r"the logs of nodes \[1\] end at epochs \[1\], before "
+        r"epoch 2, which node [02]'s log records as durable on every node",
+    ):
         asyncio.run(scenario())
     assert read_log(tmp_path / "node0", 0, repair=False)[0] == before  # nothing cut
 

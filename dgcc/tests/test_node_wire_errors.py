@@ -21,7 +21,7 @@ from dgcc.cluster import local_config
 from dgcc.net import AsyncClient, FrameError, HandshakeError
 from dgcc.net.calls import call_problem
 from dgcc.net.node import Node
-from dgcc.net.wire import VERSION, frame, read_frame
+from dgcc.net.wire import VERSION, decode, frame, read_frame
 
 WAIT_S = 20.0
 YCSB = {"workload": "ycsb", "workload_options": {"records": 100}, "epoch_ms": 2.0}
@@ -237,3 +237,81 @@ def test_a_well_framed_but_wrong_peer_message_is_that_peers_fault(kind, body, pr
             await node._serve_peer(reader, 1)
 
     asyncio.run(go())
+
+
+def test_a_dump_larger_than_any_frame_is_refused_with_a_reason(monkeypatch):
+    # A frame header announces at most 4 GiB: a node whose rows encode to more answers the
+    # dump request with an error naming why, and the connection stays usable (shown here with
+    # the bound lowered, as 4 GiB of rows will not fit a test).
+    import dgcc.net.wire as wire
+
+    config = local_config(1, **YCSB)
+
+    async def go() -> tuple:
+        node = Node(config, 0)
+        await node.start()
+        try:
+            client = await AsyncClient.connect("127.0.0.1", config.nodes[0].port)
+            try:
+                monkeypatch.setattr(wire, "FRAME_BODY_MAX", 4096)
+                with pytest.raises(FrameError) as refused:
+                    await client.dump(timeout_s=WAIT_S)
+                monkeypatch.undo()
+                status = await client.status(timeout_s=WAIT_S)
+            finally:
+                await client.close()
+        finally:
+            node.stop()
+        return str(refused.value), status
+
+    reason, status = asyncio.run(go())
+    assert "cannot answer: node 0 cannot send its rows: a 'dump' message of" in reason, reason
+    assert "does not fit one frame (at most 4,096 bytes)" in reason, reason
+    assert status["id"] == 0
+
+
+def test_frame_refuses_a_body_its_header_cannot_announce(monkeypatch):
+    import dgcc.net.wire as wire
+
+    monkeypatch.setattr(wire, "FRAME_BODY_MAX", 10)
+    assert len(frame(("ok",))) == 4 + len(wire.encode(("ok",)))
+    size = len(wire.encode(("calls", "x" * 10)))
+    with pytest.raises(FrameError, match=f"a 'calls' message of {size} bytes does not fit one"):
+        frame(("calls", "x" * 10))
+
+
+def test_a_result_msgpack_cannot_carry_loses_only_that_result():
+    # A procedure's result with an int beyond 64 bits: its call is answered with its status,
+    # no result and a reason; the other answers in the frame go out as they are.
+    from dgcc.net.calls import ClientLink
+
+    class _Writer:
+        def __init__(self) -> None:
+            self.data = b""
+
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            self.data += data
+
+    writer = _Writer()
+    link = ClientLink(writer, "test")  # type: ignore[arg-type]
+    link._results = [(1, "committed", 2**70, ""), (2, "committed", 7, "")]
+    link._flush()
+    answers, data = [], writer.data
+    while data:  # the frames written (one per answer once one could not be encoded)
+        length = int.from_bytes(data[:4], "big")
+        kind, entries = decode(data[4 : 4 + length])
+        assert kind == "results"
+        answers += entries
+        data = data[4 + length :]
+    assert answers[1] == (2, "committed", 7, "")
+    assert answers[0][:3] == (1, "committed", None)
+    reason = answers[0][3]
+    assert "the call's result cannot be sent: a 'results' message cannot be encoded" in reason
+
+
+def test_frame_refuses_values_msgpack_cannot_carry():
+    with pytest.raises(FrameError, match="a 'calls' message cannot be encoded"):
+        frame(("calls", 2**70))

@@ -55,10 +55,14 @@ def test_copy_columns_match_dgcc_rows() -> None:
 
 
 @pytest.mark.parametrize("name", ["fsync", "synchronous_commit", "full_page_writes"])
-def test_weaker_durability_is_refused(name: str) -> None:
+@pytest.mark.parametrize("off", ["off", "OFF", "of", "false", "f", "no", "N", "0", "'off'"])
+def test_weaker_durability_is_refused(name: str, off: str) -> None:
+    # Every spelling PostgreSQL reads as false (unique prefixes of off/false/no, any case).
     with pytest.raises(ConfigError, match=name):
-        check_settings({name: "off"})
+        check_settings({name: off})
     assert check_settings({"shared_buffers": "256MB"}) == {"shared_buffers": "256MB"}
+    assert check_settings({name: "on"}) == {name: "on"}
+    assert check_settings({name: "yes"}) == {name: "yes"}
 
 
 @pytest.mark.parametrize("clients", [0, -1, 10_000, True])

@@ -218,7 +218,8 @@ def test_a_2pc_node_directory_says_what_it_is(
     empty = tmp_path / "empty"
     empty.mkdir()
     err = _one_error_line(["recover", str(empty), "--workload", "ycsb"], capsys)
-    assert "no checkpoint manifest and no log" in err
+    assert "no checkpoint manifest and no log (wal-*.log): not a dgcc data dir" in err
+    assert not (empty / "LOCK").exists()  # refused before anything was written there
 
 
 def test_missing_directory_exits_2_with_one_line(

@@ -95,10 +95,14 @@ def test_unknown_customers_and_bad_amounts_are_errors() -> None:
             TxnRequest("send_payment", {"source": 1, "target": -1, "amount": 5}),
             TxnRequest("send_payment", {"source": 1, "target": 2, "amount": 0}),
             TxnRequest("write_check", {"customer": 1, "amount": 1.5}),
+            TxnRequest("write_check", {"customer": 1, "amount": 2**64 - 1}),
+            TxnRequest("deposit_checking", {"customer": 1, "amount": -(10**12) - 1}),
         ]
     )
-    assert [o.status for o in outcomes] == [Status.ERROR] * 4
+    assert [o.status for o in outcomes] == [Status.ERROR] * 6
     assert "unknown customer 10" in outcomes[0].reason
+    assert "amount=18446744073709551615 outside -1,000,000,000,000..1,000,000" in outcomes[4].reason
+    assert "amount=-1000000000001 outside" in outcomes[5].reason
 
 
 def test_hotspot_skews_requests_and_partitioning_is_by_customer() -> None:

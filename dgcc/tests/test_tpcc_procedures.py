@@ -242,6 +242,9 @@ def test_stock_level_counts_distinct_low_items_of_the_last_20_orders(tpcc) -> No
     assert outcome.result["o_id_range"] == (11, 31)
 
 
+_PAY = dict(w_id=1, d_id=1, c_w_id=1, c_d_id=1, c_id=1, c_last="", h_date=DATE)
+
+
 @pytest.mark.parametrize(
     ("procedure", "params", "needle"),
     [
@@ -257,6 +260,8 @@ def test_stock_level_counts_distinct_low_items_of_the_last_20_orders(tpcc) -> No
         ("order_status", {"w_id": 1, "d_id": 1, "c_id": 0, "c_last": "NOBODY"}, "NOBODY"),
         ("delivery", {"w_id": 1, "o_carrier_id": 0, "ol_delivery_d": DATE}, "o_carrier_id=0"),
         ("stock_level", {"w_id": 1, "d_id": 1, "threshold": 0}, "threshold=0"),
+        ("payment", {**_PAY, "h_amount": 0}, "h_amount=0 outside 1..1,000,000,000,000 cents"),
+        ("payment", {**_PAY, "h_amount": 2**64 - 1}, "h_amount=18446744073709551615 outside"),
     ],
 )
 def test_bad_params_fail_alone(tpcc, procedure: str, params: dict, needle: str) -> None:

@@ -117,3 +117,11 @@ def test_a_memory_cgroup_limit_caps_the_available_memory(
     monkeypatch.setattr(workloads, "_cgroup_headroom", lambda root: headroom)
     expected = 3 * 2**30 if headroom is None else min(3 * 2**30, headroom)
     assert workloads.available_memory_bytes() == expected
+
+
+def test_long_ycsb_values_count_in_the_estimate(monkeypatch) -> None:
+    # The rows share 256 values of field_chars characters each: a billion characters a value
+    # is 256 GB, refused at once (it was estimated from the row count alone, then built).
+    monkeypatch.setattr(workloads, "available_memory_bytes", lambda: 16 * 2**30)
+    with pytest.raises(ConfigError, match=r"field_chars=1000000000 needs about 2\d\d(\.\d)? GiB"):
+        get_workload("ycsb", records=10, field_chars=10**9).build(1)

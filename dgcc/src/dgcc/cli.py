@@ -40,6 +40,7 @@ from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_placement import Router
 from dgcc.wal.checkpoint import (
     LAYOUT_RECORD,
+    MANIFEST,
     check_layout_record,
     check_workload_record,
     read_workload_record,
@@ -48,6 +49,7 @@ from dgcc.wal.dirlock import DirLock
 from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import node_layout, recover_node
 from dgcc.wal.recovery import read_log, recover
+from dgcc.wal.writer import list_segments
 from dgcc.workloads import Workload, get_workload
 
 __all__ = ["main"]
@@ -257,6 +259,11 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"recovery directory {str(directory)!r} {what}")
     if not 1 <= args.workers <= 1024:
         raise ConfigError(f"--workers must be in 1..1024, got {args.workers}")
+    if not (directory / MANIFEST).exists() and not list_segments(directory):  # before the lock
+        raise ConfigError(
+            f"{directory}: no checkpoint manifest and no log (wal-*.log): not a dgcc data dir, "
+            "nothing to recover"
+        )
     with DirLock(directory, "dgcc recover"):  # never while a node writes it
         if args.cluster is not None:
             return _recover_node(args, console)

@@ -469,7 +469,7 @@ def _call(args: argparse.Namespace) -> int:
 
 def _call_params(text: str) -> dict[str, Any]:
     """``dgcc call``'s params: a JSON object that the wire can carry."""
-    from dgcc.net.wire import encode
+    import msgpack  # (not wire.encode: its one FrameError would hide which limit was hit)
 
     try:
         params = json.loads(text)
@@ -478,7 +478,7 @@ def _call_params(text: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ConfigError(f'params must be a JSON object ({{"name": value}}), got {text!r:.200}')
     try:
-        encode(params)
+        msgpack.packb(params, use_bin_type=True)
     except OverflowError:
         raise ConfigError(
             f"params {text!r:.200} hold an integer outside -2**63 .. 2**64 - 1, which a call "

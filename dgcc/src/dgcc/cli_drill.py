@@ -78,6 +78,11 @@ def command(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"--trials must be in 1..{TRIALS_MAX}, got {args.trials}")
     if args.rejoin and not args.cluster:
         raise ConfigError("--rejoin needs --cluster (a node rejoins a running cluster)")
+    if args.dir is not None and args.dir.is_dir() and _holds_trials(args.dir):
+        raise ConfigError(  # its trials would recover an earlier drill's logs, maybe of
+            f"--dir {args.dir} holds an earlier drill's trials (trial*): name an empty or new "
+            "folder"  # another seed, and report a durability failure that is none
+        )
     root = args.dir or Path(tempfile.mkdtemp(prefix="dgcc_drill_"))
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -102,3 +107,12 @@ def command(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     console.print(f"all {args.trials} trials recovered correctly (seed {args.seed})")
     return 0
+
+
+def _holds_trials(directory: Path) -> bool:
+    try:
+        return any(directory.glob("trial*"))
+    except OSError as error:  # unreadable
+        raise ConfigError(
+            f"--dir {directory}: cannot read it ({error.strerror or error})"
+        ) from None

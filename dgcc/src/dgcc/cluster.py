@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.errors import ConfigError
+from dgcc.net.wire import FRAME_BODY_MAX
 from dgcc.protocols.dist_placement import NODES_MAX, Placement
 
 __all__ = [
@@ -625,7 +626,7 @@ CHECK_TRIES = 3
 # handshake (and proved the secret, if any); the client's memory grows with the bytes that
 # arrive, not with the length a header announces; and the check holds every node's rows at
 # once anyway, so a smaller cap would only refuse a check that fits in memory.
-DUMP_BYTES_MAX = 2**32 - 1
+DUMP_BYTES_MAX = FRAME_BODY_MAX
 _QUIET_KEYS = ("waiting_calls", "peers_down", "txn/committed", "txn/aborted", "txn/error",
                "epochs_closed", "epochs_executed")  # fmt: skip
 
@@ -648,6 +649,7 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
 
     Raises:
         ConfigError: a node cannot be reached, or the cluster stayed busy.
+        FrameError: a node's rows do not fit one answer (more than ``DUMP_BYTES_MAX``).
     """
     from dgcc.net.client import Client
     from dgcc.workloads import get_workload

@@ -48,10 +48,24 @@ class ClientLink:
     def _flush(self) -> None:
         results, self._results = self._results, []
         for start in range(0, len(results), RESULTS_PER_FRAME_MAX):
-            self._frames.append(frame(("results", results[start : start + RESULTS_PER_FRAME_MAX])))
+            chunk = results[start : start + RESULTS_PER_FRAME_MAX]
+            try:
+                self._frames.append(frame(("results", chunk)))
+            except FrameError:  # a result msgpack cannot carry: that call alone fails
+                self._frames.extend(frame(("results", [_sendable(entry)])) for entry in chunk)
         data, self._frames = b"".join(self._frames), []
         if not self.writer.is_closing():  # a client that died mid-call just loses its answers
             self.writer.write(data)
+
+
+def _sendable(entry: tuple) -> tuple:
+    """``entry`` if it encodes, else its call's status with no result and a reason saying why
+    (a call that committed did commit; only its result is lost)."""
+    try:
+        frame(("results", [entry]))
+    except FrameError as error:
+        return (entry[0], entry[1], None, f"the call's result cannot be sent: {error}")
+    return entry
 
 
 def call_problem(call: object) -> str | None:

@@ -136,7 +136,10 @@ class AsyncClient:
                     raise FrameError(f"ill-shaped answer {message!r:.80}")
                 future = self._pending.pop(message[1], None)
                 if future is not None and not future.done():
-                    future.set_result(message)
+                    if message[0] == "error":  # the node cannot answer this request
+                        future.set_exception(FrameError(_refusal(message, self.where)))
+                    else:
+                        future.set_result(message)
         except (ConnectionLost, FrameError, OSError) as error:
             self._closed = error
         finally:
@@ -323,6 +326,8 @@ class Client:
         while True:
             message = self._read(limit)
             if len(message) >= 2 and message[1] == request_id:
+                if message[0] == "error":  # the node cannot answer this request
+                    raise FrameError(_refusal(message, self.where))
                 return message
 
     def call(self, procedure: str, params: Mapping[str, Any]) -> Outcome:
@@ -362,3 +367,9 @@ class Client:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _refusal(message: tuple, where: str) -> str:
+    """The reason in a node's ``("error", request_id, reason)`` answer to an admin request."""
+    reason = message[2] if len(message) > 2 else "no reason given"
+    return f"{where} cannot answer: {reason}"

@@ -44,7 +44,7 @@ from typing import Any
 
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
-from dgcc.errors import ProcedureError
+from dgcc.errors import DgccError, ProcedureError
 from dgcc.net.calls import ClientLink, call_problem
 from dgcc.net.wire import (
     VERSION,
@@ -345,7 +345,7 @@ class Node:
                 self.durability.peer_durable(peer, epoch)
             elif kind == "restart" and self.durability is not None:
                 if self.durability.log is None:  # restarting too: a whole-cluster restart
-                    self.durability.peer_restarting(peer, epoch, body is True)
+                    _peer_body(peer, kind, self._peer_restarting, peer, epoch, body)
                 else:
                     await self._answer_rejoin(peer, epoch)
             elif kind == "rejoin" and self.durability is not None:
@@ -428,7 +428,10 @@ class Node:
         }
 
     def _answer_dump(self, client: ClientLink, call_id: int) -> None:
-        client.send(("dump", call_id, self.owned_dump()))
+        try:
+            client.send(("dump", call_id, self.owned_dump()))
+        except FrameError as error:  # rows beyond what one frame can carry
+            client.send(("error", call_id, f"node {self.id} cannot send its rows: {error}"))
 
     def owned_dump(self) -> dict[str, dict]:
         """This node's rows: those whose conflict key it owns, plus replicated rows."""
@@ -452,7 +455,11 @@ class Node:
         writer = self._out.get(peer)
         if writer is None:  # down: what it will need is retained for its rejoin
             return
-        data = frame(message) if data is None else data
+        if data is None:
+            try:
+                data = frame(message)
+            except FrameError as error:  # this node's fault, not the peer's: stop, saying why
+                raise DgccError(f"node {self.id}, sending to peer {peer}: {error}") from None
         self.stats["net/peer_messages"] += 1
         self.stats["net/peer_bytes"] += len(data)
         if self.config.delay_ms_max:
@@ -477,9 +484,16 @@ class Node:
         for peer in self.peers:
             self._send(peer, ("durable", epoch, self.id, None))
 
-    def _send_restart(self, log_end: int, new: bool) -> None:
+    def _send_restart(self, log_end: int, new: bool, acked: int) -> None:
         for peer in self.peers:
-            self._send(peer, ("restart", log_end, self.id, new))
+            self._send(peer, ("restart", log_end, self.id, (new, acked)))
+
+    def _peer_restarting(self, peer: int, log_end: int, body: Any) -> None:
+        new, acked = body  # (new directory, the epoch its log records as durable everywhere)
+        if type(new) is not bool or type(acked) is not int:
+            raise ValueError(f"expected (bool, int), got {body!r:.60}")
+        assert self.durability is not None
+        self.durability.peer_restarting(peer, log_end, new, acked)
 
     async def _drain(self) -> None:
         for peer, writer in list(self._out.items()):

@@ -15,7 +15,8 @@ Client messages carry calls in batches, since a load generator keeps thousands i
 ``("calls", ((call_id, procedure, params), ...))`` in, ``("results", ((call_id, status,
 result, reason), ...))`` out (answers in any order, matched by id), plus the admin requests
 ``(kind, request_id)`` for ``status``, ``dump``, ``order`` and ``stop``, answered by
-``(kind, request_id, payload)``.
+``(kind, request_id, payload)``, or by ``("error", request_id, reason)`` when the answer cannot
+be sent (a dump larger than any frame).
 
     NetError
      ├── FrameError        bytes off the wire are not a valid frame or message
@@ -38,6 +39,7 @@ import msgpack
 from dgcc.errors import DgccError
 
 __all__ = [
+    "FRAME_BODY_MAX",
     "FRAME_BYTES_MAX",
     "VERSION",
     "CallTimeout",
@@ -53,8 +55,9 @@ __all__ = [
     "run_async",
 ]
 
-VERSION = 1
+VERSION = 2  # 2: a restart announces (new directory, acked epoch)
 FRAME_BYTES_MAX = 64 * 1024 * 1024
+FRAME_BODY_MAX = 2**32 - 1  # the most a frame's 4-byte header can announce
 ROLES = ("client", "node")
 _HEADER = struct.Struct(">I")
 T = TypeVar("T")
@@ -81,12 +84,28 @@ class CallTimeout(NetError):
 
 
 def encode(message: Any) -> bytes:
-    return msgpack.packb(message, use_bin_type=True)
+    """Raises FrameError for a value msgpack cannot carry (an int beyond 64 bits, an object)."""
+    try:
+        return msgpack.packb(message, use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as error:
+        kind = message[0] if isinstance(message, tuple) and message else type(message).__name__
+        raise FrameError(f"a {kind!r} message cannot be encoded: {error}") from None
 
 
 def frame(message: Any) -> bytes:
-    """A message as one length-prefixed frame."""
+    """A message as one length-prefixed frame.
+
+    Raises:
+        FrameError: the message holds a value msgpack cannot carry, or encodes to more bytes
+            than a frame header can announce.
+    """
     body = encode(message)
+    if len(body) > FRAME_BODY_MAX:
+        kind = message[0] if isinstance(message, tuple) and message else type(message).__name__
+        raise FrameError(
+            f"a {kind!r} message of {len(body):,} bytes does not fit one frame "
+            f"(at most {FRAME_BODY_MAX:,} bytes)"
+        )
     return _HEADER.pack(len(body)) + body
 
 

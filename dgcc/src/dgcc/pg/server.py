@@ -91,9 +91,18 @@ def check_settings(settings: dict[str, str]) -> dict[str, str]:
         ConfigError: fsync, synchronous_commit or full_page_writes set to off.
     """
     for name in ("fsync", "synchronous_commit", "full_page_writes"):
-        if settings.get(name, "on").lower() in ("off", "false", "0", "local"):
+        value = str(settings.get(name, "on")).strip().strip("'\"").lower()
+        if _pg_false(value) or value == "local":
             raise ConfigError(f"setting {name}={settings[name]!r} weakens durability; leave it on")
     return settings
+
+
+def _pg_false(value: str) -> bool:
+    """Whether PostgreSQL reads ``value`` (lower case) as boolean false: off, false, no, 0, or
+    a unique prefix of one ("of", "f", "n"; "o" is ambiguous, so PostgreSQL refuses it)."""
+    if value in ("0", "of", "off"):
+        return True
+    return bool(value) and ("false".startswith(value) or "no".startswith(value))
 
 
 class PgServer:

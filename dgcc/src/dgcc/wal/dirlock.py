@@ -73,8 +73,11 @@ class DirLock:
     """
 
     def __init__(self, directory: Path, purpose: str) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # read-only, not ours, a file in the way
+            raise ConfigError(f"{directory}: cannot lock it ({error.strerror or error})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -93,14 +93,16 @@ class LoggedEpochRun(EpochRun):
             super().deliver(fresh)
 
 
-def record_node_epoch(run: LoggedEpochRun) -> dict[str, Any]:
-    """The block payload of an executed epoch."""
+def record_node_epoch(run: LoggedEpochRun, acked: int = 0) -> dict[str, Any]:
+    """The block payload of an executed epoch; ``acked``: the newest epoch this node knew to
+    be durable on every node when it wrote the block (clients may have been answered for it:
+    a whole-cluster restart must not go back past it)."""
     assert run.finished, f"logging an epoch with {run.remaining} pieces left"
     inputs = [
         [None if request is None else (request.procedure, request.params) for request in batch]
         for batch in run.inputs
     ]
-    return {"node": run.node, "inputs": inputs, "values": run.received}
+    return {"node": run.node, "inputs": inputs, "values": run.received, "acked": acked}
 
 
 def replay_node_epoch(
@@ -234,6 +236,8 @@ class NodeLog:
         checkpoint_every_epochs: checkpoint after every this many epochs (forked); 0 = never.
         keep_tail: keep the blocks past ``upto_epoch`` instead (a rejoining node re-executes
             those epochs for its stalled peers; ``record`` does not log them twice).
+        cluster_durable: the newest epoch every node is known to have made durable, where
+            that is less than the recovered epoch (a rejoin); None: the recovered epoch.
     """
 
     def __init__(
@@ -249,6 +253,7 @@ class NodeLog:
         checkpoint_every_epochs: int = 0,
         run_class: type[EpochRun] = EpochRun,
         keep_tail: bool = False,
+        cluster_durable: int | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -278,7 +283,12 @@ class NodeLog:
                 cut_after(directory, self.epoch)
         self.writer = WalWriter(directory, self.logged + 1)
         self.checkpointer = Checkpointer(directory, publish=False)
-        self._cluster_durable = self.epoch  # every node has made epochs up to here durable
+        # Every node has made epochs up to here durable (blocks record it as ``acked``): the
+        # recovered epoch, which a whole-cluster restart agreed on, or less where given (a
+        # rejoin restarts from an epoch peers executed, not all made durable yet).
+        self._cluster_durable = self.epoch
+        if cluster_durable is not None:
+            self._cluster_durable = min(self.epoch, cluster_durable)
         self._unpublished: int | None = None  # a written snapshot waiting for that
 
     def record(self, run: LoggedEpochRun, on_durable: Callable[[int], None]) -> int:
@@ -288,7 +298,7 @@ class NodeLog:
         if epoch <= self.logged:  # a rejoining node re-ran it: its block is on disk already
             self.epoch = epoch
             return epoch
-        block = encode_block(BlockKind.NODE, epoch, record_node_epoch(run))
+        block = encode_block(BlockKind.NODE, epoch, record_node_epoch(run, self._cluster_durable))
         self.writer.start(epoch, block, on_durable)
         self.epoch = epoch
         self._maybe_checkpoint()
@@ -357,25 +367,36 @@ class NodeDurability:
         self.checkpoint_every_epochs = checkpoint_every_epochs
         self.log: NodeLog | None = None
         self.broadcast: Callable[[int], None] = lambda epoch: None  # set by the node
-        # "restarting, my log ends at epoch E (new: the directory holds no log yet)"
-        self.announce: Callable[[int, bool], None] = lambda epoch, new: None
+        # "restarting, my log ends at epoch E (new: the directory holds no log yet), and it
+        # records epoch A as durable on every node"
+        self.announce: Callable[[int, bool, int], None] = lambda epoch, new, acked: None
         self.retained = Retained(node)
         self.rejoin: RejoinPlan | None = None  # set by ``recover`` when the peers run
         self._states: dict[int, Any] = {}  # running peer -> what it keeps for this node
         self._refused: list[str] = []
         self._durable = [-1] * nodes  # per node: newest durable epoch it reported
         self._new: set[int] = set()  # restarting nodes whose directory holds no log
+        self._acked = 0  # the newest epoch a restarting node's log records as durable on all
+        self._acked_by = self.node  # (the node whose log records it)
         self._reported = asyncio.Event()
         self._held: list[tuple[int, Callable[[], None]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_disk(self) -> int:
         """The newest intact epoch in the directory (0 when it is new)."""
+        return self._disk()[0]
+
+    def _disk(self) -> tuple[int, int]:
+        """(the newest intact epoch, the newest epoch the log records as durable on every
+        node: its checkpoint's, or the last block's ``acked``); (0, 0) when it is new."""
         manifest = read_manifest(self.directory) if self.directory.exists() else None
         if manifest is None:
-            return 0
+            return 0, 0
         blocks, _ = read_log(self.directory, manifest[0], repair=False)
-        return blocks[-1].epoch if blocks else manifest[0]
+        if not blocks:
+            return manifest[0], manifest[0]
+        acked = decode_payload(blocks[-1]).get("acked", 0)  # 0 in logs from before the field
+        return blocks[-1].epoch, max(manifest[0], acked)
 
     @property
     def durable_epoch(self) -> int:
@@ -405,10 +426,10 @@ class NodeDurability:
                 have been answered: the lost directories must come back first).
         """
         self._loop = asyncio.get_running_loop()
-        on_disk = self.on_disk()
+        on_disk, acked = self._disk()
         new = not self.directory.exists() or read_manifest(self.directory) is None
-        self.peer_restarting(self.node, on_disk, new)
-        self.announce(on_disk, new)
+        self.peer_restarting(self.node, on_disk, new, acked)
+        self.announce(on_disk, new, acked)
         await self._reported.wait()
         if self._refused:
             raise RejoinError(self._refused[0])
@@ -422,6 +443,15 @@ class NodeDurability:
                 "them; give each node the data dir it wrote (or start afresh in a new data dir)"
             )
         upto = cluster_durable_epoch(self._durable)
+        short = {n: e for n, e in enumerate(self._durable) if e < self._acked}
+        if short:
+            raise RejoinError(
+                f"the logs of nodes {sorted(short)} end at epochs {list(short.values())}, before "
+                f"epoch {self._acked}, which node {self._acked_by}'s log records as durable on "
+                "every node (clients may have been answered for it): those logs are damaged or "
+                "not the ones the nodes wrote; nothing was cut (give each node the data dir it "
+                "wrote)"
+            )
         self.log = NodeLog(
             self.directory,
             self.node,
@@ -467,6 +497,7 @@ class NodeDurability:
             checkpoint_every_epochs=self.checkpoint_every_epochs,
             run_class=run_class,
             keep_tail=True,
+            cluster_durable=cluster_durable_epoch(self._durable),
         )
         assert self.log.epoch == plan.restart, f"recovered {self.log.epoch}, not {plan.restart}"
         assert self.log.logged == on_disk, f"log ends at {self.log.logged}, not {on_disk}"
@@ -494,11 +525,14 @@ class NodeDurability:
         self._states[node] = state
         self.peer_durable(node, state["durable"])
 
-    def peer_restarting(self, node: int, epoch: int, new: bool) -> None:
+    def peer_restarting(self, node: int, epoch: int, new: bool, acked: int = 0) -> None:
         """Node ``node`` restarts too (a whole-cluster restart), its log ending at ``epoch``;
-        ``new``: its directory holds no log yet."""
+        ``new``: its directory holds no log yet; ``acked``: the newest epoch its log records as
+        durable on every node."""
         if new:
             self._new.add(node)
+        if acked > self._acked:
+            self._acked, self._acked_by = acked, node
         self.peer_durable(node, epoch)
 
     def peer_durable(self, node: int, epoch: int) -> None:

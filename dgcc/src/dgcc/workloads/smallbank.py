@@ -25,6 +25,7 @@ __all__ = ["SmallbankWorkload"]
 BALANCE_MIN_CENTS = 10_000
 BALANCE_MAX_CENTS = 50_000
 AMOUNT_MAX_CENTS = 5_000
+AMOUNT_LIMIT_CENTS = 10**12  # the largest amount a call may move (the generator's: above)
 OVERDRAFT_PENALTY_CENTS = 100
 HOT_ACCOUNTS_DEFAULT = 100
 SMALLBANK_ACCOUNT_BYTES = 870  # measured: three rows (accounts, savings, checking) a customer
@@ -158,6 +159,13 @@ class SmallbankWorkload(Workload):
             for name in ("customer", "source", "target"):
                 if name in params and not 0 <= params[name] < accounts:
                     raise BadParams(f"smallbank: unknown {name} {params[name]!r}")
+            if "amount" in params and not -AMOUNT_LIMIT_CENTS <= params["amount"] <= (
+                AMOUNT_LIMIT_CENTS
+            ):  # balances are 64-bit on the wire and in logs: keep sums far from that
+                raise BadParams(
+                    f"smallbank: amount={params['amount']!r} outside "
+                    f"-{AMOUNT_LIMIT_CENTS:,}..{AMOUNT_LIMIT_CENTS:,} cents"
+                )
             return plan(params)
 
         return checked_plan

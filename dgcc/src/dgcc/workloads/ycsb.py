@@ -28,6 +28,7 @@ __all__ = ["YcsbWorkload", "ZipfianGenerator"]
 TABLE = "usertable"
 THETA_MAX = 0.99
 YCSB_ROW_BYTES_BASE, YCSB_FIELD_BYTES = 64, 44  # measured: 10 fields, ~550 bytes a row
+YCSB_POOL_VALUES, YCSB_STR_BYTES_BASE = 256, 49  # the values rows share; a str's own bytes
 DISTINCT_DRAWS_MAX = 64  # zipf draws per key before falling back to the next unused key
 
 
@@ -151,19 +152,23 @@ class YcsbWorkload(Workload):
     def data_bytes(self) -> tuple[int, str]:
         # A row is a dict of its fields and a counter; field values share a pool of strings.
         row_bytes = YCSB_ROW_BYTES_BASE + YCSB_FIELD_BYTES * (len(self._field_names) + 1)
-        return self.records * row_bytes, f"records={self.records}"
+        pool_bytes = YCSB_POOL_VALUES * (YCSB_STR_BYTES_BASE + self.field_chars)  # shared values
+        return (
+            self.records * row_bytes + pool_bytes,
+            f"records={self.records}, field_chars={self.field_chars}",
+        )
 
     def build(self, seed: int) -> Database:
         self.check_fits_memory()
         rng = random.Random(seed)
         alphabet = "abcdefghijklmnopqrstuvwxyz"
         # Fields share a pool of values: rows are independent dicts, the strings need not be.
-        pool = ["".join(rng.choices(alphabet, k=self.field_chars)) for _ in range(256)]
+        pool = ["".join(rng.choices(alphabet, k=self.field_chars)) for _ in range(YCSB_POOL_VALUES)]
         db = self.schema()
         rows = db[TABLE].rows
         names = self._field_names
         for pk in range(self.records):
-            row: dict[str, Any] = {name: pool[rng.randrange(256)] for name in names}
+            row: dict[str, Any] = {name: pool[rng.randrange(YCSB_POOL_VALUES)] for name in names}
             row["counter"] = 0
             rows[pk] = row
         self._increments = Counter()

@@ -24,6 +24,7 @@ LINES_MAX = 15
 QUANTITY_MAX = 10
 STOCK_LEVEL_ORDERS = 20
 C_DATA_CHARS = 500
+H_AMOUNT_MAX = 10**12  # cents; the spec's payments are 1.00..5,000.00
 _DIST_COLUMNS = tuple(f"s_dist_{d:02d}" for d in range(1, DISTRICTS_PER_WAREHOUSE + 1))
 _STOCK_PIECE_NAMES = tuple(f"stock_{k}" for k in range(LINES_MAX))  # a NewOrder's k-th record
 _ITEM_FIELDS = operator.itemgetter("i_price", "i_name", "i_data")  # what NewOrder reads of ITEM
@@ -156,8 +157,8 @@ class _Scale:
         self.warehouse("c_w_id", c_w)
         self.district("c_d_id", c_d)
         self.customer(params, view, c_w, c_d)
-        if params["h_amount"] <= 0:
-            raise BadParams(f"h_amount={params['h_amount']!r} must be > 0 cents")
+        if not 0 < params["h_amount"] <= H_AMOUNT_MAX:  # (balances are 64-bit on the wire)
+            raise BadParams(f"h_amount={params['h_amount']!r} outside 1..{H_AMOUNT_MAX:,} cents")
         w_name = view.get("warehouse", w)["w_name"]  # type: ignore[index]
         d_name = view.get("district", (w, d))["d_name"]  # type: ignore[index]
         return _payment_pieces(params, w_name + "    " + d_name)
