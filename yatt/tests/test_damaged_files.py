@@ -21,7 +21,7 @@ from yatt.errors import ConfigError, DataError, ModelError, YattError
 from yatt.evaluate import evaluate_engine
 from yatt.models import load_model, tiny_model
 from yatt.rewards import RewardError
-from yatt.run_dir import claim_run_dir
+from yatt.run_dir import check_run_dir
 from yatt.trainer import Trainer
 
 TINY = ["train.steps=1", "eval.n=0", "rollout.n_samples=2", "algo.prompts_per_step=2"]
@@ -221,22 +221,24 @@ def test_resume_over_another_training_set_is_refused(finished_run, tmp_path):
         assert fragment in _one_line(exc_info)
 
 
-def test_claim_run_dir_resume_overwrite_and_bad_folders(tmp_path):
+def test_run_dir_resume_overwrite_and_bad_folders(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
     outputs = ("metrics.jsonl", "checkpoints")
-    assert claim_run_dir(str(run_dir), outputs, resuming=True) == run_dir
+    assert check_run_dir(str(run_dir), outputs, resuming=True).clear() == run_dir
     assert (run_dir / "metrics.jsonl").is_file()
-    claim_run_dir(str(run_dir), outputs, overwrite=True)
+    claim = check_run_dir(str(run_dir), outputs, overwrite=True)
+    assert (run_dir / "metrics.jsonl").is_file()  # checked, nothing deleted yet
+    claim.clear()
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
-    claim_run_dir(str(run_dir), outputs)  # now empty: a fresh run may use it
+    check_run_dir(str(run_dir), outputs)  # now empty: a fresh run may use it
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     for bad, fragment in [("", "is empty"), ("  ", "is empty"), (str(a_file), "is a file"),
                           (str(a_file / "sub"), "cannot create it")]:  # fmt: skip
         with pytest.raises(ConfigError, match=fragment) as exc_info:
-            claim_run_dir(bad, outputs)
+            check_run_dir(bad, outputs)
         _one_line(exc_info)
 
 
@@ -245,14 +247,14 @@ def test_a_run_without_checkpoints_gets_no_resume_hint(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.0}\n')
     (tmp_path / "checkpoints").mkdir()  # empty: nothing to resume either
     with pytest.raises(ConfigError) as exc_info:
-        claim_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
+        check_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
     assert _one_line(exc_info) == (
         f"logging.run_dir={tmp_path} already holds a run (metrics.jsonl): it holds no checkpoint "
         "to resume; choose another folder, or set logging.overwrite=true to replace it"
     )
     (tmp_path / "checkpoints" / "step_000001").mkdir()
     with pytest.raises(ConfigError, match=r"pass checkpoint\.resume=\.\.\. to continue it"):
-        claim_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
+        check_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
     assert (tmp_path / "metrics.jsonl").is_file()  # nothing lost
 
 
@@ -311,7 +313,7 @@ def test_overwriting_never_deletes_the_folder_model_path_names(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     with pytest.raises(ConfigError) as exc_info:
-        claim_run_dir(str(tmp_path), ("model",), overwrite=True, model_path=str(tmp_path / "model"))
+        check_run_dir(str(tmp_path), ("model",), overwrite=True, model_path=str(tmp_path / "model"))
     assert "would delete" in _one_line(exc_info) and "model.path=" in str(exc_info.value)
     assert (tmp_path / "model" / "config.json").is_file()
 

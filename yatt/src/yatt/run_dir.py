@@ -13,7 +13,7 @@ from pathlib import Path
 
 from yatt.errors import ConfigError
 
-__all__ = ["RunDirClaim", "check_run_dir", "claim_run_dir"]
+__all__ = ["RunDirClaim", "check_run_dir"]
 
 logger = logging.getLogger(__name__)
 _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoint's layout)
@@ -74,22 +74,6 @@ def check_run_dir(
                     f"model.path={model_path}: write this run to another folder"
                 )
     return RunDirClaim(folder, tuple(folder / name for name in found), shown)
-
-
-def claim_run_dir(
-    run_dir: str,
-    outputs: tuple[str, ...],
-    *,
-    resuming: bool = False,
-    overwrite: bool = False,
-    resumable: bool = True,
-    model_path: str = "",
-) -> Path:
-    """`check_run_dir`, then delete what `overwrite` replaces at once; returns the folder."""
-    return check_run_dir(
-        run_dir, outputs, resuming=resuming, overwrite=overwrite, resumable=resumable,
-        model_path=model_path,
-    ).clear()  # fmt: skip
 
 
 @dataclass(frozen=True)
