@@ -136,7 +136,6 @@ class Trainer:
         check_eval_data(config)
         check_training_dtype(config)
         check_rewards_grade_task(config, train=reward is None)  # a given reward is the caller's
-        warn_if_nothing_kept(config)
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         if resume:
             check_resumed_by(Path(resume), controllers=False)
@@ -181,6 +180,7 @@ class Trainer:
         if resume:
             self._resume(Path(resume))
         claim.clear()  # logging.overwrite: the previous run goes only once this one loaded
+        warn_if_nothing_kept(config)  # (once the run starts: a refused one has nothing to keep)
 
     # ------------------------------------------------------------------ set-up
 

@@ -75,7 +75,6 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     check_eval_data(config)
     check_training_dtype(config)
     check_rewards_grade_task(config)
-    warn_if_nothing_kept(config)
     if control.backend == "ray" and config.train.torch_threads:
         logger.info(
             "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "
@@ -102,6 +101,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
                 progress(start_step, config.train.steps, _logged_row(Path(resume), start_step))
         claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
         save_config(config, run_dir)
+        warn_if_nothing_kept(config)
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
