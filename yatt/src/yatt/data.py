@@ -341,16 +341,15 @@ def draw_order(config: Any, train_set: Sequence[PromptExample]) -> dict[str, Any
 
 def check_draw_order(
     recorded: Mapping[str, Any],
-    config: Any,
-    train_set: Sequence[PromptExample],
+    here: Mapping[str, Any],
     checkpoint: str,
     *,
     draw_size: bool = True,
 ) -> None:
     """Raise ConfigError (one line) unless a checkpoint's data position (`recorded`, with
-    `draw_order`'s keys) fits this run: the same prompt order and training set, and with
-    `draw_size` the same prompts per step (the controllers' queues count whole draws)."""
-    here = draw_order(config, train_set)
+    `draw_order`'s keys) fits this run's (`here`, its `draw_order`): the same prompt order and
+    training set, and with `draw_size` the same prompts per step (the controllers' queues
+    count whole draws)."""
     named = {"prompts_per_step": "algo.prompts_per_step=", "order_seed": "data.seed + train.seed=",
              "n_prompts": "a training set of ", "prompts_sha256": "training prompts "}  # fmt: skip
     if not draw_size:

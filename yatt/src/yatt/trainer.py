@@ -241,9 +241,7 @@ class Trainer:
         """The checkpoint's data position fits this run's prompts and order (ConfigError);
         one written before the order was recorded is checked for its size only."""
         if "n_prompts" in recorded:  # (a position counts prompts: any draw size continues it)
-            check_draw_order(
-                recorded, self.config, self.train_set, str(checkpoint), draw_size=False
-            )
+            check_draw_order(recorded, self._draw_order, str(checkpoint), draw_size=False)
         else:
             position = recorded.get("position", 0)
             if type(position) is not int or not 0 <= position <= len(self.train_set):

@@ -88,8 +88,7 @@ def encode(message: Any) -> bytes:
     try:
         return msgpack.packb(message, use_bin_type=True)
     except (OverflowError, TypeError, ValueError) as error:
-        kind = message[0] if isinstance(message, tuple) and message else type(message).__name__
-        raise FrameError(f"a {kind!r} message cannot be encoded: {error}") from None
+        raise FrameError(f"a {_kind(message)!r} message cannot be encoded: {error}") from None
 
 
 def frame(message: Any) -> bytes:
@@ -101,12 +100,16 @@ def frame(message: Any) -> bytes:
     """
     body = encode(message)
     if len(body) > FRAME_BODY_MAX:
-        kind = message[0] if isinstance(message, tuple) and message else type(message).__name__
         raise FrameError(
-            f"a {kind!r} message of {len(body):,} bytes does not fit one frame "
+            f"a {_kind(message)!r} message of {len(body):,} bytes does not fit one frame "
             f"(at most {FRAME_BODY_MAX:,} bytes)"
         )
     return _HEADER.pack(len(body)) + body
+
+
+def _kind(message: Any) -> str:
+    """A message's kind for an error (its first item), or its type when it has none."""
+    return message[0] if isinstance(message, tuple) and message else type(message).__name__
 
 
 def decode(body: bytes) -> tuple:

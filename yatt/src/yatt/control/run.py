@@ -246,6 +246,6 @@ def check_resume_fits(config: Config, state: dict[str, Any], checkpoint: str) ->
     `config`: its queues count draws of another size, in another prompt order (seed), or over
     another training set (size, or prompts and answers)."""
     from yatt.builders import build_data
-    from yatt.data import check_draw_order
+    from yatt.data import check_draw_order, draw_order
 
-    check_draw_order(state, config, build_data(config.data)[0], checkpoint)
+    check_draw_order(state, draw_order(config, build_data(config.data)[0]), checkpoint)
