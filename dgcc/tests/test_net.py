@@ -253,3 +253,31 @@ def test_calls_join_the_epoch_in_order_and_overflow_is_refused(monkeypatch):
     assert [call_id for call_id, _ in client.answers] == [3, 4]
     assert all("overloaded: 3 calls waiting" in o.reason for _, o in client.answers)
     assert node.stats["txn/calls"] == 3
+
+
+def test_a_peers_close_waits_for_half_its_batch_unless_the_executor_would_idle():
+    """A node asked to close by a peer (it closed the open epoch with 40 calls) closes once it
+    holds 20 calls, or at once when its executor has nothing else to run; else it would close
+    with a handful and the nodes' batches would alternate light and heavy."""
+    from dgcc.net import node as node_module
+
+    config = local_config(2, workload="ycsb", workload_options={"records": 100})
+    node = node_module.Node(config, 0)
+    calls = [TxnRequest("ycsb_txn", {"keys": [k], "rmw": [False]}) for k in range(30)]
+    node._closed_epochs, node._executed_epochs = 3, 2  # executing epoch 2, 3 is open
+    node._collect = calls[:5]
+    later_s = float("inf")  # (the timer never fires here)
+    assert not node._may_close(later_s)  # nobody asked: the timer closes it
+    node._inputs[3] = {1: (40, (), None)}  # peer 1 closed epoch 3 with 40 calls
+    assert not node._may_close(later_s)
+    node._collect = calls[:20]
+    assert node._may_close(later_s)
+    node._collect = calls[:5]
+    node._executed_epochs = 3  # the executor waits for epoch 3: no reason to wait
+    assert node._may_close(later_s)
+    node._collect = []
+    assert node._may_close(later_s)  # even empty: the peer waits for this node's inputs
+    node._executed_epochs, node._closed_epochs = 2, 2 + config.pipeline_epochs
+    node._inputs = {node._closed_epochs: {1: (40, (), None)}}
+    node._collect = calls[:25]
+    assert not node._may_close(later_s)  # the pipeline is full

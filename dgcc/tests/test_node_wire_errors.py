@@ -130,8 +130,9 @@ def test_a_restarted_peer_retries_until_its_old_link_ends():
     [
         (b"\x00\x00\x00\x01\xc1", "undecodable frame of 1 bytes"),  # 0xc1: never msgpack
         (frame(("values", "x")), "ill-shaped peer message"),
+        (frame(("inputs", 0, 1, ("x", (), None))), "bad 'inputs' message from peer 1"),
     ],
-    ids=["undecodable", "ill_shaped"],
+    ids=["undecodable", "ill_shaped", "garbled_inputs"],
 )
 def test_a_bad_frame_from_a_peer_counts_as_that_peer_lost(data, problem, caplog):
     config = local_config(2, **YCSB)

@@ -2,9 +2,11 @@
 
 Three activities share one event loop (uvloop when installed):
 
-  * collection: client calls join the open epoch; the epoch closes after ``epoch_ms`` or at
-    ``epoch_calls_max`` calls, and each peer gets at once the calls of it whose route
-    includes that peer (with their slots; the rest stay home, see ``_peer_inputs``). Up to
+  * collection: client calls join the open epoch; the epoch closes after ``epoch_ms``, at
+    ``epoch_calls_max`` calls, or once a peer closed it (when this node holds half as many
+    calls, so batches stay even; see ``_may_close``), and each peer gets at once the calls of
+    it whose route includes that peer (with their slots; the rest stay home, see
+    ``_peer_inputs``). Up to
     ``pipeline_epochs`` closed epochs may wait for execution, so collecting epoch e + 1
     overlaps executing epoch e;
   * execution: once all nodes' batches of epoch e are in, ``EpochRun`` plans and runs this
@@ -328,6 +330,7 @@ class Node:
                 raise FrameError(f"ill-shaped peer message {message!r:.80}")
             epoch, body = message[1], message[3]
             if kind == "inputs":
+                _check_inputs(peer, body)
                 self._inputs.setdefault(epoch, {})[peer] = body
                 if self.durability is not None:
                     self.durability.retained.received_inputs(epoch, peer, body)
@@ -399,7 +402,11 @@ class Node:
             self._collect.extend([TxnRequest(procedure, params) for _, procedure, params in taken])
             self._callers.extend([(client, call_id) for call_id, _, _ in taken])
             count_max = self.config.epoch_calls_max
-            if first or (count_max and len(self._collect) >= count_max):
+            if (
+                first
+                or (count_max and len(self._collect) >= count_max)
+                or self._closed_epochs in self._inputs  # a peer closed it: is it enough now?
+            ):
                 self._collector_wake.set()
         for call_id, _, _ in refused:
             reason = f"node {self.id} overloaded: {len(self._collect)} calls waiting"
@@ -584,21 +591,36 @@ class Node:
         """Whether to close the open epoch now.
 
         Asked to (it holds ``epoch_calls_max`` calls, or with time-based epochs a peer already
-        closed it, so waiting would only stall that peer): close while fewer than
-        ``pipeline_epochs`` closed epochs wait for execution. Otherwise close on the timer, but
-        only once the executor is idle (an epoch closed while the executor is busy would hold
-        few calls in a closed loop and leave the next one lumpy) and only with calls in it.
+        closed it, so waiting would stall that peer): close while fewer than
+        ``pipeline_epochs`` closed epochs wait for execution. A peer's close asks only once
+        this node holds half as many calls as the peer's batch (or ``epoch_calls_max``), or
+        its executor has nothing else to run: closing at once with the few calls in hand
+        would leave this node's batch small and the next one large, and where values cross
+        the nodes run each epoch in step, the light node waiting for the heavy one (a closed
+        loop keeps such an alternation going). Otherwise close on the timer, but only once
+        the executor is idle (an epoch closed while the executor is busy would hold few calls
+        in a closed loop and leave the next one lumpy) and only with calls in it.
         """
         pending = self._closed_epochs - self._executed_epochs
         count_max = self.config.epoch_calls_max
         asked = bool(count_max) and len(self._collect) >= count_max
-        if self.config.epoch_ms and len(self._inputs.get(self._closed_epochs, ())) > 0:
-            asked = True
+        if self.config.epoch_ms and not asked:
+            peer_calls = self._peer_calls(self._closed_epochs)
+            if peer_calls is not None:
+                half = peer_calls // 2
+                asked = pending == 0 or len(self._collect) >= min(half, count_max or half)
         if asked and pending < self.config.pipeline_epochs:
             return True
         if not self._collect:  # an idle cluster exchanges nothing until a call arrives
             return False
         return bool(self.config.epoch_ms) and pending == 0 and time.monotonic() >= deadline_s
+
+    def _peer_calls(self, epoch: int) -> int | None:
+        """The most calls a peer's batch of ``epoch`` holds; None before any peer closed it."""
+        inputs = self._inputs.get(epoch)
+        if not inputs:
+            return None
+        return max(body[0] for peer, body in inputs.items() if peer != self.id)
 
     def _close_epoch(self) -> None:
         limit = self.config.epoch_calls_max or len(self._collect)
@@ -768,6 +790,21 @@ def _peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) ->
         handle(*args)
     except (ProcedureError, ValueError, TypeError, IndexError) as error:
         raise FrameError(f"bad {kind!r} message from peer {peer}: {error}") from error
+
+
+def _check_inputs(peer: int, body: Any) -> None:
+    """Raise FrameError unless ``body`` has the shape of ``_peer_inputs``'s bodies."""
+    if not (
+        isinstance(body, tuple | list)
+        and len(body) == 3
+        and type(body[0]) is int
+        and body[0] >= 0
+        and isinstance(body[1], tuple | list)
+    ):
+        raise FrameError(
+            f"bad 'inputs' message from peer {peer}: expected (calls, entries, full), "
+            f"got {body!r:.80}"
+        )
 
 
 async def _collect_garbage() -> None:
