@@ -1,20 +1,8 @@
 """One DistDGCC node: an asyncio TCP server owning its partitions, talking to peers and clients.
 
-Three activities share one event loop (uvloop when installed):
-
-  * collection: client calls join the open epoch; the epoch closes after ``epoch_ms``, at
-    ``epoch_calls_max`` calls, or once a peer closed it (when this node holds half as many
-    calls, so batches stay even; see ``_may_close``), and each peer gets at once the calls of
-    it whose route includes that peer (with their slots; the rest stay home, see
-    ``_peer_inputs``). Up to
-    ``pipeline_epochs`` closed epochs may wait for execution, so collecting epoch e + 1
-    overlaps executing epoch e;
-  * execution: once all nodes' batches of epoch e are in, ``EpochRun`` plans and runs this
-    node's pieces in slices of ``step_pieces``, flushing value messages (one per destination)
-    as soon as the pieces peers wait on have run, and whenever it runs out of ready pieces;
-    it then sends each origin its report;
-  * completion: an origin answers its clients once every node has reported the epoch (and,
-    with a data dir, once every node has made it durable).
+Collecting calls into epochs, executing them and answering them share one event loop
+(uvloop when installed) with the connections; that part of the node is ``EpochPipeline``
+(``dgcc.net.epochs``).
 
 A peer that dies leaves the others stalled on the epochs that need it: they mark it down, stop
 writing to it, keep what it will need (``NodeDurability.retained``) and, when it restarts from
@@ -34,8 +22,6 @@ reorders them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import gc
 import logging
 import os
@@ -46,8 +32,9 @@ from typing import Any
 
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
-from dgcc.errors import DgccError, ProcedureError
+from dgcc.errors import DgccError
 from dgcc.net.calls import ClientLink, call_problem
+from dgcc.net.epochs import EpochPipeline, check_inputs, peer_body
 from dgcc.net.wire import (
     VERSION,
     ConnectionLost,
@@ -76,10 +63,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
 PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
-_STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
 
 
-class Node:
+class Node(EpochPipeline):
     """One node of ``config``; ``start`` listens and connects, ``stopped`` ends it."""
 
     epoch_run = EpochRun  # the Calvin node swaps in its lock-ordered epoch run
@@ -330,7 +316,7 @@ class Node:
                 raise FrameError(f"ill-shaped peer message {message!r:.80}")
             epoch, body = message[1], message[3]
             if kind == "inputs":
-                _check_inputs(peer, body)
+                check_inputs(peer, body)
                 self._inputs.setdefault(epoch, {})[peer] = body
                 if self.durability is not None:
                     self.durability.retained.received_inputs(epoch, peer, body)
@@ -339,7 +325,7 @@ class Node:
                 if epoch < self._executed_epochs:
                     pass  # a rejoining peer re-sends the values of epochs this node finished
                 elif epoch == self._running_epoch and self._run is not None:
-                    _peer_body(peer, kind, self._run.deliver, body)
+                    peer_body(peer, kind, self._run.deliver, body)
                 else:
                     self._values.setdefault(epoch, []).append(body)
             elif kind == "report":
@@ -348,7 +334,7 @@ class Node:
                 self.durability.peer_durable(peer, epoch)
             elif kind == "restart" and self.durability is not None:
                 if self.durability.log is None:  # restarting too: a whole-cluster restart
-                    _peer_body(peer, kind, self._peer_restarting, peer, epoch, body)
+                    peer_body(peer, kind, self._peer_restarting, peer, epoch, body)
                 else:
                     await self._answer_rejoin(peer, epoch)
             elif kind == "rejoin" and self.durability is not None:
@@ -570,241 +556,6 @@ class Node:
             del self._early_reports[early]  # their callers died with the old process
         self._closed_epochs = plan.closed
         self._reports_to, self._catch_up_until = plan.reports_to, plan.closed
-
-    # -- epochs -----------------------------------------------------------------------------
-
-    async def _collector(self) -> None:
-        """Close epochs; see ``_may_close`` for when."""
-        epoch_s = self.config.epoch_ms / 1000
-        while True:
-            deadline_s = time.monotonic() + epoch_s
-            while not self._may_close(deadline_s):
-                self._collector_wake.clear()
-                timed = epoch_s and self._collect and self._closed_epochs == self._executed_epochs
-                timeout_s = max(0.0, deadline_s - time.monotonic()) if timed else None
-                with contextlib.suppress(TimeoutError):  # the epoch's time is up
-                    await asyncio.wait_for(self._collector_wake.wait(), timeout_s)
-            self._close_epoch()
-            await self._drain()
-
-    def _may_close(self, deadline_s: float) -> bool:
-        """Whether to close the open epoch now.
-
-        Asked to (it holds ``epoch_calls_max`` calls, or with time-based epochs a peer already
-        closed it, so waiting would stall that peer): close while fewer than
-        ``pipeline_epochs`` closed epochs wait for execution. A peer's close asks only once
-        this node holds half as many calls as the peer's batch (or ``epoch_calls_max``), or
-        its executor has nothing else to run: closing at once with the few calls in hand
-        would leave this node's batch small and the next one large, and where values cross
-        the nodes run each epoch in step, the light node waiting for the heavy one (a closed
-        loop keeps such an alternation going). Otherwise close on the timer, but only once
-        the executor is idle (an epoch closed while the executor is busy would hold few calls
-        in a closed loop and leave the next one lumpy) and only with calls in it.
-        """
-        pending = self._closed_epochs - self._executed_epochs
-        count_max = self.config.epoch_calls_max
-        asked = bool(count_max) and len(self._collect) >= count_max
-        if self.config.epoch_ms and not asked:
-            peer_calls = self._peer_calls(self._closed_epochs)
-            if peer_calls is not None:
-                half = peer_calls // 2
-                asked = pending == 0 or len(self._collect) >= min(half, count_max or half)
-        if asked and pending < self.config.pipeline_epochs:
-            return True
-        if not self._collect:  # an idle cluster exchanges nothing until a call arrives
-            return False
-        return bool(self.config.epoch_ms) and pending == 0 and time.monotonic() >= deadline_s
-
-    def _peer_calls(self, epoch: int) -> int | None:
-        """The most calls a peer's batch of ``epoch`` holds; None before any peer closed it."""
-        inputs = self._inputs.get(epoch)
-        if not inputs:
-            return None
-        return max(body[0] for peer, body in inputs.items() if peer != self.id)
-
-    def _close_epoch(self) -> None:
-        limit = self.config.epoch_calls_max or len(self._collect)
-        batch, self._collect = self._collect[:limit], self._collect[limit:]
-        callers, self._callers = self._callers[:limit], self._callers[limit:]
-        epoch = self._closed_epochs
-        self._closed_epochs += 1
-        self._inputs.setdefault(epoch, {})[self.id] = batch
-        self._assemblers[epoch] = (
-            ResultAssembler(self.registry, batch, len(self.config.nodes)),
-            callers,
-        )
-        bodies = self._peer_inputs(batch)
-        if self.durability is not None:
-            self.durability.retained.sent_inputs(epoch, bodies)
-        for peer, body in bodies.items():
-            self._send(peer, ("inputs", epoch, self.id, body))
-        for peer, report in self._early_reports.pop(epoch, ()):
-            self._on_report(epoch, peer, report)
-        self._wake.set()
-
-    def _peer_inputs(self, batch: list[TxnRequest]) -> dict[int, tuple]:
-        """Per peer: ``(calls, [(slot, procedure, params)], full)``, only the calls it plans.
-
-        A peer plans a call only when the route includes it (or cannot tell, then every node
-        plans it), so the others stay unsent; ``calls`` keeps the global indices. ``full`` is
-        the whole batch with ``order_log`` (for the order answer) or a data dir (so a peer can
-        give it back to this node if it rejoins), else None.
-        """
-        if not self.peers:
-            return {}
-        sparse: dict[int, list[tuple]] = {peer: [] for peer in self.peers}
-        routes = self.router.routes(batch, keep=True)  # planning this epoch takes them back
-        for slot, (request, nodes) in enumerate(zip(batch, routes, strict=True)):
-            for peer in self.peers if nodes is None else nodes:
-                if peer != self.id:
-                    sparse[peer].append((slot, request.procedure, request.params))
-        full = None
-        if self.config.order_log or self.durability is not None:
-            full = tuple((r.procedure, r.params) for r in batch)
-        return {peer: (len(batch), entries, full) for peer, entries in sparse.items()}
-
-    def _batches(self, inputs: dict[int, Any]) -> list[list[TxnRequest | None]]:
-        """The epoch's batches per origin; a peer's unsent calls are None (not planned here)."""
-        batches: list[list[TxnRequest | None]] = []
-        for origin in range(len(self.config.nodes)):
-            if origin == self.id:
-                batches.append(inputs[origin])
-                continue
-            calls, entries, _ = inputs[origin]
-            batch: list[TxnRequest | None] = [None] * calls
-            for slot, procedure, params in entries:
-                batch[slot] = TxnRequest(procedure, params)
-            batches.append(batch)
-        return batches
-
-    def _log_order(self, inputs: dict[int, Any]) -> None:
-        logged = []
-        for origin in range(len(self.config.nodes)):
-            if origin == self.id:
-                logged.append(tuple((r.procedure, r.params) for r in inputs[origin]))
-            else:
-                logged.append(tuple(tuple(call) for call in inputs[origin][2]))
-        self._order.append(tuple(logged))
-
-    async def _executor(self) -> None:
-        nodes = len(self.config.nodes)
-        epoch = self._executed_epochs  # 0, or the epoch a restart recovered to
-        while True:
-            waited_s = time.perf_counter()
-            while len(self._inputs.get(epoch, ())) < nodes:
-                self._wake.clear()
-                await self._wake.wait()
-            self.stats["timing_s/wait_inputs"] += time.perf_counter() - waited_s
-            inputs = self._inputs.pop(epoch)
-            batches = self._batches(inputs)
-            if self.config.order_log:
-                self._log_order(inputs)
-            started_s = time.perf_counter()
-            run = self.epoch_run(self.id, self.db, self.registry, self.router, batches)
-            self.stats["txn/multi_node"] += run.multi_node_by_origin[self.id]
-            self.stats["txn/executed"] += len(batches[self.id])
-            self._run, self._running_epoch = run, epoch
-            for body in self._values.pop(epoch, ()):
-                run.deliver(body)
-            await self._execute(run, epoch)
-            if self.durability is not None:
-                self.durability.executed(run)  # group commit of the epoch, in the background
-            self.stats["timing_s/execute"] += time.perf_counter() - started_s
-            self._run, self._running_epoch = None, -1
-            reports = run.reports()
-            for peer in self.peers:
-                if epoch < self._catch_up_until and epoch not in self._reports_to[peer]:
-                    continue  # re-run after a rejoin: the peer has this report already
-                self._send(peer, ("report", epoch, self.id, tuple(reports.get(peer, ()))))
-            self._on_report(epoch, self.id, reports.get(self.id, ()))
-            epoch += 1
-            self._executed_epochs = epoch
-            self._collector_wake.set()
-            await self._drain()
-
-    async def _execute(self, run: EpochRun, epoch: int) -> None:
-        """Run ready pieces in slices; flush values and wait for peers when nothing is ready."""
-        budget = self.config.step_pieces
-        retained = None if self.durability is None else self.durability.retained
-        while not run.finished:
-            ran = run.step(budget)
-            for peer, entries in run.take_outbox().items():
-                body = tuple(entries)
-                if retained is not None:  # kept until every node made the epoch durable
-                    retained.sent_values(epoch, peer, body)
-                self._send(peer, ("values", epoch, self.id, body))
-            if ran:
-                await asyncio.sleep(0)  # let the network and clients in between slices
-            else:
-                await self._drain()
-                self._wake.clear()
-                if not run.finished and not run.has_ready:
-                    waited_s = time.perf_counter()
-                    await self._wake.wait()
-                    self.stats["timing_s/wait_values"] += time.perf_counter() - waited_s
-
-    def _on_report(self, epoch: int, peer: int, report: Any) -> None:
-        entry = self._assemblers.get(epoch)
-        if entry is None:  # a report that overtook our own closing of the epoch
-            if epoch >= self._closed_epochs:  # (else: an epoch re-run after a rejoin)
-                self._early_reports.setdefault(epoch, []).append((peer, report))
-            return
-        assembler, callers = entry
-        _peer_body(peer, "report", assembler.add, peer, report)
-        if assembler.complete:
-            del self._assemblers[epoch]
-            if self.durability is None:
-                self._complete_epoch(assembler, callers)
-            else:  # answer once every node has made the epoch (log epoch + 1) durable
-                answer = functools.partial(self._complete_epoch, assembler, callers)
-                self.durability.when_durable(epoch + 1, answer)
-
-    def _complete_epoch(self, assembler: ResultAssembler, callers: list) -> None:
-        """Every node finished the epoch (and, with a data dir, made it durable): answer its
-        callers."""
-        counts = dict.fromkeys(_STATUS_STAT, 0)
-        by_client: dict[ClientLink, list[tuple]] = {}  # most epochs: one client
-        for (client, call_id), (status, result, reason) in zip(
-            callers, assembler.answers(), strict=True
-        ):
-            counts[status] += 1
-            entries = by_client.get(client)
-            if entries is None:
-                entries = by_client[client] = []
-            entries.append((call_id, status, result, reason))
-        for client, entries in by_client.items():
-            client.results(entries)
-        for status, count in counts.items():
-            self.stats[_STATUS_STAT[status]] += count
-
-
-def _peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) -> None:
-    """``handle(*args)`` for the body of a well-framed peer message; a body that breaks the
-    protocol (values nobody waits for, a second report, entries of the wrong shape) is the
-    peer's fault and ends its link as a bad frame does.
-
-    Raises:
-        FrameError: naming the peer, the message kind and the problem.
-    """
-    try:
-        handle(*args)
-    except (ProcedureError, ValueError, TypeError, IndexError) as error:
-        raise FrameError(f"bad {kind!r} message from peer {peer}: {error}") from error
-
-
-def _check_inputs(peer: int, body: Any) -> None:
-    """Raise FrameError unless ``body`` has the shape of ``_peer_inputs``'s bodies."""
-    if not (
-        isinstance(body, tuple | list)
-        and len(body) == 3
-        and type(body[0]) is int
-        and body[0] >= 0
-        and isinstance(body[1], tuple | list)
-    ):
-        raise FrameError(
-            f"bad 'inputs' message from peer {peer}: expected (calls, entries, full), "
-            f"got {body!r:.80}"
-        )
 
 
 async def _collect_garbage() -> None:
