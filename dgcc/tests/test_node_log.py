@@ -60,7 +60,7 @@ class Cluster:
         root: Path,
         upto_epoch: int | None = None,
         checkpoint_every: int = 0,
-        keep_tail: bool = False,
+        keep_upto: int | None = None,
     ):
         self.workload = get_workload("tpcc", **OPTIONS)
         self.registry = self.workload.registry()
@@ -75,7 +75,7 @@ class Cluster:
                 self.workload.schema,
                 upto_epoch=upto_epoch,
                 checkpoint_every_epochs=checkpoint_every,
-                keep_tail=keep_tail,
+                keep_upto=keep_upto,
             )
             for n in range(NODES)
         ]
@@ -217,7 +217,7 @@ def test_rejoin_recovers_short_of_its_log_and_logs_no_epoch_twice(
     cluster.close()
     before = [read_log(tmp_path / f"node{n}", 0, repair=False)[0] for n in range(NODES)]
     upto = EPOCHS - 2
-    rejoined = Cluster(tmp_path, upto_epoch=upto, keep_tail=True)
+    rejoined = Cluster(tmp_path, upto_epoch=upto, keep_upto=EPOCHS)
     assert [(log.epoch, log.logged) for log in rejoined.logs] == [(upto, EPOCHS)] * NODES
     for batches in stream[upto:]:
         rejoined.run_epoch(batches, random.Random(SEED + 3), twice=True)
@@ -234,6 +234,44 @@ def test_rejoin_recovers_short_of_its_log_and_logs_no_epoch_twice(
         blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
         assert [block.epoch for block in blocks] == list(range(1, EPOCHS + 2))
         assert blocks[:EPOCHS] == before[node]  # the tail was kept, not rewritten
+
+
+def test_a_rejoin_cuts_blocks_no_running_peer_has_the_inputs_of(
+    tmp_path: Path, stream: list
+) -> None:
+    """Node 0 died during a whole-cluster restart before cutting its log to the agreed epoch 2:
+    it holds epoch 3 from its previous life while the others cut theirs and wait for its
+    inputs of a new epoch 3. Rejoining them, it cuts that block (kept, it would stand for the
+    new epoch 3, which ``record`` would not log) and tells the peers it made epoch 2 durable."""
+    cluster = Cluster(tmp_path)
+    for batches in stream[:3]:
+        cluster.run_epoch(batches, random.Random(SEED))
+    cluster.close()
+    for node in (1, 2):  # the peers cut their logs to epoch 2 and run on
+        blocks = read_log(tmp_path / f"node{node}", 0, repair=False)[0]
+        [(_, segment)] = list_segments(tmp_path / f"node{node}")
+        with open(segment, "r+b") as log:
+            log.truncate(blocks[2].offset)
+    workload = cluster.workload
+    durability = NodeDurability(tmp_path / "node0", 0, NODES)
+    told: list[int] = []
+    durability.broadcast = told.append
+    state = {"executed": 2, "closed": 2, "durable": 2, "since": 0, "inputs_to": (),
+             "inputs_from": (), "values_to": (), "awaiting": ()}  # fmt: skip
+
+    async def scenario() -> None:
+        for peer in (1, 2):
+            durability.peer_rejoin(peer, dict(state))
+        await durability.recover(
+            workload.registry(), cluster.router, lambda: workload.build(SEED), workload.schema
+        )
+
+    asyncio.run(scenario())
+    assert (durability.log.epoch, durability.log.logged) == (2, 2)
+    assert told == [2]
+    durability.close()
+    blocks = read_log(tmp_path / "node0", 0, repair=False)[0]
+    assert [block.epoch for block in blocks] == [1, 2]
 
 
 def test_a_missing_remote_value_is_detected(tmp_path: Path, stream: list) -> None:

@@ -234,8 +234,9 @@ class NodeLog:
         upto_epoch: cap recovery there (whole-cluster restart); blocks past it are unacked and
             are cut off the log so the next epochs follow on.
         checkpoint_every_epochs: checkpoint after every this many epochs (forked); 0 = never.
-        keep_tail: keep the blocks past ``upto_epoch`` instead (a rejoining node re-executes
-            those epochs for its stalled peers; ``record`` does not log them twice).
+        keep_upto: keep the blocks past ``upto_epoch`` up to this epoch instead (a rejoining
+            node re-executes those epochs, with the same inputs, for its stalled peers;
+            ``record`` does not log them twice); blocks past it are cut all the same.
         cluster_durable: the newest epoch every node is known to have made durable, where
             that is less than the recovered epoch (a rejoin); None: the recovered epoch.
     """
@@ -252,7 +253,7 @@ class NodeLog:
         upto_epoch: int | None = None,
         checkpoint_every_epochs: int = 0,
         run_class: type[EpochRun] = EpochRun,
-        keep_tail: bool = False,
+        keep_upto: int | None = None,
         cluster_durable: int | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -278,9 +279,11 @@ class NodeLog:
                 run_class=run_class,
             )
             self.db, self.epoch = recovered.db, recovered.epoch
-            self.logged = recovered.durable_epoch if keep_tail else self.epoch  # blocks on disk
+            self.logged = self.epoch  # the blocks kept on disk
+            if keep_upto is not None:
+                self.logged = max(self.epoch, min(recovered.durable_epoch, keep_upto))
             if self.logged < recovered.durable_epoch:
-                cut_after(directory, self.epoch)
+                cut_after(directory, self.logged)
         self.writer = WalWriter(directory, self.logged + 1)
         self.checkpointer = Checkpointer(directory, publish=False)
         # Every node has made epochs up to here durable (blocks record it as ``acked``): the
@@ -477,7 +480,16 @@ class NodeDurability:
         schema: Callable[[], Database],
         run_class: type[EpochRun],
     ) -> tuple[Database, int]:
-        """Recover to the epoch the running peers' answers call for; keep the log's tail."""
+        """Recover to the epoch the running peers' answers call for; keep the log's tail as far
+        as the plan re-runs it with the same inputs (``plan.closed``).
+
+        Blocks past that come from epochs no running peer has this node's inputs of: a life
+        before a whole-cluster restart that cut the others' logs while this node died before
+        cutting its own, or an epoch it closed and logged but whose inputs never left. The
+        peers run those epochs anew with other calls, so the blocks are cut; kept, they would
+        stand for the new epochs (``record`` writes no block it thinks it has) and a later
+        recovery would replay the old calls.
+        """
         restarting = [n for n in range(len(self._durable)) if n != self.node]
         restarting = [n for n in restarting if n not in self._states]
         if restarting:
@@ -496,14 +508,21 @@ class NodeDurability:
             upto_epoch=plan.restart,
             checkpoint_every_epochs=self.checkpoint_every_epochs,
             run_class=run_class,
-            keep_tail=True,
+            keep_upto=plan.closed,
             cluster_durable=cluster_durable_epoch(self._durable),
         )
+        logged = self.log.logged
         assert self.log.epoch == plan.restart, f"recovered {self.log.epoch}, not {plan.restart}"
-        assert self.log.logged == on_disk, f"log ends at {self.log.logged}, not {on_disk}"
+        assert logged == min(on_disk, plan.closed), f"log ends at {logged}, not {plan.closed}"
+        if logged < on_disk:
+            logger.warning(
+                "node %d cut epochs %d..%d off its log: no running peer has its inputs of "
+                "them (a life before a whole-cluster restart, or inputs that never left)",
+                *(self.node, logged + 1, on_disk),
+            )
         self.rejoin = plan
         self.log.cluster_durable(cluster_durable_epoch(self._durable))
-        self.broadcast(on_disk)  # the peers answer their clients as epochs become durable
+        self.broadcast(logged)  # the peers answer their clients as epochs become durable
         return self.log.db, plan.restart
 
     def executed(self, run: LoggedEpochRun) -> None:
