@@ -160,6 +160,24 @@ def test_eval_reward_failure_names_the_source_line(tmp_path):
         evaluate_engine(_FakeEngine(), _FakeTokenizer(), [], use_chat_template=False)
 
 
+@pytest.mark.parametrize(("module", "returned", "problem"), [
+    ("nan_scores", "float('nan')", "returned nan on held-out example 0; need a finite number"),
+    ("bool_scores", "True", "returned True (bool) on held-out example 0; need a number"),
+])  # fmt: skip
+def test_an_eval_reward_that_returns_no_number_is_refused(
+    tmp_path, monkeypatch, module, returned, problem
+):
+    # NaN was scored as wrong and True as right, silently.
+    source = f"def score(prompt, text, **row):\n    return {returned}\n"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    examples = [PromptExample("1+1?", "2")]
+    with pytest.raises(RewardError) as exc_info:
+        evaluate_engine(_FakeEngine(), _FakeTokenizer(), examples, use_chat_template=False,
+                        reward_fn=f"{module}:score")  # fmt: skip
+    assert _one_line(exc_info) == f"eval reward '{module}:score' {problem}"
+
+
 def test_train_reward_failure_names_the_data_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "What is 1 + 1?"}\n{"prompt": "What is 2 + 2?"}\n')
@@ -270,6 +288,16 @@ def test_sft_refuses_an_rl_run_folder(tmp_path):
     assert (tmp_path / "config.yaml").read_text() == "train: {steps: 7}\n"  # not replaced
 
 
+def test_sft_refuses_checkpoint_resume_before_touching_the_folder(tmp_path):
+    from yatt.sft import run_sft
+
+    config = load_config("tiny_test", [f"logging.run_dir={tmp_path}", "checkpoint.resume=latest"])
+    with pytest.raises(ConfigError) as exc_info:
+        run_sft(config, model=object(), tokenizer=object())
+    assert _one_line(exc_info).startswith("checkpoint.resume='latest': SFT keeps no resumable")
+    assert not any(tmp_path.iterdir())
+
+
 def test_sft_rerun_is_refused_without_a_resume_hint(tmp_path):
     from yatt.sft import run_sft
 
@@ -328,6 +356,18 @@ def test_a_run_that_keeps_no_checkpoint_says_so_at_the_start(tmp_path, caplog):
             Trainer(config, model=model, tokenizer=tokenizer)
         said = [r.getMessage() for r in caplog.records if "keeps no checkpoint" in r.getMessage()]
         assert bool(said) is warned, said
+
+
+def test_the_critic_takes_the_configured_weight_decay():
+    # It used AdamW's own default (0.01) whatever optim.weight_decay said (0.0 by default).
+    from yatt.config import AlgoConfig, OptimConfig
+    from yatt.roles.critic import CriticRole
+
+    model, _ = tiny_model(seed=0)
+    for decay in (0.0, 0.3):
+        optim = OptimConfig(weight_decay=decay)
+        critic = CriticRole.from_policy(model, algo=AlgoConfig(), optim=optim, total_updates=2)
+        assert [group["weight_decay"] for group in critic.optimizer.param_groups] == [decay]
 
 
 def test_a_resume_with_other_optimizer_settings_uses_them(finished_run, tmp_path):

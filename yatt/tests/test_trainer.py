@@ -57,6 +57,18 @@ def test_sft_lowers_loss_and_saves_a_model(tmp_path) -> None:
     assert [row["sft/epoch"] for row in rows][:4] == [0.5, 1.0, 1.5, 2.0]  # 4 of 8 a step
 
 
+def test_sft_stops_at_its_time_limit_and_saves_its_model(tmp_path) -> None:
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", ["train.steps=5", "train.time_limit_s=1e-9", "data.n_train=4",
+                                       "data.n_heldout=2", "eval.n=2", "eval.at_end=true",
+                                       f"logging.run_dir={tmp_path}"])  # fmt: skip
+    folder = run_sft(config, model=model, tokenizer=tokenizer)
+    assert (folder / "model.safetensors").is_file()
+    rows = [json.loads(line) for line in (tmp_path / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]  # the limit was used up by the first step
+    assert "sft/heldout_loss" in rows[0]  # the final evaluation still ran
+
+
 def _heldout_pairs(config, tokenizer):
     from yatt.builders import build_data
     from yatt.sft import _encode_pairs

@@ -79,13 +79,15 @@ def evaluate_engine(
 
 
 def _score(score_fn: Any, name: str, prompt: str, text: str, example: Any, where: str) -> float:
-    from yatt.rewards import RewardError
+    """The score of one completion; a RewardError naming the function and the example when it
+    raises or returns no finite number (a NaN or a bool was counted as wrong or right)."""
+    from yatt.rewards import RewardError, checked_score
 
     try:
         value = score_fn(prompt, text, **{"answer": example.answer, **example.fields})
-        return float(value)
     except Exception as exc:  # a reward function is user code: name it and the example
         detail = " ".join(str(exc).split())
         raise RewardError(
             f"eval reward {name!r} raised {type(exc).__name__}: {detail} on {where}"
         ) from exc
+    return checked_score(value, f"eval reward {name!r}", where)

@@ -1,13 +1,16 @@
 """Supervised fine-tuning (SFT) warm start: learn each example's reference answer after its prompt.
 
 Reads these sections of the RL config tree: model, data, optim (lr, betas, eps, weight_decay,
-schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads), eval (n, every, at_end)
-and logging (run_dir, overwrite, tensorboard, progress): `train.steps` optimizer steps of
+schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads, time_limit_s), eval (n,
+every, at_end) and logging (run_dir, overwrite, tensorboard, progress). It keeps no resumable
+checkpoints, only the model at the end: `checkpoint.resume` is refused and `checkpoint.every`
+warned about (an SFT run is short; rerun it). `train.steps` optimizer steps of
 `algo.micro_batch_size` examples, walking a reshuffled permutation of the training set each
 epoch (as the RL trainer walks its prompts), masked NLL on the answer tokens only (+ EOS). The
 held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, or
 `eval.n_periodic` of them mid-run, no gradient) is logged every `eval.every` steps and after
-the last one (`eval.at_end`). The result
+the last one (`eval.at_end`), or after the step that used up `train.time_limit_s`, which
+ends the run early with its model saved. The result
 is a safetensors folder `<run_dir>/model` (with the run's config.yaml, which `yatt eval` reads)
 that `yatt train ... model.path=` can start from; `sft_metrics.jsonl` (and `tensorboard/`) hold
 the curves. Accuracy is `yatt eval`'s job.
@@ -26,8 +29,9 @@ from yatt.algos.losses import sft_loss
 from yatt.batch import RolloutBatch
 from yatt.common import JsonlSink, MetricsLogger
 from yatt.common.seeding import seed_everything
+from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
-from yatt.errors import DataError
+from yatt.errors import ConfigError, DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
 from yatt.roles.policy import lr_lambda
 from yatt.run_checks import check_training_dtype
@@ -86,7 +90,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
     Raises DataError for a row without an answer, or an evaluation (`eval.n` > 0 with
     `eval.every` or `eval.at_end`) with no held-out rows, and ConfigError for bf16 training
-    weights (`check_training_dtype`) or a run folder holding another run, before any step.
+    weights (`check_training_dtype`), `checkpoint.resume`, or a run folder holding another
+    run, before any step.
     """
     from yatt.builders import build_data, build_model
     from yatt.common import TensorBoardSink
@@ -96,6 +101,16 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
+    if config.checkpoint.resume:
+        raise ConfigError(
+            f"checkpoint.resume={config.checkpoint.resume!r}: SFT keeps no resumable "
+            "checkpoints (only its final model); rerun it, or start RL from that model"
+        )
+    if config.checkpoint.every:
+        logger.warning(
+            "checkpoint.every=%d is ignored by SFT: it saves only its final model",
+            config.checkpoint.every,
+        )
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = build_data(config.data)
     if not train_set:
@@ -139,6 +154,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     sampler = PromptSampler(len(prompts), config.train.seed)
     batch_size = config.algo.micro_batch_size
     model.train()
+    run_start_s, step = time.perf_counter(), 0
     try:
         for step in range(1, total + 1):
             start_s = time.perf_counter()
@@ -157,7 +173,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
                 "sft/lr": lr,
                 "timing_s/step": time.perf_counter() - start_s,
             }
-            due = examples_due(eval_cfg, step, total)  # eval.n, or eval.n_periodic mid-run
+            out_of_time = time_limit_reached(config.train.time_limit_s, run_start_s, step, total)
+            due = examples_due(eval_cfg, step, total, out_of_time)  # n, or n_periodic mid-run
             if due:
                 start_s = time.perf_counter()
                 first = [pairs[:due] for pairs in heldout]
@@ -166,10 +183,12 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             metrics_logger.log(step, metrics)
             if progress is not None:
                 progress(step, total, metrics)
+            if out_of_time:
+                break
     finally:
         metrics_logger.close()
     model.eval()
     folder = save_checkpoint(model, tokenizer, run_dir / "model")
     save_config(config, folder / "config.yaml")  # `yatt eval <folder>` evaluates on this data
-    logger.info("SFT done: %d steps, model saved in %s", total, folder)
+    logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder

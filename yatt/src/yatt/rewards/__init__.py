@@ -32,6 +32,7 @@ __all__ = [
     "CombinedReward",
     "RewardError",
     "RewardFn",
+    "checked_score",
     "format_reward",
     "get_reward_fn",
     "load_callable",
@@ -141,24 +142,21 @@ def load_callable(path: str, key: str = "reward"):
     return function
 
 
-def _checked(value: Any, name: str, row: int) -> float:
-    """`value` as a float; numpy and 0-d torch scalars count as numbers (`numbers.Real`, or
-    a `.item()` that is one), bools do not."""
+def checked_score(value: Any, label: str, where: str, row: int | None = None) -> float:
+    """`value` as a float, or a RewardError naming `label` (``reward 'name'``) and `where`
+    (``row 3``); numpy and 0-d torch scalars count as numbers (`numbers.Real`, or a `.item()`
+    that is one), bools do not, nor do NaN and infinities."""
     if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy / torch scalar
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         kind = type(value).__name__
-        raise RewardError(
-            f"reward {name!r} returned {value!r:.80} ({kind}) on row {row}; need a number", row
-        )
+        raise RewardError(f"{label} returned {value!r:.80} ({kind}) on {where}; need a number", row)
     try:
         number = float(value)
     except OverflowError:  # an int past float's range
         number = float("inf")
     if not isfinite(number):
-        raise RewardError(
-            f"reward {name!r} returned {value!r:.80} on row {row}; need a finite number", row
-        )
+        raise RewardError(f"{label} returned {value!r:.80} on {where}; need a finite number", row)
     return number
 
 
@@ -206,7 +204,10 @@ class CombinedReward:
                 raise RewardError(
                     f"reward {name!r} returned {len(values)} scores for {len(prompts)} rows"
                 )
-            return [_checked(value, name, row) for row, value in enumerate(values)]
+            return [
+                checked_score(value, f"reward {name!r}", f"row {row}", row)
+                for row, value in enumerate(values)
+            ]
         scores = []
         for row, (prompt, completion, fields) in enumerate(zip(prompts, completions, rows)):
             try:
@@ -215,7 +216,7 @@ class CombinedReward:
                 detail = " ".join(str(exc).split())  # keep the message on one line
                 message = f"reward {name!r} raised {type(exc).__name__}: {detail} on row {row}"
                 raise RewardError(message, row) from exc
-            scores.append(_checked(value, name, row))
+            scores.append(checked_score(value, f"reward {name!r}", f"row {row}", row))
         return scores
 
     def __call__(

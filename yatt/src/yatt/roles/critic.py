@@ -24,7 +24,8 @@ __all__ = ["CriticRole"]
 
 
 class CriticRole(Role):
-    """Values (B, R) and a clipped value-loss update with its own AdamW."""
+    """Values (B, R) and a clipped value-loss update with its own AdamW (``optim.critic_lr``,
+    the other ``optim.*`` settings shared with the policy)."""
 
     name = "critic"
 
@@ -34,8 +35,9 @@ class CriticRole(Role):
         self.optim = optim
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=optim.critic_lr, betas=(optim.beta1, optim.beta2), eps=optim.eps
-        )
+            params, lr=optim.critic_lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )  # fmt: skip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_updates)
         )
@@ -102,7 +104,8 @@ class CriticRole(Role):
         optim = self.optim
         load_optimizer_state(
             self.optimizer, self.scheduler, state, lr=optim.critic_lr,
-            betas=(optim.beta1, optim.beta2), eps=optim.eps, role="critic",
+            betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
+            role="critic",
         )  # fmt: skip
 
     def save_pretrained(self, folder: Path) -> Path:

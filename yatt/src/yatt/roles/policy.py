@@ -65,7 +65,7 @@ def load_optimizer_state(
     lr: float,
     betas: tuple[float, float],
     eps: float,
-    weight_decay: float | None = None,
+    weight_decay: float,
     role: str = "policy",
 ) -> None:
     """Load a checkpoint's optimizer and schedule state, keeping this run's settings: the
@@ -74,9 +74,7 @@ def load_optimizer_state(
     settings would silently keep). The LR is this run's schedule at the resumed step."""
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    wanted: dict[str, Any] = {"initial_lr": lr, "betas": betas, "eps": eps}
-    if weight_decay is not None:
-        wanted["weight_decay"] = weight_decay
+    wanted = {"initial_lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
     saved = optimizer.param_groups[0]
     changed = [f"{key}={value} (was {saved.get(key)})" for key, value in wanted.items()
                if _plain(saved.get(key)) != _plain(value)]  # fmt: skip
