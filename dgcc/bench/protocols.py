@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dgcc.errors import DgccError
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 from dgcc.net.servers import SERVERS
 from dgcc.net.servers.twopc import BACKOFF_S_MAX, BACKOFF_S_MIN, RETRIES_MAX
@@ -452,7 +453,12 @@ def sweep_points(
             label = f"{scenario} {fraction:.0%} {nodes}n {protocol} {inflight}"
             progress.update(task, description=label + (f" rerun {repeat}" if repeat else ""))
             bench = bench_config(scenario, fraction, protocol, inflight, args, nodes=nodes)
-            record = run_bench(bench) | {"scenario": scenario, "repeat": repeat}
+            try:
+                record = run_bench(bench)
+            except DgccError as error:  # one failed run does not end an hour's sweep: once more
+                print(f"[retry] {label}: {error}", flush=True)
+                record = run_bench(bench) | {"retried_after": str(error)}  # kept in the JSON
+            record |= {"scenario": scenario, "repeat": repeat}
             records.append(record)
             line = f"{summary_line(record)} protocol={protocol} scenario={scenario}"
             print(f"{line} repeat={repeat}", flush=True)

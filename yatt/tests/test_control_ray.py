@@ -108,16 +108,23 @@ def test_single_and_parallel_controllers_agree(ray_session, placement):
         assert single[2] > 2 * 2 * 8 * payload > parallel[2]
 
 
+_INPROCESS: dict[str, tuple[dict, list]] = {}  # config -> its in-process run (several tests')
+
+
 def _inprocess_weights(config, history: list | None = None) -> dict:
     """The same run as one in-process worker (one data-parallel group: no collectives); its
-    metric rows go to `history`."""
-    control = ControlConfig(mode="parallel", backend="inprocess", placement="colocate",
-                            n_devices=1, device_kind="cpu", extra_rewards=REWARD)  # fmt: skip
-    controller = ParallelController(config, control)
-    run = controller.fit()
+    metric rows go to `history`. Run once per config (the runs are deterministic)."""
+    key = repr(config)
+    if key not in _INPROCESS:
+        control = ControlConfig(mode="parallel", backend="inprocess", placement="colocate",
+                                n_devices=1, device_kind="cpu", extra_rewards=REWARD)  # fmt: skip
+        controller = ParallelController(config, control)
+        run = controller.fit()
+        _INPROCESS[key] = controller.weights(), run.history
+    weights, rows = _INPROCESS[key]
     if history is not None:
-        history.extend(run.history)
-    return controller.weights()
+        history.extend(rows)
+    return weights
 
 
 def _assert_close(weights, reference):

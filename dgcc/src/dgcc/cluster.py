@@ -529,7 +529,7 @@ def _log_size(directory: Path, node: int) -> int:
         return 0
 
 
-def _last_log_line(directory: Path, node: int, start: int) -> str:
+def last_log_line(directory: Path, node: int, start: int) -> str:
     """The last line node ``node`` wrote to its log after byte ``start``: its own error."""
     try:
         with (directory / f"node{node}.log").open("rb") as log:
@@ -567,7 +567,7 @@ def _wait_ready_or_kill(
             raise
         i = exited[0]
         node, code = first_node + i, processes[i].returncode
-        line = _last_log_line(directory, node, log_starts[i])
+        line = last_log_line(directory, node, log_starts[i])
         log = directory / f"node{node}.log"
         raise ConfigError(
             f"node {node} failed to start (exit {code}): {line} (see {log})"

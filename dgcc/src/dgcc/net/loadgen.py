@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.api import TxnRequest
-from dgcc.cluster import ClusterConfig, load_config, local_config, start_local, wait_ready_lines
+from dgcc.cluster import (
+    ClusterConfig,
+    last_log_line,
+    load_config,
+    local_config,
+    start_local,
+    wait_ready_lines,
+)
 from dgcc.errors import ConfigError
 from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
@@ -439,7 +446,12 @@ def _measure(bench, config, directory: Path, progress) -> dict[str, Any]:
     for process in processes:
         code = process.wait(timeout=CLIENT_EXIT_TIMEOUT_S + 30)  # (its own drain wait, then)
         if code != 0:
-            raise ConfigError(f"client process {process.pid} failed with exit code {code}")
+            ends = "; ".join(
+                f"node {node}: {last_log_line(directory, node, 0)}" for node in range(bench.nodes)
+            )
+            raise ConfigError(
+                f"client process {process.pid} failed with exit code {code} (node logs end: {ends})"
+            )
     results = [json.loads(out.read_text()) for out in outs]
     return _record(bench, config, results, before, after)
 
