@@ -12,6 +12,7 @@ import asyncio
 import functools
 import itertools
 import json
+import re
 import socket
 import struct
 
@@ -281,3 +282,24 @@ def test_a_peers_close_waits_for_half_its_batch_unless_the_executor_would_idle()
     node._inputs = {node._closed_epochs: {1: (40, (), None)}}
     node._collect = calls[:25]
     assert not node._may_close(later_s)  # the pipeline is full
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("x", "expected (calls, entries, full)"),
+        ((-1, (), None), "calls must be an int in 0..200000"),
+        ((10**9, (), None), "calls must be an int in 0..200000"),
+        ((2, ((2, "p", {}),), None), "slots in 0..1"),
+        ((2, ((0, "p"),), None), "slots in 0..1"),
+        ((2, (), (("p", {}),)), "full must be None or 2 (procedure, params) pairs"),
+    ],
+)
+def test_a_garbled_inputs_body_is_refused_on_arrival(body, problem):
+    """(It used to reach the executor, whose exception stopped the whole node.)"""
+    from dgcc.net.epochs import check_inputs
+
+    expected = rf"^bad 'inputs' message from peer 1: .*{re.escape(problem)}"
+    with pytest.raises(FrameError, match=expected):
+        check_inputs(1, body)
+    check_inputs(1, (2, ((1, "p", {}),), (("p", {}), ("q", {}))))  # a good one passes

@@ -3,9 +3,9 @@
 Reads these sections of the RL config tree: model, data, optim (lr, betas, eps, weight_decay,
 schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads, time_limit_s), eval (n,
 every, at_end) and logging (run_dir, overwrite, tensorboard, progress). It keeps no resumable
-checkpoints, only the model at the end: `checkpoint.resume` is refused and `checkpoint.every`
-warned about (an SFT run is short; rerun it). `train.steps` optimizer steps of
-`algo.micro_batch_size` examples, walking a reshuffled permutation of the training set each
+checkpoints, only the model at the end: `checkpoint.resume` is refused (`auto` starts afresh)
+and `checkpoint.every` warned about (an SFT run is short; rerun it). `train.steps` optimizer
+steps of `algo.micro_batch_size` examples, walking a reshuffled permutation of the training set each
 epoch (as the RL trainer walks its prompts), masked NLL on the answer tokens only (+ EOS). The
 held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, or
 `eval.n_periodic` of them mid-run, no gradient) is logged every `eval.every` steps and after
@@ -101,7 +101,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
-    if config.checkpoint.resume:
+    if config.checkpoint.resume not in ("", "auto"):  # auto: a fresh start where none is kept
         raise ConfigError(
             f"checkpoint.resume={config.checkpoint.resume!r}: SFT keeps no resumable "
             "checkpoints (only its final model); rerun it, or start RL from that model"

@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from dgcc.cluster import ClusterConfig
     from dgcc.protocols.dist_placement import Router
 
-__all__ = ["EpochPipeline", "check_inputs", "peer_body"]
+__all__ = ["CALLS_WAITING_MAX", "EpochPipeline", "check_inputs", "peer_body"]
 
+CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch (so per batch)
 _STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
 
 
@@ -275,15 +276,30 @@ def peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) -> 
 
 
 def check_inputs(peer: int, body: Any) -> None:
-    """Raise FrameError unless ``body`` has the shape of ``_peer_inputs``'s bodies."""
-    if not (
-        isinstance(body, tuple | list)
-        and len(body) == 3
-        and type(body[0]) is int
-        and body[0] >= 0
-        and isinstance(body[1], tuple | list)
-    ):
-        raise FrameError(
-            f"bad 'inputs' message from peer {peer}: expected (calls, entries, full), "
-            f"got {body!r:.80}"
-        )
+    """Raise FrameError unless ``body`` has the shape of ``_peer_inputs``'s bodies: ``calls``
+    (at most ``CALLS_WAITING_MAX``), entries ``(slot, procedure, params)`` with slots in
+    ``0..calls-1``, and ``full`` None or ``calls`` pairs ``(procedure, params)``. A bad body
+    is its peer's fault; caught here, it ends that link instead of stopping the executor."""
+    problem = None
+    if not (isinstance(body, tuple | list) and len(body) == 3):
+        problem = "expected (calls, entries, full)"
+    else:
+        calls, entries, full = body
+        if type(calls) is not int or not 0 <= calls <= CALLS_WAITING_MAX:
+            problem = f"calls must be an int in 0..{CALLS_WAITING_MAX}"
+        elif not isinstance(entries, tuple | list) or not all(
+            isinstance(entry, tuple | list)
+            and len(entry) == 3
+            and type(entry[0]) is int
+            and 0 <= entry[0] < calls
+            for entry in entries
+        ):
+            problem = f"entries must be (slot, procedure, params) with slots in 0..{calls - 1}"
+        elif full is not None and not (
+            isinstance(full, tuple | list)
+            and len(full) == calls
+            and all(isinstance(call, tuple | list) and len(call) == 2 for call in full)
+        ):
+            problem = f"full must be None or {calls} (procedure, params) pairs"
+    if problem is not None:
+        raise FrameError(f"bad 'inputs' message from peer {peer}: {problem}, got {body!r:.80}")

@@ -446,6 +446,9 @@ def _measure(bench, config, directory: Path, progress) -> dict[str, Any]:
     for process in processes:
         code = process.wait(timeout=CLIENT_EXIT_TIMEOUT_S + 30)  # (its own drain wait, then)
         if code != 0:
+            for other in processes:  # none outlives the measurement (a rerun may follow)
+                other.kill()
+                other.wait()
             ends = "; ".join(
                 f"node {node}: {last_log_line(directory, node, 0)}" for node in range(bench.nodes)
             )

@@ -34,7 +34,7 @@ from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
 from dgcc.errors import DgccError
 from dgcc.net.calls import ClientLink, call_problem
-from dgcc.net.epochs import EpochPipeline, check_inputs, peer_body
+from dgcc.net.epochs import CALLS_WAITING_MAX, EpochPipeline, check_inputs, peer_body
 from dgcc.net.wire import (
     VERSION,
     ConnectionLost,
@@ -60,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
-CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
 PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
 

@@ -515,6 +515,7 @@ class NodeDurability:
         assert self.log.epoch == plan.restart, f"recovered {self.log.epoch}, not {plan.restart}"
         assert logged == min(on_disk, plan.closed), f"log ends at {logged}, not {plan.closed}"
         if logged < on_disk:
+            self._durable[self.node] = logged  # (announced as on_disk; peer_durable only rises)
             logger.warning(
                 "node %d cut epochs %d..%d off its log: no running peer has its inputs of "
                 "them (a life before a whole-cluster restart, or inputs that never left)",
