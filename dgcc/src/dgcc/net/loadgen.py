@@ -307,9 +307,10 @@ class _ClosedLoop:
                 "%d calls still in flight %.0f s after the window: left unanswered",
                 self.client.in_flight, CLIENT_EXIT_TIMEOUT_S,
             )  # fmt: skip
+        lost = self.lost  # before closing: the close fails the calls left above, as lost
         await self.client.close()
-        if self.lost is not None:
-            raise self.lost
+        if lost is not None:
+            raise lost
         return {"counts": self.counts, "latencies_ms": self.latencies_ms, "cpu_s": cpu_s}
 
 
