@@ -11,6 +11,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 
@@ -56,13 +57,18 @@ def test_start_status_stop(tmp_path):
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("yes") == 2
         assert "rows held" in status.stdout, status.stdout
+        port = load_config(tmp_path / "cluster" / "cluster.json").nodes[0].port
+        idle = socket.create_connection(("127.0.0.1", port))  # still open when the node stops
     finally:
         stopped = _cli("cluster", "stop", "--dir", directory)
+    idle.close()
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped 2 of 2 nodes" in stopped.stdout
     after = _cli("cluster", "status", "--dir", directory)
     assert after.returncode == 1
     assert after.stdout.count("down") == 2
+    for log in sorted((tmp_path / "cluster").glob("node*.log")):  # a clean stop logs no error
+        assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def _kill(pid: int) -> None:

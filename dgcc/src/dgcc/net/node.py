@@ -270,6 +270,8 @@ class Node(EpochPipeline):
             logger.debug("node %d: %s connection %s ended: %s", self.id, role, peer_name, error)
             if peer_lost and self._peer_readers.get(peer) is reader:
                 self._peer_lost(peer)
+        except asyncio.CancelledError:  # the event loop ends (after stop): a clean end; raised,
+            return  # Python 3.11's stream server logs it as "Exception in callback" at exit
         finally:
             if role == "node" and self._peer_readers.get(peer) is reader:
                 del self._peer_readers[peer]  # ended: the peer may connect again
