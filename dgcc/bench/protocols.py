@@ -13,9 +13,9 @@ warehouses per node; uniform YCSB), each with 10% of transactions forced to span
 Each protocol is tuned over the same calls-in-flight candidates, ascending, and reported at
 its best; one rule stops any protocol's sweep once ``SWEEP_PATIENCE`` runs in a row fall below
 ``SWEEP_DROP`` of its best so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and
-Calvin; the 2PC baselines retry after a randomised exponential backoff, see
-``dgcc.net.servers.twopc``). The best point is then rerun, the protocols in turn, and the median
-of ``--repeats`` runs there stands for it.
+Calvin, or once a peer closed it and the node holds half the peer's calls; the 2PC baselines
+retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The best point
+is then rerun, the protocols in turn, and the median of ``--repeats`` runs there stands for it.
 The high-contention scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs
 are the headline ones), every protocol at every point. Writes ``protocols.json`` (every
 record), ``protocols.md`` (a section for docs/benchmarks.md) and ``protocols.png`` to
@@ -227,7 +227,8 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         "aborts` is aborted attempts over all attempts (retries counted), `logic aborts` the "
         "share of calls the procedure itself rolled back (TPC-C's 1% invalid items), `gave up` "
         "the share of calls that used every attempt and were answered ABORTED. DistDGCC and "
-        "Calvin close an epoch after 2 ms or inflight/4 calls. Both sequence the same way "
+        "Calvin close an epoch after 2 ms or inflight/4 calls, or once a peer closed it and the "
+        "node holds half as many calls as the peer's batch. Both sequence the same way "
         "(each node's epoch batch, global order by epoch, origin, sequence) and need no 2PC. "
         "DistDGCC orders single pieces on single records: only dependent pieces wait, and a "
         "remote value flows from the piece that makes it to the piece that needs it. Calvin "
