@@ -100,10 +100,8 @@ class EpochPipeline:
 
     def _peer_calls(self, epoch: int) -> int | None:
         """The most calls a peer's batch of ``epoch`` holds; None before any peer closed it."""
-        inputs = self._inputs.get(epoch)
-        if not inputs:
-            return None
-        return max(body[0] for peer, body in inputs.items() if peer != self.id)
+        inputs = self._inputs.get(epoch, {})
+        return max((body[0] for peer, body in inputs.items() if peer != self.id), default=None)
 
     def _close_epoch(self) -> None:
         limit = self.config.epoch_calls_max or len(self._collect)
