@@ -350,3 +350,40 @@ def test_new_order_lines_are_checked_exactly(lines: list) -> None:
     else:
         with pytest.raises(BadParams):
             scale.plan_new_order(params, None)  # type: ignore[arg-type]
+
+
+def _low_items_by_hand(db: Database, w: int, d: int, threshold: int) -> int:
+    """StockLevel's count from the tables alone: distinct items of the district's last 20
+    orders whose stock in warehouse ``w`` is below ``threshold``."""
+    next_o_id = db["district"].get((w, d))["d_next_o_id"]
+    items = {
+        line["ol_i_id"]
+        for (lw, ld, o, _n), line in db["order_line"].items()
+        if (lw, ld) == (w, d) and next_o_id - 20 <= o < next_o_id
+    }
+    return sum(db["stock"].get((w, i))["s_quantity"] < threshold for i in items)
+
+
+def test_stock_level_plans_stay_exact_as_orders_arrive_and_databases_change() -> None:
+    """StockLevel's plan keeps each order's item ids from one call to the next (without
+    invariant checks, which hand plans frozen copies): new orders must enter the window, old
+    ones leave it, and another database under the same registry (other orders under the same
+    keys) must not see the first one's items."""
+    workload = get_workload(
+        "tpcc", warehouses=2, items=ITEMS, customers_per_district=30, orders_per_district=30
+    )
+    registry = workload.registry()
+    first, second = workload.build(seed=4), workload.build(seed=5)
+    level = {"w_id": 1, "d_id": 6, "threshold": 60}
+    for db in (first, second, first):
+        serial = get_protocol("serial")(db, registry)
+        for round_ in range(4):
+            [outcome] = serial.run_batch([TxnRequest("stock_level", dict(level))])
+            assert outcome.result["low_stock"] == _low_items_by_hand(db, 1, 6, 60), round_
+            lines = [(1 + (round_ * 37 + k * 11) % ITEMS, 1, 5) for k in range(7)]
+            orders = [
+                TxnRequest("new_order", {"w_id": 1, "d_id": 6, "c_id": 1 + k, "lines": lines,
+                                         "entry_d": DATE})  # fmt: skip
+                for k in range(round_ * 3)  # 0, 3, 6, 9 new orders: part of the window moves
+            ]
+            assert all(o.status is Status.COMMITTED for o in serial.run_batch(orders))

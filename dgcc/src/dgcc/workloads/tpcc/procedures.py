@@ -87,6 +87,9 @@ class _Scale:
     def __init__(self, config: TpccConfig) -> None:
         self.warehouses = config.warehouses
         self.customers = config.customers_per_district
+        # StockLevel's plan reads the item ids of a district's last 20 orders: each order's are
+        # kept here, by district and order id, with the ORDERS row they were read for.
+        self._order_items: dict[tuple[int, int], dict[int, tuple[Any, tuple[int, ...]]]] = {}
 
     def warehouse(self, name: str, w: int) -> None:
         if not 1 <= w <= self.warehouses:
@@ -194,7 +197,7 @@ class _Scale:
             raise BadParams(f"threshold={threshold!r} outside 1..100")
         next_o_id = view.get("district", (w, d))["d_next_o_id"]  # type: ignore[index]
         first_o_id = max(1, next_o_id - STOCK_LEVEL_ORDERS)
-        items = _recent_items(view, w, d, first_o_id, next_o_id)
+        items = self._recent_items(view, w, d, first_o_id, next_o_id)
         stock_pks = [(w, i) for i in items]
 
         def stock(ctx: PieceContext) -> dict[str, Any]:
@@ -205,21 +208,35 @@ class _Scale:
         # Keys spelled out, not ("stock", *pk): a star builds a list first (~200 keys a call).
         return [Piece("stock", stock, reads=tuple([("stock", w, i) for i in items]))]
 
+    def _recent_items(self, view: ReadView, w: int, d: int, first: int, end: int) -> list[int]:
+        """Distinct OL_I_IDs of orders [first, end) of district (w, d), from the batch-start
+        view.
 
-def _recent_items(view: ReadView, w: int, d: int, first: int, end: int) -> list[int]:
-    """Distinct OL_I_IDs of orders [first, end) of district (w, d), from the batch-start view.
+        StockLevel needs only level-1 (read-committed) isolation (clause 3.4.1), so the order
+        range is fixed at plan time (reconnaissance of D_NEXT_O_ID); the stock quantities are
+        then read in the transaction's serial position under declared keys.
 
-    StockLevel needs only level-1 (read-committed) isolation (clause 3.4.1), so the order range is
-    fixed at plan time (reconnaissance of D_NEXT_O_ID); the stock quantities are then read in
-    the transaction's serial position under declared keys.
-    """
-    orders, lines = view.rows("orders"), view.rows("order_line")
-    items: set[int] = set()
-    add = items.add
-    for o in range(first, end):
-        for number in range(1, orders[w, d, o]["o_ol_cnt"] + 1):
-            add(lines[w, d, o, number]["ol_i_id"])
-    return sorted(items)
+        An order's item ids never change (no procedure updates OL_I_ID or O_OL_CNT, nor deletes
+        an order), so each order's are read once, not once per StockLevel (each of which read
+        ~200 order lines): kept with the very ORDERS row object they were read for, since a
+        new object (another database, a recovery's rows, a checked view's frozen copy) may
+        hold another order under the same key. A district keeps only its window's orders.
+        """
+        orders, lines = view.rows("orders"), view.rows("order_line")
+        known = self._order_items.setdefault((w, d), {})
+        items: set[int] = set()
+        for o in range(first, end):
+            row = orders[w, d, o]
+            entry = known.get(o)
+            if entry is None or entry[0] is not row:
+                ids = tuple([lines[w, d, o, n]["ol_i_id"] for n in range(1, row["o_ol_cnt"] + 1)])
+                entry = known[o] = (row, ids)
+            items.update(entry[1])
+        if len(known) > 2 * STOCK_LEVEL_ORDERS:
+            for o in [o for o in known if not first <= o < end]:
+                del known[o]
+        return sorted(items)
+
 
 
 # -- NewOrder ---------------------------------------------------------------------------------
