@@ -382,8 +382,10 @@ def test_stock_level_plans_stay_exact_as_orders_arrive_and_databases_change() ->
             assert outcome.result["low_stock"] == _low_items_by_hand(db, 1, 6, 60), round_
             lines = [(1 + (round_ * 37 + k * 11) % ITEMS, 1, 5) for k in range(7)]
             orders = [
-                TxnRequest("new_order", {"w_id": 1, "d_id": 6, "c_id": 1 + k, "lines": lines,
-                                         "entry_d": DATE})  # fmt: skip
+                TxnRequest(
+                    "new_order",
+                    {"w_id": 1, "d_id": 6, "c_id": 1 + k, "lines": lines, "entry_d": DATE},
+                )
                 for k in range(round_ * 3)  # 0, 3, 6, 9 new orders: part of the window moves
             ]
             assert all(o.status is Status.COMMITTED for o in serial.run_batch(orders))
