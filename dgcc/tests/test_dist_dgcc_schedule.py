@@ -38,7 +38,7 @@ class _KeyValue:
         return key[1] * partitions // KEYS
 
     def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
-        return [("kv", params["src"]), ("kv", params["dst"])]
+        return [("kv", params["src"]), ("kv", params["dst"])]  # bump: src is its guard
 
     def build(self) -> Database:
         db = Database((Table("kv"),))
@@ -46,7 +46,12 @@ class _KeyValue:
         return db
 
     def registry(self) -> ProcedureRegistry:
-        return ProcedureRegistry([Procedure("move", {"src": int, "dst": int}, self._plan)])
+        return ProcedureRegistry(
+            [
+                Procedure("move", {"src": int, "dst": int}, self._plan),
+                Procedure("bump", {"src": int, "dst": int}, self._plan_bump),
+            ]
+        )
 
     def _plan(self, params: Mapping[str, Any], view: object) -> list[Piece]:
         src, dst, ran = params["src"], params["dst"], self.ran
@@ -66,9 +71,47 @@ class _KeyValue:
             Piece("put", put, reads=(("kv", dst),), writes=(("kv", dst),), after=("take",)),
         ]
 
+    def _plan_bump(self, params: Mapping[str, Any], view: object) -> list[Piece]:
+        """A check that may abort (``src`` a multiple of 3), a piece of its own that reads, and
+        a write: the write waits for the check (an abort edge), the read for nothing."""
+        src, dst, ran = params["src"], params["dst"], self.ran
+
+        def check(ctx: PieceContext) -> None:
+            ran.append((src, dst, "check"))
+            if ctx.get("kv", src)["v"] % 3 == 0:
+                ctx.abort("guard")
+
+        def peek(ctx: PieceContext) -> int:
+            ran.append((src, dst, "peek"))
+            return ctx.get("kv", dst ^ 1)["v"]  # on the node of dst
+
+        def add(ctx: PieceContext) -> int:
+            ran.append((src, dst, "add"))
+            value = ctx.get("kv", dst)["v"] + 1
+            ctx.update("kv", dst, {"v": value})
+            return value
+
+        return [
+            Piece("check", check, reads=(("kv", src),), may_abort=True),
+            Piece("peek", peek, reads=(("kv", dst ^ 1),)),
+            Piece("add", add, reads=(("kv", dst),), writes=(("kv", dst),)),
+        ]
+
 
 def _move(src: int, dst: int) -> TxnRequest:
     return TxnRequest("move", {"src": src, "dst": dst})
+
+
+def _serial(requests: list[TxnRequest]) -> dict[int, int]:
+    """The values after ``requests`` one by one from the loaded state."""
+    state = {k: k for k in range(KEYS)}
+    for request in requests:
+        src, dst = request.params["src"], request.params["dst"]
+        if request.procedure == "move":
+            state[dst] = state[dst] * 2 + state[src]
+        elif state[src] % 3:  # a bump whose guard holds
+            state[dst] += 1
+    return state
 
 
 def _runs(workload: _KeyValue, batches: list[list[TxnRequest]]) -> tuple[list[EpochRun], list]:
@@ -115,6 +158,21 @@ def test_pieces_off_every_path_from_a_remote_value_run_first_in_serial_order() -
         (2, 3, "take"),
         (2, 3, "put"),
     ]
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_senders_ancestors_are_its_graph_predecessors_not_whole_transactions(checked) -> None:
+    # Txn 1's take (key 4) feeds node 1's put, so it runs first, after txn 0's add (which writes
+    # key 4) and that add's abort decider (txn 0's check). Txn 0's peek has no path to the take:
+    # it runs with the local-only work, after the value left.
+    workload = _KeyValue()
+    bump = TxnRequest("bump", {"src": 1, "dst": 4})
+    with debug.invariants(checked):
+        (node0, _), _ = _runs(workload, [[bump, _move(4, 12), _move(6, 7)], []])
+        assert node0.step(100) == 3 and node0.take_outbox()
+        assert workload.ran == [(1, 4, "check"), (1, 4, "add"), (4, 12, "take")]
+        assert node0.step(100) == 3 and node0.finished
+        assert workload.ran[3:] == [(1, 4, "peek"), (6, 7, "take"), (6, 7, "put")]
 
 
 @pytest.mark.parametrize("checked", [False, True])
@@ -219,7 +277,12 @@ def test_schedule_leaves_the_serial_state() -> None:
     assert state == expected
 
 
-_MOVES = st.lists(st.tuples(st.integers(0, KEYS - 1), st.integers(0, KEYS - 1)), max_size=12)
+_MOVES = st.lists(
+    st.tuples(
+        st.sampled_from(["move", "bump"]), st.integers(0, KEYS - 1), st.integers(0, KEYS - 1)
+    ),
+    max_size=12,
+)
 
 
 @given(
@@ -230,7 +293,10 @@ _MOVES = st.lists(st.tuples(st.integers(0, KEYS - 1), st.integers(0, KEYS - 1)),
 def test_any_epoch_and_step_budgets_leave_the_serial_state(batches, budgets, checked) -> None:
     # Held pieces, senders' ancestors and the serial run mixed at random; with checks on,
     # every piece also checks the whole local graph before it runs.
-    requests = [[_move(src, dst) for src, dst in batch if src != dst] for batch in batches]
+    requests = [
+        [TxnRequest(kind, {"src": src, "dst": dst}) for kind, src, dst in batch if src != dst]
+        for batch in batches
+    ]
     with debug.invariants(checked):
         runs, dbs = _runs(_KeyValue(), requests)
         turn = 0
@@ -245,10 +311,7 @@ def test_any_epoch_and_step_budgets_leave_the_serial_state(batches, budgets, che
             assert progressed, "no piece ran and no value moved"
         for run in runs:
             run.reports()
-    expected = {k: k for k in range(KEYS)}
-    for request in requests[0] + requests[1]:
-        src, dst = request.params["src"], request.params["dst"]
-        expected[dst] = expected[dst] * 2 + expected[src]
+    expected = _serial(requests[0] + requests[1])
     state = {}
     for node, db in enumerate(dbs):
         state.update(

@@ -317,18 +317,24 @@ class EpochRun:
         ]
 
     def _ancestry(self) -> list[int]:
-        """Pieces of transactions that send values, and every piece with a path to one: an
-        earlier access conflicting with one, and every earlier piece of such a transaction
-        (a backward scan from the last of them, mirroring ``_scan``); in serial order."""
+        """Pieces of transactions that send values, and every piece with a path to one in the
+        local graph (a backward scan from the last of them): an earlier access conflicting
+        with one, and an earlier piece of its own transaction that it names in ``after`` or,
+        where it writes or may abort, that may abort before it; in serial order."""
         found: list[int] = []
         before_all: set[Hashable] = set()  # keys every earlier access of which is an ancestor
         before_writes: set[Hashable] = set()  # keys whose earlier writes are ancestors
         seeds, owners, pieces = self._urgent_pids, self._owners, self._pieces
-        found_slot = -1  # the transaction of the last piece found (its pieces are consecutive)
+        slot = -1  # the transaction of the last piece found (its pieces are consecutive)
+        named: set[str] = set()  # its earlier pieces named in ``after`` by the found ones
+        deciders = False  # whether its earlier may_abort pieces are ancestors
         for pid in range(max(seeds, default=-1), -1, -1):
             piece = pieces[pid]
             writes = piece.writes
-            if pid not in seeds and owners[pid] != found_slot:
+            own = owners[pid] == slot
+            if pid not in seeds and not (
+                own and (piece.name in named or (deciders and piece.may_abort))
+            ):
                 if len(writes) == 1 and not piece.reads:
                     if writes[0] not in before_all and writes[0] not in before_writes:
                         continue
@@ -338,7 +344,11 @@ class EpochRun:
                 ):
                     continue
             found.append(pid)
-            found_slot = owners[pid]
+            if not own:
+                slot, deciders = owners[pid], False
+                named = set()
+            named.update(piece.after)
+            deciders = deciders or bool(writes) or piece.may_abort
             before_all.update(writes)
             before_writes.update(piece.reads)
         found.reverse()
