@@ -7,6 +7,7 @@ loaded from the script file; the numbers are made up so that each check has one 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -95,3 +96,26 @@ def test_sweep_keeps_each_points_best_and_stops_past_the_peak(
     assert best[("tpcc-1wh", 1, "calvin")]["sweep"] == [(25, 200), (100, 100), (400, 90)]
     assert ("calvin", 1, 800) not in ran and ("dgcc", 1, 800) in ran
     assert bench.ratios(best)[("tpcc-1wh", 1)] == (2.5, "calvin")
+
+
+def test_the_report_is_written_again_from_a_saved_run(bench: ModuleType, tmp_path: Path) -> None:
+    records = []
+    for (scenario, nodes, protocol), record in _best().items():
+        config = {"nodes": nodes, "protocol": protocol, "warmup_s": 1.0, "seconds": 3.0}
+        rate = record["metrics"]["txn/commits_per_s"]
+        records.append(
+            record
+            | {"scenario": scenario, "config": record["config"] | config}
+            | {"sweep": [[25, 10.0], [100, rate]]}
+        )
+    saved = tmp_path / "protocols_nodes.json"
+    saved.write_text(json.dumps({"host": FACTS, "best": records}))
+    assert bench.main(["--from-json", str(saved)]) == 0
+    args = argparse.Namespace(nodes=[1, 2], warmup_s=1.0, seconds=3.0, inflight=[25, 100])
+    ran = ["dgcc", "calvin", "wait_die"]
+    expected = bench.markdown(_best(), ran, FACTS, args)
+    assert (tmp_path / "protocols_nodes.md").read_text() == expected
+    assert (tmp_path / "protocols_nodes.png").read_bytes()[:4] == b"\x89PNG"
+    saved.write_text("{}")
+    with pytest.raises(SystemExit, match=r"not a saved protocols_nodes\.json"):
+        bench.main(["--from-json", str(saved)])
