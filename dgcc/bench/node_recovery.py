@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.api import TxnRequest
-from dgcc.cluster import ClusterConfig, start_local
+from dgcc.cluster import ClusterConfig
+from dgcc.local_cluster import start_local
 from dgcc.protocols.dist_placement import Router, owned_rows
 from dgcc.wal.cluster_trials import ClusterDrill, check_history, drive, durable_history
 from dgcc.wal.node_log import recover_node

@@ -33,8 +33,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dgcc.api import Status
-from dgcc.cluster import local_config, start_local
+from dgcc.cluster import local_config
 from dgcc.errors import ConfigError
+from dgcc.local_cluster import start_local
 from dgcc.net import Client, call_each_in_order
 from dgcc.net.client import AsyncClient
 from dgcc.net.wire import NetError, decode, encode

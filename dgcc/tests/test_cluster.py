@@ -21,7 +21,8 @@ import textwrap
 import pytest
 
 from dgcc.api import Outcome, TxnRequest
-from dgcc.cluster import LocalCluster, local_config, start_local
+from dgcc.cluster import local_config
+from dgcc.local_cluster import LocalCluster, start_local
 from dgcc.net import Client, HandshakeError, call_each_in_order
 from dgcc.net.node import Node
 from dgcc.net.wire import VERSION, decode, encode, frame

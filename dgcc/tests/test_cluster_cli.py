@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from dgcc.cluster import load_config, local_config, read_pids
+from dgcc.cluster import load_config, local_config
+from dgcc.local_cluster import read_pids
 from dgcc.net import Client
 from dgcc.net.wire import frame
 

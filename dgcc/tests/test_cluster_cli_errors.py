@@ -23,22 +23,19 @@ import pytest
 
 from dgcc.cli import main
 from dgcc.cli_cluster import _stop_summary
-from dgcc.cluster import (
+from dgcc.cluster import ClusterConfig, NodeAddress, load_config, local_config
+from dgcc.errors import ConfigError
+from dgcc.local_cluster import (
     STATE_FILE,
-    ClusterConfig,
-    NodeAddress,
     StopResult,
     _node_args,
     _terminate,
     _wait_ready_or_kill,
-    load_config,
-    local_config,
     read_pids,
     start_local,
     start_node,
     stop,
 )
-from dgcc.errors import ConfigError
 
 NODE = {"id": 0, "host": "127.0.0.1", "port": 7001}
 WAIT_S = 30.0

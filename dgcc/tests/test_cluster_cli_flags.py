@@ -257,12 +257,12 @@ def _quiet(commits: int, waiting: int = 0, behind: int = 0, down: int | None = N
 def test_check_merges_every_nodes_rows_once_the_cluster_is_quiet(
     monkeypatch, statuses, expected
 ) -> None:
-    from dgcc import cluster
+    from dgcc import local_cluster as cluster
 
     fake = _FakeNodes(statuses)
     monkeypatch.setattr(cluster, "status", fake.status)
     monkeypatch.setattr("dgcc.net.client.Client", fake.client)
-    config = cluster.local_config(2, workload="smallbank", workload_options={"accounts": 4})
+    config = local_config(2, workload="smallbank", workload_options={"accounts": 4})
     config = dataclasses.replace(config, nodes=tuple(
         dataclasses.replace(node, port=10_000 + node.id) for node in config.nodes
     ))  # fmt: skip
@@ -272,9 +272,9 @@ def test_check_merges_every_nodes_rows_once_the_cluster_is_quiet(
 
 
 def test_check_reports_violations_and_refuses_a_busy_cluster(monkeypatch) -> None:
-    from dgcc import cluster
+    from dgcc import local_cluster as cluster
 
-    config = cluster.local_config(2, workload="smallbank", workload_options={"accounts": 4})
+    config = local_config(2, workload="smallbank", workload_options={"accounts": 4})
     config = dataclasses.replace(config, nodes=tuple(
         dataclasses.replace(node, port=10_000 + node.id) for node in config.nodes
     ))  # fmt: skip
@@ -314,14 +314,14 @@ def _serve_node(listener: socket.socket, connections: int, answers: dict[str, ob
 def test_check_reads_a_dump_larger_than_any_frame_limit_for_calls() -> None:
     """A node's rows in one answer over 64 MiB (a default TPC-C node's are ~130 MB), through
     the real client; the check used to refuse them at the 64 MiB default frame limit."""
-    from dgcc import cluster
+    from dgcc import local_cluster as cluster
 
     names = {c: {"name": f"c{c}"} for c in range(4)} | {0: {"name": "x" * (FRAME_BYTES_MAX + 1)}}
     balances = {c: {"bal": 100} for c in range(4)}
     dump = {"accounts": names, "savings": balances, "checking": balances}
     answers = {"status": _quiet(5)[0], "dump": dump}
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        config = cluster.local_config(1, workload="smallbank", workload_options={"accounts": 4})
+        config = local_config(1, workload="smallbank", workload_options={"accounts": 4})
         node = dataclasses.replace(config.nodes[0], port=listener.getsockname()[1])
         config = dataclasses.replace(config, nodes=(node,))
         server = threading.Thread(target=_serve_node, args=(listener, 3, answers), daemon=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dgcc.cluster import start_local
+from dgcc.local_cluster import start_local
 from dgcc.wal.checkpoint import read_manifest
 from dgcc.wal.cluster_trials import (
     ClusterDrill,

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from dgcc import get_protocol
 from dgcc.api import Outcome, Status, TxnRequest
-from dgcc.cluster import local_config, start_local
+from dgcc.cluster import local_config
+from dgcc.local_cluster import start_local
 from dgcc.net import Client, call_each_in_order
 from dgcc.net.servers import SERVERS
 from dgcc.net.servers.cc import OccCC

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from dgcc.cli import main
-from dgcc.cluster import start_local, start_node
 from dgcc.errors import ConfigError
+from dgcc.local_cluster import start_local, start_node
 from dgcc.wal.cluster_trials import ClusterDrill, drive, rejoin_trial
 from dgcc.wal.rejoin import RejoinError, Retained, plan_rejoin
 

@@ -19,19 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dgcc.cluster import (
-    CONFIG_FILE,
-    STATE_FILE,
-    ClusterConfig,
-    StopResult,
-    load_config,
-    local_config,
-    start_local,
-    start_node,
-)
-from dgcc.cluster import status as cluster_status
-from dgcc.cluster import stop as cluster_stop
+from dgcc.cluster import CONFIG_FILE, ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
+from dgcc.local_cluster import STATE_FILE, StopResult, start_local, start_node
+from dgcc.local_cluster import status as cluster_status
+from dgcc.local_cluster import stop as cluster_stop
 from dgcc.net.loadgen import (
     EPOCH_MS_DEFAULT,
     TPCC_WAREHOUSES_PER_NODE,
@@ -495,7 +487,7 @@ def _call_params(text: str) -> dict[str, Any]:
 
 
 def _check(config: Any) -> int:
-    from dgcc.cluster import check
+    from dgcc.local_cluster import check
 
     violations = check(config)
     for violation in violations[:20]:

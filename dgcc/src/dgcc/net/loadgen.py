@@ -35,15 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.api import TxnRequest
-from dgcc.cluster import (
-    ClusterConfig,
-    last_log_line,
-    load_config,
-    local_config,
-    start_local,
-    wait_ready_lines,
-)
+from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
+from dgcc.local_cluster import last_log_line, start_local, wait_ready_lines
 from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
 from dgcc.workloads.ycsb import ZipfianGenerator
@@ -383,7 +377,7 @@ class ClusterBenchConfig:
 
 
 def _snapshot(config: ClusterConfig) -> dict[str, float]:
-    from dgcc.cluster import status
+    from dgcc.local_cluster import status
 
     total: dict[str, float] = {}
     for entry in status(config, timeout_s=30):

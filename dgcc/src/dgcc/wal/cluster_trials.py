@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.api import TxnRequest
-from dgcc.cluster import ClusterConfig, LocalCluster, local_config, start_local
-from dgcc.cluster import status as cluster_status
+from dgcc.cluster import ClusterConfig, local_config
 from dgcc.errors import ConfigError
+from dgcc.local_cluster import LocalCluster, start_local
+from dgcc.local_cluster import status as cluster_status
 from dgcc.net.client import AsyncClient
 from dgcc.net.wire import NetError, decode, encode
 from dgcc.protocols.serial import SerialProtocol
