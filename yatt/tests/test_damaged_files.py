@@ -288,17 +288,18 @@ def test_sft_refuses_an_rl_run_folder(tmp_path):
     assert (tmp_path / "config.yaml").read_text() == "train: {steps: 7}\n"  # not replaced
 
 
-def test_sft_refuses_checkpoint_resume_before_touching_the_folder(tmp_path):
+def test_sft_resume_latest_without_a_checkpoint_is_refused_before_touching_the_folder(tmp_path):
     from yatt.sft import run_sft
 
     config = load_config("tiny_test", [f"logging.run_dir={tmp_path}", "checkpoint.resume=latest"])
     with pytest.raises(ConfigError) as exc_info:
         run_sft(config, model=object(), tokenizer=object())
-    assert _one_line(exc_info).startswith("checkpoint.resume='latest': SFT keeps no resumable")
+    assert _one_line(exc_info).startswith("checkpoint.resume=latest: ")
+    assert "holds no checkpoint" in _one_line(exc_info)
     assert not any(tmp_path.iterdir())
 
 
-def test_sft_rerun_is_refused_without_a_resume_hint(tmp_path):
+def test_sft_rerun_is_refused_saying_there_is_no_checkpoint_to_resume(tmp_path):
     from yatt.sft import run_sft
 
     (tmp_path / "sft_metrics.jsonl").write_text('{"step": 1}\n')
@@ -306,8 +307,8 @@ def test_sft_rerun_is_refused_without_a_resume_hint(tmp_path):
     with pytest.raises(ConfigError) as exc_info:
         run_sft(config, model=object(), tokenizer=object())
     assert _one_line(exc_info).endswith(
-        "already holds a run (sft_metrics.jsonl): choose another folder, or set "
-        "logging.overwrite=true to replace it"
+        "already holds a run (sft_metrics.jsonl): it holds no checkpoint to resume; choose "
+        "another folder, or set logging.overwrite=true to replace it"
     )
 
 

@@ -5,10 +5,12 @@ Layout of `<run_dir>/checkpoints/step_<n>/`:
     critic/            the critic's state (PPO only)
     trainer_state.pt   optimizer, LR scheduler, step; the trainer's RNG states and data position
     control_state.json the distributed controllers' data position (their checkpoints only)
+    sft_state.json     marks a checkpoint of SFT (`yatt sft`; its step)
     config.yaml        the resolved config of the run
 
-The single-process trainer and the distributed controllers (yatt.control) write the same
-layout; each resumes only its own checkpoints (their data positions differ), and says so.
+The single-process trainer, the distributed controllers (yatt.control) and SFT (yatt.sft)
+write the same layout; each resumes only its own checkpoints (their data positions and
+optimizers differ), and says so.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from yatt.config import Config, save_config
 from yatt.errors import ConfigError
 
 __all__ = [
+    "CONTROLLERS",
     "RESUME_AUTO",
     "RESUME_LATEST",
+    "SFT",
+    "TRAINER",
     "check_resumed_by",
     "checkpoint_run_dir",
     "checkpoint_step",
@@ -45,6 +50,14 @@ logger = logging.getLogger(__name__)
 RESUME_LATEST, RESUME_AUTO = "latest", "auto"  # checkpoint.resume keywords
 _STATE_FILE = "trainer_state.pt"
 _CONTROL_FILE = "control_state.json"
+_SFT_FILE = "sft_state.json"
+TRAINER, CONTROLLERS, SFT = "trainer", "controllers", "sft"  # who wrote a checkpoint
+_MARKERS = {CONTROLLERS: _CONTROL_FILE, SFT: _SFT_FILE}  # (the trainer's has neither)
+_RESUMED_BY = {  # who wrote a checkpoint, and how to resume it
+    TRAINER: ("the single-process trainer", "with `yatt train` without control.backend=ray"),
+    CONTROLLERS: ("the distributed controllers", "with `yatt train` and control.backend=ray"),
+    SFT: ("SFT", "with `yatt sft` (or start RL from its model: model.path=<it>/policy)"),
+}
 _STATE_KEYS = ("step", "policy", "sampler", "rng")  # what `Trainer._resume` reads
 _CONTROL_STATE_KEYS = ("step", "policy")  # what a policy rank reads (`RankWorker.restore`)
 
@@ -106,9 +119,11 @@ def save_training_checkpoint(
     critic: Any | None = None,
     keep_last: int = 2,
     control_state: dict[str, Any] | None = None,
+    sft: bool = False,
 ) -> Path:
     """Write `<run_dir>/checkpoints/step_<step>` atomically (temp folder + rename);
-    `control_state` (JSON) marks a checkpoint of the distributed controllers."""
+    `control_state` (JSON) marks a checkpoint of the distributed controllers, `sft` one of
+    SFT."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     staging = root / f".step_{step:06d}.tmp"
@@ -123,6 +138,8 @@ def save_training_checkpoint(
     torch.save(state, staging / _STATE_FILE)
     if control_state is not None:
         (staging / _CONTROL_FILE).write_text(json.dumps({**control_state, "step": step}))
+    if sft:
+        (staging / _SFT_FILE).write_text(json.dumps({"step": step}))
     save_config(config, staging / "config.yaml")
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
@@ -132,37 +149,42 @@ def save_training_checkpoint(
     return final
 
 
-def check_resumed_by(checkpoint: Path, controllers: bool) -> None:
+def checkpoint_writer(checkpoint: Path) -> str:
+    """Who wrote a checkpoint folder: `TRAINER`, `CONTROLLERS` or `SFT` (by its marker file)."""
+    for writer, marker in _MARKERS.items():
+        if (Path(checkpoint) / marker).is_file():
+            return writer
+    return TRAINER
+
+
+def check_resumed_by(checkpoint: Path, writer: str) -> None:
     """Raise ConfigError (one line) unless `checkpoint` is a checkpoint folder written by the
-    kind of run resuming it: the distributed controllers (`controllers`) or the trainer."""
+    kind of run resuming it (`writer`: `TRAINER`, `CONTROLLERS` or `SFT`)."""
     checkpoint = Path(checkpoint)
     if not (checkpoint / _STATE_FILE).is_file():
         raise ConfigError(
             f"checkpoint.resume={str(checkpoint)!r} is not a checkpoint folder (no {_STATE_FILE})"
         )
-    written_by_controllers = (checkpoint / _CONTROL_FILE).is_file()
-    if written_by_controllers != controllers:
-        writer, how = (
-            ("the distributed controllers", "with control.backend=ray")
-            if written_by_controllers
-            else ("the single-process trainer", "without control.backend=ray")
-        )
+    wrote = checkpoint_writer(checkpoint)
+    if wrote != writer:
+        who, how = _RESUMED_BY[wrote]
         raise ConfigError(
-            f"checkpoint.resume={checkpoint} was written by {writer}, which keep their data "
-            f"position apart: resume it {how}"
+            f"checkpoint.resume={checkpoint} was written by {who}, whose data position and "
+            f"optimizer state are kept apart: resume it {how}"
         )
 
 
 def load_trainer_state(
-    checkpoint: Path, *, needs_critic: bool = False, controllers: bool = False
+    checkpoint: Path, *, needs_critic: bool = False, writer: str = TRAINER
 ) -> dict[str, Any]:
-    """The trainer state saved in a checkpoint folder (of a policy rank's, `controllers`).
+    """The trainer state saved in a checkpoint folder (by `writer`: a policy rank reads the
+    distributed controllers', SFT its own).
 
     Raises ConfigError (one line naming the folder) if there is no state file, if another kind
     of run wrote it (`check_resumed_by`), or if it is unreadable (truncated, garbage, empty) or
     lacks the keys a resume needs.
     """
-    check_resumed_by(checkpoint, controllers)
+    check_resumed_by(checkpoint, writer)
     path = Path(checkpoint) / _STATE_FILE
     try:
         # The file holds python RNG tuples and numpy states besides tensors; it is our own output.
@@ -171,7 +193,7 @@ def load_trainer_state(
         raise ConfigError(_unreadable(checkpoint, f"{type(exc).__name__}: {exc}")) from exc
     if not isinstance(state, dict):
         raise ConfigError(_unreadable(checkpoint, f"holds a {type(state).__name__}, not a dict"))
-    keys = _CONTROL_STATE_KEYS if controllers else _STATE_KEYS
+    keys = _CONTROL_STATE_KEYS if writer == CONTROLLERS else _STATE_KEYS
     wanted = (*keys, "critic") if needs_critic else keys
     missing = [key for key in wanted if key not in state]
     if missing:
@@ -197,7 +219,7 @@ def load_control_state(checkpoint: Path) -> dict[str, Any]:
     Raises ConfigError (one line naming the folder) for a folder the controllers did not write
     and for a state file that is unreadable or not of that shape.
     """
-    check_resumed_by(checkpoint, controllers=True)
+    check_resumed_by(checkpoint, CONTROLLERS)
     path = Path(checkpoint) / _CONTROL_FILE
     try:
         state = json.loads(path.read_bytes())

@@ -2,18 +2,23 @@
 
 Reads these sections of the RL config tree: model, data, optim (lr, betas, eps, weight_decay,
 schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads, time_limit_s), eval (n,
-every, at_end) and logging (run_dir, overwrite, tensorboard, progress). It keeps no resumable
-checkpoints, only the model at the end: `checkpoint.resume` is refused (`auto` starts afresh)
-and `checkpoint.every` warned about (an SFT run is short; rerun it). `train.steps` optimizer
-steps of `algo.micro_batch_size` examples, walking a reshuffled permutation of the training set each
-epoch (as the RL trainer walks its prompts), masked NLL on the answer tokens only (+ EOS). The
-held-out loss (`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, or
-`eval.n_periodic` of them mid-run, no gradient) is logged every `eval.every` steps and after
-the last one (`eval.at_end`), or after the step that used up `train.time_limit_s`, which
-ends the run early with its model saved. The result
-is a safetensors folder `<run_dir>/model` (with the run's config.yaml, which `yatt eval` reads)
-that `yatt train ... model.path=` can start from; `sft_metrics.jsonl` (and `tensorboard/`) hold
-the curves. Accuracy is `yatt eval`'s job.
+every, at_end), checkpoint (every, at_end, keep_last, resume) and logging (run_dir, overwrite,
+tensorboard, progress). `train.steps` optimizer steps of `algo.micro_batch_size` examples,
+walking a reshuffled permutation of the training set each epoch (the RL trainer's order, seeded
+by `data.seed + train.seed`), masked NLL on the answer tokens only (+ EOS). The held-out loss
+(`sft/heldout_loss`, the same NLL on the first `eval.n` held-out examples, or `eval.n_periodic`
+of them mid-run, no gradient) is logged every `eval.every` steps and after the last one
+(`eval.at_end`), or after the step that used up `train.time_limit_s`, which ends the run early
+with its model saved.
+
+Checkpoints (`checkpoint.every` steps, at the end with `checkpoint.at_end`, and where the time
+limit stops the run when `every` is set) have the RL trainer's layout (`yatt.checkpoint`, marked
+as SFT's): the model, the optimizer and schedule, the data position and the RNG states.
+`checkpoint.resume` (a folder, `latest` or `auto`) continues from one exactly, as the steps
+would have run without the stop (in place, or into a new run folder). The result is a
+safetensors folder `<run_dir>/model` (with the run's config.yaml, which `yatt eval` reads) that
+`yatt train ... model.path=` can start from; `sft_metrics.jsonl` (and `tensorboard/`) hold the
+curves. Accuracy is `yatt eval`'s job.
 """
 
 from __future__ import annotations
@@ -27,13 +32,25 @@ import torch
 
 from yatt.algos.losses import sft_loss
 from yatt.batch import RolloutBatch
+from yatt.checkpoint import (
+    RESUME_AUTO,
+    SFT,
+    check_resumed_by,
+    checkpoint_run_dir,
+    drop_later_checkpoints,
+    load_trainer_state,
+    resolve_resume,
+    save_training_checkpoint,
+    truncate_metrics,
+)
 from yatt.common import JsonlSink, MetricsLogger
-from yatt.common.seeding import seed_everything
+from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
+from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
-from yatt.roles.policy import lr_lambda
+from yatt.roles.policy import load_optimizer_state, lr_lambda
 from yatt.run_checks import check_training_dtype
 
 __all__ = ["run_sft"]
@@ -84,14 +101,29 @@ def heldout_loss(model: Any, prompts: list[list[int]], answers: list[list[int]],
         model.train(training)
 
 
+class _Trained:
+    """The model, optimizer and schedule of an SFT run, as a checkpoint saves them."""
+
+    def __init__(self, model: Any, optimizer: Any, scheduler: Any) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+
+    def save_pretrained(self, folder: Path, tokenizer: Any) -> Path:
+        from yatt.models import save_checkpoint
+
+        return save_checkpoint(self.model, tokenizer, folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+
 def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: Any = None) -> Path:
     """Fine-tune on (prompt, answer) pairs; returns the saved model folder.
 
     `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
     Raises DataError for a row without an answer, or an evaluation (`eval.n` > 0 with
     `eval.every` or `eval.at_end`) with no held-out rows, and ConfigError for bf16 training
-    weights (`check_training_dtype`), `checkpoint.resume`, or a run folder holding another
-    run, before any step.
+    weights (`check_training_dtype`), a `checkpoint.resume` that names no SFT checkpoint or one
+    of other data, or a run folder holding another run, before any step.
     """
     from yatt.builders import build_data, build_model
     from yatt.common import TensorBoardSink
@@ -101,16 +133,14 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
-    if config.checkpoint.resume not in ("", "auto"):  # auto: a fresh start where none is kept
-        raise ConfigError(
-            f"checkpoint.resume={config.checkpoint.resume!r}: SFT keeps no resumable "
-            "checkpoints (only its final model); rerun it, or start RL from that model"
-        )
-    if config.checkpoint.every:
-        logger.warning(
-            "checkpoint.every=%d is ignored by SFT: it saves only its final model",
-            config.checkpoint.every,
-        )
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
+    if resume:
+        check_resumed_by(Path(resume), SFT)
+    # A checkpoint of this run folder continues the run in place; one of another folder
+    # starts a new run there from its state (the folder is claimed as for a fresh run).
+    in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == (
+        Path(config.logging.run_dir).resolve()
+    )
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = build_data(config.data)
     if not train_set:
@@ -127,18 +157,22 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             raise DataError(f"SFT needs an answer on every row; {where} has none")
     # An RL run's outputs too (yatt.trainer, yatt.control): its folder is refused, not mixed
     outputs = ("sft_metrics.jsonl", "model", "tensorboard", "metrics.jsonl", "checkpoints")
-    claim = check_run_dir(
-        config.logging.run_dir, outputs, overwrite=config.logging.overwrite, resumable=False,
-        model_path=config.model.path,
-    )  # fmt: skip
+    try:
+        claim = check_run_dir(
+            config.logging.run_dir, outputs, resuming=in_place,
+            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
+            model_path=config.model.path,
+        )  # fmt: skip
+    except ConfigError as exc:
+        if config.checkpoint.resume == RESUME_AUTO and not resume:
+            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
+        raise
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
     if model is None:
-        model, tokenizer = build_model(config.model)
+        model, tokenizer = build_model(config.model, resume_from=resume or None)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
     heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
-    run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
-    save_config(config, run_dir)
     optim = config.optim
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
@@ -147,16 +181,26 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total)
     )
+    sampler = PromptSampler(len(prompts), config.data.seed + config.train.seed)
+    order = draw_order(config, train_set)  # what the data position depends on
+    done = 0  # steps taken before this process (a resumed run's)
+    if resume:
+        done = _resume(Path(resume), optimizer, scheduler, sampler, order, config)
+    run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
+    if in_place:
+        drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
+        truncate_metrics(run_dir / "sft_metrics.jsonl", done)
+    save_config(config, run_dir)
     sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
     if config.logging.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
     metrics_logger = MetricsLogger(sinks)
-    sampler = PromptSampler(len(prompts), config.train.seed)
+    trained = _Trained(model, optimizer, scheduler)
     batch_size = config.algo.micro_batch_size
     model.train()
-    run_start_s, step = time.perf_counter(), 0
+    run_start_s, step = time.perf_counter(), done
     try:
-        for step in range(1, total + 1):
+        for step in range(done + 1, total + 1):
             start_s = time.perf_counter()
             rows = sampler.take(batch_size)
             loss = _pair_loss(model, [prompts[i] for i in rows], [answers[i] for i in rows])
@@ -183,6 +227,15 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             metrics_logger.log(step, metrics)
             if progress is not None:
                 progress(step, total, metrics)
+            if _checkpoint_due(config, step, out_of_time):
+                model.eval()  # (as saved; training mode is not part of the weights)
+                save_training_checkpoint(
+                    run_dir, step, config=config, policy=trained, tokenizer=tokenizer,
+                    keep_last=config.checkpoint.keep_last, sft=True,
+                    trainer_state={"sampler": {**sampler.state_dict(), **order},
+                                   "rng": rng_state()},
+                )  # fmt: skip
+                model.train()
             if out_of_time:
                 break
     finally:
@@ -192,3 +245,40 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     save_config(config, folder / "config.yaml")  # `yatt eval <folder>` evaluates on this data
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
+
+
+def _checkpoint_due(config: Config, step: int, out_of_time: bool) -> bool:
+    """As the RL trainer's: every `checkpoint.every` steps; at the last step with
+    `checkpoint.at_end`; where the time limit stops the run with either set."""
+    cfg = config.checkpoint
+    periodic = bool(cfg.every) and step % cfg.every == 0
+    last = step == config.train.steps or out_of_time
+    return periodic or (last and (cfg.at_end or (out_of_time and bool(cfg.every))))
+
+
+def _resume(
+    checkpoint: Path, optimizer: Any, scheduler: Any, sampler: Any, order: dict, config: Config
+) -> int:
+    """Load an SFT checkpoint's optimizer, schedule, data position and RNG states (the model
+    came from its folder); returns its step. ConfigError (one line) for one of other data or
+    one whose state does not fit this run."""
+    state = load_trainer_state(checkpoint, writer=SFT)
+    if isinstance(state.get("sampler"), dict):  # (else: the error below names it)
+        check_draw_order(state["sampler"], order, str(checkpoint), draw_size=False)
+    optim = config.optim
+    try:
+        load_optimizer_state(
+            optimizer, scheduler, state["policy"], lr=optim.lr,
+            betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
+            role="SFT",
+        )  # fmt: skip
+        sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        step = int(state["step"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise ConfigError(
+            f"checkpoint.resume={checkpoint}: its SFT state does not fit this run: {detail}"
+        ) from exc
+    logger.info("resumed SFT from %s at step %d", checkpoint, step)
+    return step

@@ -26,6 +26,7 @@ from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
     RESUME_AUTO,
+    TRAINER,
     check_resumed_by,
     checkpoint_run_dir,
     drop_later_checkpoints,
@@ -138,7 +139,7 @@ class Trainer:
         check_rewards_grade_task(config, train=reward is None)  # a given reward is the caller's
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         if resume:
-            check_resumed_by(Path(resume), controllers=False)
+            check_resumed_by(Path(resume), TRAINER)
         # A checkpoint of this run folder continues the run in place; one of another folder
         # starts a new run here from its state (the folder is claimed as for a fresh run).
         self._in_place = (

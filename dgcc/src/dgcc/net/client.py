@@ -350,7 +350,8 @@ class Client:
 
     def dump(self, *, frame_bytes_max: int | None = None) -> dict[str, Any]:
         """The node's rows, in one answer of at most ``frame_bytes_max`` bytes (default: the
-        client's limit); a node's rows may outgrow a limit sized for calls (``local_cluster.check``)."""
+        client's limit); a node's rows may outgrow a limit sized for calls
+        (``local_cluster.check``)."""
         return self._request("dump", frame_bytes_max)[2]
 
     def order(self) -> Any:

@@ -490,12 +490,12 @@ class RankWorker:
         the configured initial model."""
         from pathlib import Path
 
-        from yatt.checkpoint import load_trainer_state, policy_folder
+        from yatt.checkpoint import CONTROLLERS, load_trainer_state, policy_folder
         from yatt.models import load_model
 
         state, weights = None, None
         if self.policy is not None:
-            state = load_trainer_state(Path(checkpoint), controllers=True)["policy"]
+            state = load_trainer_state(Path(checkpoint), writer=CONTROLLERS)["policy"]
         if self.policy is not None or self.rollout is not None:  # a reward service holds none
             weights = load_model(policy_folder(Path(checkpoint))).state_dict()  # a passing copy
         self._adopt(weights, state, step)
