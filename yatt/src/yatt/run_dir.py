@@ -10,10 +10,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from yatt.checkpoint import RESUME_AUTO
 from yatt.errors import ConfigError
 
-__all__ = ["RunDirClaim", "check_run_dir"]
+__all__ = ["RunDirClaim", "check_run_dir", "claim_run_dir"]
 
 logger = logging.getLogger(__name__)
 _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoint's layout)
@@ -102,3 +104,21 @@ def _holds_output(path: Path) -> bool:
     if path.is_dir():
         return any(path.iterdir())
     return path.is_file() and path.stat().st_size > 0
+
+
+def claim_run_dir(
+    config: Any, outputs: tuple[str, ...], *, resume: str, in_place: bool
+) -> RunDirClaim:
+    """`check_run_dir` for a job of `config` (`logging.*`, `model.path`, `checkpoint.resume`)
+    that resumes from the checkpoint `resume` (resolved; "" for a fresh start), in place or
+    not: a refused folder under `checkpoint.resume=auto` says that no checkpoint was found."""
+    try:
+        return check_run_dir(
+            config.logging.run_dir, outputs, resuming=in_place,
+            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
+            model_path=config.model.path,
+        )  # fmt: skip
+    except ConfigError as exc:
+        if config.checkpoint.resume == RESUME_AUTO and not resume:
+            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
+        raise

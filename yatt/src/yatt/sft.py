@@ -33,7 +33,6 @@ import torch
 from yatt.algos.losses import sft_loss
 from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
-    RESUME_AUTO,
     SFT,
     check_resumed_by,
     checkpoint_run_dir,
@@ -129,7 +128,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.common import TensorBoardSink
     from yatt.evaluate import examples_due
     from yatt.models import save_checkpoint
-    from yatt.run_dir import check_run_dir
+    from yatt.run_dir import claim_run_dir
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
@@ -157,16 +156,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             raise DataError(f"SFT needs an answer on every row; {where} has none")
     # An RL run's outputs too (yatt.trainer, yatt.control): its folder is refused, not mixed
     outputs = ("sft_metrics.jsonl", "model", "tensorboard", "metrics.jsonl", "checkpoints")
-    try:
-        claim = check_run_dir(
-            config.logging.run_dir, outputs, resuming=in_place,
-            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
-            model_path=config.model.path,
-        )  # fmt: skip
-    except ConfigError as exc:
-        if config.checkpoint.resume == RESUME_AUTO and not resume:
-            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
-        raise
+    claim = claim_run_dir(config, outputs, resume=resume, in_place=in_place)
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
     if model is None:

@@ -25,7 +25,6 @@ from yatt.algos.kl import kl_mean, kl_penalty_token_rewards
 from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
-    RESUME_AUTO,
     TRAINER,
     check_resumed_by,
     checkpoint_run_dir,
@@ -53,7 +52,7 @@ from yatt.run_checks import (
     check_training_dtype,
     warn_if_nothing_kept,
 )
-from yatt.run_dir import check_run_dir
+from yatt.run_dir import claim_run_dir
 
 __all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
 
@@ -146,19 +145,7 @@ class Trainer:
             bool(resume)
             and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
         )
-        try:
-            claim = check_run_dir(
-                config.logging.run_dir,
-                _RUN_OUTPUTS,
-                resuming=self._in_place,
-                overwrite=config.logging.overwrite,
-                resumable=not config.checkpoint.resume,  # no hint when one was asked for
-                model_path=config.model.path,
-            )
-        except ConfigError as exc:
-            if config.checkpoint.resume == RESUME_AUTO and not resume:
-                raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
-            raise
+        claim = claim_run_dir(config, _RUN_OUTPUTS, resume=resume, in_place=self._in_place)
         self.run_dir = claim.path
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)

@@ -23,7 +23,6 @@ from yatt.control.segments import (
     merged_summary,
     save_segments,
 )
-from yatt.errors import ConfigError
 from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
@@ -190,8 +189,8 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     """The checkpoint `checkpoint.resume` names ("" for none) with its checked data position,
     and the run folder, checked (in place for a checkpoint of its own); a previous run there
     that `logging.overwrite` replaces is deleted by the claim's `clear()`."""
-    from yatt.checkpoint import RESUME_AUTO, checkpoint_run_dir, load_control_state, resolve_resume
-    from yatt.run_dir import check_run_dir
+    from yatt.checkpoint import checkpoint_run_dir, load_control_state, resolve_resume
+    from yatt.run_dir import claim_run_dir
 
     resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
     state = None
@@ -202,16 +201,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == run_dir
     outputs = ("metrics.jsonl", "timeline.png", "control.json", SEGMENTS_FILE, SEGMENTS_BAD_FILE,
                "tensorboard", "checkpoints", MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
-    try:
-        claimed = check_run_dir(
-            config.logging.run_dir, outputs, resuming=in_place,
-            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
-            model_path=config.model.path,
-        )  # fmt: skip
-    except ConfigError as exc:
-        if config.checkpoint.resume == RESUME_AUTO and not resume:
-            raise ConfigError(f"checkpoint.resume=auto found no checkpoint; {exc}") from None
-        raise
+    claimed = claim_run_dir(config, outputs, resume=resume, in_place=in_place)
     return resume, state, claimed
 
 
