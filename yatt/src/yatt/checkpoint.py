@@ -34,6 +34,7 @@ __all__ = [
     "SFT",
     "TRAINER",
     "check_resumed_by",
+    "checkpoint_due",
     "checkpoint_run_dir",
     "checkpoint_step",
     "drop_later_checkpoints",
@@ -93,6 +94,16 @@ def resolve_resume(resume: str, run_dir: str | Path) -> str:
         f"checkpoint.resume=latest: {Path(run_dir) / 'checkpoints'} holds no checkpoint "
         "(use checkpoint.resume=auto to start afresh when there is none)"
     )
+
+
+def checkpoint_due(config: Config, step: int, out_of_time: bool) -> bool:
+    """Whether a checkpoint is due after `step`: every `checkpoint.every` steps; at the run's
+    last step with `checkpoint.at_end`; and where `train.time_limit_s` stops the run early
+    with either set (so the trained model is kept, and `checkpoint.resume=auto` goes on)."""
+    cfg = config.checkpoint
+    periodic = bool(cfg.every) and step % cfg.every == 0
+    last = step == config.train.steps or out_of_time
+    return periodic or (last and (cfg.at_end or (out_of_time and bool(cfg.every))))
 
 
 def checkpoint_step(checkpoint: Path) -> int:

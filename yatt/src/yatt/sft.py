@@ -35,6 +35,7 @@ from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
     SFT,
     check_resumed_by,
+    checkpoint_due,
     checkpoint_run_dir,
     drop_later_checkpoints,
     load_trainer_state,
@@ -217,7 +218,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             metrics_logger.log(step, metrics)
             if progress is not None:
                 progress(step, total, metrics)
-            if _checkpoint_due(config, step, out_of_time):
+            if checkpoint_due(config, step, out_of_time):
                 model.eval()  # (as saved; training mode is not part of the weights)
                 save_training_checkpoint(
                     run_dir, step, config=config, policy=trained, tokenizer=tokenizer,
@@ -235,15 +236,6 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     save_config(config, folder / "config.yaml")  # `yatt eval <folder>` evaluates on this data
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
-
-
-def _checkpoint_due(config: Config, step: int, out_of_time: bool) -> bool:
-    """As the RL trainer's: every `checkpoint.every` steps; at the last step with
-    `checkpoint.at_end`; where the time limit stops the run with either set."""
-    cfg = config.checkpoint
-    periodic = bool(cfg.every) and step % cfg.every == 0
-    last = step == config.train.steps or out_of_time
-    return periodic or (last and (cfg.at_end or (out_of_time and bool(cfg.every))))
 
 
 def _resume(

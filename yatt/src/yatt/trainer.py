@@ -27,6 +27,7 @@ from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
     TRAINER,
     check_resumed_by,
+    checkpoint_due,
     checkpoint_run_dir,
     drop_later_checkpoints,
     load_trainer_state,
@@ -482,13 +483,9 @@ class Trainer:
         return MetricsLogger(sinks)
 
     def _maybe_checkpoint(self, out_of_time: bool = False) -> Path | None:
-        """The checkpoint due after this step: every `checkpoint.every` steps; at the run's
-        last step with `checkpoint.at_end`; and where `train.time_limit_s` stops the run early
-        with either set (so the trained policy is kept, and `checkpoint.resume=auto` goes on)."""
+        """The checkpoint due after this step (`checkpoint_due`), if one is."""
         cfg = self.config.checkpoint
-        periodic = cfg.every and self.step % cfg.every == 0
-        last = self.step == self.config.train.steps or out_of_time
-        if not (periodic or (last and (cfg.at_end or (out_of_time and cfg.every)))):
+        if not checkpoint_due(self.config, self.step, out_of_time):
             return None
         return save_training_checkpoint(
             self.run_dir, self.step, config=self.config, policy=self.policy,
