@@ -385,16 +385,19 @@ class EpochRun:
     def _cross_edges(self, sub: _SubTxn, base: int, cross_in: list[int]) -> None:
         """Edges between this node's pieces of ``sub`` and pieces that run elsewhere."""
         pieces, runs_on, node = sub.txn.pieces, sub.runs_on, self.node
-        local_pid = {k: base + position for position, k in enumerate(sub.local)}
+        local_pid = dict(zip(sub.local, range(base, base + len(sub.local))))
         position = {piece.name: k for k, piece in enumerate(pieces)}
-        deciders: list[int] = []
+        abort_edges = self.abort_edges
+        deciders: tuple[int, ...] = ()  # the may_abort pieces so far
         sends: dict[int, set[int]] = {}
         for k, piece in enumerate(pieces):
-            preds = [position[name] for name in piece.after]
-            if (piece.writes or piece.may_abort) and self.abort_edges:
-                preds.extend(deciders)
+            preds = deciders if abort_edges and (piece.writes or piece.may_abort) else ()
+            if piece.after:
+                preds = (*preds, *map(position.__getitem__, piece.after))
             if piece.may_abort:
-                deciders.append(k)
+                deciders = (*deciders, k)
+            if not preds:
+                continue
             nodes = runs_on[k]
             for pred in preds:
                 pred_nodes = runs_on[pred]
