@@ -4,24 +4,30 @@ Goal: a connection claiming to be a peer that is already connected is refused an
 kept, while a restarted peer still gets in once its old link ends; a real peer that sends a
 garbled or ill-shaped frame counts as lost (status shows it down, a log line names it); one
 ill-shaped call in a ``calls`` frame is answered ERROR alone, the other calls are answered and
-the connection kept. Method: in-process DistDGCC nodes on loopback in one event loop, spoken to
-with raw frames; node subclasses signal each refused handshake and each lost peer, so the tests
-wait on events, not on time.
+the connection kept; a piece output msgpack cannot carry fails its call alone wherever it would
+cross nodes, under every kind of node. Method: in-process nodes on loopback in one event loop,
+spoken to with raw frames or a client; node subclasses signal each refused handshake and each
+lost peer, so the tests wait on events, not on time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
+from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry, Status, TxnRequest
 from dgcc.cluster import local_config
 from dgcc.net import AsyncClient, FrameError, HandshakeError
 from dgcc.net.calls import call_problem
 from dgcc.net.node import Node
+from dgcc.net.servers import server_class
 from dgcc.net.wire import VERSION, decode, frame, read_frame
+from dgcc.storage import Database, Table
+from dgcc.workloads import WORKLOADS, Workload
 
 WAIT_S = 20.0
 YCSB = {"workload": "ycsb", "workload_options": {"records": 100}, "epoch_ms": 2.0}
@@ -310,9 +316,100 @@ def test_a_result_msgpack_cannot_carry_loses_only_that_result():
     assert answers[1] == (2, "committed", 7, "")
     assert answers[0][:3] == (1, "committed", None)
     reason = answers[0][3]
-    assert "the call's result cannot be sent: a 'results' message cannot be encoded" in reason
+    assert "the call's result cannot be sent (OverflowError: " in reason, reason
 
 
 def test_frame_refuses_values_msgpack_cannot_carry():
     with pytest.raises(FrameError, match="a 'calls' message cannot be encoded"):
         frame(("calls", 2**70))
+
+
+class _BigOutputs(Workload):
+    """Ten keys over two nodes (``k % 2``); ``carry`` reads ``src`` (``2**70`` with ``big``, an
+    output msgpack cannot carry) and writes ``dst`` from it (a value message when the two keys
+    lie on different nodes)."""
+
+    name = "big_outputs_test"
+
+    def schema(self) -> Database:
+        return Database((Table("kv"),))
+
+    def build(self, seed: int) -> Database:
+        db = self.schema()
+        db["kv"].rows.update({k: {"v": k} for k in range(10)})
+        return db
+
+    def partition_of(self, key: Hashable, partitions: int) -> int:
+        return key[1] % partitions  # type: ignore[index]
+
+    def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
+        return [("kv", params["src"]), ("kv", params["dst"])]
+
+    def registry(self) -> ProcedureRegistry:
+        def plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+            src, dst, big = params["src"], params["dst"], params["big"]
+
+            def read(ctx: PieceContext) -> int:
+                return 2**70 if big else ctx.get("kv", src)["v"]
+
+            def write(ctx: PieceContext) -> None:
+                ctx.update("kv", dst, {"v": ctx.input("read") % 1000})
+
+            return [
+                Piece("read", read, reads=(("kv", src),)),
+                Piece("write", write, writes=(("kv", dst),), after=("read",)),
+            ]
+
+        return ProcedureRegistry([Procedure("carry", {"src": int, "dst": int, "big": int}, plan)])
+
+    def requests(self, seed: int) -> Iterator[TxnRequest]:
+        while True:
+            yield TxnRequest("carry", {"src": 1, "dst": 0, "big": 0})
+
+    def check(self, db: Database) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize("protocol", ["dgcc", "calvin", "no_wait"])
+def test_an_output_no_message_can_carry_fails_its_call_alone(protocol, monkeypatch):
+    # A piece's output beyond 64 bits, needed on another node (a value, a 2PC reply) or due in
+    # another node's report: that call fails with a reason, the nodes keep running and the
+    # next calls commit. (Such a node used to stop, and the cluster with it.)
+    monkeypatch.setitem(WORKLOADS, _BigOutputs.name, _BigOutputs)
+    config = local_config(2, workload=_BigOutputs.name, epoch_ms=2.0, protocol=protocol)
+    inward = {"src": 1, "dst": 0}  # read on node 1, write on node 0 (the called node)
+    outward = {"src": 0, "dst": 1}  # read on node 0, write on node 1
+    remote = {"src": 1, "dst": 3}  # both on node 1: only its answer crosses
+
+    async def go() -> tuple:
+        nodes = [server_class(protocol)(config, n) for n in range(2)]
+        await asyncio.gather(*(node.start() for node in nodes))
+        try:
+            async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
+                outcomes = [
+                    await client.call("carry", {**params, "big": big}, timeout_s=WAIT_S)
+                    for params, big in (
+                        (inward, 1),
+                        (outward, 1),
+                        (remote, 1),
+                        *((params, 0) for params in (inward, outward, remote)),
+                    )
+                ]
+                status = await client.status()
+        finally:
+            for node in nodes:
+                node.stop()
+        return outcomes, status
+
+    outcomes, status = asyncio.run(go())
+    crossed, answered, after = outcomes[:2], outcomes[2], outcomes[3:]
+    for outcome in crossed:
+        assert outcome.status is Status.ERROR, outcome
+        assert "cannot be sent" in outcome.reason and "OverflowError" in outcome.reason, outcome
+    # DistDGCC and Calvin fail a call whose report cannot reach its origin (ERROR: the writes
+    # of the pieces that ran stand); 2PC forwards a call owned elsewhere, which commits there
+    # and loses only its result.
+    assert answered.status is (Status.COMMITTED if protocol == "no_wait" else Status.ERROR)
+    assert "cannot be sent" in answered.reason and "OverflowError" in answered.reason, answered
+    assert [outcome.status for outcome in after] == [Status.COMMITTED] * 3, after
+    assert status["peers_down"] == ()

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from dgcc.api import Outcome
-from dgcc.net.wire import FrameError, frame
+from dgcc.net.wire import FrameError, frame, unencodable
 
 __all__ = ["RESULTS_PER_FRAME_MAX", "ClientLink", "call_problem"]
 
@@ -61,11 +61,10 @@ class ClientLink:
 def _sendable(entry: tuple) -> tuple:
     """``entry`` if it encodes, else its call's status with no result and a reason saying why
     (a call that committed did commit; only its result is lost)."""
-    try:
-        frame(("results", [entry]))
-    except FrameError as error:
-        return (entry[0], entry[1], None, f"the call's result cannot be sent: {error}")
-    return entry
+    why = unencodable(entry)
+    if why is None:
+        return entry
+    return (entry[0], entry[1], None, f"the call's result cannot be sent ({why})")
 
 
 def call_problem(call: object) -> str | None:

@@ -26,13 +26,13 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dgcc.api import Status, TxnRequest
 from dgcc.errors import ProcedureError
 from dgcc.net.calls import ClientLink
-from dgcc.net.wire import FrameError
+from dgcc.net.wire import FrameError, frame, unencodable
 from dgcc.protocols.dist_dgcc import EpochRun
 from dgcc.protocols.dist_results import ResultAssembler
 
@@ -196,7 +196,12 @@ class EpochPipeline:
             for peer in self.peers:
                 if epoch < self._catch_up_until and epoch not in self._reports_to[peer]:
                     continue  # re-run after a rejoin: the peer has this report already
-                self._send(peer, ("report", epoch, self.id, tuple(reports.get(peer, ()))))
+                report, data = sendable_entries(
+                    functools.partial(_message, "report", epoch, self.id),
+                    tuple(reports.get(peer, ())),
+                    functools.partial(_unsendable_report, self.id, peer),
+                )
+                self._send(peer, ("report", epoch, self.id, report), data)
             self._on_report(epoch, self.id, reports.get(self.id, ()))
             epoch += 1
             self._executed_epochs = epoch
@@ -210,10 +215,14 @@ class EpochPipeline:
         while not run.finished:
             ran = run.step(budget)
             for peer, entries in run.take_outbox().items():
-                body = tuple(entries)
+                body, data = sendable_entries(
+                    functools.partial(_message, "values", epoch, self.id),
+                    tuple(entries),
+                    functools.partial(_unsendable_value, run, peer),
+                )
                 if retained is not None:  # kept until every node made the epoch durable
                     retained.sent_values(epoch, peer, body)
-                self._send(peer, ("values", epoch, self.id, body))
+                self._send(peer, ("values", epoch, self.id, body), data)
             if ran:
                 await asyncio.sleep(0)  # let the network and clients in between slices
             else:
@@ -257,6 +266,49 @@ class EpochPipeline:
             client.results(entries)
         for status, count in counts.items():
             self.stats[_STATUS_STAT[status]] += count
+
+
+def sendable_entries(
+    message: Callable[[tuple], tuple], entries: tuple, replace: Callable[[Any, str], Any]
+) -> tuple[tuple, bytes | None]:
+    """A peer message's entries and the message framed, where msgpack can carry every entry.
+
+    A procedure's output may be a value msgpack cannot carry (an int beyond 64 bits, an
+    object): each such entry is replaced by ``replace(entry, why)``, an error entry that fails
+    its call alone, and the framing is left to ``Node._send`` (None), which stops the node
+    only if the message still cannot go (larger than a frame). The common case costs one try.
+    """
+    try:
+        return entries, frame(message(entries))
+    except FrameError:
+        pass
+    fixed = []
+    for entry in entries:
+        why = unencodable(entry)
+        fixed.append(entry if why is None else replace(entry, why))
+    return tuple(fixed), None
+
+
+def _message(kind: str, epoch: int, node: int, entries: tuple) -> tuple:
+    return (kind, epoch, node, entries)
+
+
+def _unsendable_value(run: EpochRun, peer: int, entry: Sequence[Any], why: str) -> tuple:
+    """A value entry whose output cannot be sent: the peer fails the call with the error."""
+    index, piece_index = entry[0], entry[1]
+    label = run.piece_label(index, piece_index)
+    return (
+        index,
+        piece_index,
+        None,
+        None,
+        f"{label}: its output cannot be sent to node {peer} ({why})",
+    )
+
+
+def _unsendable_report(node: int, peer: int, entry: Sequence[Any], why: str) -> tuple:
+    """A report entry whose outputs cannot be sent: the origin answers the call ERROR."""
+    return (entry[0], {}, None, f"its outputs on node {node} cannot be sent to node {peer} ({why})")
 
 
 def peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) -> None:

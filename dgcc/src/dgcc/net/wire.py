@@ -91,6 +91,15 @@ def encode(message: Any) -> bytes:
         raise FrameError(f"a {_kind(message)!r} message cannot be encoded: {error}") from None
 
 
+def unencodable(value: Any) -> str | None:
+    """Why msgpack cannot carry ``value`` (an int beyond 64 bits, an object ...), or None."""
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 def frame(message: Any) -> bytes:
     """A message as one length-prefixed frame.
 

@@ -602,6 +602,11 @@ class EpochRun:
         for target in targets:
             self.outbox.setdefault(target, []).append(entry)
 
+    def piece_label(self, index: int, piece_index: int) -> str:
+        """``procedure.piece`` of a piece of the epoch's multi-node call ``index``."""
+        txn = self._sub_of_index[index].txn
+        return f"{txn.procedure.name}.{txn.pieces[piece_index].name}"
+
     def take_outbox(self) -> dict[int, list[ValueEntry]]:
         """The value messages produced so far, per destination node (batched)."""
         outbox, self.outbox = self.outbox, {}

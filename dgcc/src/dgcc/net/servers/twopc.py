@@ -72,7 +72,7 @@ from dgcc.cluster import ClusterConfig
 from dgcc.errors import ConfigError
 from dgcc.net.node import CALLS_WAITING_MAX, Node
 from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
-from dgcc.net.wire import FrameError, frame, read_frame
+from dgcc.net.wire import FrameError, frame, read_frame, unencodable
 from dgcc.protocols.dist_placement import REPLICATED
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.node_log import node_directory
@@ -205,8 +205,8 @@ class TwoPhaseCommitNode(Node):
         self._replies[request_id] = reply
         self._awaiting.setdefault(peer, set()).add(request_id)
         self.stats["net/peer_messages"] += 1
-        self._post(peer, ("req", request_id, self.id, body))
         try:
+            self._post(peer, ("req", request_id, self.id, body))
             return await asyncio.wait_for(reply, RPC_TIMEOUT_S)
         finally:
             self._replies.pop(request_id, None)
@@ -275,7 +275,20 @@ class TwoPhaseCommitNode(Node):
         else:
             raise FrameError(f"unknown peer request {op!r}")
         self.stats["net/peer_messages"] += 1
-        self._post(peer, ("rep", request_id, self.id, result))
+        try:
+            self._post(peer, ("rep", request_id, self.id, result))
+        except FrameError as error:  # an output msgpack cannot carry: this call fails alone
+            answer = self._unsendable(op, body, result, unencodable(result) or str(error))
+            self._post(peer, ("rep", request_id, self.id, answer))
+
+    def _unsendable(self, op: str, body: Sequence[Any], result: Any, why: str) -> tuple:
+        """The answer to a ``pieces`` or forwarded ``call`` request whose outputs cannot be
+        sent: the branch's outputs fail the call (its coordinator aborts it everywhere); a
+        forwarded call that committed keeps its status and loses only its result."""
+        if op == "call":
+            return (result[0], None, f"the call's result cannot be sent ({why})")
+        where = f"{body[3]}: the outputs of its pieces on node {self.id}"
+        return ("error", f"{where} cannot be sent ({why})")
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -501,6 +514,10 @@ class TwoPhaseCommitNode(Node):
                     result = await self._request(node, body)
                 except (PeerLost, TimeoutError) as error:
                     return await self._abandon(branch_id, touched, node, error)
+                except FrameError as error:  # an output msgpack cannot carry: this call fails
+                    why = unencodable(inputs) or str(error)
+                    where = f"the inputs of its pieces on node {node}"
+                    result = ("error", f"{planned.procedure.name}: {where} cannot be sent ({why})")
             kind, value = result
             if kind == "aborted" and self.config.protocol == "occ":  # on a valid view only
                 try:  # OCC's reads may be stale: the participants validate them (a vote)
