@@ -14,8 +14,9 @@ Each protocol is tuned over the same calls-in-flight candidates, ascending, and 
 its best; one rule stops any protocol's sweep once ``SWEEP_PATIENCE`` runs in a row fall below
 ``SWEEP_DROP`` of its best so far (epochs close after 2 ms or inflight/4 calls for DistDGCC and
 Calvin, or once a peer closed it and the node holds half the peer's calls; the 2PC baselines
-retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The best point
-is then rerun, the protocols in turn, and the median of ``--repeats`` runs there stands for it.
+retry after a randomised exponential backoff, see ``dgcc.net.servers.twopc``). The best point,
+and the runner-up where it came within ``NEAR_BEST`` of it, are then rerun, the protocols in
+turn; the point with the higher median of ``--repeats`` runs stands, by that median.
 The high-contention scenarios also sweep the distributed fraction (10%, 20%, 50%; the 10% runs
 are the headline ones), every protocol at every point. Writes ``protocols.json`` (every
 record), ``protocols.md`` (a section for docs/benchmarks.md) and ``protocols.png`` to
@@ -65,6 +66,7 @@ INFLIGHTS = (25, 100, 400, 800)  # calls in flight per node, swept in this order
 SWEEP_DROP = 0.8  # a protocol's sweep stops below this share of its best commits/s so far,
 SWEEP_PATIENCE = 2  # once this many runs in a row fell there (one dip is not a peak passed)
 REPEATS = 3  # runs at each protocol's best inflight (the sweep's one and reruns); median shown
+NEAR_BEST = 0.9  # a sweep's runner-up this close to its best is rerun too (``contenders``)
 
 
 def _options(name: str, quick: bool) -> dict[str, Any]:
@@ -103,11 +105,12 @@ def bench_config(
 def best_by_protocol(
     records: list[dict[str, Any]], fraction: float = FRACTION, *, median: bool = True
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """(scenario, protocol) -> its run at the best calls-in-flight of the sweep, among the runs
-    with ``fraction`` distributed: the sweep's best run (``repeat`` 0) picks the inflight, and
-    where that point was rerun (``repeat`` 1, 2 ...) the median run by commits/s stands for it,
-    so one lucky or unlucky window does not decide a ratio (``median=False``: the sweep's best
-    run itself, to set beside another sweep's best)."""
+    """(scenario, protocol) -> its run at the best calls-in-flight, among the runs with
+    ``fraction`` distributed. Where points were rerun (``repeat`` 1, 2 ...: the sweep's best
+    and a close runner-up, see ``contenders``), the rerun point with the highest median
+    commits/s is the best, and its median run stands for it, so one lucky or unlucky window
+    decides neither the point nor the ratio; else the sweep's best run (``repeat`` 0).
+    ``median=False``: the sweep's best run itself, to set beside another sweep's best."""
     picked: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records:
         if record["config"]["distributed_fraction"] != fraction or record.get("repeat", 0):
@@ -118,19 +121,36 @@ def best_by_protocol(
             picked[key] = record
     if not median:
         return picked
-    return {key: _median_run(records, record) for key, record in picked.items()}
+    best = {}
+    for key, record in picked.items():
+        rerun = [r for r in records if r.get("repeat", 0) and _same_point(r, record, "inflight")]
+        medians = [_median_run(records, r) for r in rerun] or [_median_run(records, record)]
+        best[key] = max(medians, key=lambda run: run["metrics"]["txn/commits_per_s"])
+    return best
+
+
+def _same_point(record: dict[str, Any], other: dict[str, Any], *ignored: str) -> bool:
+    """Whether two runs share scenario, protocol, fraction, nodes and inflight (less
+    ``ignored``)."""
+    same = [
+        k for k in ("protocol", "distributed_fraction", "inflight", "nodes") if k not in ignored
+    ]
+    return other["scenario"] == record["scenario"] and all(
+        other["config"].get(k) == record["config"].get(k) for k in same
+    )
+
+
+def contenders(rates: dict[int, float]) -> list[int]:
+    """The inflight values of a protocol's sweep (inflight -> commits/s) worth rerunning: its
+    best, and the runner-up when it came within ``NEAR_BEST`` of it (a flat curve's points
+    differ by less than one window's noise, so one run cannot pick between them)."""
+    ranked = sorted(rates, key=rates.__getitem__, reverse=True)
+    return [p for p in ranked[:2] if rates[p] >= NEAR_BEST * rates[ranked[0]]]
 
 
 def runs_at(records: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
     """Every run (sweep and reruns) of ``record``'s scenario, protocol, fraction and inflight."""
-    same = ("protocol", "distributed_fraction", "inflight", "nodes")
-    config = record["config"]
-    return [
-        other
-        for other in records
-        if other["scenario"] == record["scenario"]
-        and all(other["config"].get(k) == config.get(k) for k in same)
-    ]
+    return [other for other in records if _same_point(record, other)]
 
 
 def _median_run(records: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
@@ -285,9 +305,11 @@ def _rerun_text(repeats: int) -> str:
     if repeats <= 1:
         return ", and is shown at its best"
     return (
-        f"; each protocol's best point was then rerun {repeats - 1} more "
-        f"time{'s' if repeats > 2 else ''}, the protocols taking turns, and is shown by the "
-        f"median of its {repeats} runs there, so that no single window decides a ratio"
+        f"; each protocol's best point, and its runner-up where that came within "
+        f"{1 - NEAR_BEST:.0%} of it, was then rerun {repeats - 1} more "
+        f"time{'s' if repeats > 2 else ''}, the protocols taking turns, and the point with the "
+        f"higher median of its {repeats} runs is shown by that median, so that no single "
+        f"window decides a point or a ratio"
     )
 
 
@@ -426,8 +448,9 @@ def sweep(scenarios: tuple[str, ...], args, console: Console) -> list[dict[str, 
     """Every protocol at each scenario point over ascending calls in flight; one record a run.
 
     The protocols take turns at each inflight value (side by side in time). One rule for all:
-    a protocol's sweep at a point stops once ``peak_passed``. Then each protocol's best
-    inflight at the point is rerun ``args.repeats - 1`` times, the protocols again in turn.
+    a protocol's sweep at a point stops once ``peak_passed``. Then each protocol's
+    ``contenders`` at the point are rerun ``args.repeats - 1`` times, the protocols again in
+    turn (``best_by_protocol`` picks among them by median).
     """
     points = [
         (scenario, fraction, NODES)
@@ -441,12 +464,13 @@ def sweep_points(
     points: list[tuple[str, float, int]], args, console: Console, *, repeats: int = 1
 ) -> list[dict[str, Any]]:
     """``sweep`` over explicit (scenario, distributed fraction, nodes) points; every record
-    carries its ``repeat`` (0: the inflight sweep; k > 0: the k-th rerun of the best)."""
+    carries its ``repeat`` (0: the inflight sweep; k > 0: the k-th rerun of the contenders)."""
     inflights = sorted(args.inflight)
     records: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as progress:
         per_point = len(args.protocols) * (len(inflights) + repeats - 1)
-        task = progress.add_task("protocol runs", total=len(points) * per_point)
+        total = len(points) * per_point
+        task = progress.add_task("protocol runs", total=total)
 
         def run(
             scenario: str, fraction: float, nodes: int, protocol: str, inflight: int, repeat: int
@@ -466,21 +490,25 @@ def sweep_points(
             return record
 
         for scenario, fraction, nodes in points:
-            rates: dict[str, list[float]] = {protocol: [] for protocol in args.protocols}
-            best: dict[str, tuple[float, int]] = {}  # protocol -> (commits/s, inflight)
+            rates: dict[str, dict[int, float]] = {protocol: {} for protocol in args.protocols}
             for position, inflight in enumerate(inflights):
-                for protocol in [p for p in args.protocols if not peak_passed(rates[p])]:
+                for protocol in args.protocols:
+                    if peak_passed(list(rates[protocol].values())):
+                        continue
                     record = run(scenario, fraction, nodes, protocol, inflight, 0)
-                    rate = record["metrics"]["txn/commits_per_s"]
-                    rates[protocol].append(rate)
-                    if protocol not in best or rate > best[protocol][0]:
-                        best[protocol] = (rate, inflight)
-                    skipped = len(inflights) - 1 - position if peak_passed(rates[protocol]) else 0
+                    rates[protocol][inflight] = record["metrics"]["txn/commits_per_s"]
+                    passed = peak_passed(list(rates[protocol].values()))
+                    skipped = len(inflights) - 1 - position if passed else 0
                     progress.advance(task, 1 + skipped)
+            if repeats > 1:
+                points_of = {protocol: contenders(rates[protocol]) for protocol in args.protocols}
+                total += sum(len(points) - 1 for points in points_of.values()) * (repeats - 1)
+                progress.update(task, total=total)
             for repeat in range(1, repeats):
                 for protocol in args.protocols:
-                    run(scenario, fraction, nodes, protocol, best[protocol][1], repeat)
-                    progress.advance(task)
+                    for inflight in points_of[protocol]:
+                        run(scenario, fraction, nodes, protocol, inflight, repeat)
+                        progress.advance(task)
     return records
 
 

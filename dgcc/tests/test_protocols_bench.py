@@ -130,3 +130,54 @@ def test_repeats_must_be_a_small_positive_int(bench: ModuleType, text: str) -> N
     with pytest.raises(argparse.ArgumentTypeError, match="repeats"):
         bench._repeats(text)
     assert bench._repeats("3") == 3
+
+
+def test_a_close_runner_up_is_rerun_and_the_better_median_wins(bench: ModuleType) -> None:
+    """A flat curve: one lucky sweep window (12,000 at 25) must not pick the point when the
+    runner-up (800, within NEAR_BEST) holds up on reruns and the lucky point does not."""
+    assert bench.contenders({25: 12000.0, 100: 10000.0, 400: 11200.0, 800: 11350.0}) == [25, 800]
+    assert bench.contenders({25: 1000.0, 100: 500.0}) == [25]
+    assert bench.contenders({}) == []
+    sweep = {25: 12000, 100: 10000, 400: 11200, 800: 11350}
+    records = [_record("tpcc-1wh", "dgcc", 0.1, p, rate) for p, rate in sweep.items()]
+    records.append(_record("tpcc-1wh", "calvin", 0.1, 25, 6000))
+    for repeat, (lucky, steady, calvin) in enumerate(((8800, 11000, 6500), (8000, 11500, 6400)), 1):
+        records += [
+            _record("tpcc-1wh", "dgcc", 0.1, 25, lucky) | {"repeat": repeat},
+            _record("tpcc-1wh", "dgcc", 0.1, 800, steady) | {"repeat": repeat},
+            _record("tpcc-1wh", "calvin", 0.1, 25, calvin) | {"repeat": repeat},
+        ]
+    best = bench.best_by_protocol(records)
+    assert best[("tpcc-1wh", "dgcc")]["config"]["inflight"] == 800
+    assert best[("tpcc-1wh", "dgcc")]["metrics"]["txn/commits_per_s"] == 11350  # 11000..11500
+    assert best[("tpcc-1wh", "calvin")]["metrics"]["txn/commits_per_s"] == 6400
+    assert bench.round_ratios(records)["tpcc-1wh"] == pytest.approx(
+        [11350 / 6000, 11000 / 6500, 11500 / 6400]
+    )
+    sweep_best = bench.best_by_protocol(records, median=False)[("tpcc-1wh", "dgcc")]
+    assert sweep_best["config"]["inflight"] == 25
+
+
+def test_the_sweep_reruns_each_protocols_contenders(bench: ModuleType, monkeypatch) -> None:
+    # A fake run in place of a cluster: commits/s by (protocol, inflight), so the sweep's
+    # bookkeeping (which points it runs, in which order) is what is checked.
+    rates = {("dgcc", 25): 12000, ("dgcc", 100): 9000, ("dgcc", 400): 11500,
+             ("calvin", 25): 8000, ("calvin", 100): 5000, ("calvin", 400): 4000}  # fmt: skip
+    ran: list[tuple[str, int]] = []
+
+    def fake_run(config) -> dict:
+        ran.append((config.protocol, config.inflight))
+        return _record("tpcc-1wh", config.protocol, 0.1, config.inflight,
+                       rates[config.protocol, config.inflight])  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_bench", fake_run)
+    monkeypatch.setattr(bench, "summary_line", lambda record: "[summary]")
+    args = argparse.Namespace(
+        inflight=[25, 100, 400], protocols=("dgcc", "calvin"), quick=True, seconds=1.0,
+        warmup_s=0.5,
+    )  # fmt: skip
+    records = bench.sweep_points([("tpcc-1wh", 0.1, 2)], args, bench.Console(quiet=True), repeats=3)
+    sweep = [(p, i) for p in ("dgcc", "calvin") for i in (25, 100, 400)]
+    assert sorted(ran[:6]) == sorted(sweep)
+    assert ran[6:] == [("dgcc", 25), ("dgcc", 400), ("calvin", 25)] * 2
+    assert [r["repeat"] for r in records[6:]] == [1, 1, 1, 2, 2, 2]
