@@ -123,8 +123,12 @@ def best_by_protocol(
         return picked
     best = {}
     for key, record in picked.items():
-        rerun = [r for r in records if r.get("repeat", 0) and _same_point(r, record, "inflight")]
-        medians = [_median_run(records, r) for r in rerun] or [_median_run(records, record)]
+        rerun = {  # one run per rerun inflight
+            r["config"]["inflight"]: r
+            for r in records
+            if r.get("repeat", 0) and _same_point(r, record, "inflight")
+        }
+        medians = [_median_run(records, r) for r in rerun.values() or [record]]
         best[key] = max(medians, key=lambda run: run["metrics"]["txn/commits_per_s"])
     return best
 
@@ -500,10 +504,9 @@ def sweep_points(
                     passed = peak_passed(list(rates[protocol].values()))
                     skipped = len(inflights) - 1 - position if passed else 0
                     progress.advance(task, 1 + skipped)
-            if repeats > 1:
-                points_of = {protocol: contenders(rates[protocol]) for protocol in args.protocols}
-                total += sum(len(points) - 1 for points in points_of.values()) * (repeats - 1)
-                progress.update(task, total=total)
+            points_of = {protocol: contenders(rates[protocol]) for protocol in args.protocols}
+            total += sum(len(points) - 1 for points in points_of.values()) * (repeats - 1)
+            progress.update(task, total=total)
             for repeat in range(1, repeats):
                 for protocol in args.protocols:
                     for inflight in points_of[protocol]:

@@ -196,12 +196,11 @@ class EpochPipeline:
             for peer in self.peers:
                 if epoch < self._catch_up_until and epoch not in self._reports_to[peer]:
                     continue  # re-run after a rejoin: the peer has this report already
-                report, data = sendable_entries(
-                    functools.partial(_message, "report", epoch, self.id),
-                    tuple(reports.get(peer, ())),
+                message, data = sendable_entries(
+                    ("report", epoch, self.id, tuple(reports.get(peer, ()))),
                     functools.partial(_unsendable_report, self.id, peer),
                 )
-                self._send(peer, ("report", epoch, self.id, report), data)
+                self._send(peer, message, data)
             self._on_report(epoch, self.id, reports.get(self.id, ()))
             epoch += 1
             self._executed_epochs = epoch
@@ -215,14 +214,13 @@ class EpochPipeline:
         while not run.finished:
             ran = run.step(budget)
             for peer, entries in run.take_outbox().items():
-                body, data = sendable_entries(
-                    functools.partial(_message, "values", epoch, self.id),
-                    tuple(entries),
+                message, data = sendable_entries(
+                    ("values", epoch, self.id, tuple(entries)),
                     functools.partial(_unsendable_value, run, peer),
                 )
                 if retained is not None:  # kept until every node made the epoch durable
-                    retained.sent_values(epoch, peer, body)
-                self._send(peer, ("values", epoch, self.id, body), data)
+                    retained.sent_values(epoch, peer, message[3])
+                self._send(peer, message, data)
             if ran:
                 await asyncio.sleep(0)  # let the network and clients in between slices
             else:
@@ -269,9 +267,9 @@ class EpochPipeline:
 
 
 def sendable_entries(
-    message: Callable[[tuple], tuple], entries: tuple, replace: Callable[[Any, str], Any]
+    message: tuple, replace: Callable[[Any, str], Any]
 ) -> tuple[tuple, bytes | None]:
-    """A peer message's entries and the message framed, where msgpack can carry every entry.
+    """A peer message ``(kind, epoch, node, entries)`` as sent, and its frame.
 
     A procedure's output may be a value msgpack cannot carry (an int beyond 64 bits, an
     object): each such entry is replaced by ``replace(entry, why)``, an error entry that fails
@@ -279,18 +277,14 @@ def sendable_entries(
     only if the message still cannot go (larger than a frame). The common case costs one try.
     """
     try:
-        return entries, frame(message(entries))
+        return message, frame(message)
     except FrameError:
         pass
     fixed = []
-    for entry in entries:
+    for entry in message[3]:
         why = unencodable(entry)
         fixed.append(entry if why is None else replace(entry, why))
-    return tuple(fixed), None
-
-
-def _message(kind: str, epoch: int, node: int, entries: tuple) -> tuple:
-    return (kind, epoch, node, entries)
+    return (*message[:3], tuple(fixed)), None
 
 
 def _unsendable_value(run: EpochRun, peer: int, entry: Sequence[Any], why: str) -> tuple:
