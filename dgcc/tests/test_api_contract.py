@@ -196,8 +196,8 @@ def test_getter_rows_are_read_only_under_invariants():
     [
         ({"src": True, "dst": 1, "amount": 1}, "param 'src' must be int, got bool"),
         ({"src": 0, "dst": 1.0, "amount": 1}, "param 'dst' must be int, got float"),
-        ({"src": 0, "dst": 1, "total": 1}, "missing params ['amount'], unexpected params"),
-        ({"src": 0, "dst": 1, "amount": 1, "x": 2}, "unexpected params ['x']"),
+        ({"src": 0, "dst": 1, "total": 1}, ": missing params ['amount'], unexpected params"),
+        ({"src": 0, "dst": 1, "amount": 1, "x": 2}, "transfer: unexpected params ['x']"),
         ({"src": 0, "dst": 1, "amount": 1}, ""),
     ],
 )
@@ -209,6 +209,23 @@ def test_param_types_are_exact_on_the_fast_path(params: dict, needle: str) -> No
         assert outcome.status is Status.ERROR and needle in outcome.reason, outcome
     else:
         assert outcome.status is Status.COMMITTED, outcome
+
+
+@pytest.mark.parametrize(
+    ("params", "reason"),
+    [
+        ({"src": 0, "dst": 1}, "transfer: missing params ['amount']"),
+        ({"src": 0, "dst": 1, "amount": 1, "x": 2}, "transfer: unexpected params ['x']"),
+        (
+            {"dst": 1, "amount": 1, "y": 2},
+            "transfer: missing params ['src'], unexpected params ['y']",
+        ),
+    ],
+)
+def test_a_bad_set_of_params_names_only_what_is_wrong(params: dict, reason: str) -> None:
+    db, registry = _bank(_good_plan)
+    (outcome,) = get_protocol("serial")(db, registry).run_batch([TxnRequest("transfer", params)])
+    assert (outcome.status, outcome.reason) == (Status.ERROR, reason)
 
 
 def test_a_sequence_param_takes_a_list_or_a_tuple() -> None:

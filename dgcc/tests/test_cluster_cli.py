@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -196,8 +197,60 @@ def test_bench_on_two_nodes(tmp_path):
         str(out),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "[summary] workload=smallbank nodes=2" in result.stdout
+    assert "[summary] workload=smallbank protocol=dgcc nodes=2" in result.stdout
     metrics = json.loads(out.read_text())["metrics"]
     assert metrics["txn/commits_per_s"] > 0
     assert 0.2 < metrics["txn/multi_node_fraction"] < 0.8
     assert metrics["net/messages_per_commit"] > 0
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The live child processes of ``pid`` and their command lines (from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if ppid == pid and command:
+            found[int(entry)] = command
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_a_cluster_bench_with_its_nodes_and_clients(tmp_path):
+    # `timeout`, CI or `kill` stop a bench with SIGTERM: its node and client processes stop
+    # with it (they used to outlive it), as with Ctrl-C, and its temp folder goes.
+    command = [sys.executable, "-m", "dgcc", "bench", "--nodes", "2", "--workload", "smallbank"]
+    command += ["-o", "accounts=200", "--seconds", "120", "--warmup-s", "0.5", "--inflight", "20"]
+    bench = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while sum("dgcc.net.loadgen" in c for c in _children(bench.pid).values()) < 2:
+            assert bench.poll() is None, bench.communicate()
+            assert time.monotonic() < deadline, "the bench's clients never started"
+            time.sleep(0.05)  # polling the process table for the clients, not a synchronisation
+        children = _children(bench.pid)
+        folders = {part.rsplit("/", 1)[0] for c in children.values() for part in c.split()
+                   if "/dgcc_bench_" in part}  # fmt: skip
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=TIMEOUT_S)
+    finally:
+        bench.kill()
+    assert bench.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == "dgcc: terminated"
+    assert len(children) == 4, children  # two nodes, two clients
+    assert not [pid for pid in children if _alive(pid)], children
+    assert len(folders) == 1 and not any(os.path.exists(folder) for folder in folders), folders

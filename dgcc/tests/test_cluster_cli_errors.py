@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from dgcc.local_cluster import (
     start_node,
     stop,
 )
+from dgcc.net.wire import VERSION, frame
 
 NODE = {"id": 0, "host": "127.0.0.1", "port": 7001}
 WAIT_S = 30.0
@@ -227,6 +229,46 @@ def test_call_refuses_bad_timeouts_and_params_with_one_line(tmp_path, cli_error,
     assert message in err
 
 
+def _recv_frame(conn: socket.socket) -> bytes:
+    head = conn.recv(4, socket.MSG_WAITALL)
+    return conn.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
+
+
+def _node_that_never_answers(server: socket.socket, hang_up: bool) -> None:
+    """Accept one client, shake hands, take its call, then hang up or say nothing until the
+    client leaves."""
+    conn, _ = server.accept()
+    with conn:
+        conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
+        _recv_frame(conn)  # the client's hello
+        conn.sendall(frame(("ready", 0)))
+        _recv_frame(conn)  # the call
+        if not hang_up:
+            conn.recv(1)  # returns once the client gave up and closed its end
+
+
+@pytest.mark.parametrize("hang_up", [False, True])
+def test_a_call_sent_but_not_answered_exits_3_as_unknown(tmp_path, capsys, hang_up):
+    # The node may still commit such a call: a user who read "error" would call it again.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), [])
+        node = threading.Thread(target=_node_that_never_answers, args=(server, hang_up))
+        node.start()
+        code = main(["call", "balance", '{"customer": 1}', "--dir", str(tmp_path),
+                     "--timeout-s", "0.5"])  # fmt: skip
+        node.join(WAIT_S)
+    err = capsys.readouterr().err.strip()
+    assert code == 3, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"dgcc: error: node 0 at 127.0.0.1:{port}: ")
+    assert "closed the connection" in err if hang_up else "sent nothing for 0.5 s" in err
+    assert err.endswith("the call was sent, so its outcome is unknown: it may still commit "
+                        "(look at its effect before calling again)")  # fmt: skip
+
+
 def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):
     config = local_config(1)
     node = _fake_node(children, tmp_path, 0)
@@ -329,3 +371,25 @@ def test_a_busy_port_is_named_when_start_fails(tmp_path, cli_error):
         err = cli_error(["cluster", "start", "--config", str(path), "--dir", str(tmp_path)])
     assert f"node 0 failed to start (exit 2): port {port} on 127.0.0.1 already in use" in err
     assert f"(see {tmp_path / 'node0.log'})" in err
+
+
+@pytest.mark.integration
+def test_a_start_that_fails_leaves_the_cluster_directory_as_it_was(tmp_path, cli_error):
+    # The folder holds a stopped cluster the user may start again (`cluster start --node`,
+    # `recover --cluster` read its config): a start that fails must not leave its own config,
+    # pids or half-made node directories in its place.
+    earlier = local_config(2, workload="ycsb", workload_options={"records": 100})
+    _write_cluster(tmp_path, earlier, [4242, 4243])
+    before = {name: (tmp_path / name).read_bytes() for name in ("cluster.json", STATE_FILE)}
+    data = tmp_path / "data"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        path = tmp_path / "other.json"
+        path.write_text(json.dumps({"nodes": [NODE | {"port": port}], "data_dir": str(data),
+                                    "workload_options": {"records": 100}}))  # fmt: skip
+        err = cli_error(["cluster", "start", "--config", str(path), "--dir", str(tmp_path)])
+    assert f"port {port} on 127.0.0.1 already in use" in err
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    assert list(data.iterdir()) == []  # node0, made by the failed start, is gone

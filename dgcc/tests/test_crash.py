@@ -123,3 +123,7 @@ def test_drill_command_runs_trials_and_rejects_bad_counts(
     # Again into the same folder (another seed): refused, not a false durability failure.
     assert cli.main(["drill", "--trials", "1", "--seed", "5", "--dir", str(tmp_path)]) == 2
     assert "holds an earlier drill's trials (trial*)" in capsys.readouterr().err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert cli.main(["drill", "--trials", "1", "--dir", str(a_file)]) == 2
+    assert f"--dir {a_file}: cannot use it (Not a directory)" in capsys.readouterr().err

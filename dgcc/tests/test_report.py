@@ -114,6 +114,18 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown benchmark" in capsys.readouterr().err
 
 
+def test_a_relative_repo_runs_its_scripts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The scripts run in the checkout: a relative --repo once named its path twice.
+    repo = _checkout(tmp_path, {"engine": OK_SCRIPT})
+    monkeypatch.chdir(repo.parent)
+    logs = ["--log-dir", str(tmp_path / "logs")]
+    argv = ["report", "--repo", repo.name, "--only", "engine", "--no-stitch", *logs]
+    assert cli.main(argv) == 0
+    assert "name=engine" in capsys.readouterr().out
+
+
 def test_a_log_dir_that_cannot_be_used_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

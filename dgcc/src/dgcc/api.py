@@ -198,7 +198,9 @@ def _check_params(procedure: Procedure, params: object) -> None:
     if len(params) != len(types) or not types.keys() <= params.keys():
         missing = [name for name in types if name not in params]
         extra = [name for name in params if name not in types]
-        raise BadParams(f"{procedure.name}: missing params {missing}, unexpected params {extra}")
+        named = [f"missing params {missing}"] * bool(missing)
+        named += [f"unexpected params {extra}"] * bool(extra)
+        raise BadParams(f"{procedure.name}: {', '.join(named)}")
     for name, expected in types.items():
         value = params[name]
         kind = type(value)

@@ -3,20 +3,24 @@
 Progress bars and tables are drawn with rich here, never in the library. Bad flags or options,
 and every other error dgcc raises on purpose (a ``DgccError``: a damaged log, a node that cannot
 be reached), print one ``dgcc: error: ...`` line and exit with status 2; anything else is a bug
-and keeps its traceback.
+and keeps its traceback. Ctrl-C, and SIGTERM for every command but ``node``, stop a command and
+what it started with one ``dgcc: interrupted`` (exit 130) or ``dgcc: terminated`` (143) line.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import errno
 import json
 import logging
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -163,6 +167,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=debug.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A node keeps SIGTERM's default (stop at once, as a crash: `cluster stop` relies on it);
+    # every other command stops on it as on Ctrl-C, so what it started is stopped too.
+    with _sigterm_interrupts(args.command != "node"):
+        try:
+            return _run(args)
+        except KeyboardInterrupt as stop:
+            terminated = isinstance(stop, _Terminated)
+            print(f"dgcc: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+            return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that cleanup runs as it does for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts(wanted: bool) -> Iterator[None]:
+    """Within the block, SIGTERM raises ``_Terminated`` (only in the main thread, where
+    signal handlers run); the previous handler comes back after it."""
+    if not wanted or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     console = make_console()
     try:
         if args.command in ("bench", "recover") and args.json is not None:

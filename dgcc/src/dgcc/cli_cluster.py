@@ -44,6 +44,7 @@ WORKLOAD_DEFAULT = "ycsb"
 SEED_DEFAULT = 1
 PROTOCOL_DEFAULT = "dgcc"
 CALL_TIMEOUT_S_MAX = 7 * 86400.0  # `call --timeout-s`: a week; sockets refuse ~1e10 s
+CALL_UNKNOWN = 3  # `call`'s exit status when the call went out but no answer came back
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -63,13 +64,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     call = commands.add_parser(
         "call",
         help="call one stored procedure on a running cluster and print its outcome (exit 0 "
-        "committed, 1 aborted, 2 error)",
+        "committed, 1 aborted, 2 error, 3 unknown: sent, but no answer came back)",
     )
     call.add_argument("procedure", help="the procedure's name")
     call.add_argument("params", nargs="?", default="{}", help='its params as JSON ({"k": 1})')
     call.add_argument("--dir", type=Path, default=DIRECTORY_DEFAULT, help="the cluster's dir")
     call.add_argument("--node", type=int, default=0, help="the node to call (0)")
-    call.add_argument("--timeout-s", type=float, default=30.0, help="wait this long (30)")
+    call.add_argument(
+        "--timeout-s", type=float, default=30.0, help="wait this long for the answer (30)"
+    )
     call.set_defaults(check_invariants=False)
     cluster = commands.add_parser("cluster", help="start, stop or query a local cluster")
     cluster.set_defaults(check_invariants=False)
@@ -238,16 +241,19 @@ def results_table(records: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="dgcc cluster benchmark")
-    columns = ("workload", "nodes", "dist. asked", "multi-node", "commits/s", "p50 ms", "p99 ms")
-    for column in (*columns, "msgs/commit", "bytes/commit", "node cpu"):
-        table.add_column(column, justify="left" if column == "workload" else "right")
+    # "multi-node asked": the share of calls made to span nodes (the workload's own mix: "mix").
+    columns = ("workload", "protocol", "nodes", "multi-node asked", "multi-node", "commits/s")
+    for column in (*columns, "p50 ms", "p99 ms", "msgs/commit", "bytes/commit", "node cpu"):
+        justify = "left" if column in ("workload", "protocol") else "right"
+        table.add_column(column, justify=justify, overflow="fold")
     for record in records:
         config, metrics = record["config"], record["metrics"]
         asked = config["distributed_fraction"]
         table.add_row(
             config["workload"],
+            config["protocol"],
             str(config["nodes"]),
-            "std" if asked is None else f"{asked:.0%}",
+            "mix" if asked is None else f"{asked:.0%}",
             f"{metrics['txn/multi_node_fraction']:.1%}",
             f"{metrics['txn/commits_per_s']:,.0f}",
             f"{metrics['txn/latency_ms_p50']:.1f}",
@@ -449,11 +455,21 @@ def _call(args: argparse.Namespace) -> int:
         raise ConfigError(f"--node {args.node} is not a node of the cluster in {args.dir}")
     node = config.nodes[args.node]
     secret = config.shared_secret()
+    where = f"node {args.node} at {node.host}:{node.port}"
     try:
-        with Client(node.host, node.port, secret=secret, timeout_s=args.timeout_s) as client:
+        client = Client(node.host, node.port, secret=secret, timeout_s=args.timeout_s)
+    except (OSError, NetError) as error:  # nothing was sent
+        raise ConfigError(f"{where}: {error}") from None
+    with client:
+        try:
             outcome = client.call(args.procedure, params)
-    except (OSError, NetError) as error:
-        raise ConfigError(f"node {args.node} at {node.host}:{node.port}: {error}") from None
+        except (OSError, NetError) as error:  # the call may have reached the node
+            print(
+                f"dgcc: error: {where}: {error}; the call was sent, so its outcome is unknown: "
+                "it may still commit (look at its effect before calling again)",
+                file=sys.stderr,
+            )
+            return CALL_UNKNOWN
     answer = {"status": outcome.status.value, "result": outcome.result, "reason": outcome.reason}
     print(json.dumps(answer, default=repr))
     return {"committed": 0, "aborted": 1}.get(outcome.status.value, 2)

@@ -12,6 +12,7 @@ bar, then one table row per kind of death; exits 1 at the first broken promise, 
 from __future__ import annotations
 
 import argparse
+import errno
 import random
 import shutil
 import tempfile
@@ -84,7 +85,12 @@ def command(args: argparse.Namespace, console: Console) -> int:
             "folder"  # another seed, and report a durability failure that is none
         )
     root = args.dir or Path(tempfile.mkdtemp(prefix="dgcc_drill_"))
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        if root.exists() and not root.is_dir():  # (mkdir would say "File exists")
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file of that name, no permission, ...
+        raise ConfigError(f"--dir {root}: cannot use it ({error.strerror or error})") from None
     rng = random.Random(args.seed)
     kinds: Counter[str] = Counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+FAIL_GRACE_S = 2.0  # how long the other nodes may take to fail too, once one failed to start
 STATE_FILE = "cluster_state.json"  # the pids of a cluster folder's running nodes
 LOG_TAIL_BYTES = 4096  # how much of a node's log is read for its last error line
 
@@ -123,17 +125,58 @@ def start_local(
                 f"a cluster is already running in {str(directory)!r} (pids {running}); "
                 "stop it first"
             )
+        earlier = _Earlier.of(config, directory)
         config_path.write_text(json.dumps(config.to_dict(), indent=1))
     except OSError as error:
         raise ConfigError(
             f"cannot use {str(directory)!r} as a cluster directory: {error.strerror or error}"
         ) from None
     log_starts = [_log_size(directory, node.id) for node in config.nodes]
-    processes = [_spawn(directory, node.id) for node in config.nodes]
-    _write_pids(directory, [p.pid for p in processes])
-    cluster = LocalCluster(config, directory, processes)
-    _wait_ready_or_kill(directory, processes, log_starts, ready_timeout_s)
-    return cluster
+    processes: list[subprocess.Popen] = []
+    try:
+        processes.extend(_spawn(directory, node.id) for node in config.nodes)
+        _write_pids(directory, [p.pid for p in processes])
+        _wait_ready_or_kill(directory, processes, log_starts, ready_timeout_s)
+    except BaseException:  # (``_wait_ready_or_kill`` killed them; a failed spawn did not)
+        for process in processes:
+            process.kill()
+            process.wait()
+        earlier.restore()
+        raise
+    return LocalCluster(config, directory, processes)
+
+
+@dataclass
+class _Earlier:
+    """What a cluster directory held before ``start_local`` wrote into it: a start that fails
+    puts it back (the config and pids of a stopped cluster the user may start again) and
+    removes the node data dirs it created, so a refused start changes nothing but the logs."""
+
+    directory: Path
+    files: dict[str, bytes | None]  # name -> content, None where there was no such file
+    new_node_dirs: list[Path]
+
+    @classmethod
+    def of(cls, config: ClusterConfig, directory: Path) -> _Earlier:
+        files = {}
+        for name in (CONFIG_FILE, STATE_FILE):
+            path = directory / name
+            files[name] = path.read_bytes() if path.is_file() else None
+        new_node_dirs = []
+        if config.data_dir is not None:
+            node_dirs = (Path(config.data_dir) / f"node{node.id}" for node in config.nodes)
+            new_node_dirs = [path for path in node_dirs if not path.exists()]
+        return cls(directory, files, new_node_dirs)
+
+    def restore(self) -> None:
+        for name, content in self.files.items():
+            path = self.directory / name
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(content)
+        for path in self.new_node_dirs:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def start_node(
@@ -298,6 +341,8 @@ def _wait_ready_or_kill(
     try:
         wait_ready_lines(processes, timeout_s)
     except BaseException as error:
+        if isinstance(error, ConfigError) and any(p.poll() is not None for p in processes):
+            _let_failing_peers_exit(processes)
         exited = [i for i, process in enumerate(processes) if process.poll() is not None]
         for process in processes:
             process.kill()
@@ -306,13 +351,25 @@ def _wait_ready_or_kill(
                 process.stdout.close()
         if not isinstance(error, ConfigError) or not exited:
             raise
-        i = exited[0]
-        node, code = first_node + i, processes[i].returncode
-        line = last_log_line(directory, node, log_starts[i])
-        log = directory / f"node{node}.log"
-        raise ConfigError(
-            f"node {node} failed to start (exit {code}): {line} (see {log})"
-        ) from None
+        # Every node that exited, each with its own reason: the first to exit may only have
+        # seen the cause (a peer's port taken by another program) from the outside.
+        failures = []
+        for i in exited:
+            node, code = first_node + i, processes[i].returncode
+            line = last_log_line(directory, node, log_starts[i])
+            log = directory / f"node{node}.log"
+            failures.append(f"node {node} failed to start (exit {code}): {line} (see {log})")
+        raise ConfigError("; ".join(failures)) from None
+
+
+def _let_failing_peers_exit(processes: Sequence[subprocess.Popen]) -> None:
+    """Give the other nodes ``FAIL_GRACE_S`` to exit on their own once one failed to start:
+    nodes start in step, so a cause (a port taken) often fails two at once, and the one that
+    exited first may only have seen it from the outside (a stranger answering on the port)."""
+    deadline_s = time.monotonic() + FAIL_GRACE_S
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline_s - time.monotonic()))
 
 
 def wait_ready_lines(processes: Sequence[subprocess.Popen], timeout_s: float) -> None:

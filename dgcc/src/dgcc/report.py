@@ -84,6 +84,8 @@ class ReportConfig:
             raise ConfigError(f"{str(self.repo)!r} is not a dgcc source checkout (no dgcc/bench)")
         if not isinstance(self.timeout_s, int | float) or not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        # Absolute: the scripts run with the checkout as their working directory.
+        object.__setattr__(self, "repo", Path(self.repo).resolve())
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -215,15 +217,33 @@ def _summary_cell(result: ScriptResult) -> str:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``report`` to a ``dgcc`` sub-command set."""
-    parser = commands.add_parser("report", help="run every dgcc benchmark, rebuild the report")
+    summary = "run every dgcc benchmark, rebuild the report"
+    parser = commands.add_parser(
+        "report",
+        help=summary,
+        description=f"{summary}: each script in dgcc/bench in turn, each writing its tables, "
+        "JSON and plots into the checkout's docs/bench, then docs/benchmarks.md stitched from "
+        "them. A full run takes over an hour on 2 cores; --quick runs each script's smoke "
+        "mode into a temp folder instead.",
+    )
     parser.add_argument("--quick", action="store_true", help="each script's smoke mode")
     parser.add_argument("--only", nargs="+", default=[], metavar="NAME", help=", ".join(SCRIPTS))
     stitch = parser.add_mutually_exclusive_group()
-    stitch.add_argument("--stitch", dest="stitch", action="store_true", default=None)
-    stitch.add_argument("--no-stitch", dest="stitch", action="store_false")
+    stitch.add_argument(
+        "--stitch",
+        dest="stitch",
+        action="store_true",
+        default=None,
+        help="rebuild docs/benchmarks.md at the end (the default, except with --quick)",
+    )
+    stitch.add_argument(
+        "--no-stitch", dest="stitch", action="store_false", help="leave docs/benchmarks.md"
+    )
     parser.add_argument("--repo", type=Path, default=None, help="source checkout (default: ours)")
     parser.add_argument("--timeout-s", type=float, default=TIMEOUT_S_DEFAULT, help="per script")
-    parser.add_argument("--log-dir", type=Path, default=None, help="script output (default: tmp)")
+    parser.add_argument(
+        "--log-dir", type=Path, default=None, help="each script's output (default: a temp folder)"
+    )
     parser.set_defaults(check_invariants=False)
 
 

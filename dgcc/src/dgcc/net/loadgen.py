@@ -414,7 +414,19 @@ def run_bench(
 
 
 def _measure(bench, config, directory: Path, progress) -> dict[str, Any]:
-    processes, outs = [], []
+    processes: list[subprocess.Popen] = []
+    try:
+        return _measure_with(bench, config, directory, progress, processes)
+    except BaseException:  # a failed client, Ctrl-C or SIGTERM: no client outlives the run
+        for process in processes:
+            process.kill()
+            process.wait()
+        raise
+
+
+def _measure_with(bench, config, directory: Path, progress, processes: list) -> dict[str, Any]:
+    """``_measure``, its client processes added to ``processes`` as they start."""
+    outs = []
     for node in range(bench.nodes):
         out = directory / f"client{node}.json"
         outs.append(out)
@@ -440,10 +452,7 @@ def _measure(bench, config, directory: Path, progress) -> dict[str, Any]:
     after = _snapshot(config)
     for process in processes:
         code = process.wait(timeout=CLIENT_EXIT_TIMEOUT_S + 30)  # (its own drain wait, then)
-        if code != 0:
-            for other in processes:  # none outlives the measurement (a rerun may follow)
-                other.kill()
-                other.wait()
+        if code != 0:  # (``_measure`` stops the others: a rerun may follow)
             ends = "; ".join(
                 f"node {node}: {last_log_line(directory, node, 0)}" for node in range(bench.nodes)
             )
@@ -504,7 +513,8 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
 def summary_line(record: dict[str, Any]) -> str:
     """One parsable ``[summary] key=value ...`` line."""
     config, metrics = record["config"], record["metrics"]
-    parts = [f"workload={config['workload']}", f"nodes={config['nodes']}"]
+    parts = [f"workload={config['workload']}", f"protocol={config['protocol']}"]
+    parts.append(f"nodes={config['nodes']}")
     parts.append(f"distributed_fraction={config['distributed_fraction']}")
     parts += [f"{key}={value:.4g}" for key, value in metrics.items()]
     return "[summary] " + " ".join(parts)
