@@ -350,6 +350,11 @@ def _start(args: argparse.Namespace) -> int:
     if args.node is not None:
         given = ["--config"] * (args.config is not None) + given
         _refuse(given, "--node (the node restarts with the config of the cluster in --dir)")
+        print(  # it may wait a while, for peers that are down too: say so first
+            f"starting node {args.node}: it recovers its log, then rejoins its peers or "
+            "joins their restart (it waits a while for peers that are down) ...",
+            flush=True,
+        )
         process = start_node(args.dir, args.node)
         print(f"node {args.node} started again (pid {process.pid}); config and logs in {args.dir}")
         return 0
@@ -362,6 +367,8 @@ def _start(args: argparse.Namespace) -> int:
     config.shared_secret()  # an unset secret_env fails here, not inside every node
     if config.data_dir is not None:
         _make_data_dir(Path(config.data_dir))
+    what = "loads its data" if config.data_dir is None else "loads or recovers its data"
+    print(f"starting {len(config.nodes)} nodes (each {what} first) ...", flush=True)
     cluster = start_local(config, args.dir)
     for node, process in zip(config.nodes, cluster.processes, strict=True):
         print(f"node {node.id} listening on {node.host}:{node.port} (pid {process.pid})")
@@ -521,24 +528,17 @@ def _status(config: Any) -> int:
 
     table = Table(title="dgcc cluster")
     columns = ("node", "address", "pid", "ready", "epochs", "rows held", "committed", "aborted")
-    for column in (*columns, "error"):
-        table.add_column(column)
-    down = 0
+    for column in (*columns, "failed calls"):
+        table.add_column(column, overflow="fold")
+    unreachable = []  # why, below the table: a reason must be read whole
     for entry in cluster_status(config):
         if "error" in entry and "ready" not in entry:
-            down += 1
             address = config.nodes[entry["id"]]
-            table.add_row(
-                str(entry["id"]),
-                f"{address.host}:{address.port}",
-                "-",
-                "down",
-                "-",
-                "-",
-                "-",
-                "-",
-                entry["error"][:40],
-            )
+            # A node that answered but refused us (a wrong secret) is not down.
+            state = "refused" if entry["error"].startswith("HandshakeError") else "down"
+            cells = (str(entry["id"]), f"{address.host}:{address.port}", "-", state)
+            table.add_row(*cells, "-", "-", "-", "-", "-")
+            unreachable.append(f"node {entry['id']} {state}: {entry['error']}")
             continue
         table.add_row(
             str(entry["id"]),
@@ -552,4 +552,6 @@ def _status(config: Any) -> int:
             f"{entry['txn/error']:,.0f}",
         )
     Console().print(table)
-    return 1 if down else 0
+    for line in unreachable:
+        print(line)
+    return 1 if unreachable else 0
