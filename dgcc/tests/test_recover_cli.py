@@ -263,7 +263,9 @@ def test_damaged_checkpoint_exits_2_with_the_walcorrupt_message(
     assert cli.main(["recover", str(tmp_path), "--workload", "ycsb", *YCSB_FLAGS]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("dgcc: error: checkpoint snapshot") and "damaged" in err
+    # The path once, and no "dropping": nothing is dropped from a snapshot.
+    assert err.startswith(f"dgcc: error: checkpoint snapshot {snapshot}: damaged block at offset 0")
+    assert err.count(str(snapshot)) == 1 and "dropping" not in err
 
 
 def test_damage_before_the_last_segment_exits_2(

@@ -103,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli_cluster.add_bench_flags(bench)
     demo = commands.add_parser("demo", help="TPC-C with dgcc and serial, alternating windows")
     _add_run_flags(demo, seconds_default=10.0)
-    recover = commands.add_parser("recover", help="recover a durability directory and check it")
+    recover = commands.add_parser(
+        "recover",
+        help="recover a durability directory and check it (as a restart would, a torn log "
+        "tail is cut off the log there; damage elsewhere is refused, changing nothing)",
+    )
     recover.add_argument("directory", type=Path, help="the node's log and checkpoint directory")
     recover.add_argument(
         "--workload",
@@ -111,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recover.add_argument("--workers", type=int, default=1, help="replay workers (dependency log)")
     recover.add_argument(
-        "--cluster", type=Path, help="a cluster node's directory: the cluster config (.toml/.json)"
+        "--cluster",
+        type=Path,
+        help="for a cluster node's directory: the cluster's config file (.toml/.json)",
     )
     recover.add_argument("--node", type=int, help="with --cluster: the node id of the directory")
     recover.add_argument("--json", type=_file_path, help="write the recovery record to this path")

@@ -243,8 +243,14 @@ def load_snapshot(path: Path, epoch: int, schema: Callable[[], Database]) -> Dat
     if not path.exists():
         raise WalCorrupt(f"checkpoint snapshot {path} named by the manifest is missing")
     scan = scan_bytes(path.read_bytes(), str(path))
-    if scan.problem is not None or len(scan.blocks) != 1 or scan.blocks[0].epoch != epoch:
-        raise WalCorrupt(f"checkpoint snapshot {path} is damaged: {scan.problem or 'bad shape'}")
+    if scan.problem is not None:  # (nothing is dropped from a snapshot: used whole or not)
+        raise WalCorrupt(f"checkpoint snapshot {scan.damage}")
+    if len(scan.blocks) != 1 or scan.blocks[0].epoch != epoch:
+        found = [block.epoch for block in scan.blocks]
+        raise WalCorrupt(
+            f"checkpoint snapshot {path} is damaged: one block of epoch {epoch} expected, "
+            f"found blocks of epochs {found}"
+        )
     tables = decode_payload(scan.blocks[0])
     db = schema()
     for table_name, rows in tables.items():
