@@ -1,11 +1,14 @@
 """CLI: bad arguments, configs and model names print exactly one line on stderr and exit 2,
 without a traceback; `python -m yatt` behaves the same as a real process."""
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from yatt.checkpoint import list_checkpoints
 from yatt.cli import main
 
 
@@ -22,7 +25,7 @@ from yatt.cli import main
         (["eval", "/no/such/folder"], "/no/such/folder"),
         (["demo", "algo.name=sac"], "sac"),
         (["train", "tiny_test", "data.path=/no/such/prompts.jsonl"], "/no/such/prompts.jsonl"),
-        (["report", "/no/such/run"], "no metrics.jsonl"),
+        (["report", "/no/such/run"], "/no/such/run: no such folder"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, fragment, capsys) -> None:
@@ -73,6 +76,15 @@ def test_report_summarises_a_run_folder_and_draws_its_plots(tmp_path, capsys) ->
     assert "row 3" in capsys.readouterr().err
 
 
+def test_report_of_a_run_without_rows_is_an_error(tmp_path, capsys) -> None:
+    # An empty or only-torn metrics file once printed an empty table and succeeded.
+    for text in ("", '{"step": 1, "critic/sc'):
+        (tmp_path / "metrics.jsonl").write_text(text)
+        assert main(["report", str(tmp_path), "--no-plots"]) == 2
+        err = capsys.readouterr().err
+        assert f"yatt: error: {tmp_path / 'metrics.jsonl'} holds no metrics rows yet" in err
+
+
 def test_report_summarises_an_sft_run_folder(tmp_path, capsys) -> None:
     import json
 
@@ -88,3 +100,29 @@ def test_report_summarises_an_sft_run_folder(tmp_path, capsys) -> None:
     assert "held-out loss at step 10" in table and "1.2500" in table
     assert "2.50" in table  # epochs
     assert not (tmp_path / "rewards.png").exists()  # no reward curves to draw for SFT
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_ends_with_one_line_naming_where_to_go_on(tmp_path, signum) -> None:
+    # Ctrl-C, or SIGTERM from `timeout`, a scheduler or `kill`: one line, not a traceback, and
+    # the checkpoint the run can resume from.
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "yatt", "train", "tiny_test", "train.steps=100000"]
+    command += ["checkpoint.every=1", f"logging.run_dir={run_dir}"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list_checkpoints(run_dir):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.05)  # polling for the first checkpoint, not a synchronisation
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    what = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert last.startswith(f"yatt: {what}; the newest checkpoint is {run_dir}/checkpoints/step_")
+    assert last.endswith(": rerun with checkpoint.resume=latest to go on from it")

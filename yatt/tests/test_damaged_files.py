@@ -15,7 +15,7 @@ import torch
 
 from yatt.checkpoint import load_trainer_state, policy_folder, truncate_metrics
 from yatt.cli import main
-from yatt.config import load_config
+from yatt.config import load_config, save_config
 from yatt.data import PromptExample, load_prompts, split_heldout
 from yatt.errors import ConfigError, DataError, ModelError, YattError
 from yatt.evaluate import evaluate_engine
@@ -274,6 +274,24 @@ def test_a_run_without_checkpoints_gets_no_resume_hint(tmp_path):
     with pytest.raises(ConfigError, match=r"pass checkpoint\.resume=\.\.\. to continue it"):
         check_run_dir(str(tmp_path), ("metrics.jsonl", "checkpoints"))
     assert (tmp_path / "metrics.jsonl").is_file()  # nothing lost
+
+
+def test_a_fresh_run_keeps_a_config_yaml_that_yatt_did_not_write(tmp_path):
+    # `yatt train proj/config.yaml logging.run_dir=proj` would have replaced the user's file.
+    mine = "my_other_tool: {setting: 42}\n"
+    (tmp_path / "config.yaml").write_text(mine)
+    with pytest.raises(ConfigError) as exc_info:
+        check_run_dir(str(tmp_path), ("metrics.jsonl",))
+    assert _one_line(exc_info) == (
+        f"logging.run_dir={tmp_path} holds a config.yaml that yatt did not write, and the run "
+        "would replace it with its own: choose another folder, move the file, or set "
+        "logging.overwrite=true to replace it"
+    )
+    assert (tmp_path / "config.yaml").read_text() == mine
+    claim = check_run_dir(str(tmp_path), ("metrics.jsonl",), overwrite=True)
+    assert claim.previous == (tmp_path / "config.yaml",)  # replaced only when asked to
+    save_config(load_config("tiny_test"), tmp_path)  # a run's own (one that failed early)
+    assert check_run_dir(str(tmp_path), ("metrics.jsonl",)).previous == ()
 
 
 def test_sft_refuses_an_rl_run_folder(tmp_path):

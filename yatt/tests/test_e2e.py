@@ -7,6 +7,7 @@ role whose score is linear in the final hidden state's direction, so a few steps
 """
 
 import json
+import logging
 import math
 
 import pytest
@@ -161,7 +162,7 @@ def test_resuming_behind_later_checkpoints_is_refused_unless_overwrite(tmp_path)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]
 
 
-def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path) -> None:
+def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path, caplog) -> None:
     overrides = ["checkpoint.every=1", "checkpoint.keep_last=3", "eval.at_start=false",
                  "eval.at_end=false"]  # fmt: skip
     with pytest.raises(ConfigError, match=r"holds no checkpoint.*checkpoint\.resume=auto"):
@@ -174,6 +175,12 @@ def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path) -> None:
                                            f"checkpoint.resume={keyword}", *overrides])  # fmt: skip
         resumed = Trainer(config, reward=DirectionReward(model))
         assert resumed.step == 2, keyword
+    # A resume whose train.steps is not past its checkpoint trains nothing: it says so.
+    config = load_config("tiny_test", ["train.steps=2", f"logging.run_dir={tmp_path}",
+                                       "checkpoint.resume=latest", *overrides])  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="yatt"):
+        Trainer(config, reward=DirectionReward(tiny_model(seed=0)[0]))
+    assert "nothing left to train: the checkpoint is at step 2 and train.steps=2" in caplog.text
 
 
 def test_auto_without_a_checkpoint_refuses_a_used_folder(tmp_path) -> None:

@@ -56,6 +56,13 @@ def test_eval_of_an_sft_model_uses_its_saved_config(sft_run, data_file, capsys) 
     assert f"on 2 held-out {data_file} problems" in capsys.readouterr().out
 
 
+def test_eval_of_a_run_folder_names_the_models_in_it(sft_run, capsys) -> None:
+    assert main(["eval", str(sft_run)]) == 2
+    err = capsys.readouterr().err
+    named = f"{sft_run} is a run folder, not a model: evaluate {sft_run / 'model'}"
+    assert f"yatt: error: {named}" in err
+
+
 def test_eval_of_a_checkpoint_uses_its_saved_config(tmp_path, data_file, capsys) -> None:
     checkpoint = tmp_path / "step_000001"
     save_checkpoint(*tiny_model(seed=0), checkpoint / "policy")

@@ -8,15 +8,21 @@
     yatt demo
 
 Bad input (config, data, model folders, arguments) prints one line on stderr and exits 2.
+Ctrl-C or SIGTERM stops a command with one line (exit 130 / 143); a training run's line says
+where it can go on from.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,17 +85,63 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    try:
-        args = _parser().parse_args(argv)
-        from yatt.common import setup_logging
-        from yatt.config import log_level
+    with _sigterm_interrupts():
+        try:
+            args = _parser().parse_args(argv)
+            from yatt.common import setup_logging
+            from yatt.config import log_level
 
-        setup_logging(log_level(os.environ.get(LOG_LEVEL_ENV, "INFO"), LOG_LEVEL_ENV))
-        return _dispatch(args)
-    except (_UsageError, YattError) as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the message held
-        print(f"yatt: error: {message}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+            setup_logging(log_level(os.environ.get(LOG_LEVEL_ENV, "INFO"), LOG_LEVEL_ENV))
+            return _dispatch(args)
+        except (_UsageError, YattError) as exc:
+            message = " ".join(str(exc).split())  # one line, whatever the message held
+            print(f"yatt: error: {message}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (below): one line, not a trace
+            terminated = isinstance(stop, _Terminated)
+            what = "terminated" if terminated else "interrupted"
+            print(f"yatt: {what}{_resume_hint(stop)}", file=sys.stderr)
+            return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that a run stops as on Ctrl-C (Ray's workers and
+    the processes `ray.init` started stop with it)."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises `_Terminated` (in the main thread only, where signal
+    handlers run); the previous handler comes back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_hint(stop: KeyboardInterrupt) -> str:
+    """Where an interrupted training run can go on from (`_train` and `_sft` note its folder
+    on the exception as `run_dir`), or ""."""
+    run_dir = getattr(stop, "run_dir", None)
+    if run_dir is None:
+        return ""
+    from yatt.checkpoint import list_checkpoints
+
+    found = list_checkpoints(Path(run_dir))
+    if not found:
+        return f"; {run_dir} holds no checkpoint to go on from (checkpoint.every=N saves them)"
+    return (
+        f"; the newest checkpoint is {found[-1]}: rerun with checkpoint.resume=latest to go on "
+        "from it"
+    )
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -108,6 +160,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "demo":
         _demo(args.overrides)
     return 0
+
+
+@contextlib.contextmanager
+def _noting_run_dir(run_dir: str) -> Iterator[None]:
+    """An interrupt raised within the block carries the run's folder (`_resume_hint`)."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        stop.run_dir = run_dir  # type: ignore[attr-defined]
+        raise
 
 
 def _configured(config):
@@ -132,13 +194,17 @@ def _train(preset: str, overrides: list[str]):
     if config.control.backend == "ray":  # distributed controllers (yatt.control)
         from yatt.control import fit_distributed
 
-        with progress_bar(config.train.steps, 0, config.logging.progress) as progress:
+        with (
+            _noting_run_dir(config.logging.run_dir),
+            progress_bar(config.train.steps, 0, config.logging.progress) as progress,
+        ):
             result = fit_distributed(config, config.control, progress)
         _report(Path(config.logging.run_dir), plots=config.logging.plots)
         return result
-    trainer = Trainer(config)
-    with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
-        result = trainer.fit(progress)
+    with _noting_run_dir(config.logging.run_dir):
+        trainer = Trainer(config)
+        with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
+            result = trainer.fit(progress)
     if config.logging.plots:
         for path in write_plots(result.history, result.run_dir):
             logger.info("wrote %s", path)
@@ -159,9 +225,12 @@ def _sft(preset: str, overrides: list[str]) -> None:
         rows.append({"step": step, **metrics})
         bar(step, total, metrics)
 
-    with progress_bar(
-        config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
-    ) as bar:
+    with (
+        _noting_run_dir(config.logging.run_dir),
+        progress_bar(
+            config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
+        ) as bar,
+    ):
         folder = run_sft(config, progress=record)
     table = summary_table(rows, [])
     table.add_row("model", str(folder))
@@ -227,6 +296,7 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     from yatt.errors import ConfigError
 
     folder = Path(model)
+    _refuse_a_run_folder(folder)
     saved = folder / "config.yaml"
     model_path = policy_folder(folder) if folder.exists() else model
     if not saved.is_file():
@@ -257,6 +327,22 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
             "trained on", unlike,
         )  # fmt: skip
     return config, unlike
+
+
+def _refuse_a_run_folder(folder: Path) -> None:
+    """A run folder (`logging.run_dir`) holds models but is none: name the ones to evaluate."""
+    from yatt.checkpoint import list_checkpoints
+    from yatt.errors import ConfigError
+
+    if (folder / "config.json").is_file() or (folder / "policy").is_dir():
+        return  # a model, or a checkpoint
+    models = [folder / "model"] if (folder / "model" / "config.json").is_file() else []
+    models += list_checkpoints(folder)[-1:]
+    if models:
+        raise ConfigError(
+            f"{folder} is a run folder, not a model: evaluate "
+            f"{' or '.join(str(path) for path in models)}"
+        )
 
 
 def _demo(overrides: list[str]) -> None:

@@ -747,11 +747,15 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return _build(Config, values, "")
 
 
+SAVED_CONFIG_HEADER = "# Written by yatt: the resolved config of the run it sits beside.\n"
+
+
 def save_config(config: Config, path: Path) -> Path:
-    """Write the resolved config as YAML (`path` is a file or a folder -> folder/config.yaml)."""
+    """Write the resolved config as YAML (`path` is a file or a folder -> folder/config.yaml),
+    under `SAVED_CONFIG_HEADER` (so a run folder tells its own config from a user's file)."""
     path = Path(path)
     if path.suffix not in (".yaml", ".yml"):
         path = path / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    path.write_text(SAVED_CONFIG_HEADER + yaml.safe_dump(to_dict(config), sort_keys=False))
     return path

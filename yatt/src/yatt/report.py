@@ -6,6 +6,7 @@ a `progress(step, total, metrics)` callback and its metric history.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,8 @@ __all__ = [
     "summary_table",
     "write_plots",
 ]
+
+logger = logging.getLogger(__name__)
 
 console = Console(stderr=True)
 ProgressFn = Callable[[int, int, dict[str, float]], None]
@@ -143,11 +146,14 @@ def load_history(run_dir: Path) -> list[dict[str, Any]]:
     """The metric rows of `run_dir/metrics.jsonl` (an RL run, single-process or Ray), or else of
     `run_dir/sft_metrics.jsonl` (an SFT run: rows with `sft/loss`).
 
-    A torn last line (the run stopped mid-write) is left out. Raises DataError, one line, for a
-    folder with neither file or a damaged row before the last.
+    A torn last line (the run stopped mid-write) is left out, with a warning. Raises DataError,
+    one line, for a folder that is missing, has neither file or a file without rows, or has a
+    damaged row before the last.
     """
     from yatt.common import read_metrics
 
+    if not Path(run_dir).is_dir():
+        raise DataError(f"{run_dir}: no such folder")
     found = [Path(run_dir) / name for name in _METRICS_FILES if (Path(run_dir) / name).is_file()]
     if not found:
         raise DataError(
@@ -155,9 +161,13 @@ def load_history(run_dir: Path) -> list[dict[str, Any]]:
         )
     path = found[0]
     try:
-        rows, _ = read_metrics(path)
+        rows, torn = read_metrics(path)
     except ValueError as exc:
         raise DataError(str(exc)) from None
+    if torn:
+        logger.warning("%s: its last line is torn (the run stopped mid-write); left out", path)
+    if not rows:
+        raise DataError(f"{path} holds no metrics rows yet: nothing to report")
     return [row for _, row in rows]
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "check_eval_data",
     "check_rewards_grade_task",
     "check_training_dtype",
+    "warn_if_done",
     "warn_if_nothing_kept",
 ]
 
@@ -93,3 +94,13 @@ def warn_if_nothing_kept(config: Config) -> None:
             "this run keeps no checkpoint (checkpoint.every=0, checkpoint.at_end=false): the "
             "trained policy is lost when it ends; set checkpoint.at_end=true to keep it"
         )
+
+
+def warn_if_done(step: int, steps: int) -> None:
+    """Warn (one line) when a resumed run has no step left: its checkpoint is at `step`, and it
+    trains to `train.steps`, which is not past it."""
+    if step >= steps:
+        logger.warning(
+            "nothing left to train: the checkpoint is at step %d and train.steps=%d (raise "
+            "train.steps to go on)", step, steps,
+        )  # fmt: skip

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from yatt.checkpoint import RESUME_AUTO
+from yatt.config import SAVED_CONFIG_HEADER
 from yatt.errors import ConfigError
 
 __all__ = ["RunDirClaim", "check_run_dir", "claim_run_dir"]
 
 logger = logging.getLogger(__name__)
 _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoint's layout)
+_SAVED_CONFIG = "config.yaml"  # the run's resolved config (`save_config` writes it)
 
 
 def check_run_dir(
@@ -54,6 +56,14 @@ def check_run_dir(
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
     found = [name for name in outputs if _holds_output(folder / name)]
+    if not (found or resuming) and _foreign_config(folder / _SAVED_CONFIG):
+        if not overwrite:
+            raise ConfigError(
+                f"logging.run_dir={run_dir} holds a {_SAVED_CONFIG} that yatt did not write, "
+                "and the run would replace it with its own: choose another folder, move the "
+                "file, or set logging.overwrite=true to replace it"
+            )
+        found.append(_SAVED_CONFIG)
     if not found or resuming:
         return RunDirClaim(folder)
     shown = ", ".join(f"{name}/" if (folder / name).is_dir() else name for name in found)
@@ -97,6 +107,14 @@ class RunDirClaim:
             elif path.exists():
                 path.unlink()
         return self.path
+
+
+def _foreign_config(path: Path) -> bool:
+    """Whether `path` is a file that `save_config` did not write (a user's own config)."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as file:
+        return file.read(len(SAVED_CONFIG_HEADER.encode())) != SAVED_CONFIG_HEADER.encode()
 
 
 def _holds_output(path: Path) -> bool:

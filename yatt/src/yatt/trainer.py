@@ -51,6 +51,7 @@ from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
     check_training_dtype,
+    warn_if_done,
     warn_if_nothing_kept,
 )
 from yatt.run_dir import claim_run_dir
@@ -225,6 +226,7 @@ class Trainer:
             overwrite = self.config.logging.overwrite
             drop_later_checkpoints(self.run_dir, checkpoint, self.step, overwrite)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
+        warn_if_done(self.step, self.config.train.steps)
 
     def _check_draw_order(self, recorded: dict[str, Any], checkpoint: Path) -> None:
         """The checkpoint's data position fits this run's prompts and order (ConfigError);
