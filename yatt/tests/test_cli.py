@@ -19,6 +19,8 @@ from yatt.cli import main
         (["train", "tiny_test", "train.steps=abc"], "train.steps"),
         (["train", "no_such_preset"], "no_such_preset"),
         (["train", "tiny_test", "novalue"], "novalue"),
+        (["train", "tiny_test", "=5"], "override '=5' must look like section.key=value"),
+        (["eval", __file__], "is a file; name the folder of a model"),
         (["models", "prepare", "gpt17"], "gpt17"),
         (["train"], "config"),
         (["frobnicate"], "frobnicate"),

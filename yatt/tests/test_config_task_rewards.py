@@ -112,3 +112,31 @@ def test_training_entry_points_refuse_a_mismatch_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
         fit_distributed(config, config.control)
     assert not (tmp_path / "r").exists()  # refused before the run folder was claimed
+
+
+def test_a_file_row_without_the_answer_a_reward_grades_against_is_refused_up_front(tmp_path):
+    # It used to fail only at that row's first reward: steps (or hours) in.
+    import json
+
+    from yatt.data import load_prompts
+    from yatt.errors import DataError
+    from yatt.run_checks import check_rows_have_answers
+    from yatt.trainer import Trainer
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"What is {a} + 1?", "answer": a + 1} for a in range(20)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"prompt": "What is?"}]))
+    examples = list(load_prompts(path))
+    config = load_config("tiny_test", [f"data.path={path}", f"logging.run_dir={tmp_path}/r"])
+    message = (f"{path}:21: reward.fns='math_answer' grades each row against its 'answer' "
+               "field, which this row lacks")  # fmt: skip
+    with pytest.raises(DataError, match=re.escape(message)):
+        check_rows_have_answers(config, examples, [])
+    with pytest.raises(DataError, match=re.escape("eval.reward_fn='math_answer' grades")):
+        check_rows_have_answers(config, [], examples, train=False, evaluate=True)
+    own = load_config("tiny_test", [f"data.path={path}", f"reward.fns=[{USER_REWARD}]"])
+    check_rows_have_answers(own, examples, [])  # the user's reward decides what it needs
+    everywhere = load_config("tiny_test", [f"data.path={path}", "data.n_heldout=0", "eval.n=0",
+                                           f"logging.run_dir={tmp_path}/r"])  # fmt: skip
+    with pytest.raises(DataError, match=re.escape(message)):
+        Trainer(everywhere)  # before any step

@@ -257,7 +257,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
     from yatt.rollout import make_engine
-    from yatt.run_checks import check_rewards_grade_task
+    from yatt.run_checks import check_rewards_grade_task, check_rows_have_answers
     from yatt.trainer import configure_threads
 
     config, unlike = _eval_config(model, overrides)
@@ -268,6 +268,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     configure_threads(config.train.torch_threads)
     policy, tokenizer = build_model(config.model)
     _, heldout = build_data(config.data)
+    check_rows_have_answers(config, (), heldout, train=False, evaluate=True)
     engine = make_engine(config.rollout.backend, policy.eval(), tokenizer)
     start_s = time.perf_counter()
     accuracy, _ = evaluate_engine(

@@ -720,9 +720,9 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     """Apply `section.key=value` strings to a nested dict (validated against Config)."""
     result = dict(values)
     for item in overrides:
-        if "=" not in item:
+        dotted, equals, raw = item.partition("=")
+        if not equals or not dotted.strip():
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        dotted, raw = item.split("=", 1)
         value = _override_value(Config, dotted.strip(), raw.strip())
         nested: Any = value
         for part in reversed(dotted.strip().split(".")):

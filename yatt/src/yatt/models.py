@@ -123,6 +123,8 @@ def _resolve(path_or_name: str | Path, marker: str = "config.json") -> Path:
     if isinstance(path_or_name, str) and path_or_name in KNOWN_MODELS:
         return prepare_model(path_or_name)
     folder = Path(path_or_name)
+    if folder.is_file():
+        raise ModelError(f"model folder {str(folder)!r} is a file; name the folder of a model")
     if not folder.is_dir():
         raise ModelError(
             f"model folder {str(folder)!r} does not exist (known names: {sorted(KNOWN_MODELS)})"

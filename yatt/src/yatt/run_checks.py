@@ -7,15 +7,18 @@ no reward, an eval-only run needs no training reward).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from yatt.config import Config
 from yatt.data import TASK_PROVIDES
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, DataError
 from yatt.rewards import NEED_MEANINGS, REWARD_NEEDS
 
 __all__ = [
     "check_eval_data",
     "check_rewards_grade_task",
+    "check_rows_have_answers",
     "check_training_dtype",
     "warn_if_done",
     "warn_if_nothing_kept",
@@ -54,6 +57,40 @@ def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bo
             f"{NEED_MEANINGS[need]}, which {task} rows lack; rewards for {task}: "
             f"{', '.join(fits)} (or your own 'package.module:function')"
         )
+
+
+# The built-in rewards that grade against a row's `answer` (they raise on a row without one).
+ANSWER_GRADED = frozenset({"math_answer", "math_boxed"})
+
+
+def check_rows_have_answers(
+    config: Config,
+    train_rows: Sequence[Any],
+    heldout_rows: Sequence[Any],
+    *,
+    train: bool = True,
+    evaluate: bool = False,
+) -> None:
+    """With rows from a file (`data.path`, whose fields are the user's), refuse the first row a
+    built-in reward would grade against an `answer` it lacks: DataError naming the row's
+    file:line, before any work, not at that row's first reward (maybe hours into a run, and
+    after `logging.overwrite` deleted the previous one). Which rewards and rows: as in
+    `check_rewards_grade_task` (`reward.fns` over the training rows with `train`,
+    `eval.reward_fn` over the held-out ones when the run evaluates or with `evaluate`)."""
+    if not config.data.path:
+        return  # generated tasks carry their answers
+    uses = [("reward.fns", name, train_rows) for name in config.reward.fns] if train else []
+    if config.eval.enabled or evaluate:
+        uses.append(("eval.reward_fn", config.eval.reward_fn, heldout_rows))
+    for key, name, rows in uses:
+        if name not in ANSWER_GRADED:
+            continue
+        for row in rows:
+            if row.answer is None:
+                raise DataError(
+                    f"{row.source or config.data.path}: {key}={name!r} grades each row against "
+                    "its 'answer' field, which this row lacks"
+                )
 
 
 def check_eval_data(config: Config) -> None:

@@ -50,6 +50,7 @@ from yatt.roles.rollout import RolloutRole
 from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
+    check_rows_have_answers,
     check_training_dtype,
     warn_if_done,
     warn_if_nothing_kept,
@@ -152,6 +153,7 @@ class Trainer:
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
+        check_rows_have_answers(config, self.train_set, self.heldout_set, train=reward is None)
         initial = model  # the KL reference: the configured model, also when resuming
         if model is None:
             model, tokenizer = build_model(config.model, resume_from=resume or None)

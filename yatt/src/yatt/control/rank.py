@@ -28,6 +28,7 @@ from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
 from yatt.data import draw_order
+from yatt.run_checks import check_rows_have_answers
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
 
@@ -162,6 +163,7 @@ class RankWorker:
             model, self.tokenizer = build_model(config.model)
             model = model.to(self.device.torch_device()).eval()
             self.train_set, self.heldout_set = build_data(config.data)
+            check_rows_have_answers(config, self.train_set, self.heldout_set)
             self._rendered: dict[int, str] = {}
         else:
             model = kept.model

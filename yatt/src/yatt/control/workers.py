@@ -24,7 +24,7 @@ import torch
 
 from yatt.control.devices import Device
 from yatt.control.transfer import PackedTensor
-from yatt.errors import ConfigError, WorkerDied, WorkerError
+from yatt.errors import ConfigError, WorkerDied, WorkerError, YattError
 
 __all__ = [
     "BACKENDS",
@@ -205,7 +205,11 @@ class _RayFuture(Future):
             value = ray.get(self._ref)
         except RayTaskError as error:  # the worker's exception, under Ray's remote traceback
             cause = error.cause if isinstance(error.cause, BaseException) else error
-            detail = " ".join(f"{type(cause).__name__}: {cause}".split())[:500]
+            # Bad input (a reward's value, a data row) says what it is; a bug names its type.
+            named = str(cause)
+            if not isinstance(cause, YattError):
+                named = f"{type(cause).__name__}: {named}"
+            detail = " ".join(named.split())[:500]
             raise WorkerError(f"{self._handle.name}: {detail}") from cause
         except RayActorError as error:
             raise WorkerDied(
