@@ -70,7 +70,6 @@ def test_bench_counts_logic_aborts_by_cause(capsys) -> None:
         (["bench", *SMALL_YCSB, "--protocol", "occ", "--executors", "2"], "--protocol dgcc"),
         (["bench", "--workload", "ycsb", "--records", str(10**11)], "GiB of memory"),
         (["frobnicate"], "invalid choice"),
-        ([], "required"),
     ],
 )
 def test_bad_flags_give_one_line_and_exit_2(argv, message, capsys) -> None:
@@ -156,3 +155,11 @@ def test_demo_runs_dgcc_and_serial(capsys) -> None:
     out = capsys.readouterr().out
     assert "[summary] workload=tpcc protocol=dgcc" in out
     assert "[summary] workload=tpcc protocol=serial" in out
+
+
+def test_a_bare_dgcc_prints_its_usage(capsys) -> None:
+    from dgcc.cli import main
+
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dgcc") and "cluster" in err and "bench" in err

@@ -109,6 +109,11 @@ def _write_cluster(directory: Path, config: ClusterConfig, pids: list[int]) -> N
         ({"nodes": [NODE | {"port": 0}]}, "node 0: port 0 outside 1..65535"),
         ({"nodes": [NODE | {"id": "0"}]}, "node id must be an int, got '0'"),
         (
+            {"nodes": [{"id": 0, "host": "h"}]},
+            "node entry {'id': 0, 'host': 'h'} lacks ['port'] (it takes id, host, port)",
+        ),
+        ({"nodes": [NODE | {"name": "a"}]}, "has unknown keys ['name'] (it takes id, host, port)"),
+        (
             {"nodes": [NODE, NODE | {"id": 1}]},
             "nodes 0 and 1 share the address 127.0.0.1:7001: each node needs its own host:port",
         ),
@@ -132,6 +137,17 @@ def test_bad_config_values_fail_when_built(values, message):
         _config(**values)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_a_config_without_nodes_says_so_and_any_name_reads_as_json_or_toml(tmp_path):
+    with pytest.raises(ConfigError, match="cluster config has no nodes"):
+        ClusterConfig.from_dict({"epoch_ms": 2})
+    path = tmp_path / "cluster.yaml"  # TOML under another name: once "Expecting value"
+    path.write_text('[[nodes]]\nid = 0\nhost = "127.0.0.1"\nport = 7001\n')
+    assert load_config(path).nodes == (NodeAddress(0, "127.0.0.1", 7001),)
+    path.write_text("nodes = [")
+    with pytest.raises(ConfigError, match="is not valid JSON nor TOML: "):
+        load_config(path)
 
 
 def test_json_infinity_and_nan_fail_when_loaded(tmp_path):

@@ -128,3 +128,23 @@ def test_an_interrupted_run_ends_with_one_line_naming_where_to_go_on(tmp_path, s
     what = "interrupted" if signum == signal.SIGINT else "terminated"
     assert last.startswith(f"yatt: {what}; the newest checkpoint is {run_dir}/checkpoints/step_")
     assert last.endswith(": rerun with checkpoint.resume=latest to go on from it")
+
+
+def test_a_run_that_fails_to_set_up_leaves_no_empty_folder(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "runs" / "new"
+    for bad in ("data.path=/no/such/prompts.jsonl", "model.path=/no/such/model"):
+        assert main(["train", "tiny_test", bad, f"logging.run_dir={run_dir}"]) == 2
+        assert "/no/such/" in capsys.readouterr().err
+        assert not run_dir.exists(), bad
+    run_dir.mkdir()  # a folder the user made is theirs: kept
+    assert (
+        main(["train", "tiny_test", "data.path=/no/such/p.jsonl", f"logging.run_dir={run_dir}"])
+        == 2
+    )
+    assert run_dir.is_dir()
+
+
+def test_a_bare_yatt_prints_its_usage(capsys) -> None:
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: yatt") and "train" in err and "report" in err

@@ -179,8 +179,12 @@ def test_an_eval_reward_that_returns_no_number_is_refused(
 
 
 def test_train_reward_failure_names_the_data_line(tmp_path):
+    # (A row without any answer is refused when the data loads: test_config_task_rewards.)
     path = tmp_path / "d.jsonl"
-    path.write_text('{"prompt": "What is 1 + 1?"}\n{"prompt": "What is 2 + 2?"}\n')
+    path.write_text(
+        '{"prompt": "What is 1 + 1?", "answer": "two"}\n'
+        '{"prompt": "What is 2 + 2?", "answer": "four"}\n'
+    )
     model, tokenizer = tiny_model(seed=0)
     config = load_config("tiny_test", [*TINY, f"data.path={path}", "data.n_heldout=0",
                                        f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip

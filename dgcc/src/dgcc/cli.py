@@ -169,7 +169,11 @@ def _add_run_flags(parser: argparse.ArgumentParser, *, seconds_default: float) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # a bare `dgcc`: what it can do
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=debug.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

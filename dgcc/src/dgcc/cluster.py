@@ -228,13 +228,19 @@ class ClusterConfig:
         if unknown:
             raise ConfigError(f"unknown cluster config keys {unknown}; allowed {sorted(known)}")
         values = dict(data)
-        nodes = data.get("nodes", ())
+        if "nodes" not in data:
+            raise ConfigError("cluster config has no nodes (a list of tables: id, host, port)")
+        nodes = data["nodes"]
         if not isinstance(nodes, list | tuple) or not all(isinstance(n, Mapping) for n in nodes):
             raise ConfigError(f"nodes must be a list of tables (id, host, port), got {nodes!r}")
-        try:
-            values["nodes"] = tuple(NodeAddress(**node) for node in nodes)
-        except TypeError as error:
-            raise ConfigError(f"bad node entry in {nodes!r}: {error}") from None
+        fields = ("id", "host", "port")
+        for node in nodes:
+            missing = [name for name in fields if name not in node]
+            extra = sorted(set(node) - set(fields))
+            if missing or extra:
+                problem = f"lacks {missing}" if missing else f"has unknown keys {extra}"
+                raise ConfigError(f"node entry {dict(node)!r} {problem} (it takes id, host, port)")
+        values["nodes"] = tuple(NodeAddress(**node) for node in nodes)
         partition_nodes = values.get("partition_nodes")
         if partition_nodes is not None:
             if not isinstance(partition_nodes, list | tuple):
@@ -246,16 +252,25 @@ class ClusterConfig:
 
 
 def load_config(path: Path, **overrides: Any) -> ClusterConfig:
-    """Read a cluster config from TOML (``.toml``) or JSON (anything else); ``overrides``
-    replace keys of the file before the config is checked (``dgcc node --data-dir``)."""
+    """Read a cluster config from TOML (``.toml``) or JSON (``.json``; any other name is read
+    as JSON, or else as TOML); ``overrides`` replace keys of the file before the config is
+    checked (``dgcc node --data-dir``)."""
     try:
         text = path.read_bytes()
     except OSError as error:
         raise ConfigError(f"cannot read cluster config {str(path)!r}: {error}") from None
-    try:
-        data = tomllib.loads(text.decode()) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cluster config {str(path)!r} is not valid: {error}") from None
+    kinds = {".toml": ("TOML",), ".json": ("JSON",)}.get(path.suffix, ("JSON", "TOML"))
+    for kind in kinds:
+        try:
+            data = tomllib.loads(text.decode()) if kind == "TOML" else json.loads(text)
+            break
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as error:
+            problem = error
+    else:
+        read_as = " nor ".join(kinds)
+        raise ConfigError(
+            f"cluster config {str(path)!r} is not valid {read_as}: {problem}"
+        ) from None
     if overrides and isinstance(data, dict):
         data = {**data, **overrides}
     return ClusterConfig.from_dict(data)

@@ -87,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     with _sigterm_interrupts():
         try:
-            args = _parser().parse_args(argv)
+            parser = _parser()
+            if not (sys.argv[1:] if argv is None else argv):  # a bare `yatt`: what it can do
+                parser.print_help(sys.stderr)
+                return EXIT_BAD_INPUT
+            args = parser.parse_args(argv)
             from yatt.common import setup_logging
             from yatt.config import log_level
 

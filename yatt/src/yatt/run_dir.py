@@ -5,9 +5,11 @@ inputs loaded (`RunDirClaim.clear`): a mistyped data or model path loses nothing
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ def check_run_dir(
     folder = Path(run_dir)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"logging.run_dir={run_dir} is a file, not a folder")
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -65,7 +68,7 @@ def check_run_dir(
             )
         found.append(_SAVED_CONFIG)
     if not found or resuming:
-        return RunDirClaim(folder)
+        return RunDirClaim(folder, created=created)
     shown = ", ".join(f"{name}/" if (folder / name).is_dir() else name for name in found)
     if not overwrite:
         resume_hint = ""
@@ -85,17 +88,32 @@ def check_run_dir(
                     f"logging.overwrite=true would delete {folder / name}, which holds "
                     f"model.path={model_path}: write this run to another folder"
                 )
-    return RunDirClaim(folder, tuple(folder / name for name in found), shown)
+    return RunDirClaim(folder, tuple(folder / name for name in found), shown, created=created)
 
 
 @dataclass(frozen=True)
 class RunDirClaim:
     """A run folder checked for a job: `previous` are a previous run's outputs that
-    `logging.overwrite` replaces (`shown`: them, as the warning names them)."""
+    `logging.overwrite` replaces (`shown`: them, as the warning names them); `created`: the
+    check made the folder."""
 
     path: Path
     previous: tuple[Path, ...] = ()
     shown: str = ""
+    created: bool = False
+
+    @contextlib.contextmanager
+    def removed_if_unused(self) -> Iterator[None]:
+        """Within the block (a job's set-up once the folder is claimed), an error removes the
+        folder again if the claim made it and nothing was written into it: a mistyped data or
+        model path leaves no empty run folder behind."""
+        try:
+            yield
+        except BaseException:
+            if self.created:
+                with contextlib.suppress(OSError):  # (not empty: kept)
+                    self.path.rmdir()
+            raise
 
     def clear(self) -> Path:
         """Delete the previous run's outputs (call once the job's inputs loaded); the folder."""

@@ -149,29 +149,30 @@ class Trainer:
             and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
         )
         claim = claim_run_dir(config, _RUN_OUTPUTS, resume=resume, in_place=self._in_place)
-        self.run_dir = claim.path
-        configure_threads(config.train.torch_threads)
-        seed_everything(config.train.seed)
-        self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
-        check_rows_have_answers(config, self.train_set, self.heldout_set, train=reward is None)
-        initial = model  # the KL reference: the configured model, also when resuming
-        if model is None:
-            model, tokenizer = build_model(config.model, resume_from=resume or None)
-            initial = model
-            if resume and config.algo.uses_reference:
-                initial = build_model(config.model)[0]
-        self.tokenizer = tokenizer
-        self.prompt_texts = [self._render(example) for example in self.train_set]
-        self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
-        self._draw_order = draw_order(config, self.train_set)  # in each checkpoint
-        self._sampled: list[int] = []  # train_set indices of the last sampled prompts
-        self._generated_tokens = 0.0  # response tokens generated in the current step
-        self._build_roles(model, reward, initial)
-        self.step = 0
-        self.timer = PhaseTimer()
-        if resume:
-            self._resume(Path(resume))
-        claim.clear()  # logging.overwrite: the previous run goes only once this one loaded
+        with claim.removed_if_unused():  # a failed set-up leaves no empty folder
+            self.run_dir = claim.path
+            configure_threads(config.train.torch_threads)
+            seed_everything(config.train.seed)
+            self.train_set, self.heldout_set = build_data(config.data)  # bad data fails fast
+            check_rows_have_answers(config, self.train_set, self.heldout_set, train=reward is None)
+            initial = model  # the KL reference: the configured model, also when resuming
+            if model is None:
+                model, tokenizer = build_model(config.model, resume_from=resume or None)
+                initial = model
+                if resume and config.algo.uses_reference:
+                    initial = build_model(config.model)[0]
+            self.tokenizer = tokenizer
+            self.prompt_texts = [self._render(example) for example in self.train_set]
+            self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
+            self._draw_order = draw_order(config, self.train_set)  # in each checkpoint
+            self._sampled: list[int] = []  # train_set indices of the last sampled prompts
+            self._generated_tokens = 0.0  # response tokens generated in the current step
+            self._build_roles(model, reward, initial)
+            self.step = 0
+            self.timer = PhaseTimer()
+            if resume:
+                self._resume(Path(resume))
+            claim.clear()  # logging.overwrite: the previous run goes only once this one loaded
         warn_if_nothing_kept(config)  # (once the run starts: a refused one has nothing to keep)
 
     # ------------------------------------------------------------------ set-up

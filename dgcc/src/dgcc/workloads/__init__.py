@@ -257,12 +257,16 @@ def import_workload(path: str) -> type[Workload]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"workload {path!r}: cannot import {module_name!r}: {error}") from None
-    cls = getattr(module, attribute, None)
-    if not (isinstance(cls, type) and issubclass(cls, Workload)):
-        found = "nothing" if cls is None else repr(cls)
         raise ConfigError(
-            f"workload {path!r}: {module_name}.{attribute} is {found}, not a dgcc Workload subclass"
+            f"workload {path!r}: cannot import {module_name!r}: {error} (is its folder on "
+            "PYTHONPATH, or the package installed?)"
+        ) from None
+    cls = getattr(module, attribute, None)
+    if cls is None:
+        raise ConfigError(f"workload {path!r}: module {module_name} has no {attribute!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Workload)):
+        raise ConfigError(
+            f"workload {path!r}: {module_name}.{attribute} is {cls!r}, not a dgcc Workload subclass"
         )
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(cls.__abstractmethods__))

@@ -84,7 +84,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     run_dir = claim.path
     start_step = 0 if state is None else state["step"]
     metrics_path = run_dir / "metrics.jsonl"
-    controller = make_controller(config, control)
+    with claim.removed_if_unused():  # workers that fail to load leave no empty folder
+        controller = make_controller(config, control)
     controller.checkpoint_dir = run_dir
     earlier: list[Segment] = []  # the records of the run's parts before this one
     try:
