@@ -131,6 +131,18 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped 2 of 2 nodes" in stopped.stdout
     assert sorted(os.listdir(tmp_path / "data")) == ["node0", "node1"]
+    # A crash mid-write leaves a torn block at a log's tail: the restart cuts it off, and says
+    # so on the console (not only in the node's log).
+    segment = max((tmp_path / "data" / "node1").glob("wal-*.log"))
+    with segment.open("ab") as log:
+        log.write(b"DGWL" + bytes(10))
+    restarted = _cli("cluster", "start", "--dir", str(directory), *options, *data)
+    try:
+        assert restarted.returncode == 0, restarted.stderr
+        torn = [line for line in restarted.stdout.splitlines() if line.startswith("node 1: ")]
+        assert any("dropping 14 bytes" in line and "torn header" in line for line in torn), torn
+    finally:
+        assert _cli("cluster", "stop", "--dir", str(directory)).returncode == 0
     # the data dir records its workload: a cluster of other options may not reuse it
     options = ["--workload", "smallbank", "--accounts", "200", "--nodes", "2"]
     other = _cli("cluster", "start", "--dir", str(tmp_path / "other"), *options, *data)

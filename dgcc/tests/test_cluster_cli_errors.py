@@ -235,6 +235,8 @@ def test_node_refuses_a_data_dir_it_cannot_use_with_one_line(tmp_path, cli_error
         (['{"keys": [-9223372036854775809]}'], "hold an integer outside -2**63 .. 2**64 - 1"),
         (['{"name": "a\\ud800"}'], "hold '\\ud800', which is not valid in UTF-8 (a lone surr"),
         (['{"a": ' + "[" * 5000 + "]" * 5000 + "}"], "are not JSON: maximum recursion depth"),
+        (['{"w_id": 1, "w_id": 2}'], """params '{"w_id": 1, "w_id": 2}' name 'w_id' twice"""),
+        (['{"a": {"b": 1, "b": 1}}'], "name 'b' twice"),  # (json would keep the last)
     ],
 )
 def test_call_refuses_bad_timeouts_and_params_with_one_line(tmp_path, cli_error, flags, message):

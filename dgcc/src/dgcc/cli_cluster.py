@@ -21,7 +21,14 @@ from typing import Any
 
 from dgcc.cluster import CONFIG_FILE, ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
-from dgcc.local_cluster import STATE_FILE, StopResult, start_local, start_node
+from dgcc.local_cluster import (
+    STATE_FILE,
+    StopResult,
+    log_size,
+    logged_warnings,
+    start_local,
+    start_node,
+)
 from dgcc.local_cluster import status as cluster_status
 from dgcc.local_cluster import stop as cluster_stop
 from dgcc.net.loadgen import (
@@ -355,7 +362,9 @@ def _start(args: argparse.Namespace) -> int:
             "joins their restart (it waits a while for peers that are down) ...",
             flush=True,
         )
+        start = log_size(args.dir, args.node)
         process = start_node(args.dir, args.node)
+        _print_warnings(args.dir, {args.node: start})
         print(f"node {args.node} started again (pid {process.pid}); config and logs in {args.dir}")
         return 0
     if args.config is not None:
@@ -369,7 +378,9 @@ def _start(args: argparse.Namespace) -> int:
         _make_data_dir(Path(config.data_dir))
     what = "loads its data" if config.data_dir is None else "loads or recovers its data"
     print(f"starting {len(config.nodes)} nodes (each {what} first) ...", flush=True)
+    starts = {node.id: log_size(args.dir, node.id) for node in config.nodes}
     cluster = start_local(config, args.dir)
+    _print_warnings(args.dir, starts)
     for node, process in zip(config.nodes, cluster.processes, strict=True):
         print(f"node {node.id} listening on {node.host}:{node.port} (pid {process.pid})")
     print(f"config and logs in {args.dir}; stop with: dgcc cluster stop --dir {args.dir}")
@@ -379,6 +390,14 @@ def _start(args: argparse.Namespace) -> int:
             f"dgcc cluster start --dir {args.dir} --node ID"
         )
     return 0
+
+
+def _print_warnings(directory: Path, starts: dict[int, int]) -> None:
+    """What each node's start logged as a warning (a restart that cut a torn log tail or
+    dropped epochs not every node had made durable says so here, not only in its log)."""
+    for node, start in starts.items():
+        for line in logged_warnings(directory, node, start):
+            print(f"node {node}: {line}")
 
 
 def _config_flags_given(args: argparse.Namespace) -> list[str]:
@@ -487,7 +506,9 @@ def _call_params(text: str) -> dict[str, Any]:
     import msgpack  # (not wire.encode: its one FrameError would hide which limit was hit)
 
     try:
-        params = json.loads(text)
+        params = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as error:
+        raise ConfigError(f"params {text!r:.200} name {error} twice") from None
     except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise ConfigError(f"params {text!r:.200} are not JSON: {error}") from None
     if not isinstance(params, dict):
@@ -509,9 +530,23 @@ def _call_params(text: str) -> dict[str, Any]:
     return params
 
 
+class _DuplicateKey(Exception):
+    """A JSON object naming a key twice (json keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(repr(key))
+        found[key] = value
+    return found
+
+
 def _check(config: Any) -> int:
     from dgcc.local_cluster import check
 
+    print(f"reading the rows of {len(config.nodes)} nodes while no call runs ...", flush=True)
     violations = check(config)
     for violation in violations[:20]:
         print(f"violation: {violation}")

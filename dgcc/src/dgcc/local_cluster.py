@@ -38,6 +38,8 @@ __all__ = [
     "StopResult",
     "check",
     "last_log_line",
+    "log_size",
+    "logged_warnings",
     "read_pids",
     "running_pids",
     "start_local",
@@ -309,8 +311,31 @@ def _write_pids(directory: Path, pids: list[int]) -> None:
 def _log_size(directory: Path, node: int) -> int:
     try:
         return (directory / f"node{node}.log").stat().st_size
-    except FileNotFoundError:
+    except OSError:  # none yet (or no such folder: the start says what is wrong with it)
         return 0
+
+
+def logged_warnings(directory: Path, node: int, start: int) -> list[str]:
+    """The WARNING and ERROR lines node ``node`` logged after byte ``start`` of its log, without
+    their time stamps: what a start had to say (a torn log tail cut off, epochs that not every
+    node had made durable dropped, a peer refused)."""
+    try:
+        with (directory / f"node{node}.log").open("rb") as log:
+            log.seek(start)
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        for level in (" WARNING ", " ERROR "):
+            if level in line[:40]:  # "2026-12-02 13:50:45,123 WARNING module: message"
+                found.append(line.split(level, 1)[1].strip())
+    return found
+
+
+def log_size(directory: Path, node: int) -> int:
+    """How long node ``node``'s log in ``directory`` is now (where its next start begins)."""
+    return _log_size(directory, node)
 
 
 def last_log_line(directory: Path, node: int, start: int) -> str:
@@ -395,7 +420,7 @@ def wait_ready_lines(processes: Sequence[subprocess.Popen], timeout_s: float) ->
                     process.wait(timeout=0 if line else 10)
                 code = process.poll()
                 raise ConfigError(f"node pid {process.pid} failed to start (exit {code}): {line!r}")
-            logger.info("%s", line)
+            logger.debug("%s", line)
             process.stdout.close()  # type: ignore[union-attr]
 
 
@@ -533,7 +558,7 @@ def stop(
                 c.stop_node()
                 by_request.append(node.id)
         except (OSError, NetError) as error:
-            logger.info("node %d not reachable for stop: %s", node.id, error)
+            logger.debug("node %d not reachable for stop: %s", node.id, error)
             unreachable.append(node.id)
     if directory is None or not unreachable:
         return StopResult(by_request=tuple(by_request))
