@@ -96,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="ycsb",
         help="tpcc, ycsb, smallbank, or your own as package.module:Class",
     )
-    bench.add_argument("--protocol", default="dgcc", choices=sorted(PROTOCOLS))
+    bench.add_argument(
+        "--protocol",
+        default="dgcc",
+        choices=sorted(PROTOCOLS),
+        help="concurrency control (serial: in-process runs only)",
+    )
     _add_run_flags(bench, seconds_default=10.0)
     bench.add_argument("--json", type=_file_path, help="write the result record to this path")
     _add_workload_flags(bench)
@@ -135,9 +140,32 @@ def _file_path(text: str) -> Path:
     return Path(text)
 
 
+# What each workload flag sets (the workload's own default when the flag is not given).
+WORKLOAD_FLAG_HELP = {
+    "warehouses": "tpcc: warehouses (per node with --nodes)",
+    "items": "tpcc: ITEM rows (the spec's 100,000)",
+    "customers_per_district": "tpcc: customers per district (the spec's 3,000)",
+    "orders_per_district": "tpcc: initial orders per district (the spec's 3,000)",
+    "records": "ycsb: records",
+    "fields": "ycsb: fields per record",
+    "ops_per_txn": "ycsb: record accesses per transaction",
+    "read_ratio": "ycsb: share of accesses that only read (0..1)",
+    "theta": "ycsb: zipfian skew of the keys (0 = uniform, 0.99 = hot)",
+    "accounts": "smallbank: customers",
+    "hot_accounts": "smallbank: customers in the hotspot",
+    "hot_fraction": "smallbank: share of accesses to the hotspot (0..1)",
+}
+
+
 def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
     for name, kind in WORKLOAD_FLAGS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            default=None,
+            help=WORKLOAD_FLAG_HELP[name],
+        )
     parser.add_argument(
         "-o",
         "--workload-option",
@@ -161,7 +189,7 @@ def _add_run_flags(parser: argparse.ArgumentParser, *, seconds_default: float) -
     parser.add_argument(
         "--batch-size", type=int, default=None, help=f"requests in flight ({BATCH_SIZE_DEFAULT})"
     )
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="data and request seed (1)")
     parser.add_argument(
         "--executors", type=int, default=None, help="logical executors (--protocol dgcc)"
     )

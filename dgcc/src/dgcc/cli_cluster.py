@@ -73,7 +73,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="call one stored procedure on a running cluster and print its outcome (exit 0 "
         "committed, 1 aborted, 2 error, 3 unknown: sent, but no answer came back)",
     )
-    call.add_argument("procedure", help="the procedure's name")
+    call.add_argument(
+        "procedure", help="the procedure's name (a wrong one is answered with the list of names)"
+    )
     call.add_argument("params", nargs="?", default="{}", help='its params as JSON ({"k": 1})')
     call.add_argument("--dir", type=Path, default=DIRECTORY_DEFAULT, help="the cluster's dir")
     call.add_argument("--node", type=int, default=0, help="the node to call (0)")

@@ -57,7 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
     evaluate = commands.add_parser("eval", help="greedy held-out accuracy of a model folder")
     evaluate.add_argument("model", help="a model folder, a checkpoint folder or a known name")
-    evaluate.add_argument("overrides", nargs="*", help="data.* and eval.* overrides")
+    evaluate.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted overrides of the saved config, e.g. eval.n=200 data.path=... model.dtype=...",
+    )
     sft = commands.add_parser("sft", help="supervised warm start on prompt/answer data")
     sft.add_argument("config", help="a YAML file or a preset name")
     sft.add_argument("overrides", nargs="*", help="dotted overrides")
@@ -85,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # Hugging Face's own bars (loading and writing model shards) would cut into yatt's
+    # progress bar and logs at every load and checkpoint; set it to 0 to see them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     with _sigterm_interrupts():
         try:
             parser = _parser()
