@@ -52,7 +52,11 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="yatt", description="RL post-training for language models")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    train = commands.add_parser("train", help="run RL training from a preset or YAML file")
+    train = commands.add_parser(
+        "train",
+        help="run RL training from a preset or YAML file",
+        description=f"RL training from a preset or YAML file. {_OVERRIDES_HELP}",
+    )
     train.add_argument("config", help=f"a YAML file or a preset name ({', '.join(_presets())})")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
     evaluate = commands.add_parser("eval", help="greedy held-out accuracy of a model folder")
@@ -62,12 +66,16 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         help="dotted overrides of the saved config, e.g. eval.n=200 data.path=... model.dtype=...",
     )
-    sft = commands.add_parser("sft", help="supervised warm start on prompt/answer data")
-    sft.add_argument("config", help="a YAML file or a preset name")
-    sft.add_argument("overrides", nargs="*", help="dotted overrides")
+    sft = commands.add_parser(
+        "sft",
+        help="supervised warm start on prompt/answer data",
+        description=f"Supervised warm start on prompt/answer rows. {_OVERRIDES_HELP}",
+    )
+    sft.add_argument("config", help=f"a YAML file or a preset name ({', '.join(_presets())})")
+    sft.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.path=rows.jsonl")
     models = commands.add_parser("models", help="manage local models")
     model_commands = models.add_subparsers(
-        dest="models_command", required=True, parser_class=_Parser
+        dest="models_command", required=True, parser_class=_Parser, metavar="{prepare}"
     )
     prepare = model_commands.add_parser("prepare", help="convert a bundled model to safetensors")
     prepare.add_argument("name", help="a known model name, e.g. smollm2")
@@ -77,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="GRPO on two-digit addition; learns in ~10 minutes")
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo preset")
     return parser
+
+
+_OVERRIDES_HELP = (
+    "Any setting can be overridden as section.key=value; the sections are model, data, "
+    "rollout, algo, reward, optim, train, eval, logging, checkpoint and control (an unknown key "
+    "is an error that lists them). A run writes to logging.run_dir; checkpoint.resume=latest "
+    "(or auto) continues the run there, logging.overwrite=true replaces it. Presets live in "
+    "yatt/src/yatt/configs/."
+)
 
 
 def _presets() -> list[str]:
