@@ -376,6 +376,30 @@ def test_a_node_that_fails_to_start_is_named_with_its_own_error(tmp_path, says, 
     assert str(raised.value) == f"node 3 failed to start (exit 2): {line} (see {log})"
 
 
+def test_a_failed_start_names_each_node_that_failed_with_it(tmp_path, children):
+    # Nodes start in step: when a stranger holds node 1's port, node 0 fails on the
+    # stranger's answer and node 1 on the port itself, moments apart; both are named (the
+    # first alone named only what node 0 saw).
+    processes = []
+    for node, (says, after_s) in enumerate(
+        [("bad hello from peer 1", 0.0), ("port 7002 on 127.0.0.1 already in use", 0.3)]
+    ):
+        script = f"import sys, time; time.sleep({after_s}); sys.stderr.write({says!r}); sys.exit(2)"
+        with (tmp_path / f"node{node}.log").open("ab") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr
+            )
+        children.append(process)
+        processes.append(process)
+    with pytest.raises(ConfigError) as raised:
+        _wait_ready_or_kill(tmp_path, processes, [0, 0], WAIT_S)
+    assert str(raised.value) == (
+        f"node 0 failed to start (exit 2): bad hello from peer 1 (see {tmp_path / 'node0.log'}); "
+        f"node 1 failed to start (exit 2): port 7002 on 127.0.0.1 already in use "
+        f"(see {tmp_path / 'node1.log'})"
+    )
+
+
 @pytest.mark.integration
 def test_a_busy_port_is_named_when_start_fails(tmp_path, cli_error):
     with socket.socket() as busy:
