@@ -378,6 +378,7 @@ def host_facts() -> dict[str, Any]:
 
 
 def make_console() -> Console:
-    """A rich console; at least 120 columns when output is not a terminal (logs, CI, pipes)."""
+    """A rich console; 160 columns when output is not a terminal (logs, CI, pipes), where rich
+    would squeeze tables to 80 and wrap numbers mid-value."""
     console = Console()
-    return console if console.is_terminal else Console(width=120)
+    return console if console.is_terminal else Console(width=160)

@@ -201,13 +201,13 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
 
 def bench_nodes(args: argparse.Namespace) -> int:
     """``dgcc bench --nodes N``: drive a cluster of node processes closed-loop; print a table."""
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
+    from dgcc.bench import make_console
     from dgcc.net.loadgen import run_bench, summary_line
 
     bench = _bench_config(args)
-    console = Console()
+    console = make_console()
     columns = (TextColumn("{task.description}"), BarColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("loading", total=bench.warmup_s + bench.seconds)
@@ -560,8 +560,9 @@ def _check(config: Any) -> int:
 
 
 def _status(config: Any) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from dgcc.bench import make_console
 
     table = Table(title="dgcc cluster")
     columns = ("node", "address", "pid", "ready", "epochs", "rows held", "committed", "aborted")
@@ -588,7 +589,7 @@ def _status(config: Any) -> int:
             f"{entry['txn/aborted']:,.0f}",
             f"{entry['txn/error']:,.0f}",
         )
-    Console().print(table)
+    make_console().print(table)
     for line in unreachable:
         print(line)
     return 1 if unreachable else 0

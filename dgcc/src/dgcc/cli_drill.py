@@ -111,7 +111,8 @@ def command(args: argparse.Namespace, console: Console) -> int:
     for how, count in sorted(kinds.items()):
         table.add_row(how, str(count))
     console.print(table)
-    console.print(f"all {args.trials} trials recovered correctly (seed {args.seed})")
+    every = "the trial" if args.trials == 1 else f"all {args.trials} trials"
+    console.print(f"{every} recovered correctly (seed {args.seed})")
     return 0
 
 

@@ -212,7 +212,7 @@ def _configured(config):
 def _train(preset: str, overrides: list[str]):
     """Run one training job with a progress bar, then plots and the summary table."""
     from yatt.config import load_config
-    from yatt.report import console, progress_bar, summary_table, write_plots
+    from yatt.report import progress_bar
     from yatt.run_checks import check_training_dtype
     from yatt.trainer import Trainer
 
@@ -233,10 +233,9 @@ def _train(preset: str, overrides: list[str]):
         trainer = Trainer(config)
         with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
             result = trainer.fit(progress)
-    if config.logging.plots:
-        for path in write_plots(result.history, result.run_dir):
-            logger.info("wrote %s", path)
-    console.print(summary_table(result.history, result.evals))
+    # From the run folder's metrics, as for Ray runs: a resumed run's summary and plots cover
+    # all of it, not only the part this process trained.
+    _report(Path(result.run_dir), plots=config.logging.plots)
     return result
 
 

@@ -92,7 +92,7 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
     table.add_column("metric")
     table.add_column("value", justify="right")
     if evals:
-        table.add_row("held-out accuracy (start)", f"{100 * evals[0][1]:.1f}% @ step {evals[0][0]}")
+        table.add_row("held-out accuracy (first)", f"{100 * evals[0][1]:.1f}% @ step {evals[0][0]}")
         for step, accuracy in evals[1:]:
             table.add_row("held-out accuracy", f"{100 * accuracy:.1f}% @ step {step}")
     if steps:

@@ -468,7 +468,10 @@ class NodeDurability:
         )
         assert self.log.epoch == upto, f"node {self.node} recovered {self.log.epoch}, not {upto}"
         self._durable = [upto] * len(self._durable)
-        logger.info("node %d restarts after epoch %d", self.node, upto)
+        if upto:
+            logger.info("node %d restarts after epoch %d", self.node, upto)
+        else:  # (a new data dir, or a cluster that never made an epoch durable)
+            logger.info("node %d starts at epoch 0", self.node)
         return self.log.db, upto
 
     def _rejoin(
