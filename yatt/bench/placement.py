@@ -77,7 +77,7 @@ def _config(args: argparse.Namespace):
 def _control(args: argparse.Namespace, placement: str, replace_every: int = 0):
     from yatt.control.config import ControlConfig
 
-    schedule = (f"0:{args.short}", f"{args.shift}:{args.long}")
+    schedule = (f"0:{args.short}", f"{args.shift + 1}:{args.long}")  # (logged steps from 1)
     return ControlConfig(
         mode="parallel",
         backend="ray",

@@ -185,6 +185,8 @@ def test_an_overlong_buffer_must_fit_every_response_budget() -> None:
     assert "response budget 3 of control.length_schedule=['0:8', '5:3']" in message
     message = _error(["control.backend=ray", "control.length_schedule=[0:8,5:3]"])
     assert "'control.length_schedule[1]' expects str, got the number 303: quote it" in message
+    message = _error(["control.backend=ray", "control.length_schedule=['0:4','0:8']"])
+    assert "control.length_schedule" in message and "one budget per step" in message
 
 
 def test_ray_controllers_take_the_group_estimators_and_dapo_settings() -> None:

@@ -95,10 +95,11 @@ def test_a_kl_term_trains_alike_in_both_modes_and_pulls_the_update():
 
 def test_length_schedule_changes_the_response_budget():
     config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
-    controller = make_controller(config, _control(length_schedule=("0:2", "2:5")))
+    # "3:5": from the step metrics.jsonl logs as 3, the third (the schedule counts as the log)
+    controller = make_controller(config, _control(length_schedule=("0:2", "3:5")))
     run = controller.fit()
     controller.close()
-    lengths = [h["response_length/mean"] for h in run.history]
+    lengths = [h["response_length/mean"] for h in run.history]  # steps 1, 2, 3
     assert max(lengths[:2]) <= 2 < lengths[2] <= 5
 
 
@@ -223,6 +224,20 @@ def test_ray_backend_without_ray_is_one_line_before_the_run_folder(tmp_path, mon
     assert not run_dir.exists()  # refused before the run folder is claimed
     with pytest.raises(ConfigError, match="needs Ray"):  # the Python API, the same line
         make_controller(load_config("tiny_test", OVERRIDES), _control(backend="ray"))
+
+
+def test_a_split_of_the_prompts_that_cannot_be_even_is_refused_before_ray_starts():
+    pytest.importorskip("ray")
+    import ray
+
+    config = load_config("tiny_test", [*OVERRIDES, "algo.prompts_per_step=2"])
+    control = _control(backend="ray", n_devices=3, oversubscribe=True)
+    with pytest.raises(ConfigError) as info:
+        make_controller(config, control)
+    assert str(info.value).startswith(
+        "algo.prompts_per_step=2 must be a multiple of the 3 data-parallel groups of colocate(3)"
+    )
+    assert not ray.is_initialized()  # (it once took every worker's start to find out)
 
 
 def test_in_process_backend_refuses_several_policy_ranks():

@@ -50,12 +50,12 @@ def test_placement_plans_cover_roles(n_devices):
     assert len(candidate_placements(n_devices)) == 1 + 2 * (n_devices - 1)
 
 
-def test_placement_errors_name_the_value():
-    with pytest.raises(ConfigError, match="'spread'"):
+def test_placement_errors_name_the_setting_and_value():
+    with pytest.raises(ConfigError, match="control.placement='spread'"):
         make_placement("spread", 2)
-    with pytest.raises(ConfigError, match="n_sampler=2"):
+    with pytest.raises(ConfigError, match="control.n_sampler=2"):
         make_placement("disaggregated", 2, 2)
-    with pytest.raises(ConfigError, match="n_devices=1"):
+    with pytest.raises(ConfigError, match="control.placement=partial .* control.n_devices=1"):
         make_placement("partial", 1)
     assert set(PLACEMENTS) == {"colocate", "disaggregated", "partial"}
 

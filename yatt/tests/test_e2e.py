@@ -7,7 +7,6 @@ role whose score is linear in the final hidden state's direction, so a few steps
 """
 
 import json
-import logging
 import math
 
 import pytest
@@ -162,7 +161,7 @@ def test_resuming_behind_later_checkpoints_is_refused_unless_overwrite(tmp_path)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001", "step_000002"]
 
 
-def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path, caplog) -> None:
+def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path) -> None:
     overrides = ["checkpoint.every=1", "checkpoint.keep_last=3", "eval.at_start=false",
                  "eval.at_end=false"]  # fmt: skip
     with pytest.raises(ConfigError, match=r"holds no checkpoint.*checkpoint\.resume=auto"):
@@ -175,12 +174,15 @@ def test_resume_latest_and_auto_pick_the_newest_checkpoint(tmp_path, caplog) -> 
                                            f"checkpoint.resume={keyword}", *overrides])  # fmt: skip
         resumed = Trainer(config, reward=DirectionReward(model))
         assert resumed.step == 2, keyword
-    # A resume whose train.steps is not past its checkpoint trains nothing: it says so.
-    config = load_config("tiny_test", ["train.steps=2", f"logging.run_dir={tmp_path}",
-                                       "checkpoint.resume=latest", *overrides])  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="yatt"):
-        Trainer(config, reward=DirectionReward(tiny_model(seed=0)[0]))
-    assert "nothing left to train: the checkpoint is at step 2 and train.steps=2" in caplog.text
+    # A resume whose train.steps is not past its checkpoint would train nothing (after cutting
+    # the run's later records back to the checkpoint): refused, with nothing changed.
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    for steps in (1, 2):
+        config = load_config("tiny_test", [f"train.steps={steps}", f"logging.run_dir={tmp_path}",
+                                           "checkpoint.resume=latest", *overrides])  # fmt: skip
+        with pytest.raises(ConfigError, match=r"is at step 2, and train\.steps=\d leaves nothing"):
+            Trainer(config, reward=DirectionReward(tiny_model(seed=0)[0]))
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
 
 
 def test_auto_without_a_checkpoint_refuses_a_used_folder(tmp_path) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from yatt.checkpoint import checkpoint_step
 from yatt.config import Config
 from yatt.data import TASK_PROVIDES
 from yatt.errors import ConfigError, DataError
@@ -19,8 +21,8 @@ __all__ = [
     "check_eval_data",
     "check_rewards_grade_task",
     "check_rows_have_answers",
+    "check_steps_left",
     "check_training_dtype",
-    "warn_if_done",
     "warn_if_nothing_kept",
 ]
 
@@ -133,11 +135,15 @@ def warn_if_nothing_kept(config: Config) -> None:
         )
 
 
-def warn_if_done(step: int, steps: int) -> None:
-    """Warn (one line) when a resumed run has no step left: its checkpoint is at `step`, and it
-    trains to `train.steps`, which is not past it."""
+def check_steps_left(checkpoint: str, steps: int) -> None:
+    """Refuse (ConfigError, before anything changes) a resume from `checkpoint` whose step is
+    not below `train.steps`: it would train nothing, yet a resume in place first cuts the
+    run's later metrics and checkpoints back to that step."""
+    if not checkpoint:
+        return
+    step = checkpoint_step(Path(checkpoint))
     if step >= steps:
-        logger.warning(
-            "nothing left to train: the checkpoint is at step %d and train.steps=%d (raise "
-            "train.steps to go on)", step, steps,
-        )  # fmt: skip
+        raise ConfigError(
+            f"checkpoint.resume: {checkpoint} is at step {step}, and train.steps={steps} leaves "
+            "nothing to train: raise train.steps to go on (nothing was changed)"
+        )

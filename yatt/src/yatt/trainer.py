@@ -51,8 +51,8 @@ from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
     check_rows_have_answers,
+    check_steps_left,
     check_training_dtype,
-    warn_if_done,
     warn_if_nothing_kept,
 )
 from yatt.run_dir import claim_run_dir
@@ -142,6 +142,7 @@ class Trainer:
         resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
         if resume:
             check_resumed_by(Path(resume), TRAINER)
+            check_steps_left(resume, config.train.steps)
         # A checkpoint of this run folder continues the run in place; one of another folder
         # starts a new run here from its state (the folder is claimed as for a fresh run).
         self._in_place = (
@@ -229,7 +230,6 @@ class Trainer:
             overwrite = self.config.logging.overwrite
             drop_later_checkpoints(self.run_dir, checkpoint, self.step, overwrite)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
-        warn_if_done(self.step, self.config.train.steps)
 
     def _check_draw_order(self, recorded: dict[str, Any], checkpoint: Path) -> None:
         """The checkpoint's data position fits this run's prompts and order (ConfigError);

@@ -138,6 +138,12 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
             f"backend 'inprocess' runs one policy rank, but placement "
             f"{placement.label()} needs {n_ranks}; use control.backend=ray"
         )
+    if previous is None and config.algo.prompts_per_step % n_ranks:  # before any worker starts
+        raise ConfigError(
+            f"algo.prompts_per_step={config.algo.prompts_per_step} must be a multiple of the "
+            f"{n_ranks} data-parallel groups of {placement.label()} (control.placement, "
+            "control.n_devices, control.n_sampler and control.cpu_mapping set how many)"
+        )
     pool: dict[int, list[WorkerHandle]] = {}
     old_ranks: list[WorkerHandle] = []
     if previous is not None:

@@ -58,8 +58,10 @@ class ControlConfig:
         cores, torch intra-op threads: no all-reduce). GPUs always run one rank per device.
     oversubscribe: allow more CPU devices than cores (they share cores round-robin); for
         measuring control overheads with many data-parallel groups on a small machine.
-    length_schedule: "step:tokens" pairs, the response budget from that step on (overrides
-        rollout.max_new_tokens); emulates response lengths that grow during training.
+    length_schedule: "step:tokens" pairs, the response budget from that step on, steps counted
+        as metrics.jsonl counts them (the first trained step is 1; "0:..." sets the budget from
+        the start), overriding rollout.max_new_tokens; emulates response lengths that grow
+        during training. A step given twice is an error.
     extra_rewards: "package.module:function" reward functions (weight 1) every worker imports,
         added to `reward.fns` (a distributed run cannot ship closures to its workers). The driver
         imports each one when the config is built, so a bad path fails before any worker starts.
@@ -126,16 +128,24 @@ class ControlConfig:
                 item,
                 "'step:tokens' with tokens >= 1",
             )
+        starts = [int(item.partition(":")[0]) for item in self.length_schedule]
+        _require(
+            len(set(starts)) == len(starts),
+            "control.length_schedule",
+            list(self.length_schedule),
+            "one budget per step",
+        )
         for path in self.extra_rewards:
             load_callable(path, "control.extra_rewards")
 
 
 def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
-    """The response budget of `step` under `control.length_schedule` (else `default`)."""
+    """The response budget of the step at 0-based index `step` (logged as step + 1, the count
+    `control.length_schedule` uses), else `default`."""
     budget = default
     for item in sorted(control.length_schedule, key=lambda text: int(text.split(":")[0])):
         start, tokens = (int(part) for part in item.split(":"))
-        if step >= start:
+        if step + 1 >= start:
             budget = tokens
     return budget
 

@@ -17,7 +17,7 @@ from yatt.control.config import ControlConfig
 from yatt.control.rank import peak_rss_mb
 from yatt.control.workers import gather
 from yatt.errors import ConfigError
-from yatt.run_checks import check_eval_data, warn_if_done
+from yatt.run_checks import check_eval_data
 
 __all__ = [
     "Controller",
@@ -219,7 +219,6 @@ class Controller(ABC):
                                  state["prompts_per_step"])  # fmt: skip
         self.resume_queues(draws, deal_prompts(due, len(self.cluster.ranks)), step)
         logger.info("resumed from %s at step %d", checkpoint, step)
-        warn_if_done(step, self.config.train.steps)
         return step
 
     def close(self) -> None:

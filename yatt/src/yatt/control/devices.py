@@ -104,5 +104,8 @@ def discover_devices(kind: str = "auto", count: int = 0, oversubscribe: bool = F
     if kind == "cpu" and oversubscribe:
         available = max(available, count)
     if count < 0 or count > available:
-        raise ConfigError(f"{count} {kind} devices requested; this machine has {available}")
+        share = " (control.oversubscribe=true shares the cores)" if kind == "cpu" else ""
+        raise ConfigError(
+            f"control.n_devices={count}: this machine has {available} {kind} devices{share}"
+        )
     return [Device(kind, index) for index in range(count or available)]

@@ -68,18 +68,21 @@ def make_placement(kind: str, n_devices: int, n_sampler: int = 0) -> Placement:
         ConfigError: unknown kind, or a split that leaves a role without devices.
     """
     if kind not in PLACEMENTS:
-        raise ConfigError(f"placement {kind!r} unknown; allowed: {list(PLACEMENTS)}")
+        raise ConfigError(f"control.placement={kind!r} unknown; allowed: {list(PLACEMENTS)}")
     if n_devices < 1:
-        raise ConfigError(f"placement needs >= 1 device, got n_devices={n_devices}")
+        raise ConfigError(f"a placement needs >= 1 device, got control.n_devices={n_devices}")
     everything = tuple(range(n_devices))
     if kind == "colocate":
         return Placement(kind, n_devices, dict.fromkeys(ROLES, everything))
     if n_devices < 2:
-        raise ConfigError(f"placement {kind!r} needs >= 2 devices, got n_devices={n_devices}")
+        raise ConfigError(
+            f"control.placement={kind} needs >= 2 devices, got control.n_devices={n_devices}"
+        )
     k = n_sampler or (n_devices + 1) // 2
     if not 1 <= k < n_devices:
         raise ConfigError(
-            f"n_sampler={k} invalid for {kind} on {n_devices} devices; expected 1..{n_devices - 1}"
+            f"control.n_sampler={k} invalid for {kind} on {n_devices} devices; expected "
+            f"1..{n_devices - 1}"
         )
     sampler, rest = everything[:k], everything[k:]
     if kind == "disaggregated":

@@ -26,6 +26,7 @@ from yatt.control.segments import (
 from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
+    check_steps_left,
     check_training_dtype,
     warn_if_nothing_kept,
 )
@@ -194,6 +195,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     from yatt.run_dir import claim_run_dir
 
     resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
+    check_steps_left(resume, config.train.steps)
     state = None
     if resume:
         state = load_control_state(Path(resume))

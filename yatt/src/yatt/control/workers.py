@@ -272,13 +272,17 @@ class RayBackend(Backend):
 
         if not ray.is_initialized():
             n_gpus = sum(d.kind == "cuda" for d in devices)
-            ray.init(
-                num_cpus=len(devices),
-                num_gpus=n_gpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            try:
+                ray.init(
+                    num_cpus=len(devices),
+                    num_gpus=n_gpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            except BaseException:  # Ctrl-C mid-start: stop the processes it started so far
+                ray.shutdown()
+                raise
         self.devices = devices
         self.group = placement_group([d.ray_bundle() for d in devices], strategy="PACK")
         ray.get(self.group.ready(), timeout=120)
