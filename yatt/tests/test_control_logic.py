@@ -51,11 +51,11 @@ def test_placement_plans_cover_roles(n_devices):
 
 
 def test_placement_errors_name_the_setting_and_value():
-    with pytest.raises(ConfigError, match="control.placement='spread'"):
+    with pytest.raises(ConfigError, match=r"control\.placement='spread'"):
         make_placement("spread", 2)
-    with pytest.raises(ConfigError, match="control.n_sampler=2"):
+    with pytest.raises(ConfigError, match=r"control\.n_sampler=2"):
         make_placement("disaggregated", 2, 2)
-    with pytest.raises(ConfigError, match="control.placement=partial .* control.n_devices=1"):
+    with pytest.raises(ConfigError, match=r"control\.placement=partial .* control\.n_devices=1"):
         make_placement("partial", 1)
     assert set(PLACEMENTS) == {"colocate", "disaggregated", "partial"}
 

@@ -138,7 +138,9 @@ def load_callable(path: str, key: str = "reward"):
     if function is None:
         raise ConfigError(f"{key}={path!r}: module {module_name!r} has no {attr!r}")
     if not callable(function):
-        raise ConfigError(f"{key}={path!r}: {attr!r} is a {type(function).__name__}, not callable")
+        kind = type(function).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise ConfigError(f"{key}={path!r}: {attr!r} is not callable (it is {article} {kind})")
     return function
 
 
