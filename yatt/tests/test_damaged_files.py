@@ -236,7 +236,7 @@ def test_resume_over_another_training_set_is_refused(finished_run, tmp_path):
         "data.seed=9": "with data.seed + train.seed=0, this run has 9",
     }
     for change, fragment in changes.items():
-        overrides = [*TINY, f"checkpoint.resume={checkpoint}", change]
+        overrides = [*TINY, "train.steps=2", f"checkpoint.resume={checkpoint}", change]
         overrides.append(f"logging.run_dir={tmp_path / change}")
         with pytest.raises(ConfigError) as exc_info:
             Trainer(load_config("tiny_test", overrides), model=model, tokenizer=tokenizer)
@@ -404,7 +404,7 @@ def test_a_resume_with_other_optimizer_settings_uses_them(finished_run, tmp_path
         "optim.weight_decay=0.25",
         "optim.schedule=constant",
     ]  # (its factor 1: the lr itself shows)
-    overrides = [*TINY, f"checkpoint.resume={checkpoint}", *changed,
+    overrides = [*TINY, "train.steps=2", f"checkpoint.resume={checkpoint}", *changed,
                  f"logging.run_dir={tmp_path / 'run'}"]  # fmt: skip
     trainer = Trainer(load_config("tiny_test", overrides), model=model, tokenizer=tokenizer)
     group = trainer.policy.optimizer.param_groups[0]
