@@ -289,3 +289,20 @@ def test_reused_processes_prefer_policy_ranks_and_gpus_stay_put():
     assert _reusable(pool, Device("cpu", 1), prefer=[]) is None
     gpu = backend.spawn(_Echo, Device("cuda", 0), "g", 0)
     assert _reusable({0: [gpu]}, Device("cuda", 1), prefer=[gpu]) is None  # its GPU only
+
+
+def test_settings_that_cannot_take_effect_are_named():
+    from yatt.control.config import ControlConfig, ignored_settings
+
+    assert ignored_settings(ControlConfig()) == []
+    assert ignored_settings(ControlConfig(placement="disaggregated", async_staleness=1)) == []
+    notes = ignored_settings(ControlConfig(async_staleness=1, n_sampler=1))
+    assert notes == [
+        "control.async_staleness=1 has no effect: control.placement=colocate samples in sync "
+        "(only disaggregated overlaps sampling with training)",
+        "control.n_sampler=1 has no effect: colocate runs every role on every device",
+    ]
+    # re-placement may move to a plan that uses them; on one device it has nothing to choose
+    assert ignored_settings(ControlConfig(async_staleness=1, replace_every=2, n_devices=2)) == []
+    (note,) = ignored_settings(ControlConfig(replace_every=2, n_devices=1))
+    assert note.startswith("control.replace_every=2 has no effect: one device")

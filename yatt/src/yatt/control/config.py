@@ -12,6 +12,7 @@ __all__ = [
     "MAX_STALENESS",
     "MODES",
     "ControlConfig",
+    "ignored_settings",
     "make_reward_role",
     "max_new_tokens_at",
 ]
@@ -137,6 +138,30 @@ class ControlConfig:
         )
         for path in self.extra_rewards:
             load_callable(path, "control.extra_rewards")
+
+
+def ignored_settings(control: ControlConfig) -> list[str]:
+    """What in `control` cannot take effect under its other settings (fit_distributed warns of
+    each): a valid config, but likely not the run its author meant."""
+    fixed = not control.replace_every  # (re-placement may move to a plan that uses them)
+    notes = []
+    if fixed and control.async_staleness and control.placement != "disaggregated":
+        notes.append(
+            f"control.async_staleness={control.async_staleness} has no effect: "
+            f"control.placement={control.placement} samples in sync (only disaggregated "
+            "overlaps sampling with training)"
+        )
+    if fixed and control.n_sampler and control.placement == "colocate":
+        notes.append(
+            f"control.n_sampler={control.n_sampler} has no effect: colocate runs every role on "
+            "every device"
+        )
+    if control.replace_every and control.n_devices == 1:
+        notes.append(
+            f"control.replace_every={control.replace_every} has no effect: one device leaves "
+            "one plan to choose"
+        )
+    return notes
 
 
 def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from yatt.config import Config, check_controller_settings
-from yatt.control.config import ControlConfig
+from yatt.control.config import ControlConfig, ignored_settings
 from yatt.control.controller import RunResult
 from yatt.control.segments import (
     SEGMENTS_BAD_FILE,
@@ -73,6 +73,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     check_controller_settings(config, control)
     require_backend(control.backend)
     check_eval_data(config)
+    for note in ignored_settings(control):
+        logger.warning("%s", note)
     check_training_dtype(config)
     check_rewards_grade_task(config)
     if control.backend == "ray" and config.train.torch_threads:
