@@ -262,6 +262,7 @@ def test_sigterm_stops_a_cluster_bench_with_its_nodes_and_clients(tmp_path):
         _, err = bench.communicate(timeout=TIMEOUT_S)
     finally:
         bench.kill()
+        bench.communicate()  # reaped, its pipes closed, whatever happened above
     assert bench.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert err.strip().splitlines()[-1] == "dgcc: terminated"
     assert len(children) == 4, children  # two nodes, two clients

@@ -111,7 +111,14 @@ def test_an_interrupted_run_ends_with_one_line_naming_where_to_go_on(tmp_path, s
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "yatt", "train", "tiny_test", "train.steps=100000"]
     command += ["checkpoint.every=1", f"logging.run_dir={run_dir}"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # A shell that starts jobs in the background (CI's may) hands them SIGINT ignored, and
+    # Python then keeps it so: the child takes Ctrl-C as a terminal's foreground job would.
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while not list_checkpoints(run_dir):
@@ -122,6 +129,7 @@ def test_an_interrupted_run_ends_with_one_line_naming_where_to_go_on(tmp_path, s
         _, err = process.communicate(timeout=120)
     finally:
         process.kill()
+        process.communicate()  # reaped, its pipe closed, whatever happened above
     assert process.returncode == 128 + signum, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     last = err.strip().splitlines()[-1]
@@ -148,3 +156,20 @@ def test_a_bare_yatt_prints_its_usage(capsys) -> None:
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: yatt") and "train" in err and "report" in err
+
+
+def test_a_stop_signal_whose_raise_was_lost_stops_the_next_step() -> None:
+    # Python swallows an exception raised inside a finaliser: a signal landing there would be
+    # lost, so each step checks for one that came.
+    from yatt import cli
+
+    seen = []
+    step = cli._stoppable(lambda *args: seen.append(args))
+    step(1, 3, {})
+    cli._STOPS.append(cli._Terminated())
+    try:
+        with pytest.raises(cli._Terminated):
+            step(2, 3, {})
+    finally:
+        cli._STOPS.clear()
+    assert seen == [(1, 3, {})]

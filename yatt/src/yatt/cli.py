@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     # Hugging Face's own bars (loading and writing model shards) would cut into yatt's
     # progress bar and logs at every load and checkpoint; set it to 0 to see them.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    with _sigterm_interrupts():
+    with _stop_signals():
         try:
             parser = _parser()
             if not (sys.argv[1:] if argv is None else argv):  # a bare `yatt`: what it can do
@@ -137,22 +137,46 @@ class _Terminated(KeyboardInterrupt):
     the processes `ray.init` started stop with it)."""
 
 
+_STOPS: list[KeyboardInterrupt] = []  # the stop signals that came during `_stop_signals`
+
+
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises `_Terminated` (in the main thread only, where signal
-    handlers run); the previous handler comes back after it."""
+def _stop_signals() -> Iterator[None]:
+    """Within the block, SIGTERM raises `_Terminated` and Ctrl-C (unless this process was
+    started with it ignored) `KeyboardInterrupt`, each also noted in `_STOPS`: one raised while
+    a finaliser runs is swallowed by Python, so each training step checks again
+    (`_stoppable`). Main thread only, where signal handlers run; the previous handlers come
+    back after the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise _Terminated
+    def stop(signum: int, frame: object) -> None:
+        _STOPS.append(_Terminated() if signum == signal.SIGTERM else KeyboardInterrupt())
+        raise _STOPS[-1]
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    wanted = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        wanted.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, stop) for signum in wanted}
+    _STOPS.clear()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _stoppable(progress: Callable[[int, int, dict[str, float]], None]):
+    """`progress`, called after each training step, first raising a stop signal that came
+    (`_stop_signals`): a run stops within a step even if the signal's own raise was lost."""
+
+    def step(done: int, total: int, metrics: dict[str, float]) -> None:
+        if _STOPS:
+            raise _STOPS[-1]
+        progress(done, total, metrics)
+
+    return step
 
 
 def _resume_hint(stop: KeyboardInterrupt) -> str:
@@ -226,13 +250,13 @@ def _train(preset: str, overrides: list[str]):
             _noting_run_dir(config.logging.run_dir),
             progress_bar(config.train.steps, 0, config.logging.progress) as progress,
         ):
-            result = fit_distributed(config, config.control, progress)
+            result = fit_distributed(config, config.control, _stoppable(progress))
         _report(Path(config.logging.run_dir), plots=config.logging.plots)
         return result
     with _noting_run_dir(config.logging.run_dir):
         trainer = Trainer(config)
         with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
-            result = trainer.fit(progress)
+            result = trainer.fit(_stoppable(progress))
     # From the run folder's metrics, as for Ray runs: a resumed run's summary and plots cover
     # all of it, not only the part this process trained.
     _report(Path(result.run_dir), plots=config.logging.plots)
@@ -258,7 +282,7 @@ def _sft(preset: str, overrides: list[str]) -> None:
             config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
         ) as bar,
     ):
-        folder = run_sft(config, progress=record)
+        folder = run_sft(config, progress=_stoppable(record))
     table = summary_table(rows, [])
     table.add_row("model", str(folder))
     console.print(table)
