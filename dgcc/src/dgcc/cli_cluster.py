@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.cluster import CONFIG_FILE, ClusterConfig, load_config, local_config
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, make_dir
 from dgcc.local_cluster import (
     STATE_FILE,
     StopResult,
@@ -450,14 +450,7 @@ def _flags_config(args: argparse.Namespace) -> ClusterConfig:
 
 def _make_data_dir(path: Path) -> None:
     """Create the data dir now, so an unusable one is one error here, not one per node."""
-    try:
-        if path.exists() and not path.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(
-            f"cannot use {str(path)!r} as a data dir: {error.strerror or error}"
-        ) from None
+    make_dir(path, "cannot use {path!r} as a data dir: {why}")
 
 
 def _config_in(directory: Path) -> ClusterConfig:

@@ -12,7 +12,6 @@ bar, then one table row per kind of death; exits 1 at the first broken promise, 
 from __future__ import annotations
 
 import argparse
-import errno
 import random
 import shutil
 import tempfile
@@ -23,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, make_dir
 from dgcc.wal import cluster_trials, trials
 from dgcc.wal.crashpoints import CRASHPOINTS
 
@@ -84,13 +83,8 @@ def command(args: argparse.Namespace, console: Console) -> int:
             f"--dir {args.dir} holds an earlier drill's trials (trial*): name an empty or new "
             "folder"  # another seed, and report a durability failure that is none
         )
-    root = args.dir or Path(tempfile.mkdtemp(prefix="dgcc_drill_"))
-    try:
-        if root.exists() and not root.is_dir():  # (mkdir would say "File exists")
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:  # a file of that name, no permission, ...
-        raise ConfigError(f"--dir {root}: cannot use it ({error.strerror or error})") from None
+    root = make_dir(args.dir or Path(tempfile.mkdtemp(prefix="dgcc_drill_")),
+                    "--dir {path}: cannot use it ({why})")  # fmt: skip
     rng = random.Random(args.seed)
     kinds: Counter[str] = Counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())

@@ -233,13 +233,14 @@ class ClusterConfig:
         nodes = data["nodes"]
         if not isinstance(nodes, list | tuple) or not all(isinstance(n, Mapping) for n in nodes):
             raise ConfigError(f"nodes must be a list of tables (id, host, port), got {nodes!r}")
-        fields = ("id", "host", "port")
+        fields = tuple(NodeAddress.__dataclass_fields__)  # id, host, port
         for node in nodes:
             missing = [name for name in fields if name not in node]
             extra = sorted(set(node) - set(fields))
             if missing or extra:
                 problem = f"lacks {missing}" if missing else f"has unknown keys {extra}"
-                raise ConfigError(f"node entry {dict(node)!r} {problem} (it takes id, host, port)")
+                takes = ", ".join(fields)
+                raise ConfigError(f"node entry {dict(node)!r} {problem} (it takes {takes})")
         values["nodes"] = tuple(NodeAddress(**node) for node in nodes)
         partition_nodes = values.get("partition_nodes")
         if partition_nodes is not None:

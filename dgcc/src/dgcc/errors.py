@@ -15,10 +15,17 @@
      ├── RejoinError          dgcc.wal.rejoin: a restarted node cannot rejoin its running peers
      └── DrillFailure         dgcc.wal.trials: a recovered state broke a durability promise
 
+``make_dir`` turns a folder a setting names but that cannot be one into a ConfigError.
+
 A logic abort (an overdraft, TPC-C's invalid item) is an Outcome, never an exception; so is a
 procedure whose plan or piece raises (an ERROR outcome for that call alone), except that with
 ``debug.check_invariants`` on a broken piece contract raises ProcedureError.
 """
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
 
 
 class DgccError(Exception):
@@ -50,3 +57,17 @@ class ConfigError(DgccError):
 
 class ProcedureError(DgccError):
     """A procedure broke the piece contract (undeclared access, write before abort, ...)."""
+
+
+def make_dir(path: Path, message: str) -> Path:
+    """Create the folder ``path`` (with its parents) if it is missing; where it cannot be one
+    (a file of that name, no permission), ConfigError with ``message`` formatted with ``path``
+    (as a str) and ``why`` (the system's reason). ``path`` itself is returned."""
+    try:
+        if path.exists() and not path.is_dir():  # (mkdir would say "File exists")
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        why = error.strerror or str(error)
+        raise ConfigError(message.format(path=str(path), why=why)) from None
+    return path

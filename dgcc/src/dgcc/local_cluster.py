@@ -133,7 +133,7 @@ def start_local(
         raise ConfigError(
             f"cannot use {str(directory)!r} as a cluster directory: {error.strerror or error}"
         ) from None
-    log_starts = [_log_size(directory, node.id) for node in config.nodes]
+    log_starts = [log_size(directory, node.id) for node in config.nodes]
     processes: list[subprocess.Popen] = []
     try:
         processes.extend(_spawn(directory, node.id) for node in config.nodes)
@@ -221,7 +221,7 @@ def start_node(
             "running peers; restart the whole cluster (dgcc cluster stop, then dgcc cluster "
             "start: every node recovers from its log)"
         )
-    log_starts = [_log_size(directory, node)]
+    log_starts = [log_size(directory, node)]
     process = _spawn(directory, node)
     _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)
     pids[node] = process.pid
@@ -308,7 +308,8 @@ def _write_pids(directory: Path, pids: list[int]) -> None:
     (directory / STATE_FILE).write_text(json.dumps(state))
 
 
-def _log_size(directory: Path, node: int) -> int:
+def log_size(directory: Path, node: int) -> int:
+    """How long node ``node``'s log in ``directory`` is now (where its next start begins)."""
     try:
         return (directory / f"node{node}.log").stat().st_size
     except OSError:  # none yet (or no such folder: the start says what is wrong with it)
@@ -331,11 +332,6 @@ def logged_warnings(directory: Path, node: int, start: int) -> list[str]:
             if level in line[:40]:  # "2026-12-02 13:50:45,123 WARNING module: message"
                 found.append(line.split(level, 1)[1].strip())
     return found
-
-
-def log_size(directory: Path, node: int) -> int:
-    """How long node ``node``'s log in ``directory`` is now (where its next start begins)."""
-    return _log_size(directory, node)
 
 
 def last_log_line(directory: Path, node: int, start: int) -> str:

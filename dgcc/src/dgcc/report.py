@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import logging
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, make_dir
 
 __all__ = [
     "SCRIPTS",
@@ -171,15 +170,7 @@ def _log_dir(config: ReportConfig) -> Path:
     """
     if config.log_dir is None:
         return Path(tempfile.mkdtemp(prefix="dgcc_report_"))
-    try:
-        if config.log_dir.exists() and not config.log_dir.is_dir():  # mkdir: "File exists"
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
-        config.log_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(
-            f"cannot use {str(config.log_dir)!r} as the log dir: {error.strerror or error}"
-        ) from None
-    return config.log_dir
+    return make_dir(config.log_dir, "cannot use {path!r} as the log dir: {why}")
 
 
 def run_report(

@@ -77,11 +77,26 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted((p for p in found if checkpoint_step(p) >= 0), key=checkpoint_step)
 
 
-def resolve_resume(resume: str, run_dir: str | Path) -> str:
+def resolve_resume(resume: str, run_dir: str | Path, steps: int) -> str:
     """The checkpoint folder `checkpoint.resume` names: a folder as given; `latest`: the newest
     checkpoint of `run_dir` (ConfigError if it has none); `auto`: the newest if there is one,
     else "" (a fresh start, which a folder holding a run refuses): rerunning the same command
-    continues a preempted job from its last checkpoint."""
+    continues a preempted job from its last checkpoint.
+
+    A checkpoint whose step is not below the run's `steps` (`train.steps`) is refused
+    (ConfigError, before anything changes): the run would train nothing, yet a resume in place
+    first cuts its later metrics and checkpoints back to that step."""
+    checkpoint = _named_checkpoint(resume, run_dir)
+    if checkpoint and (step := checkpoint_step(Path(checkpoint))) >= steps:
+        raise ConfigError(
+            f"checkpoint.resume: {checkpoint} is at step {step}, and train.steps={steps} leaves "
+            "nothing to train: raise train.steps to go on (nothing was changed)"
+        )
+    return checkpoint
+
+
+def _named_checkpoint(resume: str, run_dir: str | Path) -> str:
+    """`resolve_resume`'s folder, before its step is checked."""
     if resume not in (RESUME_LATEST, RESUME_AUTO):
         return resume
     found = list_checkpoints(Path(run_dir))

@@ -52,13 +52,11 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="yatt", description="RL post-training for language models")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    train = commands.add_parser(
-        "train",
-        help="run RL training from a preset or YAML file",
-        description=f"RL training from a preset or YAML file. {_OVERRIDES_HELP}",
-    )
-    train.add_argument("config", help=f"a YAML file or a preset name ({', '.join(_presets())})")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
+    presets = ", ".join(_presets())
+    _add_training_command(
+        commands, "train", "run RL training from a preset or YAML file",
+        "RL training from a preset or YAML file.", presets, "train.steps=50",
+    )  # fmt: skip
     evaluate = commands.add_parser("eval", help="greedy held-out accuracy of a model folder")
     evaluate.add_argument("model", help="a model folder, a checkpoint folder or a known name")
     evaluate.add_argument(
@@ -66,13 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         help="dotted overrides of the saved config, e.g. eval.n=200 data.path=... model.dtype=...",
     )
-    sft = commands.add_parser(
-        "sft",
-        help="supervised warm start on prompt/answer data",
-        description=f"Supervised warm start on prompt/answer rows. {_OVERRIDES_HELP}",
-    )
-    sft.add_argument("config", help=f"a YAML file or a preset name ({', '.join(_presets())})")
-    sft.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.path=rows.jsonl")
+    _add_training_command(
+        commands, "sft", "supervised warm start on prompt/answer data",
+        "Supervised warm start on prompt/answer rows.", presets, "data.path=rows.jsonl",
+    )  # fmt: skip
     models = commands.add_parser("models", help="manage local models")
     model_commands = models.add_subparsers(
         dest="models_command", required=True, parser_class=_Parser, metavar="{prepare}"
@@ -94,6 +89,16 @@ _OVERRIDES_HELP = (
     "(or auto) continues the run there, logging.overwrite=true replaces it. Presets live in "
     "yatt/src/yatt/configs/."
 )
+
+
+def _add_training_command(
+    commands: argparse._SubParsersAction, name: str, help: str, summary: str, presets: str,
+    example: str,
+) -> None:  # fmt: skip
+    """`yatt train` or `yatt sft`: a config (a preset or a YAML file) and dotted overrides."""
+    command = commands.add_parser(name, help=help, description=f"{summary} {_OVERRIDES_HELP}")
+    command.add_argument("config", help=f"a YAML file or a preset name ({presets})")
+    command.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
 
 
 def _presets() -> list[str]:

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from yatt.checkpoint import checkpoint_step
 from yatt.config import Config
 from yatt.data import TASK_PROVIDES
 from yatt.errors import ConfigError, DataError
-from yatt.rewards import NEED_MEANINGS, REWARD_NEEDS
+from yatt.rewards import NEED_MEANINGS, NEEDS_ANSWER, REWARD_NEEDS
 
 __all__ = [
     "check_eval_data",
     "check_rewards_grade_task",
     "check_rows_have_answers",
-    "check_steps_left",
     "check_training_dtype",
     "warn_if_nothing_kept",
 ]
@@ -61,10 +58,6 @@ def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bo
         )
 
 
-# The built-in rewards that grade against a row's `answer` (they raise on a row without one).
-ANSWER_GRADED = frozenset({"math_answer", "math_boxed"})
-
-
 def check_rows_have_answers(
     config: Config,
     train_rows: Sequence[Any],
@@ -85,7 +78,7 @@ def check_rows_have_answers(
     if config.eval.enabled or evaluate:
         uses.append(("eval.reward_fn", config.eval.reward_fn, heldout_rows))
     for key, name, rows in uses:
-        if name not in ANSWER_GRADED:
+        if name not in NEEDS_ANSWER:
             continue
         for row in rows:
             if row.answer is None:
@@ -132,18 +125,4 @@ def warn_if_nothing_kept(config: Config) -> None:
         logger.warning(
             "this run keeps no checkpoint (checkpoint.every=0, checkpoint.at_end=false): the "
             "trained policy is lost when it ends; set checkpoint.at_end=true to keep it"
-        )
-
-
-def check_steps_left(checkpoint: str, steps: int) -> None:
-    """Refuse (ConfigError, before anything changes) a resume from `checkpoint` whose step is
-    not below `train.steps`: it would train nothing, yet a resume in place first cuts the
-    run's later metrics and checkpoints back to that step."""
-    if not checkpoint:
-        return
-    step = checkpoint_step(Path(checkpoint))
-    if step >= steps:
-        raise ConfigError(
-            f"checkpoint.resume: {checkpoint} is at step {step}, and train.steps={steps} leaves "
-            "nothing to train: raise train.steps to go on (nothing was changed)"
         )

@@ -51,7 +51,7 @@ from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
 from yatt.roles.policy import load_optimizer_state, lr_lambda
-from yatt.run_checks import check_steps_left, check_training_dtype
+from yatt.run_checks import check_training_dtype
 
 __all__ = ["run_sft"]
 
@@ -133,8 +133,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
-    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
-    check_steps_left(resume, config.train.steps)
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
     if resume:
         check_resumed_by(Path(resume), SFT)
     # A checkpoint of this run folder continues the run in place; one of another folder

@@ -51,7 +51,6 @@ from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
     check_rows_have_answers,
-    check_steps_left,
     check_training_dtype,
     warn_if_nothing_kept,
 )
@@ -139,10 +138,11 @@ class Trainer:
         check_eval_data(config)
         check_training_dtype(config)
         check_rewards_grade_task(config, train=reward is None)  # a given reward is the caller's
-        resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
+        resume = resolve_resume(
+            config.checkpoint.resume, config.logging.run_dir, config.train.steps
+        )
         if resume:
             check_resumed_by(Path(resume), TRAINER)
-            check_steps_left(resume, config.train.steps)
         # A checkpoint of this run folder continues the run in place; one of another folder
         # starts a new run here from its state (the folder is claimed as for a fresh run).
         self._in_place = (

@@ -26,7 +26,6 @@ from yatt.control.segments import (
 from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
-    check_steps_left,
     check_training_dtype,
     warn_if_nothing_kept,
 )
@@ -196,8 +195,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     from yatt.checkpoint import checkpoint_run_dir, load_control_state, resolve_resume
     from yatt.run_dir import claim_run_dir
 
-    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir)
-    check_steps_left(resume, config.train.steps)
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
     state = None
     if resume:
         state = load_control_state(Path(resume))

@@ -26,6 +26,7 @@ from yatt.rewards.math import (
 )
 
 __all__ = [
+    "NEEDS_ANSWER",
     "NEED_MEANINGS",
     "REWARD_FNS",
     "REWARD_NEEDS",
@@ -87,6 +88,9 @@ NEED_MEANINGS: dict[str, str] = {
     "number": "answers that are numbers, one correct per problem",
     "reasoning_gym": "the rg_dataset and metadata fields of a reasoning_gym task's rows",
 }
+# The registered rewards that grade against a row's `answer` field (they raise on a row
+# without one; yatt.run_checks refuses such rows from a file when the data loads).
+NEEDS_ANSWER = frozenset({"math_answer", "math_boxed"})
 
 
 def get_reward_fn(name: str, **options: Any) -> RewardFn:
