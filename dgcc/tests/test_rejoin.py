@@ -150,6 +150,7 @@ def test_a_rejoin_the_peers_cannot_serve_fails_with_the_epochs(tmp_path: Path) -
         assert code == 2
         log = (tmp_path / "run" / "node1.log").read_text()
         assert "node 0 no longer holds epochs 1..6 that node 1 needs to rejoin" in log
+        assert "restart node 1 with the data dir it last wrote" in log  # the next step
         assert cluster.processes[0].poll() is None  # the survivor runs on
     finally:
         cluster.stop()

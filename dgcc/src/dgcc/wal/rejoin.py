@@ -88,7 +88,7 @@ class Retained:
         if log_end < self.since:
             raise RejoinError(
                 f"node {self.node} no longer holds epochs {log_end + 1}..{self.since} that "
-                f"node {peer} needs to rejoin (its log ends at epoch {log_end})"
+                f"node {peer} needs to rejoin (its log ends at epoch {log_end}): {_lost(peer)}"
             )
 
     def state_for(
@@ -143,6 +143,16 @@ class RejoinPlan:
     durable: dict[int, int]
 
 
+def _lost(node: int) -> str:
+    """What to do when the peers no longer hold the epochs node ``node`` needs: its log is
+    older than the one it last wrote (a lost or restored data dir)."""
+    return (
+        f"restart node {node} with the data dir it last wrote (an older or empty one cannot "
+        "catch up); if that is lost, its rows since are too: stop the cluster and start it "
+        "afresh in a new data dir"
+    )
+
+
 def plan_rejoin(node: int, log_end: int, states: Mapping[int, Mapping[str, Any]]) -> RejoinPlan:
     """Combine the running peers' answers into node ``node``'s catch-up plan.
 
@@ -163,7 +173,7 @@ def plan_rejoin(node: int, log_end: int, states: Mapping[int, Mapping[str, Any]]
         if state["since"] > restart:
             raise RejoinError(
                 f"node {peer} no longer holds epochs {restart + 1}..{state['since']} that "
-                f"node {node} needs to rejoin"
+                f"node {node} needs to rejoin: {_lost(node)}"
             )
     own = _own_batches(node, restart, states)
     closed = restart + len(own)
