@@ -283,10 +283,11 @@ class AlgoConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     """Reward = sum of weighted rule functions (names from yatt.rewards, or a user's own as
-    "package.module:function") [+ a BT reward model]."""
+    "package.module:function") [+ a BT reward model]. `weights` has one weight per entry of
+    `fns`; left empty, each function weighs 1.0 (filled in, so the saved config shows them)."""
 
     fns: tuple[str, ...] = ("math_answer",)
-    weights: tuple[float, ...] = (1.0,)
+    weights: tuple[float, ...] = ()
     model_path: str = ""
     model_weight: float = 1.0
 
@@ -294,11 +295,13 @@ class RewardConfig:
         _require_finite(self, "reward")
         for name in self.fns:
             _require_reward("reward.fns", name)
+        if not self.weights:
+            object.__setattr__(self, "weights", (1.0,) * len(self.fns))
         _require(
             len(self.fns) == len(self.weights),
             "reward.weights",
             self.weights,
-            f"{len(self.fns)} weights, one per entry of reward.fns",
+            f"{len(self.fns)} weights, one per entry of reward.fns (or none: 1.0 each)",
         )
         _require(
             bool(self.fns) or bool(self.model_path),
