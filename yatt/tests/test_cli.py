@@ -78,6 +78,35 @@ def test_report_summarises_a_run_folder_and_draws_its_plots(tmp_path, capsys) ->
     assert "row 3" in capsys.readouterr().err
 
 
+def test_report_of_a_distributed_run_shows_its_control_record(tmp_path, capsys) -> None:
+    import json
+
+    from yatt.control.segments import Segment, merged_summary
+
+    rows = [{"step": step, "critic/score/mean": 0.5, "timing_s/step": 1.0,
+             "perf/throughput": 40.0} for step in (1, 2, 3)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    move = {"step": 3, "from": "colocate(2)", "to": "partial(1/2)", "switch": True,
+            "reason": "move to partial(1/2): ..."}  # fmt: skip
+    parts = [
+        Segment(0, [1.0, 2.0], 0.0, 2.0, 2, 512.0, 2048, settings="parallel controllers, colocate"),
+        Segment(2, [3.0], 2.0, 1.0, 2, 256.0, 1024, settings="single controllers, colocate",
+                decisions=[move]),
+    ]  # fmt: skip
+    (tmp_path / "control.json").write_text(json.dumps(merged_summary(parts)))
+    assert main(["report", str(tmp_path), "--no-plots"]) == 0
+    table = capsys.readouterr().err
+    assert "distributed run (control.json)" in table
+    assert "steps 1-2" in table and "parallel controllers, colocate" in table
+    assert "steps 3-3" in table and "single controllers, colocate" in table
+    assert "3,072" in table and "512 MiB" in table  # bytes summed, the driver's peak
+    assert "move before step 3" in table and "colocate(2) -> partial(1/2)" in table
+    (tmp_path / "control.json").write_text("{")  # damaged: named, the metrics still shown
+    assert main(["report", str(tmp_path), "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert "control.json: cannot read it" in err and "yatt run summary" in err
+
+
 def test_report_of_a_run_without_rows_is_an_error(tmp_path, capsys) -> None:
     # An empty or only-torn metrics file once printed an empty table and succeeded.
     for text in ("", '{"step": 1, "critic/sc'):

@@ -42,7 +42,7 @@ def test_list_and_bool_overrides() -> None:
 def test_reward_weights_left_out_weigh_each_function_one() -> None:
     config = load_config(None, ["reward.fns=[math_answer,format]"])
     assert config.reward.weights == (1.0, 1.0)  # filled in: the saved config shows them
-    with pytest.raises(ConfigError, match="one per entry of reward.fns"):
+    with pytest.raises(ConfigError, match=r"one per entry of reward\.fns"):
         load_config(None, ["reward.fns=[math_answer,format]", "reward.weights=[1]"])
 
 

@@ -190,6 +190,13 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     finally:
         controller.close()
     assert [h["control/move_s"] > 0 for h in run.history] == [False, True, True]
+    # control.json's record of them: the logged step each came before, from, to, why
+    assert run.decisions == [
+        {"step": 2, "from": "colocate(2)", "to": targets[1].label(), "switch": True,
+         "reason": "scripted"},
+        {"step": 3, "from": targets[1].label(), "to": "colocate(2)", "switch": True,
+         "reason": "scripted"},
+    ]  # fmt: skip
     assert controller.plan.kind == "colocate" and last_actors == first_actors
     assert sum(e[2] == "move" for e in run.events) == 2 * 2  # two moves, on both devices
     _assert_close(weights, _inprocess_weights(config))

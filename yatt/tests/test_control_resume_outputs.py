@@ -20,6 +20,7 @@ from yatt.control.segments import (
     merged_spans,
     merged_summary,
     save_segments,
+    settings_text,
     step_ranges,
 )
 
@@ -56,7 +57,9 @@ def test_a_resumed_run_reports_progress_and_outputs_over_all_its_parts(tmp_path,
     assert [part["steps"] for part in summary["segments"]] == [[1, 2], [3, 3]]
     assert summary["wall_s"] == pytest.approx(sum(p["wall_s"] for p in summary["segments"]))
     spans, title, marks = plotted[-1]
-    assert title.endswith(", steps 1-3")
+    assert title == "parallel controllers, colocate, 1 device, steps 1-3"
+    assert [part["settings"] for part in summary["segments"]] == [title[:-11]] * 2
+    assert summary["decisions"] == []  # no runtime re-placement asked for
     assert [label for _, label in marks] == ["resumed at step 2"]
     resumed_s = marks[0][0]  # the first part's spans, then the resumed part's
     before = [span for span in spans if span.end_s <= resumed_s]
@@ -119,3 +122,46 @@ def test_segment_records_round_trip_and_a_damaged_file_is_moved_aside(tmp_path, 
     (tmp_path / SEGMENTS_FILE).write_text(json.dumps([{"first_step": 0}]))  # not a record
     assert load_segments(tmp_path) == []
     assert "missing" in caplog.records[-1].getMessage()
+
+
+def _moves(*steps: int) -> list[dict]:
+    return [{"step": step, "from": "colocate(2)", "to": "partial(1/2)", "switch": True,
+             "reason": f"why {step}"} for step in steps]  # fmt: skip
+
+
+def test_settings_and_decisions_follow_the_parts_of_a_run(tmp_path):
+    """Each part keeps the control settings it ran with and its re-placement decisions: the
+    records round-trip, a resume cuts the decisions after its step, control.json lists them
+    all, and a resume with other settings is named in the title and at its mark."""
+    first = _segment(0, 4, 1000.0, settings="parallel controllers, colocate, 2 devices",
+                     decisions=_moves(2, 4))  # fmt: skip
+    second = _segment(3, 2, 2000.0, settings="single controllers, colocate, 2 devices",
+                      decisions=_moves(5))  # fmt: skip
+    save_segments(tmp_path, [first, second])
+    assert load_segments(tmp_path) == [first, second]
+    kept = cut_segments([first, second], 3)
+    assert [d["step"] for d in kept[0].decisions] == [2]
+    summary = merged_summary([kept[0], second])
+    assert [d["step"] for d in summary["decisions"]] == [2, 5]
+    assert summary["segments"][1]["settings"] == "single controllers, colocate, 2 devices"
+    assert settings_text([first, second]) == (
+        "settings changed on resume: parallel controllers, colocate, 2 devices / "
+        "single controllers, colocate, 2 devices"
+    )
+    assert settings_text([first, first]) == "parallel controllers, colocate, 2 devices"
+    assert settings_text([_segment(0, 1, 0.0)]) == ""  # a record from before the field
+    _, marks = merged_spans([first, second])
+    assert marks[0][1] == "resumed at step 3 as single controllers, colocate, 2 devices"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"step": 0}, {"step": 2, "from": "a", "to": "b", "switch": "yes", "reason": ""}, "move"],
+)
+def test_a_damaged_decision_record_is_refused_like_any_field(tmp_path, caplog, bad):
+    path = save_segments(tmp_path, [_segment(0, 1, 0.0)])
+    record = json.loads(path.read_text())
+    record[0]["decisions"] = [bad]
+    path.write_text(json.dumps(record))
+    assert load_segments(tmp_path) == []
+    assert "decisions[0]" in caplog.records[-1].getMessage()

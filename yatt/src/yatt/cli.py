@@ -294,12 +294,23 @@ def _sft(preset: str, overrides: list[str]) -> None:
 
 
 def _report(run_dir: Path, plots: bool) -> None:
-    """The summary table of a run folder's metrics, and its plots written beside them (an RL
-    run's reward and timing plots; an SFT run gets only the table)."""
-    from yatt.report import console, evals_of, load_history, summary_table, write_plots
+    """The summary table of a run folder's metrics (and, for a distributed run, of its
+    control.json), and its plots written beside them (an RL run's reward and timing plots; an
+    SFT run gets only the table)."""
+    from yatt.report import (
+        console,
+        control_table,
+        evals_of,
+        load_history,
+        summary_table,
+        write_plots,
+    )
 
     history = load_history(run_dir)
     console.print(summary_table(history, evals_of(history)))
+    control = control_table(run_dir)
+    if control is not None:
+        console.print(control)
     if plots and history and not any("sft/loss" in row for row in history):
         for path in write_plots(history, run_dir):
             logger.info("wrote %s", path)

@@ -6,6 +6,7 @@ a `progress(step, total, metrics)` callback and its metric history.
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from yatt.errors import DataError
 
 __all__ = [
     "console",
+    "control_table",
     "evals_of",
     "load_history",
     "progress_bar",
@@ -108,6 +110,46 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
                 table.add_row(f"{key} (mean)", f"{mean_s:.3f}")
         throughput = statistics.fmean(r["perf/throughput"] for r in steps)
         table.add_row("perf/throughput (tokens/s)", f"{throughput:.0f}")
+    return table
+
+
+def control_table(run_dir: Path) -> Table | None:
+    """What a distributed run's `control.json` says: the settings of each part of the run,
+    the steps recorded, wall time, driver memory and bytes, the workers' peak memory and the
+    runtime re-placement moves; None for a run without one (a single-process run). A file
+    that does not parse is named in a warning and left out."""
+    path = Path(run_dir) / "control.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+        table = Table(title="distributed run (control.json)")
+        table.add_column("what")
+        table.add_column("value")
+        for part in summary["segments"]:
+            first, last = part["steps"]
+            settings = part.get("settings") or "(settings not recorded)"
+            table.add_row(f"steps {first}-{last}", settings)
+        if summary.get("not_recorded"):
+            gaps = ", ".join(f"{a}-{b}" for a, b in summary["not_recorded"])
+            table.add_row("steps not recorded", gaps)
+        table.add_row("wall time", f"{summary['wall_s']:.1f} s")
+        table.add_row("driver peak memory", f"{summary['driver_peak_rss_mb']:.0f} MiB")
+        table.add_row("bytes through the driver", f"{summary['bytes_moved']:,}")
+        peaks = [stats["peak_rss_mb"] for stats in summary["workers"].values()
+                 if "peak_rss_mb" in stats]  # fmt: skip
+        if peaks:
+            table.add_row("worker peak memory (most)", f"{max(peaks):.0f} MiB")
+        decisions = summary.get("decisions", [])
+        if decisions:
+            moves = [d for d in decisions if d["switch"]]
+            table.add_row("re-placement decisions", f"{len(decisions)}, {len(moves)} moves")
+            for move in moves:
+                table.add_row(f"move before step {move['step']}", f"{move['from']} -> {move['to']}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("%s: cannot read it (%s); left out of the report", path,
+                       " ".join(f"{type(exc).__name__}: {exc}".split())[:200])  # fmt: skip
+        return None
     return table
 
 

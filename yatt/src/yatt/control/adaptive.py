@@ -157,6 +157,7 @@ class AdaptiveController(Controller):
                 move_s = self._move(step, self.replanner.plan_for(decision))
             if decision is not None:
                 self.decisions.append(decision)
+                result.decisions.append(decision.record())
             self.controller._last_step = total - 1
             step_start_s = time.perf_counter()
             metrics = self.step(step)

@@ -43,6 +43,7 @@ class RunResult:
     driver_peak_rss_mb: float = 0.0
     bytes_moved: int = 0
     wall_s: float = 0.0
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # Decision.record() each
 
 
 def add_perf_metrics(metrics: dict[str, float], step_s: float) -> None:

@@ -42,6 +42,7 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from yatt.control.placement import Placement, candidate_placements
 from yatt.errors import ConfigError
@@ -172,6 +173,12 @@ class Decision:
     move_cost_s: float
     reason: str
 
+    def record(self) -> dict[str, Any]:
+        """The decision as `control.json` keeps it: `step`, the logged step it came before
+        (`self.step` counts the steps done), the plans `from` and `to`, whether it moved."""
+        return {"step": self.step + 1, "from": self.current, "to": self.chosen,
+                "switch": self.switch, "reason": self.reason}  # fmt: skip
+
 
 class Replanner:
     """Chooses among the candidate plans every `every_steps` steps from smoothed phase costs."""
@@ -256,7 +263,7 @@ class Replanner:
         decision = Decision(step, current.label(), (best if switch else current).label(), switch,
                             now_s, best_s, self.move_cost_s, reason)  # fmt: skip
         self.decisions.append(decision)
-        logger.info("step %d re-placement (%s): %s", step, current.label(), reason)
+        logger.info("re-placement before step %d (%s): %s", step + 1, current.label(), reason)
         return decision
 
     def plan_for(self, decision: Decision) -> Placement:

@@ -22,6 +22,7 @@ from yatt.control.segments import (
     merged_spans,
     merged_summary,
     save_segments,
+    settings_text,
 )
 from yatt.run_checks import (
     check_eval_data,
@@ -131,9 +132,10 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     finally:
         controller.close()
     _rewrite_metrics(config, run_dir, start_step, start_rows, result.history)
-    segments = [*earlier, _segment(result, start_step, start_s, n_devices)]
+    settings = settings_label(control, n_devices)
+    segments = [*earlier, _segment(result, start_step, start_s, n_devices, settings)]
     save_segments(run_dir, segments)
-    _write_run_outputs(run_dir, segments, f"{control.mode} controllers, {control.placement}")
+    _write_run_outputs(run_dir, segments)
     logger.info(
         "distributed run: %.1f s, driver peak %.0f MiB, %d bytes via the driver",
         result.wall_s,
@@ -143,7 +145,27 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     return result
 
 
-def _segment(result: RunResult, start_step: int, start_s: float, n_devices: int) -> Segment:
+def settings_label(control: ControlConfig, n_devices: int) -> str:
+    """The `control.*` settings that shape a run's timeline, in a few words."""
+    parts = [f"{control.mode} controllers", control.placement]
+    if control.placement != "colocate" and control.n_sampler:
+        parts[-1] += f" ({control.n_sampler} sampler devices)"
+    parts.append(f"{n_devices} device{'s' if n_devices != 1 else ''}")
+    if control.async_staleness:
+        parts.append(f"async staleness {control.async_staleness}")
+    if control.over_dispatch:
+        parts.append(f"over-dispatch {control.over_dispatch:g}")
+    if control.replace_every:
+        every = control.replace_every
+        parts.append(
+            f"re-placement every {every} steps" if every > 1 else "re-placement every step"
+        )
+    return ", ".join(parts)
+
+
+def _segment(
+    result: RunResult, start_step: int, start_s: float, n_devices: int, settings: str
+) -> Segment:
     """The record of the part of the run `result` describes (steps `start_step + 1` on)."""
     history = result.history
     per_step_bytes = all("control/bytes_moved" in row for row in history)
@@ -158,18 +180,21 @@ def _segment(result: RunResult, start_step: int, start_s: float, n_devices: int)
         step_bytes=[row["control/bytes_moved"] for row in history] if per_step_bytes else [],
         workers=result.workers,
         events=[tuple(event) for event in result.events],  # type: ignore[misc]
+        settings=settings,
+        decisions=result.decisions,
     )
 
 
-def _write_run_outputs(run_dir: Path, segments: list[Segment], title: str) -> None:
+def _write_run_outputs(run_dir: Path, segments: list[Segment]) -> None:
     """`timeline.png` and `control.json` over every segment of the run, each naming the steps
-    it covers (`coverage_text`, `merged_summary`'s `steps` and `not_recorded`)."""
+    it covers (`coverage_text`, `merged_summary`'s `steps` and `not_recorded`) and the settings
+    each part ran with."""
     from yatt.control.timeline import plot_timeline
 
     spans, marks = merged_spans(segments)
     n_devices = max(segment.n_devices for segment in segments)
-    plot_timeline(spans, n_devices, run_dir / "timeline.png",
-                  f"{title}, {coverage_text(segments)}", marks)  # fmt: skip
+    title = ", ".join(filter(None, (settings_text(segments), coverage_text(segments))))
+    plot_timeline(spans, n_devices, run_dir / "timeline.png", title, marks)
     (run_dir / "control.json").write_text(json.dumps(merged_summary(segments), indent=1))
 
 

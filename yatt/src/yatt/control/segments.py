@@ -48,6 +48,7 @@ __all__ = [
     "merged_spans",
     "merged_summary",
     "save_segments",
+    "settings_text",
     "step_ranges",
 ]
 
@@ -69,7 +70,10 @@ class Segment:
     `step_bytes[i]` the bytes through the driver by then (empty where the controller does not
     log them per step); `start_s` is when the segment's steps began, on the same clock as its
     `events` (device, role, phase, start_s, end_s). `workers` holds each worker's stats over the
-    whole segment (`peak_*` keys are peaks, others totals).
+    whole segment (`peak_*` keys are peaks, others totals). `settings` names the `control.*`
+    settings it ran with (a resume may change them; "" in records from before the field), and
+    `decisions` are its runtime re-placement decisions (`Decision.record`: `step` is the
+    logged step each came before).
 
     `events` are made compact on construction (`compact_events`): in time order, at most
     `MAX_SPANS` of them, each device's busy time per role and phase kept."""
@@ -84,6 +88,8 @@ class Segment:
     step_bytes: list[float] = field(default_factory=list)
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    settings: str = ""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "events", compact_events(self.events))
@@ -113,6 +119,7 @@ class Segment:
             step_bytes=self.step_bytes[:kept],
             events=[(d, role, phase, start, min(end, end_s))
                     for d, role, phase, start, end in self.events if start < end_s],
+            decisions=[decision for decision in self.decisions if decision["step"] <= step],
         )  # fmt: skip
 
 
@@ -361,6 +368,8 @@ def _segment_from_json(item: Any, what: str) -> Segment:
             raise ValueError(f"{what} workers[{name!r}] is not an object: {_shown(stats)}")
         for key, value in stats.items():
             _number(value, f"{what} workers[{name!r}][{key!r}]")
+    entries = _list(item.get("decisions", []), f"{what} decisions")
+    decisions = [_decision(entry, f"{what} decisions[{i}]") for i, entry in enumerate(entries)]
     peak_mb = _number(item.get("driver_peak_rss_mb", 0.0), f"{what} driver_peak_rss_mb")
     bytes_moved = _number(item.get("bytes_moved", 0), f"{what} bytes_moved")
     return Segment(
@@ -374,7 +383,24 @@ def _segment_from_json(item: Any, what: str) -> Segment:
         step_bytes=step_bytes,
         workers=workers,
         events=_events_from_json(item.get("events", []), f"{what} events"),
+        settings=_text(item.get("settings", ""), f"{what} settings"),
+        decisions=decisions,
     )
+
+
+_DECISION_KEYS = {"step", "from", "to", "switch", "reason"}
+
+
+def _decision(entry: Any, what: str) -> dict[str, Any]:
+    """A re-placement decision from its file form (`Decision.record`'s keys and types)."""
+    if not isinstance(entry, dict) or set(entry) != _DECISION_KEYS:
+        raise ValueError(f"{what} is not an object with keys {sorted(_DECISION_KEYS)}")
+    _count(entry["step"], f"{what} step", 1)
+    for key in ("from", "to", "reason"):
+        _text(entry[key], f"{what} {key}")
+    if not isinstance(entry["switch"], bool):
+        raise ValueError(f"{what} switch is not true or false: {_shown(entry['switch'])}")
+    return dict(entry)
 
 
 def _segment_to_json(segment: Segment) -> dict[str, Any]:
@@ -465,11 +491,23 @@ def coverage_text(segments: list[Segment]) -> str:
     return f"{text} ({_ranges_text(gaps)} not recorded)" if gaps else text
 
 
+def settings_text(segments: list[Segment]) -> str:
+    """The `control.*` settings `segments` ran with, for a title: the one label they share, or,
+    where a resume changed them, the labels in order."""
+    labels = [s.settings for s in segments if s.settings]
+    distinct = list(dict.fromkeys(labels))
+    if len(distinct) <= 1:
+        return distinct[0] if distinct else ""
+    return "settings changed on resume: " + " / ".join(
+        label for i, label in enumerate(labels) if not i or label != labels[i - 1]
+    )
+
+
 def merged_spans(segments: list[Segment]) -> tuple[list[Span], list[tuple[float, str]]]:
     """Every segment's phase spans (compact: at most `MAX_SPANS` each) on one time axis
     starting at 0, laid end to end (the time between segments, when the run was down or
     starting up again, left out), and a mark (time, label) where each resumed segment
-    starts."""
+    starts (naming its settings where they differ from the segment's before)."""
     spans: list[Span] = []
     marks: list[tuple[float, str]] = []
     offset_s = 0.0
@@ -478,7 +516,11 @@ def merged_spans(segments: list[Segment]) -> tuple[list[Span], list[tuple[float,
             continue
         origin = min(event[3] for event in segment.events)
         if index and spans:
-            marks.append((offset_s, f"resumed at step {segment.first_step}"))
+            label = f"resumed at step {segment.first_step}"
+            before = segments[index - 1].settings
+            if segment.settings and before and segment.settings != before:
+                label += f" as {segment.settings}"
+            marks.append((offset_s, label))
         shifted = [Span(d, role, phase, start - origin + offset_s, end - origin + offset_s)
                    for d, role, phase, start, end in segment.events]  # fmt: skip
         spans += shifted
@@ -506,7 +548,8 @@ def merged_summary(segments: list[Segment]) -> dict[str, Any]:
     """`control.json`'s content over all `segments`: wall seconds and bytes through the driver
     summed, the driver's peak memory, the workers' stats merged; `steps`, the step ranges
     covered; `not_recorded`, those before the last covered step that no record holds (only
-    when there are some); and one entry per segment in `segments`."""
+    when there are some); `decisions`, every runtime re-placement decision, by step; and one
+    entry per segment in `segments`, with the settings it ran with."""
     ranges = step_ranges(segments)
     summary: dict[str, Any] = {
         "wall_s": sum(s.wall_s for s in segments),
@@ -518,10 +561,12 @@ def merged_summary(segments: list[Segment]) -> dict[str, Any]:
     gaps = _missing(ranges)
     if gaps:
         summary["not_recorded"] = [list(gap) for gap in gaps]
+    summary["decisions"] = sorted((d for s in segments for d in s.decisions),
+                                  key=lambda d: d["step"])  # fmt: skip
     summary["segments"] = [
-        {"steps": [s.first_step + 1, s.last_step], "wall_s": s.wall_s,
+        {"steps": [s.first_step + 1, s.last_step], "settings": s.settings, "wall_s": s.wall_s,
          "driver_peak_rss_mb": s.driver_peak_rss_mb, "bytes_moved": s.bytes_moved,
-         "workers": s.workers}
+         "workers": s.workers, "decisions": s.decisions}
         for s in segments
     ]  # fmt: skip
     return summary
