@@ -32,7 +32,7 @@ from dgcc import (
 )
 from dgcc.api import PieceContext
 from dgcc.cluster import local_config
-from dgcc.errors import ProcedureError
+from dgcc.errors import ConfigError, ProcedureError
 from dgcc.net import AsyncClient
 from dgcc.net.servers import SERVERS, server_class
 from dgcc.net.wire import decode, encode
@@ -255,6 +255,68 @@ def test_every_node_fails_a_faulty_multi_node_call_alike(protocol: str) -> None:
     assert outcomes[2].reason == PLAN_FAILED
     assert dbs[0]["kv"].rows[1]["v"] == 100 and dbs[1]["kv"].rows[12]["v"] == 100
     assert dbs[0]["kv"].rows[4]["v"] == 100  # the last call's bump alone
+
+
+@pytest.mark.parametrize("protocol", ["dgcc", "calvin"])
+def test_an_undeclared_abort_or_a_short_route_fails_its_call_on_a_cluster(protocol: str) -> None:
+    """Two workload bugs that once stopped a node or half-applied a call: a piece that aborts
+    without may_abort (an assertion stopped the node running it), and a route_keys that leaves
+    out a partition the pieces touch (the node planning the call alone wrote its share and
+    failed on the rows it does not hold). Each is now an ERROR for that call, naming it."""
+
+    class _ShortRoute(_TwoNodes):
+        def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
+            return [("kv", params["keys"][0])]  # only the first key's partition
+
+    def plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        pieces = _bump_plan(params, view)
+        if params["d"] < 0:  # node 1's piece aborts, undeclared
+            pieces[-1] = Piece(pieces[-1].name, lambda ctx: ctx.abort("no"), pieces[-1].reads)
+        return pieces
+
+    run_class = server_class(protocol).epoch_run
+    registry = ProcedureRegistry([Procedure("bump", {"keys": list, "d": int}, plan)])
+    dbs = [_db(), _db()]
+    batch = [_bump([1, 12], -1), _bump([2, 13], 1)]
+    runs = [run_class(n, dbs[n], registry, Router(_TwoNodes(), Placement.round_robin(2)),
+                      [batch, []]) for n in (0, 1)]  # fmt: skip
+    _run_to_the_end(runs)
+    assembler = ResultAssembler(registry, batch, 2)
+    for node, run in enumerate(runs):
+        assembler.add(node, _wire(run.reports().get(0, [])))
+    undeclared, fine = assembler.outcomes()
+    assert (undeclared.status, fine.status) == (Status.ERROR, Status.COMMITTED)
+    assert "bump.bump12 aborted (no) but is not declared may_abort=True" in undeclared.reason
+
+    short = Router(_ShortRoute(), Placement.round_robin(2))
+    db = _db()
+    run = run_class(0, db, registry, short, [[_bump([3, 14], 1), _bump([5], 1)], []])
+    while not run.finished:
+        assert run.step(100), "nothing ran"
+    assembler = ResultAssembler(registry, [_bump([3, 14], 1), _bump([5], 1)], 2)
+    assembler.add(0, _wire(run.reports().get(0, [])))
+    assembler.add(1, [])
+    misrouted, fine = assembler.outcomes()
+    assert (misrouted.status, fine.status) == (Status.ERROR, Status.COMMITTED)
+    assert "pieces on nodes [0, 1] but the route gave [0]" in misrouted.reason
+    assert "route_keys must name every partition" in misrouted.reason
+    assert db["kv"].rows[3]["v"] == 0 and db["kv"].rows[5]["v"] == 100  # nothing half-applied
+
+
+def test_solo_routes_are_checked_first_always_then_by_sample() -> None:
+    router = Router(_TwoNodes(), Placement.round_robin(2))
+    checked = [router.check_solo_route("bump") for _ in range(400)]
+    assert all(checked[:256]) and [i for i in range(256, 400) if checked[i]] == [256, 320, 384]
+    assert router.check_solo_route("span")  # counted per procedure
+
+
+def test_a_partition_of_out_of_range_is_named() -> None:
+    class _Beyond(_TwoNodes):
+        def partition_of(self, key: Hashable, partitions: int) -> int:
+            return 2
+
+    with pytest.raises(ConfigError, match=r"_Beyond.partition_of\(\('kv', 1\), 2\) returned 2: "):
+        Router(_Beyond(), Placement.round_robin(2)).node_of_key(("kv", 1))
 
 
 class _FaultyYcsb(YcsbWorkload):

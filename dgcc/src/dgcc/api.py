@@ -477,7 +477,9 @@ def run_piece(ctx: PieceContext, txn: PlannedTxn, piece: Piece) -> None:
     """Run one piece of ``txn`` (never raises for abort or procedure failure).
 
     Once the transaction has aborted or failed, its remaining pieces are skipped; protocols
-    still release their successors in the graph.
+    still release their successors in the graph. A piece that aborts without ``may_abort``
+    fails its transaction (ERROR naming it): no protocol ordered other pieces after its
+    decision, so some may have run.
     """
     if txn.abort_reason is not None or txn.error is not None:
         return
@@ -485,7 +487,13 @@ def run_piece(ctx: PieceContext, txn: PlannedTxn, piece: Piece) -> None:
     try:
         txn.outputs[piece.name] = piece.run(ctx)
     except LogicAbort as abort:
-        txn.abort_reason = abort.reason
+        if piece.may_abort:
+            txn.abort_reason = abort.reason
+        else:  # no protocol waits for its decision: other pieces may have run, here or on peers
+            txn.error = (
+                f"{txn.procedure.name}.{piece.name} aborted ({abort.reason}) but is not declared "
+                "may_abort=True: only a piece so declared may abort"
+            )
     except Exception as error:  # a procedure bug: the transaction reports ERROR; which of its
         # other pieces already ran may differ between protocols (see protocols/dgcc.py)
         if debug.check_invariants and isinstance(error, ProcedureError):

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 REPLICATED = -1  # partition of a key every node holds (same value as the TPC-C workload's)
 NODES_MAX = 64
+SOLO_CHECKS_FIRST = 256  # ``Router.check_solo_route``: each procedure's first calls are checked
+SOLO_CHECKS_EVERY = 64  # and then one in this many
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Router:
     def __init__(self, workload: Workload, placement: Placement) -> None:
         self.placement = placement
         self._partition_of = workload.partition_of
+        self._workload_name = type(workload).__name__
         self._route_keys = workload.route_keys
         # Only where a workload defines it (a duck-typed one may define only the two above).
         defined = getattr(type(workload), "route_partitions", Workload.route_partitions)
@@ -101,6 +104,7 @@ class Router:
         # planned, so each call is routed once.
         self._batch_routes: dict[int, tuple[Sequence[Any], list[frozenset[int] | None]]] = {}
         self._route_failures: set[str] = set()  # procedures whose routing raised (logged once)
+        self._solo_calls: dict[str, int] = {}  # procedure -> its calls routed to one node
 
     def node_of_key(self, key: Hashable) -> int:
         """The node owning ``key``, or ``REPLICATED``."""
@@ -110,10 +114,32 @@ class Router:
         return node
 
     def owner(self, key: Hashable) -> int:
-        """``node_of_key`` without the cache (for a pass over every key of a table)."""
+        """``node_of_key`` without the cache (for a pass over every key of a table).
+
+        Raises:
+            ConfigError: the workload's ``partition_of`` gave something other than a partition
+                (an int in ``0..partitions - 1``) or ``REPLICATED``.
+        """
         owners = self.placement.partition_nodes
         partition = self._partition_of(key, len(owners))
-        return REPLICATED if partition == REPLICATED else owners[partition]
+        if partition == REPLICATED:
+            return REPLICATED
+        if type(partition) is not int or not 0 <= partition < len(owners):
+            raise ConfigError(
+                f"{self._workload_name}.partition_of({key!r}, {len(owners)}) returned "
+                f"{partition!r}: a partition is an int in 0..{len(owners) - 1}, or "
+                f"{REPLICATED} for a row every node holds (never written)"
+            )
+        return owners[partition]
+
+    def check_solo_route(self, procedure: str) -> bool:
+        """Whether to check that a call routed to one node keeps its pieces there (a
+        ``route_keys`` that leaves out a partition would otherwise half-apply the call): for
+        each procedure's first ``SOLO_CHECKS_FIRST`` such calls, then every
+        ``SOLO_CHECKS_EVERY``-th (the check costs about as much as planning the call)."""
+        count = self._solo_calls.get(procedure, 0)
+        self._solo_calls[procedure] = count + 1
+        return count < SOLO_CHECKS_FIRST or not count % SOLO_CHECKS_EVERY
 
     def nodes_of(self, keys: Sequence[Hashable]) -> set[int]:
         """The nodes owning ``keys`` (``REPLICATED`` among them for replicated keys)."""
