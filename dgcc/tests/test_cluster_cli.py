@@ -136,9 +136,10 @@ def test_a_logging_cluster_restarts_a_killed_node_alone(tmp_path):
     segment = max((tmp_path / "data" / "node1").glob("wal-*.log"))
     with segment.open("ab") as log:
         log.write(b"DGWL" + bytes(10))
-    restarted = _cli("cluster", "start", "--dir", str(directory), *options, *data)
+    restarted = _cli("cluster", "start", "--dir", str(directory))  # no flags: the same cluster
     try:
         assert restarted.returncode == 0, restarted.stderr
+        assert f"restarting the cluster of {directory / 'cluster.json'}" in restarted.stdout
         torn = [line for line in restarted.stdout.splitlines() if line.startswith("node 1: ")]
         assert any("dropping 14 bytes" in line and "torn header" in line for line in torn), torn
     finally:

@@ -339,6 +339,28 @@ def test_stop_signals_only_this_clusters_nodes(tmp_path, children, capsys):
     assert f"left pids [{other.pid}, {stale.pid}] alone" in out
 
 
+def test_stop_status_and_call_need_not_import_the_workload(tmp_path, capsys):
+    # A user workload off PYTHONPATH once made stop fail ("cannot import ...") with its nodes
+    # left running; only check (which reads the rows) builds the workload.
+    holder = socket.socket()  # bound, not listening: connects are refused
+    holder.bind(("127.0.0.1", 0))
+    nodes = (NodeAddress(0, "127.0.0.1", holder.getsockname()[1]),)
+    config = ClusterConfig(nodes=nodes, workload="no_such_pkg.bank:Bank", check_workload=False)
+    try:
+        _write_cluster(tmp_path, config, [])
+        assert main(["cluster", "stop", "--dir", str(tmp_path)]) == 0
+        assert "1 of 1 nodes were not running" in capsys.readouterr().out
+        main(["cluster", "status", "--dir", str(tmp_path)])
+        assert "node 0 down" in capsys.readouterr().out
+        assert main(["call", "p", "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "no_such_pkg" not in err and "cannot connect" in err
+        assert main(["cluster", "check", "--dir", str(tmp_path)]) == 2
+        assert "no_such_pkg" in capsys.readouterr().err
+    finally:
+        holder.close()
+
+
 def test_terminate_never_signals_groups_or_exited_processes(tmp_path, children):
     assert _terminate(0, tmp_path, 0, WAIT_S) is None
     assert _terminate(-1, tmp_path, 0, WAIT_S) is None

@@ -87,7 +87,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     cluster.set_defaults(check_invariants=False)
     actions = cluster.add_subparsers(dest="action", required=True)
     start = actions.add_parser(
-        "start", help="start N node processes on loopback, or (--node) one node again"
+        "start",
+        help="start N node processes on loopback (with no flags: the cluster of --dir again), "
+        "or (--node) one node again",
     )
     _add_start_flags(start)
     stop = actions.add_parser(
@@ -292,7 +294,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return _call(args)
     if args.action == "start":
         return _start(args)
-    config = _config_in(args.dir)
+    # Stop and status only reach the nodes: a user workload need not import here.
+    config = _config_in(args.dir, check_workload=args.action == "check")
     if args.action == "status":
         return _status(config)
     if args.action == "check":
@@ -369,9 +372,13 @@ def _start(args: argparse.Namespace) -> int:
         _print_warnings(args.dir, {args.node: start})
         print(f"node {args.node} started again (pid {process.pid}); config and logs in {args.dir}")
         return 0
+    earlier = args.dir / CONFIG_FILE
     if args.config is not None:
         _refuse(given, "--config (the config file holds every setting)")
         config = load_config(args.config)
+    elif not given and earlier.is_file():  # a whole-cluster restart: the same cluster again
+        config = load_config(earlier)
+        print(f"restarting the cluster of {earlier} (flags or --config start another)")
     else:
         config = _flags_config(args)
     check_tpcc_placement(config)
@@ -453,11 +460,11 @@ def _make_data_dir(path: Path) -> None:
     make_dir(path, "cannot use {path!r} as a data dir: {why}")
 
 
-def _config_in(directory: Path) -> ClusterConfig:
+def _config_in(directory: Path, *, check_workload: bool = True) -> ClusterConfig:
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise ConfigError(f"no cluster in {str(directory)!r} (missing {CONFIG_FILE})")
-    return load_config(config_path)
+    return load_config(config_path, check_workload=check_workload)
 
 
 def _call(args: argparse.Namespace) -> int:
@@ -471,7 +478,7 @@ def _call(args: argparse.Namespace) -> int:
             f"got {args.timeout_s!r}"
         )
     params = _call_params(args.params)
-    config = _config_in(args.dir)
+    config = _config_in(args.dir, check_workload=False)  # the node checks the call
     if not 0 <= args.node < len(config.nodes):
         raise ConfigError(f"--node {args.node} is not a node of the cluster in {args.dir}")
     node = config.nodes[args.node]

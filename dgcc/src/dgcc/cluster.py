@@ -16,7 +16,7 @@ import os
 import socket
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +111,11 @@ class ClusterConfig:
     protocol: str = "dgcc"
     data_dir: str | None = None
     checkpoint_every_epochs: int = 0
+    # False where only the nodes' addresses matter (stop, status, call): the workload's
+    # module need not import there (a user workload off PYTHONPATH must not block a stop).
+    check_workload: InitVar[bool] = True
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, check_workload: bool) -> None:
         if not self.nodes or len(self.nodes) > NODES_MAX:
             raise ConfigError(f"a cluster needs 1..{NODES_MAX} nodes, got {len(self.nodes)}")
         ids = [node.id for node in self.nodes]
@@ -121,7 +124,8 @@ class ClusterConfig:
         self._check_addresses()
         self.placement()  # validates the partition map
         self._check_values()
-        self._check_workload_and_protocol()
+        if check_workload:
+            self._check_workload_and_protocol()
         if self.epoch_ms == 0 and self.epoch_calls_max == 0:
             raise ConfigError("epoch_ms and epoch_calls_max cannot both be 0 (epochs never close)")
         if not all(node.loopback for node in self.nodes) and not self.shared_secret():
@@ -220,10 +224,10 @@ class ClusterConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClusterConfig:
+    def from_dict(cls, data: Mapping[str, Any], *, check_workload: bool = True) -> ClusterConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"cluster config must be a table, got {type(data).__name__}")
-        known = set(cls.__dataclass_fields__)
+        known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown cluster config keys {unknown}; allowed {sorted(known)}")
@@ -233,13 +237,13 @@ class ClusterConfig:
         nodes = data["nodes"]
         if not isinstance(nodes, list | tuple) or not all(isinstance(n, Mapping) for n in nodes):
             raise ConfigError(f"nodes must be a list of tables (id, host, port), got {nodes!r}")
-        fields = tuple(NodeAddress.__dataclass_fields__)  # id, host, port
+        takes_keys = tuple(NodeAddress.__dataclass_fields__)  # id, host, port
         for node in nodes:
-            missing = [name for name in fields if name not in node]
-            extra = sorted(set(node) - set(fields))
+            missing = [name for name in takes_keys if name not in node]
+            extra = sorted(set(node) - set(takes_keys))
             if missing or extra:
                 problem = f"lacks {missing}" if missing else f"has unknown keys {extra}"
-                takes = ", ".join(fields)
+                takes = ", ".join(takes_keys)
                 raise ConfigError(f"node entry {dict(node)!r} {problem} (it takes {takes})")
         values["nodes"] = tuple(NodeAddress(**node) for node in nodes)
         partition_nodes = values.get("partition_nodes")
@@ -249,13 +253,14 @@ class ClusterConfig:
                     f"partition_nodes must be a list of node ids, got {partition_nodes!r}"
                 )
             values["partition_nodes"] = tuple(partition_nodes)
-        return cls(**values)
+        return cls(**values, check_workload=check_workload)
 
 
-def load_config(path: Path, **overrides: Any) -> ClusterConfig:
+def load_config(path: Path, *, check_workload: bool = True, **overrides: Any) -> ClusterConfig:
     """Read a cluster config from TOML (``.toml``) or JSON (``.json``; any other name is read
     as JSON, or else as TOML); ``overrides`` replace keys of the file before the config is
-    checked (``dgcc node --data-dir``)."""
+    checked (``dgcc node --data-dir``). ``check_workload=False`` leaves the workload unbuilt
+    (its module unimported), for commands that only reach the nodes."""
     try:
         text = path.read_bytes()
     except OSError as error:
@@ -274,7 +279,7 @@ def load_config(path: Path, **overrides: Any) -> ClusterConfig:
         ) from None
     if overrides and isinstance(data, dict):
         data = {**data, **overrides}
-    return ClusterConfig.from_dict(data)
+    return ClusterConfig.from_dict(data, check_workload=check_workload)
 
 
 def _free_ports(count: int) -> list[int]:
