@@ -19,7 +19,9 @@
 
 A logic abort (an overdraft, TPC-C's invalid item) is an Outcome, never an exception; so is a
 procedure whose plan or piece raises (an ERROR outcome for that call alone), except that with
-``debug.check_invariants`` on a broken piece contract raises ProcedureError.
+``debug.check_invariants`` on a broken piece contract raises ProcedureError, and that a plan
+raising for a call several cluster nodes plan stops the node (``dgcc.api.plan_batch``: a peer
+may have planned it fine and committed its share).
 """
 
 from __future__ import annotations
