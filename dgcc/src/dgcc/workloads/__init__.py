@@ -73,7 +73,10 @@ class Workload(ABC):
 
     def partition_of(self, key: Hashable, partitions: int) -> int:
         """The partition owning a conflict key (used when the data is spread over nodes)."""
-        raise NotImplementedError(f"{self.name} does not define partitioning yet")
+        raise NotImplementedError(
+            f"{self.name} does not define partition_of(key, partitions), which places its rows "
+            "on cluster nodes: implement it (and route_keys) to run it on a cluster"
+        )
 
     def data_bytes(self) -> tuple[int, str] | None:
         """Roughly the memory the loaded data takes, and the options that size it (for the
