@@ -264,6 +264,29 @@ def test_run_dir_resume_overwrite_and_bad_folders(tmp_path):
         _one_line(exc_info)
 
 
+def test_a_run_folder_in_use_by_another_job_is_refused(tmp_path):
+    # Two jobs into one folder both ran to the end, each deleting what the other wrote.
+    import gc
+    import os
+    import subprocess
+    import sys
+
+    claim = check_run_dir(str(tmp_path / "run"), ("metrics.jsonl",))
+    assert check_run_dir(str(tmp_path / "run"), ("metrics.jsonl",)).lock is claim.lock  # shared
+    other = [sys.executable, "-c", "import sys; from yatt.run_dir import check_run_dir\n"
+             "try: check_run_dir(sys.argv[1], ('metrics.jsonl',))\n"
+             "except Exception as e: sys.exit(str(e))", str(tmp_path / "run")]  # fmt: skip
+    refused = subprocess.run(other, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"logging.run_dir={tmp_path / 'run'} is in use by another yatt job (pid {os.getpid()}): "
+        "wait for it to end, or choose another folder"
+    )
+    del claim
+    gc.collect()  # (the claims are gone: the lock with them)
+    assert subprocess.run(other, capture_output=True, text=True, timeout=120).returncode == 0
+
+
 def test_a_run_without_checkpoints_gets_no_resume_hint(tmp_path):
     """A run that failed after its step-0 evaluation left metrics.jsonl and no checkpoint."""
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.0}\n')

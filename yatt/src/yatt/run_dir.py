@@ -6,11 +6,13 @@ inputs loaded (`RunDirClaim.clear`): a mistyped data or model path loses nothing
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,44 @@ __all__ = ["RunDirClaim", "check_run_dir", "claim_run_dir"]
 logger = logging.getLogger(__name__)
 _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoint's layout)
 _SAVED_CONFIG = "config.yaml"  # the run's resolved config (`save_config` writes it)
+_LOCK_FILE = ".yatt.lock"  # locked while a job uses the folder; holds the job's pid
+
+
+class _FolderLock:
+    """An exclusive lock on a run folder (an `flock` of its lock file), held while this object
+    lives; the system drops it when the process ends, however it ends."""
+
+    def __init__(self, fd: int) -> None:
+        weakref.finalize(self, os.close, fd)
+
+
+# The run folders this process holds, each lock shared by the claims on it (a resumed Trainer
+# in the process that ran the first part); released when the last of them goes.
+_LOCKS: weakref.WeakValueDictionary[Path, _FolderLock] = weakref.WeakValueDictionary()
+
+
+def _lock(folder: Path, run_dir: str) -> _FolderLock:
+    """Lock `folder` for this process. Raises ConfigError when another process's job holds
+    it: two jobs writing one folder would mix their metrics and checkpoints (each deleting
+    what the other wrote)."""
+    key = folder.resolve()
+    held = _LOCKS.get(key)
+    if held is not None:
+        return held
+    fd = os.open(folder / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"logging.run_dir={run_dir} is in use by another yatt job (pid {holder}): wait for "
+            "it to end, or choose another folder"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    lock = _LOCKS[key] = _FolderLock(fd)
+    return lock
 
 
 def check_run_dir(
@@ -58,6 +98,12 @@ def check_run_dir(
         raise ConfigError(f"logging.run_dir={run_dir}: cannot create it ({exc})") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
+    try:
+        lock = _lock(folder, run_dir)
+    except ConfigError:
+        if created:
+            _remove_empty(folder)
+        raise
     found = [name for name in outputs if _holds_output(folder / name)]
     if not (found or resuming) and _foreign_config(folder / _SAVED_CONFIG):
         if not overwrite:
@@ -68,7 +114,7 @@ def check_run_dir(
             )
         found.append(_SAVED_CONFIG)
     if not found or resuming:
-        return RunDirClaim(folder, created=created)
+        return RunDirClaim(folder, created=created, lock=lock)
     shown = ", ".join(f"{name}/" if (folder / name).is_dir() else name for name in found)
     if not overwrite:
         resume_hint = ""
@@ -84,11 +130,21 @@ def check_run_dir(
         used = Path(model_path).resolve()
         for name in found:
             if used.is_relative_to((folder / name).resolve()):
-                raise ConfigError(
+                    raise ConfigError(
                     f"logging.overwrite=true would delete {folder / name}, which holds "
                     f"model.path={model_path}: write this run to another folder"
                 )
-    return RunDirClaim(folder, tuple(folder / name for name in found), shown, created=created)
+    return RunDirClaim(
+        folder, tuple(folder / name for name in found), shown, created=created, lock=lock
+    )
+
+
+def _remove_empty(folder: Path) -> None:
+    """Remove `folder` if nothing but the lock file is in it."""
+    with contextlib.suppress(OSError):  # (not empty: kept)
+        if [entry.name for entry in folder.iterdir()] == [_LOCK_FILE]:
+            (folder / _LOCK_FILE).unlink()
+        folder.rmdir()
 
 
 @dataclass(frozen=True)
@@ -101,6 +157,7 @@ class RunDirClaim:
     previous: tuple[Path, ...] = ()
     shown: str = ""
     created: bool = False
+    lock: _FolderLock | None = field(default=None, compare=False, repr=False)  # held meanwhile
 
     @contextlib.contextmanager
     def removed_if_unused(self) -> Iterator[None]:
@@ -111,8 +168,7 @@ class RunDirClaim:
             yield
         except BaseException:
             if self.created:
-                with contextlib.suppress(OSError):  # (not empty: kept)
-                    self.path.rmdir()
+                _remove_empty(self.path)
             raise
 
     def clear(self) -> Path:

@@ -150,6 +150,7 @@ class Trainer:
             and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
         )
         claim = claim_run_dir(config, _RUN_OUTPUTS, resume=resume, in_place=self._in_place)
+        self._claim = claim  # its lock keeps other jobs out of the folder while this one lives
         with claim.removed_if_unused():  # a failed set-up leaves no empty folder
             self.run_dir = claim.path
             configure_threads(config.train.torch_threads)
