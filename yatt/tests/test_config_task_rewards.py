@@ -129,10 +129,11 @@ def test_a_file_row_without_the_answer_a_reward_grades_against_is_refused_up_fro
     examples = list(load_prompts(path))
     config = load_config("tiny_test", [f"data.path={path}", f"logging.run_dir={tmp_path}/r"])
     message = (f"{path}:21: reward.fns='math_answer' grades each row against its 'answer' "
-               "field, which this row lacks")  # fmt: skip
+               "field, which this row lacks (give each row an answer, or use a reward of your "
+               "own in reward.fns)")  # fmt: skip
     with pytest.raises(DataError, match=re.escape(message)):
         check_rows_have_answers(config, examples, [])
-    with pytest.raises(DataError, match=re.escape("eval.reward_fn='math_answer' grades")):
+    with pytest.raises(DataError, match=re.escape("lacks (set eval.reward_fn=package.module:")):
         check_rows_have_answers(config, [], examples, train=False, evaluate=True)
     own = load_config("tiny_test", [f"data.path={path}", f"reward.fns=[{USER_REWARD}]"])
     check_rows_have_answers(own, examples, [])  # the user's reward decides what it needs

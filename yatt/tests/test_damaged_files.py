@@ -207,7 +207,9 @@ def test_fresh_run_into_a_used_folder_is_refused(finished_run):
     assert sorted(p.name for p in finished_run.rglob("*")) == before  # nothing lost
 
 
-def test_overwrite_deletes_the_previous_run_only_once_the_new_one_loaded(finished_run, tmp_path):
+def test_overwrite_deletes_the_previous_run_only_once_the_new_one_loaded(
+    finished_run, tmp_path, monkeypatch
+):
     # logging.overwrite=true with a mistyped data.path (or model.path): the run is refused and
     # the previous run's checkpoints and metrics are all still there.
     run_dir = shutil.copytree(finished_run, tmp_path / "run")  # the fixture's run is shared
@@ -218,9 +220,16 @@ def test_overwrite_deletes_the_previous_run_only_once_the_new_one_loaded(finishe
             Trainer(load_config("tiny_test", overrides))
         assert "/no/such/" in _one_line(exc_info)
         assert sorted(p.name for p in run_dir.rglob("*")) == before
-    model, tokenizer = tiny_model(seed=0)  # a run that loads replaces the previous one
-    config = load_config("tiny_test", [*TINY, f"logging.run_dir={run_dir}",
-                                       "logging.overwrite=true"])  # fmt: skip
+    # A reward that fails on every call (here: returns None) fails before the deletion too.
+    (tmp_path / "broken_reward.py").write_text("def none(prompt, completion, **row):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model, tokenizer = tiny_model(seed=0)
+    overrides = [*TINY, f"logging.run_dir={run_dir}", "logging.overwrite=true"]
+    with pytest.raises(RewardError, match="reward 'none' returned None"):
+        Trainer(load_config("tiny_test", [*overrides, "reward.fns=[broken_reward:none]"]),
+                model=model, tokenizer=tokenizer)  # fmt: skip
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+    config = load_config("tiny_test", overrides)  # a run that loads replaces the previous one
     Trainer(config, model=model, tokenizer=tokenizer)
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.jsonl").exists()
 

@@ -80,12 +80,27 @@ def check_rows_have_answers(
     for key, name, rows in uses:
         if name not in NEEDS_ANSWER:
             continue
+        fix = (
+            "set eval.reward_fn=package.module:function to grade otherwise, or eval.n=0"
+            if key == "eval.reward_fn"
+            else "give each row an answer, or use a reward of your own in reward.fns"
+        )
         for row in rows:
             if row.answer is None:
                 raise DataError(
                     f"{row.source or config.data.path}: {key}={name!r} grades each row against "
-                    "its 'answer' field, which this row lacks"
+                    f"its 'answer' field, which this row lacks ({fix})"
                 )
+
+
+def try_rewards_once(combined: Any, prompt: str, example: Any) -> None:
+    """Call a run's rewards once, on its first training prompt (rendered) with that row's
+    answer as the completion, before `logging.overwrite` deletes the previous run: a reward
+    that fails on every call (a dependency it cannot import, a None it returns) then fails
+    with the previous run kept, not after it was deleted. Raises what the reward raises (a
+    one-line RewardError naming it)."""
+    row = {"answer": example.answer, **example.fields}
+    combined([prompt], ["" if example.answer is None else str(example.answer)], [row])
 
 
 def check_eval_data(config: Config) -> None:

@@ -52,6 +52,7 @@ from yatt.run_checks import (
     check_rewards_grade_task,
     check_rows_have_answers,
     check_training_dtype,
+    try_rewards_once,
     warn_if_nothing_kept,
 )
 from yatt.run_dir import claim_run_dir
@@ -174,6 +175,8 @@ class Trainer:
             self.timer = PhaseTimer()
             if resume:
                 self._resume(Path(resume))
+            if claim.previous and hasattr(self.reward, "combined"):  # (a caller's own: theirs)
+                try_rewards_once(self.reward.combined, self.prompt_texts[0], self.train_set[0])
             claim.clear()  # logging.overwrite: the previous run goes only once this one loaded
         warn_if_nothing_kept(config)  # (once the run starts: a refused one has nothing to keep)
 
