@@ -31,6 +31,7 @@ def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
         ("reward.fns=[bogus]", ["reward.fns='bogus'", "unknown reward", "math_answer"]),
         ("eval.reward_fn=no_such_pkg:fn", ["eval.reward_fn='no_such_pkg:fn'", "cannot import"]),
         ("reward.fns=[yatt.rewards:nope]", ["reward.fns='yatt.rewards:nope'", "has no 'nope'"]),
+        ("reward.fns=[my/rew.py:f]", ["names a file", "e.g. 'my.rew:f'", "holding my on"]),
         ("eval.max_new_tokens=0", ["eval.max_new_tokens", "0"]),
         ("optim.beta1=1.5", ["optim.beta1", "1.5", "[0, 1)"]),
         ("optim.beta2=1", ["optim.beta2", "1.0"]),

@@ -132,6 +132,12 @@ def test_latin1_data_file_names_byte_and_line(tmp_path):
     assert str(path) in _one_line(exc_info)
 
 
+def test_a_byte_order_mark_before_the_first_row_is_read_past(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes('\ufeff{"prompt": "What is 1 + 1?", "answer": "2"}\n'.encode())
+    assert [(row.prompt, row.answer) for row in load_prompts(path)] == [("What is 1 + 1?", "2")]
+
+
 def test_identical_prompts_leave_no_training_prompts():
     examples = [PromptExample("same prompt", "1")] * 10
     with pytest.raises(ConfigError, match=r"no training prompts left.*\(10 rows, 1 distinct") as e:

@@ -155,7 +155,7 @@ def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # (a BOM first)
             except UnicodeDecodeError as exc:  # a whole-file problem (Latin-1, binary): no skipping
                 raise DataError(
                     f"data file {str(path)!r}: not UTF-8 (byte 0x{raw[exc.start]:02x} at line "
@@ -357,8 +357,13 @@ def check_draw_order(
     for key, what in named.items():
         if recorded.get(key) != here[key]:
             settings = "data.* and algo.prompts_per_step" if draw_size else "data.*"
+            was, now = recorded.get(key), here[key]
+            if key == "prompts_sha256":  # same count, other prompts: say so, not only hashes
+                what, was, now = "training prompts of digest ", f"{was}"[:12], f"{now}"[:12]
+                settings += " (the same data file, unchanged)"
             raise ConfigError(
-                f"checkpoint.resume={checkpoint} was written with {what}{recorded.get(key)}, "
-                f"this run has {here[key]}: its data position counts prompts drawn in that "
-                f"run's order; resume with the {settings} of the run that wrote it"
+                f"checkpoint.resume={checkpoint} was written with {what}{was}, this run has "
+                f"{now}{' (the prompts or answers differ)' if key == 'prompts_sha256' else ''}: "
+                f"its data position counts prompts drawn in that run's order; resume with the "
+                f"{settings} of the run that wrote it"
             )

@@ -130,7 +130,7 @@ def check_run_dir(
         used = Path(model_path).resolve()
         for name in found:
             if used.is_relative_to((folder / name).resolve()):
-                    raise ConfigError(
+                raise ConfigError(
                     f"logging.overwrite=true would delete {folder / name}, which holds "
                     f"model.path={model_path}: write this run to another folder"
                 )

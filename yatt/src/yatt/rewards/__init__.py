@@ -123,6 +123,13 @@ def load_callable(path: str, key: str = "reward"):
     module_name, _, attr = path.partition(":")
     if not (module_name and attr.isidentifier()):
         raise ConfigError(f"{key}={path!r}: expected 'package.module:function'")
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        dotted = module_name.removesuffix(".py").replace("\\", "/").strip("/").replace("/", ".")
+        raise ConfigError(
+            f"{key}={path!r} names a file; name the module as Python imports it, e.g. "
+            f"'{dotted}:{attr}' (with the folder holding {dotted.partition('.')[0]} on "
+            "PYTHONPATH)"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # user code: whatever its import raises becomes one line
