@@ -125,6 +125,18 @@ def test_a_leading_tilde_in_path_settings_is_the_home_folder(monkeypatch, tmp_pa
     assert load_config("tiny_test", ["model.path=tiny"]).model.path == "tiny"  # names stay
 
 
+def test_a_relative_data_path_is_recorded_whole(monkeypatch, tmp_path) -> None:
+    # A saved config's relative data.path was read from wherever `yatt eval DIR` ran: another
+    # folder's file of that name was evaluated silently.
+    monkeypatch.chdir(tmp_path)
+    config = load_config("tiny_test", ["data.path=rows.jsonl", "reward.model_path=rm"])
+    assert (config.data.path, config.reward.model_path) == (
+        f"{tmp_path}/rows.jsonl",
+        f"{tmp_path}/rm",
+    )
+    assert load_config("tiny_test").data.path == ""  # (none: a generated task)
+
+
 def test_an_empty_stop_string_is_refused_at_load() -> None:
     with pytest.raises(ConfigError, match=r"for 'rollout.stop'; expected non-empty stop strings"):
         load_config("tiny_test", ["rollout.stop="])

@@ -54,6 +54,9 @@ SEED_MAX = 2**32 - 1
 # Settings naming files or folders: a leading "~" is the home folder (a shell leaves the "~" of
 # `logging.run_dir=~/runs` as it is).
 PATH_KEYS = ("model.path", "data.path", "reward.model_path", "logging.run_dir", "checkpoint.resume")
+# Those that only ever name files or folders (model.path may be a model's name, resume a
+# keyword): made absolute, as relative to the folder the config is loaded in.
+_FILE_KEYS = ("data.path", "reward.model_path")
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -595,6 +598,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
             kwargs[name] = _coerce(key, value, annotation)
             if key in PATH_KEYS and kwargs[name].startswith("~"):  # no shell expands it there
                 kwargs[name] = os.path.expanduser(kwargs[name])
+            if key in _FILE_KEYS and kwargs[name]:  # recorded whole: a saved config (`yatt eval
+                kwargs[name] = os.path.abspath(kwargs[name])  # DIR`) reads it from anywhere
     return cls(**kwargs)
 
 
