@@ -140,3 +140,23 @@ def test_a_relative_data_path_is_recorded_whole(monkeypatch, tmp_path) -> None:
 def test_an_empty_stop_string_is_refused_at_load() -> None:
     with pytest.raises(ConfigError, match=r"for 'rollout.stop'; expected non-empty stop strings"):
         load_config("tiny_test", ["rollout.stop="])
+
+
+def test_a_resume_that_scores_otherwise_is_named(tmp_path, caplog) -> None:
+    # A resume with another reward was accepted without a word, and its report set the first
+    # rewards of one scale beside the last of another.
+    from yatt.checkpoint import warn_changed_scoring
+
+    save_config(load_config("tiny_test"), tmp_path)  # as a checkpoint folder holds it
+    assert warn_changed_scoring(tmp_path, load_config("tiny_test", ["train.steps=99"])) == []
+    changed = load_config("tiny_test", ["reward.fns=[math_answer,format]"])
+    lines = warn_changed_scoring(tmp_path, changed)
+    assert lines[0] == (
+        f"resuming {tmp_path} with reward.fns=['math_answer', 'format']; the run that wrote it "
+        "had ['math_answer']: its metrics will mix the two"
+    )
+    assert [line.split(" with ")[1].split("=")[0] for line in lines] == [
+        "reward.fns",
+        "reward.weights",
+    ]
+    assert lines[0] in caplog.text

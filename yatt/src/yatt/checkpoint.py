@@ -200,6 +200,32 @@ def check_resumed_by(checkpoint: Path, writer: str) -> None:
         )
 
 
+def warn_changed_scoring(checkpoint: Path, config: Config) -> list[str]:
+    """Warn (and return the lines) when a resume scores otherwise than the run that wrote
+    `checkpoint` (its saved config.yaml): `reward.*` or `eval.reward_fn` changed. Allowed,
+    but the run's metrics then mix two scales (its report's first and last rewards)."""
+    from yatt.config import load_config, to_dict
+
+    saved = Path(checkpoint) / "config.yaml"
+    if not saved.is_file():
+        return []
+    try:
+        before = to_dict(load_config(str(saved)))
+    except Exception:  # (a config this version no longer reads: nothing to compare)
+        return []
+    now = to_dict(config)
+    keys = [("reward", key) for key in now["reward"]] + [("eval", "reward_fn")]
+    lines = [
+        f"resuming {checkpoint} with {section}.{key}={now[section][key]!r}; the run that wrote "
+        f"it had {before[section].get(key)!r}: its metrics will mix the two"
+        for section, key in keys
+        if before.get(section, {}).get(key) != now[section][key]
+    ]
+    for line in lines:
+        logger.warning("%s", line)
+    return lines
+
+
 def load_trainer_state(
     checkpoint: Path, *, needs_critic: bool = False, writer: str = TRAINER
 ) -> dict[str, Any]:

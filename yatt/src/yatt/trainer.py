@@ -34,6 +34,7 @@ from yatt.checkpoint import (
     resolve_resume,
     save_training_checkpoint,
     truncate_metrics,
+    warn_changed_scoring,
 )
 from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
@@ -144,6 +145,7 @@ class Trainer:
         )
         if resume:
             check_resumed_by(Path(resume), TRAINER)
+            warn_changed_scoring(Path(resume), config)
         # A checkpoint of this run folder continues the run in place; one of another folder
         # starts a new run here from its state (the folder is claimed as for a fresh run).
         self._in_place = (
