@@ -63,12 +63,20 @@ def test_eval_of_a_run_folder_names_the_models_in_it(sft_run, capsys) -> None:
     assert f"yatt: error: {named}" in err
 
 
+def test_eval_of_a_run_folder_that_kept_no_model_says_so(tmp_path, capsys) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["eval", str(tmp_path)]) == 2
+    assert f"yatt: error: {tmp_path} is a run folder that kept no model" in capsys.readouterr().err
+
+
 def test_eval_of_a_checkpoint_uses_its_saved_config(tmp_path, data_file, capsys) -> None:
     checkpoint = tmp_path / "step_000001"
     save_checkpoint(*tiny_model(seed=0), checkpoint / "policy")
     trained = load_config("tiny_test", [f"data.path={data_file}", "data.n_heldout=4", "eval.n=4"])
     save_config(trained, checkpoint)
     assert main(["eval", str(checkpoint)]) == 0
+    assert f"on 4 held-out {data_file} problems" in capsys.readouterr().out
+    assert main(["eval", str(checkpoint / "policy")]) == 0  # its model: the checkpoint's config
     assert f"on 4 held-out {data_file} problems" in capsys.readouterr().out
     no_evals = [f"data.path={data_file}", "data.n_heldout=5", "eval.n=0"]
     save_config(load_config("tiny_test", no_evals), checkpoint)  # a run that did not evaluate

@@ -366,6 +366,8 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     folder = Path(model)
     _refuse_a_run_folder(folder)
     saved = folder / "config.yaml"
+    if not saved.is_file() and folder.name == "policy":  # a checkpoint's model: its config
+        saved = folder.parent / "config.yaml"  # is the checkpoint's
     model_path = policy_folder(folder) if folder.exists() else model
     if not saved.is_file():
         logger.info("eval: using the default config (no config.yaml in %s)", model)
@@ -410,6 +412,11 @@ def _refuse_a_run_folder(folder: Path) -> None:
         raise ConfigError(
             f"{folder} is a run folder, not a model: evaluate "
             f"{' or '.join(str(path) for path in models)}"
+        )
+    if (folder / "metrics.jsonl").is_file() or (folder / "sft_metrics.jsonl").is_file():
+        raise ConfigError(
+            f"{folder} is a run folder that kept no model (no checkpoint, no model/): nothing "
+            "to evaluate; a run keeps one with checkpoint.every=N or checkpoint.at_end=true"
         )
 
 
