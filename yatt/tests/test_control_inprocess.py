@@ -129,6 +129,23 @@ def test_fit_distributed_writes_metrics_timeline_and_summary(tmp_path):
     assert len(result.history) == 2
 
 
+def test_overwrite_keeps_the_previous_run_when_a_reward_fails(tmp_path, monkeypatch):
+    # The distributed path deleted the previous run before any reward was called.
+    from yatt.rewards import RewardError
+
+    run_dir = tmp_path / "run"
+    overrides = [*OVERRIDES, "train.steps=1", f"logging.run_dir={run_dir}"]
+    fit_distributed(load_config("tiny_test", overrides), _control())
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    (tmp_path / "broken_reward.py").write_text("def none(prompt, completion, **row):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    again = load_config("tiny_test", [*overrides, "logging.overwrite=true"])
+    broken = _control(extra_rewards=(*REWARD, "broken_reward:none"))
+    with pytest.raises(RewardError, match="returned None"):
+        fit_distributed(again, broken)
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+
+
 @pytest.mark.parametrize("replace_every", [0, 1])  # 1: the adaptive (re-placing) controller
 def test_fit_distributed_streams_metrics_and_saves_the_trained_policy(tmp_path, monkeypatch,
                                                                       replace_every):  # fmt: skip

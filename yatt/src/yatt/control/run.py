@@ -28,6 +28,7 @@ from yatt.run_checks import (
     check_eval_data,
     check_rewards_grade_task,
     check_training_dtype,
+    try_rewards_once,
     warn_if_nothing_kept,
 )
 from yatt.run_dir import RunDirClaim
@@ -102,6 +103,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
                     save_segments(run_dir, earlier)
             if progress is not None:  # the bar starts at the resumed step, as the trainer's
                 progress(start_step, config.train.steps, _logged_row(Path(resume), start_step))
+        if claim.previous:  # logging.overwrite: the rewards work before the previous run goes
+            _try_rewards_once(config, control)
         claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
         save_config(config, run_dir)
         warn_if_nothing_kept(config)
@@ -196,6 +199,19 @@ def _write_run_outputs(run_dir: Path, segments: list[Segment]) -> None:
     title = ", ".join(filter(None, (settings_text(segments), coverage_text(segments))))
     plot_timeline(spans, n_devices, run_dir / "timeline.png", title, marks)
     (run_dir / "control.json").write_text(json.dumps(merged_summary(segments), indent=1))
+
+
+def _try_rewards_once(config: Config, control: ControlConfig) -> None:
+    """`try_rewards_once` on the driver, for the rewards the workers score with (the prompt as
+    the row gives it: the driver holds no tokenizer to render it)."""
+    from yatt.builders import build_data
+    from yatt.control.config import make_reward_role
+
+    first = build_data(config.data)[0][0]
+    prompt = first.prompt
+    if not isinstance(prompt, str):  # chat messages
+        prompt = "\n".join(str(message.get("content", "")) for message in prompt)
+    try_rewards_once(make_reward_role(config, control).combined, prompt, first)
 
 
 def _logged_row(checkpoint: Path, step: int) -> dict[str, float]:
