@@ -86,6 +86,7 @@ def check_run_dir(
     Raises ConfigError for an empty name, a folder that cannot be created or written, or a
     refused reuse.
     """
+    run_dir = os.fspath(run_dir)  # (a Path, from Python)
     if not run_dir.strip():
         raise ConfigError("logging.run_dir is empty; name a folder for the run's outputs")
     folder = Path(run_dir)
