@@ -11,6 +11,7 @@ out; ``global_batch`` is an epoch's global order. Used by the DistDGCC and Calvi
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,14 +29,14 @@ __all__ = [
     "global_batch",
     "keep_owned",
     "owned_rows",
+    "solo_route_checked",
 ]
 
 logger = logging.getLogger(__name__)
 
 REPLICATED = -1  # partition of a key every node holds (same value as the TPC-C workload's)
 NODES_MAX = 64
-SOLO_CHECKS_FIRST = 256  # ``Router.check_solo_route``: each procedure's first calls are checked
-SOLO_CHECKS_EVERY = 64  # and then one in this many
+SOLO_CHECK_EVERY = 32  # ``solo_route_checked``: one call in this many of each origin's batch
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,6 @@ class Router:
         # planned, so each call is routed once.
         self._batch_routes: dict[int, tuple[Sequence[Any], list[frozenset[int] | None]]] = {}
         self._route_failures: set[str] = set()  # procedures whose routing raised (logged once)
-        self._solo_calls: dict[str, int] = {}  # procedure -> its calls routed to one node
 
     def node_of_key(self, key: Hashable) -> int:
         """The node owning ``key``, or ``REPLICATED``."""
@@ -124,22 +124,13 @@ class Router:
         partition = self._partition_of(key, len(owners))
         if partition == REPLICATED:
             return REPLICATED
-        if type(partition) is not int or not 0 <= partition < len(owners):
+        if not isinstance(partition, numbers.Integral) or not 0 <= partition < len(owners):
             raise ConfigError(
                 f"{self._workload_name}.partition_of({key!r}, {len(owners)}) returned "
                 f"{partition!r}: a partition is an int in 0..{len(owners) - 1}, or "
                 f"{REPLICATED} for a row every node holds (never written)"
             )
         return owners[partition]
-
-    def check_solo_route(self, procedure: str) -> bool:
-        """Whether to check that a call routed to one node keeps its pieces there (a
-        ``route_keys`` that leaves out a partition would otherwise half-apply the call): for
-        each procedure's first ``SOLO_CHECKS_FIRST`` such calls, then every
-        ``SOLO_CHECKS_EVERY``-th (the check costs about as much as planning the call)."""
-        count = self._solo_calls.get(procedure, 0)
-        self._solo_calls[procedure] = count + 1
-        return count < SOLO_CHECKS_FIRST or not count % SOLO_CHECKS_EVERY
 
     def nodes_of(self, keys: Sequence[Hashable]) -> set[int]:
         """The nodes owning ``keys`` (``REPLICATED`` among them for replicated keys)."""
@@ -218,6 +209,15 @@ def keep_owned(db: Database, router: Router, node: int, whole: Sequence[str] = (
         if name not in whole:
             table.retain(_held_by(router, node, table))
     return db
+
+
+def solo_route_checked(slot: int) -> bool:
+    """Whether the call at ``slot`` of its origin's epoch batch, routed to one node, is checked
+    to keep its pieces there (a ``route_keys`` that leaves out a partition would otherwise
+    half-apply it): one in ``SOLO_CHECK_EVERY``, as checking costs about as much as planning
+    the call. Chosen by the call's place in the logged input, so a replay checks the same
+    calls and reaches the same outcomes."""
+    return not slot % SOLO_CHECK_EVERY
 
 
 def global_batch(batches: Sequence[Sequence[TxnRequest]]) -> list[TxnRequest]:
