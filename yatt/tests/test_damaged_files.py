@@ -302,6 +302,43 @@ def test_a_run_folder_in_use_by_another_job_is_refused(tmp_path):
     assert subprocess.run(other, capture_output=True, text=True, timeout=120).returncode == 0
 
 
+def _claim_in_another_process(folder) -> int:
+    import subprocess
+    import sys
+
+    other = [sys.executable, "-c", "import sys; from yatt.run_dir import check_run_dir\n"
+             "try: check_run_dir(sys.argv[1], ('metrics.jsonl',))\n"
+             "except Exception as e: sys.exit(str(e))", str(folder)]  # fmt: skip
+    return subprocess.run(other, capture_output=True, text=True, timeout=120).returncode
+
+
+def test_a_retry_after_a_failed_set_up_locks_afresh_and_a_fork_drops_the_lock(tmp_path):
+    import gc
+    import os
+
+    folder = tmp_path / "run"
+    claim = check_run_dir(str(folder), ("metrics.jsonl",))
+    with pytest.raises(ValueError), claim.removed_if_unused():
+        raise ValueError("a mistyped data path")
+    assert not folder.exists()  # the folder the claim made went, with its lock file
+    retry = check_run_dir(str(folder), ("metrics.jsonl",))  # (the failed claim still alive)
+    assert (folder / ".yatt.lock").is_file() and _claim_in_another_process(folder) == 1
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # a forked child that outlives the claim: it must not keep the lock
+        os.close(writer)
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    try:
+        del claim, retry
+        gc.collect()
+        assert _claim_in_another_process(folder) == 0  # the child still runs
+    finally:
+        os.close(writer)
+        os.waitpid(child, 0)
+
+
 def test_a_run_without_checkpoints_gets_no_resume_hint(tmp_path):
     """A run that failed after its step-0 evaluation left metrics.jsonl and no checkpoint."""
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.0}\n')

@@ -6,6 +6,7 @@ inputs loaded (`RunDirClaim.clear`): a mistyped data or model path loses nothing
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -33,23 +34,44 @@ class _FolderLock:
     lives; the system drops it when the process ends, however it ends."""
 
     def __init__(self, fd: int) -> None:
-        weakref.finalize(self, os.close, fd)
+        self.fd = fd
+        self.close = weakref.finalize(self, os.close, fd)
 
 
 # The run folders this process holds, each lock shared by the claims on it (a resumed Trainer
 # in the process that ran the first part); released when the last of them goes.
 _LOCKS: weakref.WeakValueDictionary[Path, _FolderLock] = weakref.WeakValueDictionary()
+# Filesystems without flock (some NFS and Lustre mounts): the job runs unlocked, with a warning.
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
-def _lock(folder: Path, run_dir: str) -> _FolderLock:
-    """Lock `folder` for this process. Raises ConfigError when another process's job holds
-    it: two jobs writing one folder would mix their metrics and checkpoints (each deleting
-    what the other wrote)."""
+def _drop_inherited_locks() -> None:
+    """In a forked child: close its copies of the lock files, so that a child outliving its
+    parent (a loader or engine process) does not keep the parent's folders locked."""
+    for lock in list(_LOCKS.values()):
+        lock.close.detach()
+        with contextlib.suppress(OSError):
+            os.close(lock.fd)
+    _LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def _lock(folder: Path, run_dir: str) -> _FolderLock | None:
+    """Lock `folder` for this process (None where its filesystem has no flock). Raises
+    ConfigError when another process's job holds it: two jobs writing one folder would mix
+    their metrics and checkpoints (each deleting what the other wrote)."""
     key = folder.resolve()
     held = _LOCKS.get(key)
     if held is not None:
         return held
-    fd = os.open(folder / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(folder / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(
+            f"logging.run_dir={run_dir}: cannot open its lock file {_LOCK_FILE} ({exc.strerror})"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -59,6 +81,15 @@ def _lock(folder: Path, run_dir: str) -> _FolderLock:
             f"logging.run_dir={run_dir} is in use by another yatt job (pid {holder}): wait for "
             "it to end, or choose another folder"
         ) from None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in _NO_FLOCK:
+            raise ConfigError(
+                f"logging.run_dir={run_dir}: cannot lock {_LOCK_FILE} ({exc.strerror})"
+            ) from None
+        logger.warning("logging.run_dir=%s: its filesystem cannot lock files (%s): nothing "
+                       "keeps a second job out of it", run_dir, exc.strerror)  # fmt: skip
+        return None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     lock = _LOCKS[key] = _FolderLock(fd)
@@ -102,8 +133,9 @@ def check_run_dir(
     try:
         lock = _lock(folder, run_dir)
     except ConfigError:
-        if created:
-            _remove_empty(folder)
+        if created:  # (not the folder of the job holding the lock: that one made its own)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: never the lock file another job holds
         raise
     found = [name for name in outputs if _holds_output(folder / name)]
     if not (found or resuming) and _foreign_config(folder / _SAVED_CONFIG):
@@ -141,9 +173,11 @@ def check_run_dir(
 
 
 def _remove_empty(folder: Path) -> None:
-    """Remove `folder` if nothing but the lock file is in it."""
+    """Remove `folder`, which this process's claim made and locked, if nothing but the lock
+    file is in it; the lock goes with it (a retry in this process locks afresh)."""
     with contextlib.suppress(OSError):  # (not empty: kept)
         if [entry.name for entry in folder.iterdir()] == [_LOCK_FILE]:
+            _LOCKS.pop(folder.resolve(), None)
             (folder / _LOCK_FILE).unlink()
         folder.rmdir()
 
