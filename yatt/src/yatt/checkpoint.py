@@ -204,22 +204,33 @@ def warn_changed_scoring(checkpoint: Path, config: Config) -> list[str]:
     """Warn (and return the lines) when a resume scores otherwise than the run that wrote
     `checkpoint` (its saved config.yaml): `reward.*` or `eval.reward_fn` changed. Allowed,
     but the run's metrics then mix two scales (its report's first and last rewards)."""
-    from yatt.config import load_config, to_dict
+    import os
+
+    import yaml
+
+    from yatt.config import to_dict
 
     saved = Path(checkpoint) / "config.yaml"
-    if not saved.is_file():
+    try:  # as written: loading it as a config would import its reward modules
+        before = yaml.safe_load(saved.read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # none, or unreadable: nothing to compare
         return []
-    try:
-        before = to_dict(load_config(str(saved)))
-    except Exception:  # (a config this version no longer reads: nothing to compare)
+    if not isinstance(before, dict):
         return []
     now = to_dict(config)
     keys = [("reward", key) for key in now["reward"]] + [("eval", "reward_fn")]
+
+    def written(section: str, key: str) -> Any:
+        value = (before.get(section) or {}).get(key)
+        if key == "model_path" and value:  # (an older run recorded it relative)
+            return os.path.abspath(value)
+        return value
+
     lines = [
         f"resuming {checkpoint} with {section}.{key}={now[section][key]!r}; the run that wrote "
-        f"it had {before[section].get(key)!r}: its metrics will mix the two"
+        f"it had {written(section, key)!r}: its metrics will mix the two"
         for section, key in keys
-        if before.get(section, {}).get(key) != now[section][key]
+        if written(section, key) != now[section][key]
     ]
     for line in lines:
         logger.warning("%s", line)
