@@ -139,10 +139,9 @@ def test_overwrite_keeps_the_previous_run_when_a_reward_fails(tmp_path, monkeypa
     before = sorted(p.name for p in run_dir.rglob("*"))
     (tmp_path / "broken_reward.py").write_text("def none(prompt, completion, **row):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    again = load_config("tiny_test", [*overrides, "logging.overwrite=true"])
-    broken = _control(extra_rewards=(*REWARD, "broken_reward:none"))
+    again = [*overrides, "logging.overwrite=true", "reward.fns=[broken_reward:none]"]
     with pytest.raises(RewardError, match="returned None"):
-        fit_distributed(again, broken)
+        fit_distributed(load_config("tiny_test", again), _control())
     assert sorted(p.name for p in run_dir.rglob("*")) == before
 
 

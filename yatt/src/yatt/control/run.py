@@ -202,16 +202,28 @@ def _write_run_outputs(run_dir: Path, segments: list[Segment]) -> None:
 
 
 def _try_rewards_once(config: Config, control: ControlConfig) -> None:
-    """`try_rewards_once` on the driver, for the rewards the workers score with (the prompt as
-    the row gives it: the driver holds no tokenizer to render it)."""
+    """`try_rewards_once` on the driver for the rule functions of `reward.fns` (not a reward
+    model or `control.extra_rewards`, which may need a worker's device or services), on the
+    first training prompt rendered as the workers render it."""
     from yatt.builders import build_data
-    from yatt.control.config import make_reward_role
+    from yatt.data import render_prompt
+    from yatt.models import load_tokenizer, tiny_model
+    from yatt.rewards import CombinedReward
 
+    del control  # (its extra rewards are the workers' to call)
+    if not config.reward.fns:
+        return
     first = build_data(config.data)[0][0]
-    prompt = first.prompt
-    if not isinstance(prompt, str):  # chat messages
-        prompt = "\n".join(str(message.get("content", "")) for message in prompt)
-    try_rewards_once(make_reward_role(config, control).combined, prompt, first)
+    tokenizer = None
+    if config.data.use_chat_template:
+        name = config.model.path
+        if name in ("tiny", "tiny-llama", "tiny-qwen2"):  # (as `build_model` makes them)
+            tokenizer = tiny_model("qwen2" if name == "tiny-qwen2" else "llama")[1]
+        else:
+            tokenizer = load_tokenizer(name)
+    prompt = render_prompt(first, tokenizer, config.data.use_chat_template)
+    rules = CombinedReward(list(zip(config.reward.fns, config.reward.weights)))
+    try_rewards_once(rules, prompt, first)
 
 
 def _logged_row(checkpoint: Path, step: int) -> dict[str, float]:
