@@ -303,6 +303,40 @@ def test_an_undeclared_abort_or_a_short_route_fails_its_call_on_a_cluster(protoc
     assert db["kv"].rows[3]["v"] == 0 and db["kv"].rows[5]["v"] == 100  # nothing half-applied
 
 
+def test_a_remote_error_fails_only_the_pieces_waiting_on_it_live_and_in_replay() -> None:
+    # A value carrying an error once failed the whole call at once: pieces that had run live
+    # (before it came) were skipped in a replay, which delivers every value first.
+    from dgcc.wal.node_log import LoggedEpochRun, record_node_epoch, replay_node_epoch
+
+    def plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def bump(key: int) -> Any:
+            return lambda ctx: ctx.update("kv", key, {"v": ctx.get("kv", key)["v"] + 1})
+
+        rw = {key: {"reads": (("kv", key),), "writes": (("kv", key),)} for key in (1, 2)}
+        return [
+            Piece("a", bump(1), **rw[1]),  # node 0, waits on nothing
+            Piece("b", lambda ctx: ctx.abort("no"), (("kv", 12),)),  # node 1: undeclared abort
+            Piece("c", bump(2), after=("b",), **rw[2]),  # node 0, waits on b
+        ]
+
+    class _Both(_TwoNodes):
+        def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
+            return [("kv", 1), ("kv", 12)]
+
+    registry = ProcedureRegistry([Procedure("p", {}, plan)])
+    batch, dbs = [TxnRequest("p", {})], [_db(), _db()]
+    router = Router(_Both(), Placement.round_robin(2))
+    runs = [LoggedEpochRun(n, dbs[n], registry, router, [batch, []]) for n in (0, 1)]
+    _run_to_the_end(runs)  # node 0 runs a before b's error comes
+    assert (dbs[0]["kv"].rows[1]["v"], dbs[0]["kv"].rows[2]["v"]) == (1, 0)
+    assert "not declared may_abort=True" in runs[0].reports()[0][0][3]  # node 0 fails it too
+    replayed = _db()
+    replay_node_epoch(0, replayed, registry, router, record_node_epoch(runs[0]))
+    assert {k: r["v"] for k, r in replayed["kv"].rows.items() if k < 10} == {
+        k: r["v"] for k, r in dbs[0]["kv"].rows.items() if k < 10
+    }
+
+
 def test_solo_routes_are_checked_by_their_place_in_the_batch() -> None:
     # By the logged input, not a counter of the process's calls: a replay checks the same
     # calls (a counter let a call commit live that recovery then failed).

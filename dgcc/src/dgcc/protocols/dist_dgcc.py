@@ -273,6 +273,7 @@ class EpochRun:
         self._txns = [sub.txn for sub in self._subs]  # per owner slot, for ``step``
         self._contexts = [PieceContext(self._db, txn) for txn in self._txns]
         self._waiters: dict[tuple[int, int], list[int]] = {}
+        self._failed: dict[int, str] = {}  # pid -> the error of a value it waited on
         self._sends: dict[int, tuple[int, ...]] = {}
         self._urgent_pids: set[int] = set()  # local pieces of txns other nodes wait on
         self._sub_of_index = {sub.index: sub for sub, _ in spread}  # values come for these
@@ -509,7 +510,7 @@ class EpochRun:
         and past it right after a piece whose value a peer waits for.
         """
         pieces, owners, txns, contexts = self._pieces, self._owners, self._txns, self._contexts
-        cross_in, check, only = self._cross_in, self._check, scan.only
+        cross_in, check, only, failed = self._cross_in, self._check, scan.only, self._failed
         pending, wrote, read, slots = scan.pending, scan.wrote, scan.read, scan.slots
         position, urgent_end = scan.position, scan.urgent_end
         stop = urgent_end if position < urgent_end else len(scan.pids)
@@ -545,6 +546,8 @@ class EpochRun:
             if check is not None:
                 _check_turn(check, pid)
             txn = txns[slot]
+            if failed and pid in failed and txn.error is None:
+                txn.error = failed[pid]
             if txn.abort_reason is None:
                 run_piece(contexts[slot], txn, piece)
                 if txn.abort_reason is not None:
@@ -566,7 +569,7 @@ class EpochRun:
         pieces, ready, urgent = self._pieces, self._ready, self._urgent
         owners, in_degrees, contexts = self._owners, graph.in_degrees, self._contexts
         txns, successors_of, sends = self._txns, graph.successors.get, self._urgent_pids
-        sends_of, outbox, check = self._sends.get, self.outbox, self._check
+        sends_of, outbox, check, failed = self._sends.get, self.outbox, self._check, self._failed
         pop, push, ready_pop = heapq.heappop, heapq.heappush, ready.pop
         ran = 0
         while ran < budget:
@@ -580,6 +583,8 @@ class EpochRun:
                 _check_turn(check, pid)
             slot = owners[pid]
             txn = txns[slot]
+            if pid in failed and txn.error is None:
+                txn.error = failed[pid]
             if txn.abort_reason is None:
                 run_piece(contexts[slot], txn, pieces[pid])
                 if txn.abort_reason is not None:
@@ -629,8 +634,12 @@ class EpochRun:
             if sub is None or waiters is None:
                 raise ProcedureError(f"unexpected value for txn {index} piece {piece_index}")
             txn = sub.txn
-            if error is not None and txn.error is None:
-                txn.error = error
+            if error is not None:
+                # The pieces waiting on this value fail the call when they come to run, not at
+                # once: the call's pieces that do not wait on it run as they would had it come
+                # later, so a replay (which delivers every value first) ends in the same state.
+                for pid in waiters:
+                    self._failed[pid] = error
             elif reason is not None and txn.abort_reason is None:
                 txn.abort_reason = reason
             elif reason is None and error is None:
