@@ -377,7 +377,13 @@ def _start(args: argparse.Namespace) -> int:
         _refuse(given, "--config (the config file holds every setting)")
         config = load_config(args.config)
     elif not given and earlier.is_file():  # a whole-cluster restart: the same cluster again
-        config = load_config(earlier)
+        try:
+            config = load_config(earlier)
+        except ConfigError as error:
+            raise ConfigError(
+                f"{error} (with no flags, cluster start restarts the cluster of {earlier}; "
+                "flags or --config start another)"
+            ) from None
         print(f"restarting the cluster of {earlier} (flags or --config start another)")
     else:
         config = _flags_config(args)
