@@ -2,12 +2,13 @@
 DAPO dynamic sampling, first on fake samplers (exact bookkeeping), then on a tiny model with the
 in-process backend (a sampler worker and a policy rank on 2 CPU devices)."""
 
+import pytest
 import torch
 
 from yatt.batch import RolloutBatch
 from yatt.config import load_config
 from yatt.control import ControlConfig, make_controller
-from yatt.control.async_rollout import GroupRollout, ShardQueue
+from yatt.control.async_rollout import GroupRollout, ShardQueue, reward_means
 from yatt.control.shards import Shard, ShardRequest, make_features
 from yatt.control.workers import Future, call_now
 
@@ -38,12 +39,13 @@ def _fake_shard(request: ShardRequest) -> Shard:
     return Shard(request.rank, request.step, batch, make_features(request.seeds, 4))
 
 
-def _score(shard: Shard) -> torch.Tensor:
+def _score(shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
     """Prompts divisible by 3 score all-equal (no signal); others score 0, 1 within the group."""
-    return torch.tensor([
+    scores = torch.tensor([
         0.0 if row["prompt"] % 3 == 0 else float(i % N_SAMPLES)
         for i, row in enumerate(shard.batch.rows)
     ])  # fmt: skip
+    return scores, {"reward/toy/mean": float(scores.mean())}
 
 
 def test_over_dispatch_aborts_stragglers_and_loses_no_prompt():
@@ -132,9 +134,14 @@ def test_reclaimed_prompts_go_to_the_front_of_the_queue():
 
     dispatch = rollout.dispatch(0, 0, submit)
     assert len(dispatch.calls) == 4  # (1 + r) x 2 groups, one call each
-    _, stats = rollout.collect(dispatch, submit, _score, lambda: 0.0)
+    shard, stats = rollout.collect(dispatch, submit, _score, lambda: 0.0)
     assert stats.aborted == 2 and stats.dispatched == 4
     assert queue.contents()[:2] == stats.reclaimed_prompts
+    # The reward functions' own metrics: a row-weighted mean over the rows scored (2 groups
+    # of the 4 dispatched; the aborted 2 were never scored), as the trainer logs them.
+    logged = reward_means(stats.metrics())
+    assert logged["control/scored_rows"] == shard.batch.size == 2 * N_SAMPLES
+    assert logged["reward/toy/mean"] == pytest.approx(float(shard.batch.scores.mean()))
 
 
 OVERRIDES = ["train.steps=4", "algo.prompts_per_step=2", f"rollout.n_samples={N_SAMPLES}",

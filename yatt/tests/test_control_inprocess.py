@@ -39,6 +39,15 @@ def test_single_and_parallel_modes_agree_in_process():
     for key in ("critic/advantages/mean", "critic/advantages/abs_mean",
                 "response_length/clip_ratio"):  # fmt: skip
         assert single.history[-1][key] == pytest.approx(parallel.history[-1][key]), key
+    # each reward function's own mean, as the trainer logs it (it was missing here)
+    rewards = sorted(key for key in parallel.history[-1] if key.startswith("reward/"))
+    assert rewards == ["reward/char_mix_reward/mean", "reward/math_answer/mean",
+                       "reward/total/mean"]  # fmt: skip
+    for key in rewards:
+        assert single.history[-1][key] == pytest.approx(parallel.history[-1][key]), key
+    assert parallel.history[-1]["reward/total/mean"] == pytest.approx(
+        parallel.history[-1]["critic/score/mean"]
+    )  # (no dynamic sampling: the same rows)
     row = parallel.history[-1]
     assert row["critic/advantages/abs_mean"] > 0 and 0 <= row["response_length/clip_ratio"] <= 1
     assert row["perf/samples_per_s"] == pytest.approx(row["batch/rows"] / row["timing_s/step"])

@@ -52,7 +52,7 @@ __all__ = [
 GROUP_STRIDE = 1 << 16
 
 Submit = Callable[[ShardRequest, int], Future]
-Score = Callable[[Shard], torch.Tensor]
+Score = Callable[[Shard], tuple[torch.Tensor, dict[str, float]]]  # rewards, their metrics
 Shaping = Callable[[RolloutBatch, int], torch.Tensor]
 # A group's data position at a step boundary, as a checkpoint keeps it: the global draws its
 # queue consumed, and the prompts it took but neither trained nor dropped (in flight, then
@@ -147,9 +147,19 @@ class RolloutStats:
     trained_prompts: list[int] = field(default_factory=list)
     dropped_prompts: list[int] = field(default_factory=list)
     reclaimed_prompts: list[int] = field(default_factory=list)
+    # The reward functions' own metrics (`reward/<fn>/mean` ...), row-weighted sums over every
+    # row scored, dropped groups included (as the trainer logs them), and those rows.
+    reward_sums: dict[str, float] = field(default_factory=dict)
+    scored_rows: int = 0
+
+    def add_reward_metrics(self, metrics: dict[str, float], rows: int) -> None:
+        for key, value in metrics.items():
+            self.reward_sums[key] = self.reward_sums.get(key, 0.0) + float(value) * rows
+        self.scored_rows += rows
 
     def metrics(self) -> dict[str, float]:
-        """Counters that add up over groups (the controllers sum them)."""
+        """Counters that add up over groups (the controllers sum them, then turn the reward
+        metrics' sums into means with `reward_means`)."""
         return {
             "batch/kept_groups": float(self.kept),
             "batch/dropped_groups": float(self.dropped),
@@ -158,7 +168,22 @@ class RolloutStats:
             "control/refills": float(self.refills),
             "control/gen_tokens": self.gen_tokens,
             "control/sampler_gen_s": self.gen_s,
+            "control/scored_rows": float(self.scored_rows),
+            **{_REWARD_SUM + key: value for key, value in self.reward_sums.items()},
         }
+
+
+_REWARD_SUM = "sum:"  # a summed reward metric in `RolloutStats.metrics`
+
+
+def reward_means(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` (summed `RolloutStats.metrics` of every group) with each reward metric's sum
+    replaced by its mean over the rows scored, as the trainer logs them."""
+    rows = max(metrics.get("control/scored_rows", 0.0), 1.0)
+    return {
+        key.removeprefix(_REWARD_SUM): value / rows if key.startswith(_REWARD_SUM) else value
+        for key, value in metrics.items()
+    }
 
 
 class GroupRollout:
@@ -236,8 +261,9 @@ class GroupRollout:
             stats.gen_tokens += float(shard.batch.response_mask.sum())
             stats.gen_s += shard.gen_s
             start_s = clock()
-            scores = score(shard)
+            scores, reward_metrics = score(shard)
             stats.score_s += clock() - start_s
+            stats.add_reward_metrics(reward_metrics, shard.batch.size)
             shard.batch.scores = scores
             extra = None if self.shaping is None else self.shaping(shard.batch, dispatch.step)
             shard.batch.rewards = scores if extra is None else scores + extra

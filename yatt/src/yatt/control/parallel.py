@@ -21,6 +21,7 @@ from yatt.control.async_rollout import (
     RolloutStats,
     StepDispatch,
     make_group_rollout,
+    reward_means,
 )
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig
@@ -70,7 +71,7 @@ class ParallelRank(RankWorker):
             return call_now(self.generate, request, version)
         return self.sampler.submit("generate", request, version)
 
-    def _score(self, shard: Shard) -> torch.Tensor:
+    def _score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
         return self._call(self.reward_service, "score", shard)
 
     def _dispatch(self, steps: range) -> None:
@@ -133,7 +134,7 @@ class ParallelRank(RankWorker):
         lap("update_actor")
         self._sync_weights(step)
         lap("update_weights")
-        metrics = self._reduce(batch_sums(shard), stats.metrics(), actor)
+        metrics = reward_means(self._reduce(batch_sums(shard), stats.metrics(), actor))
         extremes = batch_extremes(shard)
         if self.collective is not None:
             extremes = self.collective.max_tensor(extremes)

@@ -313,12 +313,13 @@ class RankWorker:
             cfg.rollout.temperature or 1.0, shared_prefix=cfg.train.shared_prefix,
         )  # fmt: skip
 
-    def score(self, shard: Shard) -> torch.Tensor:
-        """Reward service: (B,) rewards of the shard's completions."""
+    def score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
+        """Reward service: (B,) rewards of the shard's completions, and the reward functions'
+        own metrics (means over its rows)."""
         assert self.reward is not None, f"{self.name} hosts no reward service"
         with self._phase("reward", "reward"):
-            rewards, _ = self.reward.score(shard.batch)
-        return rewards
+            rewards, metrics = self.reward.score(shard.batch)
+        return rewards, {key: float(value) for key, value in metrics.items()}
 
     def evaluate(self, n_examples: int) -> tuple[int, int]:
         """Greedy held-out accuracy of this rank's policy on its share (every `world`-th) of

@@ -24,6 +24,7 @@ from yatt.control.async_rollout import (
     RolloutStats,
     StepDispatch,
     make_group_rollout,
+    reward_means,
 )
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, make_reward_role
@@ -70,9 +71,9 @@ class SingleController(Controller):
     def _submit_gen(self, request: ShardRequest, version: int) -> Future:
         return self.cluster.sampler_for(request.rank).submit("generate", request, version)
 
-    def _score(self, shard: Shard) -> torch.Tensor:
-        rewards, _ = self.reward.score(shard.batch)  # on the driver, as verl's reward manager
-        return rewards
+    def _score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
+        rewards, metrics = self.reward.score(shard.batch)  # on the driver, as verl's manager
+        return rewards, {key: float(value) for key, value in metrics.items()}
 
     def _dispatch(self, steps: range) -> None:
         for ahead in steps:
@@ -123,8 +124,8 @@ class SingleController(Controller):
         global_shard = Shard(-1, step, whole, features)
         metrics = sums_to_metrics(batch_sums(global_shard))
         metrics.update(extremes_to_metrics(batch_extremes(global_shard)))
-        for key in stats[0].metrics():
-            metrics[key] = sum(s.metrics()[key] for s in stats)
+        counts = [s.metrics() for s in stats]
+        metrics.update(reward_means({key: sum(c[key] for c in counts) for key in counts[0]}))
         metrics.update(reduce_actor_metrics({k: sum(a[k] for a in actor) for k in actor[0]}))
         metrics["control/staleness"] = float(stats[0].staleness)
         return {**metrics, **timings}
