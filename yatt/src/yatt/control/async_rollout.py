@@ -153,8 +153,13 @@ class RolloutStats:
     scored_rows: int = 0
 
     def add_reward_metrics(self, metrics: dict[str, float], rows: int) -> None:
+        """Add one scoring call's `reward/*` means over `rows` rows. Only those: every call
+        gives each of them (one per reward function, and the total), so every group sums the
+        same keys, as the parallel controllers' all-reduce needs; a batch scorer's own
+        metrics (a judge's parse failures) may come on some calls only."""
         for key, value in metrics.items():
-            self.reward_sums[key] = self.reward_sums.get(key, 0.0) + float(value) * rows
+            if key.startswith("reward/"):
+                self.reward_sums[key] = self.reward_sums.get(key, 0.0) + float(value) * rows
         self.scored_rows += rows
 
     def metrics(self) -> dict[str, float]:
