@@ -161,18 +161,21 @@ def test_pieces_off_every_path_from_a_remote_value_run_first_in_serial_order() -
 
 
 @pytest.mark.parametrize("checked", [False, True])
-def test_a_senders_ancestors_are_its_graph_predecessors_not_whole_transactions(checked) -> None:
+def test_a_senders_ancestors_are_its_predecessors_and_their_transactions_earlier_pieces(
+    checked,
+) -> None:
     # Txn 1's take (key 4) feeds node 1's put, so it runs first, after txn 0's add (which writes
-    # key 4) and that add's abort decider (txn 0's check). Txn 0's peek has no path to the take:
-    # it runs with the local-only work, after the value left.
+    # key 4) and every earlier piece of txn 0 (its check, and its peek, which has no path to the
+    # take but must not run after the add: a call failing midway then leaves the same writes
+    # live and in a replay). The rest runs with the local-only work, after the value left.
     workload = _KeyValue()
     bump = TxnRequest("bump", {"src": 1, "dst": 4})
     with debug.invariants(checked):
         (node0, _), _ = _runs(workload, [[bump, _move(4, 12), _move(6, 7)], []])
-        assert node0.step(100) == 3 and node0.take_outbox()
-        assert workload.ran == [(1, 4, "check"), (1, 4, "add"), (4, 12, "take")]
-        assert node0.step(100) == 3 and node0.finished
-        assert workload.ran[3:] == [(1, 4, "peek"), (6, 7, "take"), (6, 7, "put")]
+        assert node0.step(100) == 4 and node0.take_outbox()
+        assert workload.ran == [(1, 4, "check"), (1, 4, "peek"), (1, 4, "add"), (4, 12, "take")]
+        assert node0.step(100) == 2 and node0.finished
+        assert workload.ran[4:] == [(6, 7, "take"), (6, 7, "put")]
 
 
 @pytest.mark.parametrize("checked", [False, True])

@@ -303,32 +303,47 @@ def test_an_undeclared_abort_or_a_short_route_fails_its_call_on_a_cluster(protoc
     assert db["kv"].rows[3]["v"] == 0 and db["kv"].rows[5]["v"] == 100  # nothing half-applied
 
 
-def test_a_remote_error_fails_only_the_pieces_waiting_on_it_live_and_in_replay() -> None:
-    # A value carrying an error once failed the whole call at once: pieces that had run live
-    # (before it came) were skipped in a replay, which delivers every value first.
+@pytest.mark.parametrize("with_a_sender_after", [False, True])
+def test_a_call_failing_midway_leaves_the_same_writes_live_and_in_replay(
+    with_a_sender_after: bool,
+) -> None:
+    """Call p: a (node 0, independent), b (node 1, aborts undeclared: ERROR), c (node 0, waits
+    on b). Live, a runs before b's error comes; a replay delivers every value first. A value
+    carrying an error once failed the whole call at once (a skipped in replay), and a later
+    call whose piece reads c's key sent a value, which put c (a sender's ancestor) ahead of a
+    in the first pass, so a ran after c failed live but not in replay."""
     from dgcc.wal.node_log import LoggedEpochRun, record_node_epoch, replay_node_epoch
 
-    def plan(params: Mapping[str, Any], view: object) -> list[Piece]:
-        def bump(key: int) -> Any:
-            return lambda ctx: ctx.update("kv", key, {"v": ctx.get("kv", key)["v"] + 1})
+    def bump(key: int) -> Any:
+        return lambda ctx: ctx.update("kv", key, {"v": ctx.get("kv", key)["v"] + 1})
 
-        rw = {key: {"reads": (("kv", key),), "writes": (("kv", key),)} for key in (1, 2)}
+    def rw(key: int) -> dict[str, Any]:
+        return {"reads": (("kv", key),), "writes": (("kv", key),)}
+
+    def fails(params: Mapping[str, Any], view: object) -> list[Piece]:
         return [
-            Piece("a", bump(1), **rw[1]),  # node 0, waits on nothing
-            Piece("b", lambda ctx: ctx.abort("no"), (("kv", 12),)),  # node 1: undeclared abort
-            Piece("c", bump(2), after=("b",), **rw[2]),  # node 0, waits on b
+            Piece("a", bump(3), **rw(3)),
+            Piece("b", lambda ctx: ctx.abort("no"), (("kv", 12),)),
+            Piece("c", bump(1), after=("b",), **rw(1)),
         ]
 
-    class _Both(_TwoNodes):
-        def route_keys(self, procedure: str, params: Mapping[str, Any]) -> list[Hashable]:
-            return [("kv", 1), ("kv", 12)]
+    def sends(params: Mapping[str, Any], view: object) -> list[Piece]:
+        return [
+            Piece("s", lambda ctx: ctx.get("kv", 1)["v"], (("kv", 1),)),  # node 0, sends
+            Piece("t", bump(13), after=("s",), **rw(13)),  # node 1
+        ]
 
-    registry = ProcedureRegistry([Procedure("p", {}, plan)])
-    batch, dbs = [TxnRequest("p", {})], [_db(), _db()]
-    router = Router(_Both(), Placement.round_robin(2))
+    registry = ProcedureRegistry(
+        [Procedure("fails", {"keys": list}, fails), Procedure("sends", {"keys": list}, sends)]
+    )
+    batch = [TxnRequest("fails", {"keys": [1, 3, 12]})]
+    if with_a_sender_after:
+        batch.append(TxnRequest("sends", {"keys": [1, 13]}))
+    dbs = [_db(), _db()]
+    router = Router(_TwoNodes(), Placement.round_robin(2))
     runs = [LoggedEpochRun(n, dbs[n], registry, router, [batch, []]) for n in (0, 1)]
-    _run_to_the_end(runs)  # node 0 runs a before b's error comes
-    assert (dbs[0]["kv"].rows[1]["v"], dbs[0]["kv"].rows[2]["v"]) == (1, 0)
+    _run_to_the_end(runs)
+    assert dbs[0]["kv"].rows[3]["v"] == 1 and dbs[0]["kv"].rows[1]["v"] == 0  # a ran, c not
     assert "not declared may_abort=True" in runs[0].reports()[0][0][3]  # node 0 fails it too
     replayed = _db()
     replay_node_epoch(0, replayed, registry, router, record_node_epoch(runs[0]))

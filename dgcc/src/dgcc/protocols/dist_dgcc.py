@@ -328,22 +328,19 @@ class EpochRun:
     def _ancestry(self) -> list[int]:
         """Pieces of transactions that send values, and every piece with a path to one in the
         local graph (a backward scan from the last of them): an earlier access conflicting
-        with one, and an earlier piece of its own transaction that it names in ``after`` or,
-        where it writes or may abort, that may abort before it; in serial order."""
+        with one, and every earlier piece of its own transaction (not only those it names in
+        ``after`` or that may abort before it: a transaction's pieces then run in serial order
+        in every pass, so a call that fails midway leaves the same writes live and in a
+        replay, which runs the pieces in another order); in serial order."""
         found: list[int] = []
         before_all: set[Hashable] = set()  # keys every earlier access of which is an ancestor
         before_writes: set[Hashable] = set()  # keys whose earlier writes are ancestors
         seeds, owners, pieces = self._urgent_pids, self._owners, self._pieces
         slot = -1  # the transaction of the last piece found (its pieces are consecutive)
-        named: set[str] = set()  # its earlier pieces named in ``after`` by the found ones
-        deciders = False  # whether its earlier may_abort pieces are ancestors
         for pid in range(max(seeds, default=-1), -1, -1):
             piece = pieces[pid]
             writes = piece.writes
-            own = owners[pid] == slot
-            if pid not in seeds and not (
-                own and (piece.name in named or (deciders and piece.may_abort))
-            ):
+            if pid not in seeds and owners[pid] != slot:
                 if len(writes) == 1 and not piece.reads:
                     if writes[0] not in before_all and writes[0] not in before_writes:
                         continue
@@ -353,11 +350,7 @@ class EpochRun:
                 ):
                     continue
             found.append(pid)
-            if not own:
-                slot, deciders = owners[pid], False
-                named = set()
-            named.update(piece.after)
-            deciders = deciders or bool(writes) or piece.may_abort
+            slot = owners[pid]
             before_all.update(writes)
             before_writes.update(piece.reads)
         found.reverse()
