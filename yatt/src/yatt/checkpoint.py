@@ -220,18 +220,22 @@ def warn_changed_scoring(checkpoint: Path, config: Config) -> list[str]:
     now = to_dict(config)
     keys = [("reward", key) for key in now["reward"]] + [("eval", "reward_fn")]
 
-    def written(section: str, key: str) -> Any:
-        value = (before.get(section) or {}).get(key)
-        if key == "model_path" and value:  # (an older run recorded it relative)
+    def normal(key: str, value: Any) -> Any:
+        if key == "model_path" and value:  # (recorded relative by older runs)
             return os.path.abspath(value)
         return value
 
-    lines = [
-        f"resuming {checkpoint} with {section}.{key}={now[section][key]!r}; the run that wrote "
-        f"it had {written(section, key)!r}: its metrics will mix the two"
-        for section, key in keys
-        if written(section, key) != now[section][key]
-    ]
+    lines = []
+    for section, key in keys:
+        written = before.get(section)
+        if not isinstance(written, dict) or key not in written:  # (an older layout: no word)
+            continue
+        was, is_now = normal(key, written[key]), normal(key, now[section][key])
+        if was != is_now:
+            lines.append(
+                f"resuming {checkpoint} with {section}.{key}={is_now!r}; the run that wrote it "
+                f"had {was!r}: its metrics will mix the two"
+            )
     for line in lines:
         logger.warning("%s", line)
     return lines

@@ -90,9 +90,15 @@ def _lock(folder: Path, run_dir: str) -> _FolderLock | None:
         logger.warning("logging.run_dir=%s: its filesystem cannot lock files (%s): nothing "
                        "keeps a second job out of it", run_dir, exc.strerror)  # fmt: skip
         return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    lock = _LOCKS[key] = _FolderLock(fd)
+    lock = _FolderLock(fd)  # (closed with it, whatever happens next)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as exc:  # a full disk, a quota
+        raise ConfigError(
+            f"logging.run_dir={run_dir}: cannot write its lock file {_LOCK_FILE} ({exc.strerror})"
+        ) from None
+    _LOCKS[key] = lock
     return lock
 
 
