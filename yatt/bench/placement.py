@@ -100,7 +100,7 @@ def _timed_update(worker, budget: int, prompts: int, seed: int) -> float:
     indices = tuple(range(prompts))
     request = ShardRequest(0, seed, indices, indices, tuple(range(seed, seed + rows)), budget)
     shard = worker.generate(request, worker.weights_version)
-    shard.batch.rewards = worker.score(shard)
+    shard.batch.rewards, _ = worker.score(shard)
     set_advantages(shard.batch, "grpo", True)
     start_s = time.perf_counter()
     worker.update(shard)

@@ -81,3 +81,18 @@ def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_sc
     lucky = bench._summarise("runtime re-placement", _run([2, 1, 0.5, 0.5, 2, 2], 4, 0.1), 4, 2)
     reading = bench._reading(runs | {"adaptive": lucky}, args)
     assert "under that ceiling" in reading and "short 0.50 vs 1.00 s" in reading, reading
+
+
+def test_a_timed_update_runs_on_a_real_worker(bench_script):
+    # The calibration's update went untested: a change of the worker's score() (it now also
+    # returns the reward functions' metrics) broke `make bench` at this step.
+    from yatt.config import load_config
+    from yatt.control.config import ControlConfig
+    from yatt.control.devices import Device
+    from yatt.control.rank import RankWorker
+
+    bench = bench_script("placement")
+    config = load_config("tiny_test", ["rollout.n_samples=2"])
+    control = ControlConfig(n_devices=1, device_kind="cpu", extra_rewards=bench.REWARD)
+    worker = RankWorker(config, control, Device("cpu", 0), ("policy", "sampler", "reward"), "c")
+    assert bench._timed_update(worker, budget=4, prompts=1, seed=0) > 0
