@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING)
     console = make_console()
+    if args.rerender is not None:
+        return _rerender(args.rerender, console)
     out_dir = args.out_dir or (
         Path(tempfile.gettempdir()) / "dgcc_postgres_quick" if args.quick else REPO / "docs/bench"
     )
@@ -102,6 +104,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-s", type=float, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument(
+        "--rerender",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="redo the derived columns, ratios, table and plot of a recorded run (its "
+        "dgcc_postgres.json, rewritten in place with its .md and .png) without measuring",
+    )
     args = parser.parse_args(argv)
     args.warehouses = args.warehouses or ([1] if args.quick else [1, 4])
     args.clients = args.clients or ([2, 8] if args.quick else [2, 4, 8, 16, 32])
@@ -199,14 +209,20 @@ def _run_cluster(
         )
         metrics = run_bench(bench)["metrics"]
         metrics["txn/retried"] = metrics.get("txn/retried", 0)
-        metrics["cpu/client_cores"] = metrics["client/cpu_s_per_s"]
-        metrics["cpu/server_cores"] = metrics["node/cpu_s_per_s"]
-        metrics["cpu/total_cores"] = metrics["client/cpu_s_per_s"] + metrics["node/cpu_s_per_s"]
-        cores = max(metrics["cpu/total_cores"], 1e-9)
-        metrics["txn/commits_per_cpu_s"] = metrics["txn/commits_per_s"] / cores
+        _cluster_cpu(metrics, nodes)
         system = f"distdgcc-{nodes}n"
         results.append(_record(system, warehouses, nodes * args.cluster_inflight, metrics))
     return results
+
+
+def _cluster_cpu(metrics: dict[str, Any], nodes: int) -> None:
+    """The cluster's CPU in cores, and its commits per CPU second: the load generator reports
+    node and client CPU per node (averages), so the totals are those times ``nodes``."""
+    metrics["cpu/client_cores"] = metrics["client/cpu_s_per_s"] * nodes
+    metrics["cpu/server_cores"] = metrics["node/cpu_s_per_s"] * nodes
+    metrics["cpu/total_cores"] = metrics["cpu/client_cores"] + metrics["cpu/server_cores"]
+    cores = max(metrics["cpu/total_cores"], 1e-9)
+    metrics["txn/commits_per_cpu_s"] = metrics["txn/commits_per_s"] / cores
 
 
 def _dgcc_point(
@@ -330,6 +346,36 @@ def _document(
     }
 
 
+def _rerender(path: Path, console: Any) -> int:
+    """``--rerender``: the recorded measurements, their derived columns computed again (the
+    cluster's CPU was once taken per node, not in all: `_cluster_cpu`)."""
+    try:
+        document = json.loads(path.read_text())
+        results = document["results"]
+        for record in results:
+            if record["system"].startswith("distdgcc-"):
+                nodes = int(record["system"].removeprefix("distdgcc-").removesuffix("n"))
+                _cluster_cpu(record["metrics"], nodes)
+        args = argparse.Namespace(**{key: document[key] for key in _RECORDED_ARGS})
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"postgres.py: --rerender {path}: not a recorded run ({error})") from None
+    redone = _document(results, args, document["scale"], document["postgres_version"])
+    redone["git_commit"] = document["git_commit"]  # measured there; derived columns redone
+    redone["host"] = document["host"]
+    redone["fdatasync_ms_p50"] = document.get("fdatasync_ms_p50")
+    redone["rerendered_at"] = git_commit()
+    console.print(_table(results))
+    for line in _summary_lines(redone):
+        print(line)
+    _write(redone, path.parent)
+    console.print(f"rewrote {path.parent}/dgcc_postgres.{{json,md,png}}")
+    return 0
+
+
+_RECORDED_ARGS = ("quick", "warehouses", "clients", "dgcc_inflight", "cluster_inflight",
+                  "seconds", "warmup_s", "seed")  # fmt: skip
+
+
 def _table(results: list[dict[str, Any]]) -> Table:
     table = Table(title="dgcc vs PostgreSQL, TPC-C mix, durable commits")
     columns = ("W", "system", "in flight", "commits/s", "abort", "retries", "p50 ms", "p99 ms",
@@ -431,7 +477,15 @@ def _markdown(document: dict[str, Any]) -> str:
         "one sync (PostgreSQL's group commit; dgcc's epoch).",
         "",
         f"Machine: {host['platform']}, {host['machine']}, {host['cpus']} CPUs, "
-        f"{host['implementation']} {host['python']}; commit {document['git_commit']}.",
+        f"{host['implementation']} {host['python']}; commit {document['git_commit']}."
+        + (
+            f" The derived columns (the cluster rows' CPU, which was once taken per node "
+            f"instead of in all, and commits per CPU second) were computed again from the "
+            f"recorded measurements at commit {document['rerendered_at']} "
+            "(`python dgcc/bench/postgres.py --rerender docs/bench/dgcc_postgres.json`)."
+            if document.get("rerendered_at")
+            else ""
+        ),
         "",
         "![dgcc vs PostgreSQL](dgcc_postgres.png)",
         "",
