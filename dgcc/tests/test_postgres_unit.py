@@ -77,3 +77,29 @@ def test_module_all_names_exist(module_name: str) -> None:
     assert module.__all__
     for name in module.__all__:
         assert hasattr(module, name), f"{module_name}.__all__ lists missing {name}"
+
+
+def test_a_cluster_rows_cpu_is_all_its_processes_and_a_recorded_run_rerenders(
+    bench_script, tmp_path
+) -> None:
+    # The load generator reports node and client CPU per node: a 2-node row's CPU was half
+    # its total, and its commits per CPU second doubled (7.38x over PostgreSQL, not 4.45x).
+    import json
+    import shutil
+    from pathlib import Path
+
+    bench = bench_script("postgres")
+    metrics = {"txn/commits_per_s": 900.0, "node/cpu_s_per_s": 0.8, "client/cpu_s_per_s": 0.1}
+    bench._cluster_cpu(metrics, 2)
+    assert metrics["cpu/total_cores"] == pytest.approx(1.8)
+    assert metrics["txn/commits_per_cpu_s"] == pytest.approx(500.0)
+    recorded = Path(__file__).parents[2] / "docs" / "bench" / "dgcc_postgres.json"
+    copy = tmp_path / "dgcc_postgres.json"
+    shutil.copy(recorded, copy)
+    assert bench.main(["--rerender", str(copy)]) == 0
+    redone = json.loads(copy.read_text())
+    two = next(r for r in redone["results"] if r["system"] == "distdgcc-2n")
+    assert two["metrics"]["cpu/server_cores"] == pytest.approx(
+        2 * two["metrics"]["node/cpu_s_per_s"]
+    )
+    assert (tmp_path / "dgcc_postgres.md").read_text().count("--rerender") == 1
