@@ -180,18 +180,25 @@ def _reading(rows: list[dict]) -> str:
     slope = (single[-1]["controller_peak_rss_mb"] - single[0]["controller_peak_rss_mb"]) / span
     par_rss = [r["controller_peak_rss_mb"] for r in par]
     speedups = [s["step_s"] / p["step_s"] for s, p in zip(single, par)]
+    # With one group both modes run one controller: the target is about two groups or more.
+    counted = [(s["groups"], x) for s, x in zip(single, speedups) if s["groups"] > 1]
+    counted = counted or [(s["groups"], x) for s, x in zip(single, speedups)]
+    groups = f"{counted[0][0]}-{counted[-1][0]}" if len(counted) > 1 else f"{counted[0][0]}"
+    low = min(x for _, x in counted)
     return (
         f"Reading (payload {_size(payload)}): the single driver's peak RSS grows by "
         f"{slope:.0f} MiB per data-parallel group ({single[0]['controller_peak_rss_mb']:.0f} -> "
         f"{single[-1]['controller_peak_rss_mb']:.0f} MiB) and the bytes through it grow "
         f"linearly; each parallel controller stays within {min(par_rss):.0f}-{max(par_rss):.0f} "
         f"MiB (its own model and shard) and the driver only sees metrics. Step-time speed-up of "
-        f"parallel over single: {min(speedups):.2f}x-{max(speedups):.2f}x (target 1.5x: "
+        f"parallel over single: {min(speedups):.2f}x-{max(speedups):.2f}x over every group "
+        f"count, at least {low:.2f}x with {groups} groups (with one group both modes run one "
+        "controller), so the 1.5x target at this payload is "
         + (
-            "met)."
-            if min(speedups[1:] or speedups) >= 1.5
+            "met there."
+            if low >= 1.5
             else "not met on this machine; with more groups than cores, compute dominates "
-            "and hides the driver's serialisation)."
+            "and hides the driver's serialisation."
         )
     )
 
