@@ -147,3 +147,33 @@ def test_a_log_dir_that_cannot_be_used_is_one_line(
 def test_repo_root_is_this_checkout() -> None:
     root = repo_root()
     assert (root / "dgcc" / "bench" / "engine.py").is_file()
+
+
+def test_the_real_stitch_tool_refuses_a_report_with_holes(tmp_path: Path, capsys) -> None:
+    # It silently dropped a missing section, kept a link to a deleted plot and appended stray
+    # files.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "stitch_benchmarks", repo_root() / "tools" / "stitch_benchmarks.py"
+    )
+    assert spec is not None and spec.loader is not None
+    stitch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stitch)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    required = [name for name in stitch.ORDER if name not in stitch.OPTIONAL]
+    for name in required:
+        (bench / f"{name}.md").write_text(f"## {name}\n\n![plot]({name}.png)\n")
+        (bench / f"{name}.png").write_bytes(b"png")
+    (bench / "notes.md").write_text("scratch")
+    assert stitch.main(tmp_path) == 0
+    report = (tmp_path / "benchmarks.md").read_text()
+    assert "scratch" not in report and f"](bench/{required[0]}.png)" in report
+    assert "left out docs/bench/notes.md" in capsys.readouterr().err
+    (bench / f"{required[0]}.png").unlink()
+    (bench / f"{required[1]}.md").unlink()
+    assert stitch.main(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert f"{required[1]}.md is missing" in err and f"links {required[0]}.png" in err
+    assert (tmp_path / "benchmarks.md").read_text() == report  # nothing written
