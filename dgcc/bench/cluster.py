@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
+from dgcc.bench import at_least
 from dgcc.cli_cluster import results_table
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
@@ -223,10 +224,14 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, fewer runs, temp output")
-    parser.add_argument("--seconds", type=float, default=None, help="measured window per run")
-    parser.add_argument("--warmup-s", type=float, default=1.0)
-    parser.add_argument("--inflight", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=3, help="paired 1-/2-node TPC-C rounds")
+    parser.add_argument(
+        "--seconds", type=at_least(float, 0, above=True), help="measured window per run"
+    )
+    parser.add_argument("--warmup-s", type=at_least(float, 0), default=1.0)
+    parser.add_argument("--inflight", type=at_least(int, 1), default=400)
+    parser.add_argument(
+        "--rounds", type=at_least(int, 1), default=3, help="paired 1-/2-node TPC-C rounds"
+    )
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (2.0 if args.quick else 5.0)

@@ -29,7 +29,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dgcc.bench import BenchConfig, git_commit, host_facts, make_console, run_side_by_side
+from dgcc.bench import (
+    BenchConfig,
+    at_least,
+    git_commit,
+    host_facts,
+    make_console,
+    run_side_by_side,
+)
 from dgcc.errors import ConfigError
 from dgcc.protocols import PROTOCOLS as REGISTRY
 from dgcc.workloads import get_workload
@@ -96,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, 1 s windows")
-    parser.add_argument("--seconds", type=float, default=None, help="measured s per protocol")
+    parser.add_argument(
+        "--seconds", type=at_least(float, 0, above=True), help="measured s per protocol"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating measured windows")
-    parser.add_argument("--warmup-s", type=float, default=None)
-    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--warmup-s", type=at_least(float, 0))
+    parser.add_argument("--batch-size", type=at_least(int, 1), default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--no-sweep", action="store_true", help="skip the contention sweep")

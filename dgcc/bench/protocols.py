@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dgcc.bench import at_least
 from dgcc.errors import DgccError
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 from dgcc.net.servers import SERVERS
@@ -526,8 +527,10 @@ def _protocols(text: str) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, 2 scenarios, temp out")
-    parser.add_argument("--seconds", type=float, default=None, help="measured window per run")
-    parser.add_argument("--warmup-s", type=float, default=None)
+    parser.add_argument(
+        "--seconds", type=at_least(float, 0, above=True), help="measured window per run"
+    )
+    parser.add_argument("--warmup-s", type=at_least(float, 0))
     parser.add_argument("--inflight", type=_inflights, default=None, help="e.g. 25,100,400,800")
     parser.add_argument(
         "--protocols",
@@ -560,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.fractions = args.fractions or (QUICK_FRACTIONS if args.quick else SWEEP_FRACTIONS)
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
-    args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
+    if args.warmup_s is None:
+        args.warmup_s = 0.5 if args.quick else 1.0
     args.inflight = args.inflight or ([100] if args.quick else list(INFLIGHTS))
     args.repeats = args.repeats or (1 if args.quick else REPEATS)
     assert set(PROTOCOLS) == set(SERVERS), f"bench covers {PROTOCOLS}, servers {list(SERVERS)}"

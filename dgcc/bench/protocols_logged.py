@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dgcc.bench import at_least
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -260,13 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="TPC-C only, small data, 1 s windows, temp out"
     )
-    parser.add_argument("--seconds", type=float, default=None, help="measured window per run")
-    parser.add_argument("--warmup-s", type=float, default=None)
+    parser.add_argument(
+        "--seconds", type=at_least(float, 0, above=True), help="measured window per run"
+    )
+    parser.add_argument("--warmup-s", type=at_least(float, 0))
     parser.add_argument("--inflight", type=_inflight_map, default=dict(INFLIGHT))
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (1.0 if args.quick else 3.0)
-    args.warmup_s = args.warmup_s or (0.5 if args.quick else 1.0)
+    if args.warmup_s is None:
+        args.warmup_s = 0.5 if args.quick else 1.0
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console()

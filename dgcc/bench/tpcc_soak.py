@@ -115,6 +115,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--batch={args.batch} must be in 1..1000000")
     if args.check_every_s <= 0:
         parser.error(f"--check-every-s={args.check_every_s} must be > 0")
+    from dgcc.protocols import PROTOCOLS
+
+    for flag, name in (("--protocol", args.protocol), ("--shadow", args.shadow)):
+        if name and name not in PROTOCOLS:
+            parser.error(f"{flag} {name!r} is not a protocol; choose one of {sorted(PROTOCOLS)}")
     return args
 
 

@@ -274,8 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out_dir or REPO / "docs/bench"
         _write(json.loads((out_dir / "yatt_control.json").read_text())["controllers"], out_dir)
         return 0
-    args.groups = [int(g) for g in str(args.groups).split(",")]
-    args.payloads = [int(p) for p in str(args.payloads).split(",")]
+    try:
+        args.groups = [int(g) for g in str(args.groups).split(",")]
+        args.payloads = [int(p) for p in str(args.payloads).split(",")]
+    except ValueError:
+        parser.error(f"--groups and --payloads take comma-separated integers, got "
+                     f"{args.groups!r} and {args.payloads!r}")  # fmt: skip
+    if min(args.groups) < 1 or min(args.payloads) < 0 or args.steps < 1:
+        parser.error("--groups and --steps must be >= 1 and --payloads >= 0")
     if args.cell:
         rows = _cell(args.cell[0], int(args.cell[1]), args.payloads, args.steps)
         print(json.dumps(rows))

@@ -406,6 +406,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     args.repeats = args.repeats or (1 if args.quick else 2)
     args.batch_sizes = args.batch_sizes or ([1, 8] if args.quick else [1, 8, 32])
     args.new_tokens = args.new_tokens or ([16] if args.quick else [16, 64])

@@ -150,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant {unknown[0]!r}; valid: {sorted(VARIANTS)}")
+    if args.steps < 1 or args.warmup < 0:
+        parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}")
+    from yatt.config import preset_names
+
+    if args.preset not in preset_names():
+        parser.error(f"--preset {args.preset!r} unknown; valid: {preset_names()}")
     results = []
     for name in names:
         start_s = time.perf_counter()

@@ -524,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_worker(args)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.report_only:
+        if not args.report_only.is_file():
+            raise SystemExit(f"trl_compare.py: --report-only {args.report_only}: no such file")
         payload = json.loads(args.report_only.read_text())
         settings = BenchSettings(**payload["settings"])
         fairness = payload.get("fairness", FAIRNESS)  # what the stored runs were held to
@@ -532,7 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     settings = settings_from_args(args)
-    trl_version = ensure_trl(allow_install=not args.no_install)
+    try:
+        trl_version = ensure_trl(allow_install=not args.no_install)
+    except RuntimeError as error:  # missing with --no-install, or the install failed
+        raise SystemExit(f"trl_compare.py: {error}") from None
     logger.warning("trl %s; runs %s, %d steps each", trl_version, RUNS, settings.steps)
     env = {**os.environ, "OMP_NUM_THREADS": str(settings.threads),
            "MKL_NUM_THREADS": str(settings.threads), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip

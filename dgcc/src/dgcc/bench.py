@@ -13,6 +13,7 @@ a give-up, counted apart (``txn/gave_up``, ``txn/gave_up_rate``), so ``txn/abort
 
 from __future__ import annotations
 
+import argparse
 import gc
 import inspect
 import itertools
@@ -382,3 +383,20 @@ def make_console() -> Console:
     would squeeze tables to 80 and wrap numbers mid-value."""
     console = Console()
     return console if console.is_terminal else Console(width=160)
+
+
+def at_least(kind: type, least: float, *, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` (int or float) of at least ``least`` (``above``: more than
+    it), so a bench flag out of range is a one-line usage error, not a traceback mid-run."""
+    bound = f"> {least:g}" if above else f">= {least:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
+        if value != value or (value <= least if above else value < least):  # (NaN too)
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    return parse
