@@ -25,10 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import Progress
 
-from dgcc.bench import at_least
+from dgcc.bench import at_least, make_console
 from dgcc.cli_cluster import results_table
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seconds = args.seconds or (2.0 if args.quick else 5.0)
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = make_console()  # 160 columns off a terminal (logs)
     facts = host()
     runs = grid(args.quick, args.rounds)
     records = []

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dgcc.bench import at_least
+from dgcc.bench import at_least, make_console
 from dgcc.errors import DgccError
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 from dgcc.net.servers import SERVERS
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     assert set(PROTOCOLS) == set(SERVERS), f"bench covers {PROTOCOLS}, servers {list(SERVERS)}"
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = make_console()  # 160 columns off a terminal (logs)
     facts = host()
     scenarios = args.scenarios or (QUICK_SCENARIOS if args.quick else tuple(SCENARIOS))
     records = sweep(scenarios, args, console)

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dgcc.bench import at_least
+from dgcc.bench import at_least, make_console
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup_s = 0.5 if args.quick else 1.0
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = make_console()  # 160 columns off a terminal (logs)
     facts = host()
     scenarios = SCENARIOS[:1] if args.quick else SCENARIOS
 

@@ -28,6 +28,8 @@ from cluster import host  # dgcc/bench/cluster.py, next to this script
 from rich.console import Console
 from rich.table import Table
 
+from dgcc.bench import make_console
+
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("tpcc-1wh", "ycsb-0.99")
 NODE_COUNTS = (1, 2, 4)
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args.scenarios = ("tpcc-1wh",) if args.quick else SCENARIOS
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = make_console()  # 160 columns off a terminal (logs)
     facts = host()
     best = sweep(args, console)
     ran = [p for p in protocols.PROTOCOLS if p in args.protocols]

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dgcc.bench import git_commit, host_facts
+from dgcc.bench import git_commit, host_facts, make_console
 from dgcc.durable import DurableConfig, DurableEngine
 from dgcc.storage import Database
 from dgcc.wal import dependency
@@ -138,7 +138,7 @@ def main() -> None:
     stream = workload.requests(SEED)
     all_batches = [[next(stream) for _ in range(batch)] for _ in range(max(lengths))]
     initial = workload.build(SEED).dump()
-    console = Console()
+    console = make_console()  # 160 columns off a terminal (logs)
     overhead: dict[str, dict[str, float]] = {}
     recovery: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as progress:

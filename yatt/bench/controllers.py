@@ -234,8 +234,9 @@ def _plot(rows: list[dict], path: Path) -> None:
 
 
 def _write(rows: list[dict], out_dir: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from yatt.report import wide_console
 
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "yatt_control.json"
@@ -256,7 +257,7 @@ def _write(rows: list[dict], out_dir: Path) -> None:
             f"{r['driver_bytes_per_step'] / 1e6:.2f}",
             f"{r['step_s']:.2f}",
         )
-    Console().print(table)
+    wide_console().print(table)
     print(f"wrote {json_path}")
 
 

@@ -33,6 +33,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from yatt.algos.advantages import compute_advantages
 from yatt.algos.losses import policy_loss
 from yatt.batch import RolloutBatch
+from yatt.report import wide_console
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy
 from yatt.rollout import RolloutEngine, SamplingParams
 
@@ -108,7 +109,7 @@ class DigitsTokenizer:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING)
-    console = Console()
+    console = wide_console()  # 160 columns off a terminal (logs)
     device = torch.device("cpu" if args.reduced else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --reduced for the CPU smoke test")

@@ -699,9 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)
     import ray
-    from rich.console import Console
 
-    console = Console()
+    from yatt.report import wide_console
+
+    console = wide_console()  # 160 columns off a terminal (logs)
     # Ray lowers its workers' priority (nice 15) below the driver's; on a shared machine that
     # starves the plans' workers behind any other load. Benchmark them at normal priority.
     os.environ.setdefault("RAY_worker_niceness", "0")

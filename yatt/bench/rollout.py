@@ -33,6 +33,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from yatt.models import load_model, load_tokenizer, tiny_model
+from yatt.report import wide_console
 from yatt.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    console = Console()
+    console = wide_console()  # 160 columns off a terminal (logs)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -220,8 +220,9 @@ def plot(results: dict[str, dict], path: Path) -> None:
 
 
 def print_table(summaries: dict[str, dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from yatt.report import wide_console
 
     table = Table(title="yatt vs TRL (GRPO, same settings)")
     table.add_column("metric")
@@ -241,7 +242,7 @@ def print_table(summaries: dict[str, dict]) -> None:
     table.caption = ", ".join(f"{_label(name)} / TRL completions/s = "
                               f"{s['samples_per_s'] / trl_rate:.2f}x"
                               for name, s in summaries.items() if name != "trl")  # fmt: skip
-    Console().print(table)
+    wide_console().print(table)
 
 
 def write_report(

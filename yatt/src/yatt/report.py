@@ -27,12 +27,22 @@ __all__ = [
     "load_history",
     "progress_bar",
     "summary_table",
+    "wide_console",
     "write_plots",
 ]
 
 logger = logging.getLogger(__name__)
 
 console = Console(stderr=True)
+
+
+def wide_console() -> Console:
+    """A stdout console for bench tables: 160 columns when output is not a terminal (logs,
+    pipes), where rich would squeeze a table to 80 and cut or wrap its cells."""
+    plain = Console()
+    return plain if plain.is_terminal else Console(width=160)
+
+
 ProgressFn = Callable[[int, int, dict[str, float]], None]
 _METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl")  # an RL run's, an SFT run's
 
