@@ -5,8 +5,8 @@ completions, 16 new tokens), for yatt's defaults and with each speed feature swi
     .venv/bin/python yatt/bench/step.py --steps 6 --variants default,hf_generate
 
 Writes docs/bench/yatt_step.{json,md,png}. CPU only for now (the single-process trainer builds its
-batches on the CPU). The TRL reference (TRL 1.16, same shape, same 2-core CPU machine) took
-4.48 s per step.
+batches on the CPU). The TRL reference line is TRL's median step time as the TRL comparison
+(`yatt/bench/trl_compare.py`, same shape) last measured it in docs/bench/yatt_trl.json.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "docs" / "bench"
-TRL_REFERENCE_S_PER_STEP = 4.48
 PHASES = ("gen", "reward", "old_logp", "ref", "adv", "update_actor", "update_weights")
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -85,15 +84,47 @@ def _host() -> dict:
     }  # fmt: skip
 
 
-def _markdown(results: list[dict], host: dict) -> str:
+def _trl_reference(out_dir: Path) -> dict | None:
+    """TRL's median step time from the TRL comparison's last run (None if it has not run)."""
+    try:
+        data = json.loads((out_dir / "yatt_trl.json").read_text())
+        settings = data["settings"]
+        return {
+            "step_s_median": float(data["summary"]["trl"]["step_s_median"]),
+            "steps": settings["steps"],
+            "threads": settings["threads"],
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _shape(preset: str) -> str:
+    from yatt.config import load_config
+
+    config = load_config(preset)
+    name = "SmolLM2-135M-Instruct" if config.model.path == "smollm2" else config.model.path
+    return (f"{name} (preset {preset}), {config.algo.prompts_per_step} prompts x "
+            f"{config.rollout.n_samples} completions, {config.rollout.max_new_tokens} new tokens, "
+            f"{config.data.task}")  # fmt: skip
+
+
+def _markdown(results: list[dict], host: dict, run: dict) -> str:
+    trl = run["trl_reference"]
+    reference = (
+        f"TRL's median step time at this shape, from the TRL comparison below ({trl['steps']} "
+        f"steps, {trl['threads']} threads): {trl['step_s_median']:.2f} s (the red line). "
+        if trl
+        else ""
+    )
     lines = [
         "## yatt: GRPO step time breakdown",
         "",
-        "SmolLM2-135M-Instruct, 2 prompts x 4 completions, 16 new tokens, two-digit addition, "
-        f"{results[0]['steps']} measured steps per variant after warm-up. Host: {host['cpus']} "
-        f"CPUs, torch {host['torch']}, 1-min load average at the end {host['load_avg_1m']:.1f}. "
-        f"TRL 1.16 reference, same shape and machine type: {TRL_REFERENCE_S_PER_STEP} s/step. "
-        "CPU s/step is this process's CPU time; with `--threads 1` it approximates the step time "
+        f"{run['shape']}, {results[0]['steps']} measured steps per variant after "
+        f"{run['warmup']} warm-up steps, torch threads {run['threads'] or 'all CPUs'}: "
+        f"`{run['command']}`. Host: {host['cpus']} CPUs, torch {host['torch']}, 1-min load "
+        f"average at the end {host['load_avg_1m']:.1f}, commit {host['git_commit']}. "
+        + reference
+        + "CPU s/step is this process's CPU time; with `--threads 1` it approximates the step time "
         "of an otherwise idle machine. Steps start from the untrained model, where most groups "
         "have all-equal rewards (`trained rows`: the rest are skipped exactly); later in training "
         "about half the rows train and `update_actor` grows with them.",
@@ -114,7 +145,7 @@ def _markdown(results: list[dict], host: dict) -> str:
     return "\n".join(lines)
 
 
-def _plot(results: list[dict], path: Path) -> None:
+def _plot(results: list[dict], path: Path, run: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,8 +158,10 @@ def _plot(results: list[dict], path: Path) -> None:
         values = [r["phase_s_mean"][phase] for r in results]
         ax.bar(names, values, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.axhline(TRL_REFERENCE_S_PER_STEP, color="red", linestyle="--", label="TRL reference")
-    ax.set(ylabel="seconds per step", title="yatt GRPO step (SmolLM2-135M, 2x4, 16 tokens)")
+    if run["trl_reference"]:
+        ax.axhline(run["trl_reference"]["step_s_median"], color="red", linestyle="--",
+                   label="TRL (median step)")  # fmt: skip
+    ax.set(ylabel="seconds per step", title=f"yatt GRPO step ({run['shape']})")
     ax.legend(fontsize="small")
     plt.setp(ax.get_xticklabels(), rotation=20)
     fig.tight_layout()
@@ -165,11 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[summary] variant={name} step_s={results[-1]['step_s_mean']:.3f} "
               f"wall_s={time.perf_counter() - start_s:.0f}", flush=True)  # fmt: skip
     host = _host()
+    given = sys.argv[1:] if argv is None else argv
+    run = {"command": " ".join(["python yatt/bench/step.py", *given]), "threads": args.threads,
+           "warmup": args.warmup, "preset": args.preset, "shape": _shape(args.preset),
+           "trl_reference": _trl_reference(args.out_dir)}  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "yatt_step.json").write_text(json.dumps({"host": host, "results": results},
-                                                            indent=2))  # fmt: skip
-    (args.out_dir / "yatt_step.md").write_text(_markdown(results, host))
-    _plot(results, args.out_dir / "yatt_step.png")
+    document = {"host": host, "run": run, "results": results}
+    (args.out_dir / "yatt_step.json").write_text(json.dumps(document, indent=2))
+    (args.out_dir / "yatt_step.md").write_text(_markdown(results, host, run))
+    _plot(results, args.out_dir / "yatt_step.png", run)
     return 0
 
 
