@@ -457,3 +457,20 @@ def test_a_start_that_fails_leaves_the_cluster_directory_as_it_was(tmp_path, cli
     assert f"port {port} on 127.0.0.1 already in use" in err
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
     assert list(data.iterdir()) == []  # node0, made by the failed start, is gone
+
+
+def test_spawn_into_holds_the_child_before_a_stop_can_interrupt(tmp_path):
+    # A SIGTERM landing inside Popen once left a bench client running on after the bench had
+    # stopped the others (it then failed on the deleted temp folder's config). Stops are held
+    # back while the child starts and it is recorded; the child starts with them unblocked.
+    import subprocess
+
+    from dgcc.local_cluster import spawn_into
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    processes: list = []
+    show_mask = "import signal; print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))"
+    spawn_into(processes, [sys.executable, "-c", show_mask], stdout=subprocess.PIPE, text=True)
+    out, _ = processes[0].communicate(timeout=60)
+    assert out.strip() == "[]"  # nothing blocked in the child
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # nor left blocked here

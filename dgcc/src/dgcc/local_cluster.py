@@ -136,7 +136,8 @@ def start_local(
     log_starts = [log_size(directory, node.id) for node in config.nodes]
     processes: list[subprocess.Popen] = []
     try:
-        processes.extend(_spawn(directory, node.id) for node in config.nodes)
+        for node in config.nodes:
+            _spawn(directory, node.id, processes)
         _write_pids(directory, [p.pid for p in processes])
         _wait_ready_or_kill(directory, processes, log_starts, ready_timeout_s)
     except BaseException:  # (``_wait_ready_or_kill`` killed them; a failed spawn did not)
@@ -222,7 +223,9 @@ def start_node(
             "start: every node recovers from its log)"
         )
     log_starts = [log_size(directory, node)]
-    process = _spawn(directory, node)
+    started: list[subprocess.Popen] = []
+    _spawn(directory, node, started)
+    process = started[0]
     _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)
     pids[node] = process.pid
     _write_pids(directory, pids)
@@ -239,12 +242,33 @@ def _node_args(directory: Path, node: int) -> list[str]:
     return ["-m", "dgcc", "node", "--config", str(config_path), "--id", str(node)]
 
 
-def _spawn(directory: Path, node: int) -> subprocess.Popen:
-    """One ``dgcc node`` process of the cluster config in ``directory``, logging to a file."""
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def spawn_into(processes: list[subprocess.Popen], command: list[str], **options: Any) -> None:
+    """``subprocess.Popen(command, **options)``, appended to ``processes`` before Ctrl-C or
+    SIGTERM may interrupt: a stop arriving while the child starts would otherwise raise inside
+    Popen, after the child exists but before the caller holds it, leaving it to run on after
+    the caller stopped the rest. The child starts with those signals as usual."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        processes.append(subprocess.Popen(command, preexec_fn=_unblock_stops, **options))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (a stop held back is raised here)
+
+
+def _unblock_stops() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+
+
+def _spawn(directory: Path, node: int, processes: list[subprocess.Popen]) -> None:
+    """Start one ``dgcc node`` process of the cluster config in ``directory`` (into
+    ``processes``), logging to a file."""
     log = open(directory / f"node{node}.log", "ab")  # noqa: SIM115 - the child owns it
     optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
     try:
-        return subprocess.Popen(
+        spawn_into(
+            processes,
             [sys.executable, *optimize, *_node_args(directory, node)],
             stdout=subprocess.PIPE,
             stderr=log,

@@ -37,7 +37,7 @@ from typing import Any
 from dgcc.api import TxnRequest
 from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
-from dgcc.local_cluster import last_log_line, start_local, wait_ready_lines
+from dgcc.local_cluster import last_log_line, spawn_into, start_local, wait_ready_lines
 from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
 from dgcc.workloads.ycsb import ZipfianGenerator
@@ -435,9 +435,7 @@ def _measure_with(bench, config, directory: Path, progress, processes: list) -> 
         command += ["--inflight", str(bench.inflight), "--seed", str(bench.seed), "--out", str(out)]
         if bench.distributed_fraction is not None:
             command += ["--fraction", str(bench.distributed_fraction)]
-        processes.append(
-            subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        )
+        spawn_into(processes, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     wait_ready_lines(processes, CLIENT_EXIT_TIMEOUT_S)  # pools built, connections open
     start_s = time.time()
     measure_from = start_s + bench.warmup_s
