@@ -14,6 +14,7 @@ __all__ = ["build_data", "build_model"]
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_TINY_ARCHS = {"tiny": "llama", "tiny-llama": "llama", "tiny-qwen2": "qwen2"}  # model.path names
 
 
 def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[Any, Any]:
@@ -26,11 +27,20 @@ def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[An
     if resume_from:
         folder = policy_folder(resume_from)
         return load_model(folder, dtype=dtype), load_tokenizer(folder)
-    if config.path in ("tiny", "tiny-llama", "tiny-qwen2"):
-        arch = "qwen2" if config.path == "tiny-qwen2" else "llama"
-        model, tokenizer = tiny_model(arch, seed=config.tiny_seed)
+    if config.path in _TINY_ARCHS:
+        model, tokenizer = tiny_model(_TINY_ARCHS[config.path], seed=config.tiny_seed)
         return model.to(dtype), tokenizer
     return load_model(config.path, dtype=dtype), load_tokenizer(config.path)
+
+
+def build_tokenizer(config: ModelConfig) -> Any:
+    """The tokenizer `build_model` would give, without loading the model's weights (a tiny
+    model's tokenizer comes with the tiny model)."""
+    from yatt.models import load_tokenizer, tiny_model
+
+    if config.path in _TINY_ARCHS:
+        return tiny_model(_TINY_ARCHS[config.path], seed=config.tiny_seed)[1]
+    return load_tokenizer(config.path)
 
 
 def build_data(config: DataConfig) -> tuple[list[Any], list[Any]]:

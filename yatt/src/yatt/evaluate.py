@@ -84,7 +84,7 @@ def _score(score_fn: Any, name: str, prompt: str, text: str, example: Any, where
     from yatt.rewards import RewardError, checked_score
 
     try:
-        value = score_fn(prompt, text, **{"answer": example.answer, **example.fields})
+        value = score_fn(prompt, text, **example.reward_fields())
     except Exception as exc:  # a reward function is user code: name it and the example
         detail = " ".join(str(exc).split())
         raise RewardError(

@@ -99,7 +99,7 @@ def try_rewards_once(combined: Any, prompt: str, example: Any) -> None:
     that fails on every call (a dependency it cannot import, a None it returns) then fails
     with the previous run kept, not after it was deleted. Raises what the reward raises (a
     one-line RewardError naming it)."""
-    row = {"answer": example.answer, **example.fields}
+    row = example.reward_fields()
     combined([prompt], ["" if example.answer is None else str(example.answer)], [row])
 
 

@@ -336,7 +336,7 @@ class Trainer:
         group_base = (self.step * (cfg.algo.max_refill_batches + 1) + round_index) * len(indices)
         self._sampled = indices  # for naming a prompt's source when its reward fails
         examples = [self.train_set[i] for i in indices]
-        rows = [{"answer": e.answer, **e.fields} for e in examples]
+        rows = [e.reward_fields() for e in examples]
         return self.rollout.generate(
             [self.prompt_texts[i] for i in indices], rows,
             [group_base + k for k in range(len(indices))], seeds,

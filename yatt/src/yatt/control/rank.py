@@ -281,7 +281,7 @@ class RankWorker:
             examples = [self.train_set[i] for i in request.prompt_indices]
             batch = self.rollout.generate(
                 [self._prompt(i) for i in request.prompt_indices],
-                [{"answer": e.answer, **e.fields} for e in examples],
+                [e.reward_fields() for e in examples],
                 list(request.group_ids), list(request.seeds), sampler_logprobs=engine_logp,
             )  # fmt: skip
             features = make_features(request.seeds, self.control.payload_bytes)

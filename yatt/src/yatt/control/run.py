@@ -104,7 +104,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             if progress is not None:  # the bar starts at the resumed step, as the trainer's
                 progress(start_step, config.train.steps, _logged_row(Path(resume), start_step))
         if claim.previous:  # logging.overwrite: the rewards work before the previous run goes
-            _try_rewards_once(config, control)
+            _try_rewards_once(config)
         claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
         save_config(config, run_dir)
         warn_if_nothing_kept(config)
@@ -201,26 +201,18 @@ def _write_run_outputs(run_dir: Path, segments: list[Segment]) -> None:
     (run_dir / "control.json").write_text(json.dumps(merged_summary(segments), indent=1))
 
 
-def _try_rewards_once(config: Config, control: ControlConfig) -> None:
+def _try_rewards_once(config: Config) -> None:
     """`try_rewards_once` on the driver for the rule functions of `reward.fns` (not a reward
     model or `control.extra_rewards`, which may need a worker's device or services), on the
     first training prompt rendered as the workers render it."""
-    from yatt.builders import build_data
+    from yatt.builders import build_data, build_tokenizer
     from yatt.data import render_prompt
-    from yatt.models import load_tokenizer, tiny_model
     from yatt.rewards import CombinedReward
 
-    del control  # (its extra rewards are the workers' to call)
     if not config.reward.fns:
         return
     first = build_data(config.data)[0][0]
-    tokenizer = None
-    if config.data.use_chat_template:
-        name = config.model.path
-        if name in ("tiny", "tiny-llama", "tiny-qwen2"):  # (as `build_model` makes them)
-            tokenizer = tiny_model("qwen2" if name == "tiny-qwen2" else "llama")[1]
-        else:
-            tokenizer = load_tokenizer(name)
+    tokenizer = build_tokenizer(config.model) if config.data.use_chat_template else None
     prompt = render_prompt(first, tokenizer, config.data.use_chat_template)
     rules = CombinedReward(list(zip(config.reward.fns, config.reward.weights)))
     try_rewards_once(rules, prompt, first)
