@@ -1,10 +1,8 @@
 """Logging overhead of every protocol at high contention: commits/s with and without a log.
 
-Usage: ``python dgcc/bench/protocols.py --log`` (after its sweep, every protocol's logged runs
-sweep calls in flight afresh under the same stopping rule, and its best is set beside its best
-unlogged run), or standalone
-``python dgcc/bench/protocols_logged.py [--quick] [--seconds S] [--inflight dgcc=400,...]``,
-which runs every protocol without its log, then every protocol with it, in one invocation.
+Usage: ``python dgcc/bench/protocols.py --log`` (after its sweep), or standalone
+``python dgcc/bench/protocols_logged.py [--quick] [--seconds S] [--rounds R]
+[--inflight dgcc=400,...]``.
 
 The two headline high-contention scenarios (TPC-C with 1 warehouse per node; YCSB with zipfian
 theta 0.99), 10% of transactions forced to span both nodes, on the same 2-node harness as
@@ -13,8 +11,17 @@ call is answered only once it is durable: DistDGCC and Calvin group-commit one b
 (inputs in global order plus the values received) and answer once every node has the epoch;
 the 2PC baselines force a prepare record (after-images) before voting yes and the commit
 decision before sending commit, one-node transactions one commit record, grouped per flush
-(``dgcc.wal.twopc_log``). Writes ``protocols_logged.{json,md,png}`` to ``docs/bench`` (a temp
-folder with ``--quick``).
+(``dgcc.wal.twopc_log``).
+
+Two steps. First each protocol's logged runs sweep calls in flight afresh (a log's answer delay
+moves each protocol's best differently), under the protocols bench's stopping rule. Then, in
+each of ``--rounds`` rounds, every protocol runs once without its log (at its best unlogged
+calls in flight: the protocols sweep's, or the last one's in ``docs/bench/protocols.json``
+standalone) and at once with it (at its best logged calls in flight), the protocols taking
+turns. The table shows the median of each side's rounds, so an overhead or a ratio compares
+runs minutes apart, never a log against a window measured an hour earlier on a host whose speed
+drifts. Writes ``protocols_logged.{json,md,png}`` to ``docs/bench`` (a temp folder with
+``--quick``).
 """
 
 from __future__ import annotations
@@ -38,34 +45,36 @@ from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("tpcc-1wh", "ycsb-0.99")
-# the best calls-in-flight of the last quiet protocols.py sweep (standalone default)
-INFLIGHT = {"dgcc": 400, "calvin": 100, "no_wait": 25, "wait_die": 25, "occ": 25}
+# the best calls-in-flight without a log when docs/bench/protocols.json names none (standalone)
+INFLIGHT = {"dgcc": 800, "calvin": 100, "no_wait": 25, "wait_die": 25, "occ": 25}
+ROUNDS = 3  # paired rounds (one run without the log and one with it, per protocol, each round)
 Key = tuple[str, str]  # (scenario, protocol)
+MakeBench = Callable[[str, str, int, bool], ClusterBenchConfig]
 
 
-def logged_runs(
-    unlogged: dict[Key, dict[str, Any]],
-    make_bench: Callable[[str, str, int, bool], ClusterBenchConfig],
+def logged_sweep(
+    keys: list[Key],
+    make_bench: MakeBench,
     console: Console,
     inflights: tuple[int, ...] = protocols.INFLIGHTS,
 ) -> dict[Key, dict[str, Any]]:
-    """Every (scenario, protocol) of ``unlogged`` with logging on, tuned afresh: a sweep over
+    """Each (scenario, protocol) of ``keys`` with logging on, tuned afresh: a sweep over
     ``inflights`` (ascending) under the protocols bench's rule (stop once ``peak_passed``),
     since a log's answer delay moves each protocol's best calls-in-flight differently.
 
     Args:
-        unlogged: the unlogged record of each (scenario, protocol) to pair.
+        keys: the (scenario, protocol) pairs to sweep.
         make_bench: (scenario, protocol, inflight, durable) -> the run's config.
         inflights: the calls-in-flight values to try, ascending.
 
     Returns:
-        The best logged run of each (scenario, protocol), with every run it tried under
-        ``"sweep"`` as (inflight, commits/s) pairs.
+        The best logged run of each key, with every run it tried under ``"sweep"`` as
+        (inflight, commits/s) pairs.
     """
-    logged: dict[Key, dict[str, Any]] = {}
+    best: dict[Key, dict[str, Any]] = {}
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("logged runs", total=len(unlogged) * len(inflights))
-        for scenario, protocol in unlogged:
+        task = progress.add_task("logged sweep", total=len(keys) * len(inflights))
+        for scenario, protocol in keys:
             runs: list[dict[str, Any]] = []
             for inflight in inflights:
                 progress.update(task, description=f"{scenario} {protocol} logged {inflight}")
@@ -74,130 +83,195 @@ def logged_runs(
                 print(f"{summary_line(result)} protocol={protocol} scenario={scenario} logged=1")
                 progress.advance(task)
                 if protocols.peak_passed([r["metrics"]["txn/commits_per_s"] for r in runs]):
+                    progress.advance(task, len(inflights) - len(runs))
                     break
-            best = max(runs, key=lambda r: r["metrics"]["txn/commits_per_s"])
+            top = max(runs, key=lambda r: r["metrics"]["txn/commits_per_s"])
             tried = [(r["config"]["inflight"], r["metrics"]["txn/commits_per_s"]) for r in runs]
-            logged[(scenario, protocol)] = best | {"scenario": scenario, "sweep": tried}
-    return logged
+            best[(scenario, protocol)] = top | {"scenario": scenario, "sweep": tried}
+    return best
 
 
-def overhead(unlogged: dict[str, Any], logged: dict[str, Any]) -> float:
-    """The share of commits/s the log costs (negative: the logged run was faster)."""
-    before = unlogged["metrics"]["txn/commits_per_s"]
-    return 1.0 - logged["metrics"]["txn/commits_per_s"] / max(before, 1e-9)
+def paired_rounds(
+    inflight: dict[Key, tuple[int, int]], make_bench: MakeBench, console: Console, rounds: int
+) -> dict[Key, dict[str, list[dict[str, Any]]]]:
+    """``rounds`` rounds; in each, every key runs without its log and at once with it.
+
+    Args:
+        inflight: (scenario, protocol) -> (calls in flight without the log, with it).
+
+    Returns:
+        Per key, ``{"unlogged": [...], "logged": [...]}``: one run per round each, in round
+        order, each record carrying its ``round``.
+    """
+    runs: dict[Key, dict[str, list[dict[str, Any]]]] = {
+        key: {"unlogged": [], "logged": []} for key in inflight
+    }
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("paired runs", total=rounds * len(inflight) * 2)
+        for number in range(rounds):
+            for (scenario, protocol), points in inflight.items():
+                for side, durable, calls in (
+                    ("unlogged", False, points[0]),
+                    ("logged", True, points[1]),
+                ):
+                    progress.update(
+                        task, description=f"round {number + 1} {scenario} {protocol} {side} {calls}"
+                    )
+                    record = run_bench(make_bench(scenario, protocol, calls, durable))
+                    runs[(scenario, protocol)][side].append(record | {"round": number})
+                    line = f"{summary_line(record)} protocol={protocol} scenario={scenario}"
+                    print(f"{line} logged={int(durable)} round={number}", flush=True)
+                    progress.advance(task)
+    return runs
 
 
-def equal_durability_ratios(logged: dict[Key, dict[str, Any]]) -> dict[str, tuple[float, str]]:
-    """Per scenario: DistDGCC's logged commits/s over the best logged baseline, and which."""
+def _rate(record: dict[str, Any]) -> float:
+    return record["metrics"]["txn/commits_per_s"]
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median commits/s (the lower middle of an even count)."""
+    return sorted(runs, key=_rate)[(len(runs) - 1) // 2]
+
+
+def overheads(pair: dict[str, list[dict[str, Any]]]) -> tuple[float, list[float]]:
+    """The share of commits/s the log costs (negative: the logged runs were faster): from the
+    two sides' medians, and round by round."""
+    median = 1.0 - _rate(median_run(pair["logged"])) / max(
+        _rate(median_run(pair["unlogged"])), 1e-9
+    )
+    rounds = [
+        1.0 - _rate(logged) / max(_rate(unlogged), 1e-9)
+        for unlogged, logged in zip(pair["unlogged"], pair["logged"], strict=True)
+    ]
+    return median, rounds
+
+
+def equal_durability_ratios(
+    pairs: dict[Key, dict[str, list[dict[str, Any]]]],
+) -> dict[str, tuple[float, str, list[float]]]:
+    """Per scenario: DistDGCC's median logged commits/s over the best baseline's, that
+    baseline, and the same ratio round by round."""
     result = {}
-    for scenario in dict.fromkeys(s for s, _ in logged):
-        rates = {
-            p: r["metrics"]["txn/commits_per_s"] for (s, p), r in logged.items() if s == scenario
-        }
-        rivals = [p for p in rates if p != "dgcc"]
-        if "dgcc" not in rates or not rivals:
+    for scenario in dict.fromkeys(s for s, _ in pairs):
+        logged = {p: runs["logged"] for (s, p), runs in pairs.items() if s == scenario}
+        rivals = [p for p in logged if p != "dgcc"]
+        if "dgcc" not in logged or not rivals:
             continue
-        rival = max(rivals, key=rates.__getitem__)
-        result[scenario] = (rates["dgcc"] / max(rates[rival], 1e-9), rival)
+        rival = max(rivals, key=lambda p: _rate(median_run(logged[p])))
+        ratio = _rate(median_run(logged["dgcc"])) / max(_rate(median_run(logged[rival])), 1e-9)
+        rounds = [
+            _rate(ours) / max(_rate(theirs), 1e-9)
+            for ours, theirs in zip(logged["dgcc"], logged[rival], strict=True)
+        ]
+        result[scenario] = (ratio, rival, rounds)
     return result
 
 
-def table(unlogged: dict[Key, dict[str, Any]], logged: dict[Key, dict[str, Any]]) -> Table:
-    view = Table(title="commits/s without and with each protocol's log (fsync on)")
-    columns = (
-        "scenario",
-        "protocol",
-        "inflight no log / logged",
-        "no log",
-        "logged",
-        "overhead",
-        "p99 ms logged",
-    )
+def _percent_range(values: list[float]) -> str:
+    return f"{min(values):.0%} to {max(values):.0%}" if len(values) > 1 else ""
+
+
+def table(pairs: dict[Key, dict[str, list[dict[str, Any]]]]) -> Table:
+    view = Table(title="commits/s without and with each protocol's log (fsync on), median rounds")
+    columns = ("scenario", "protocol", "inflight no log / logged", "no log", "logged")
+    columns += ("overhead", "round by round", "p99 ms logged")
     for column in columns:
         view.add_column(column, justify="left" if column in ("scenario", "protocol") else "right")
-    for key, record in logged.items():
-        base, m = unlogged[key], record["metrics"]
+    for key, pair in pairs.items():
+        base, record = median_run(pair["unlogged"]), median_run(pair["logged"])
+        median, rounds = overheads(pair)
         view.add_row(
             *key,
             f"{base['config']['inflight']} / {record['config']['inflight']}",
-            f"{base['metrics']['txn/commits_per_s']:,.0f}",
-            f"{m['txn/commits_per_s']:,.0f}",
-            f"{overhead(base, record):.0%}",
-            f"{m['txn/latency_ms_p99']:.1f}",
+            f"{_rate(base):,.0f}",
+            f"{_rate(record):,.0f}",
+            f"{median:.0%}",
+            _percent_range(rounds),
+            f"{record['metrics']['txn/latency_ms_p99']:.1f}",
         )
     return view
 
 
 def markdown(
-    unlogged: dict[Key, dict[str, Any]],
-    logged: dict[Key, dict[str, Any]],
-    facts: dict[str, Any],
-    how: str,
+    pairs: dict[Key, dict[str, list[dict[str, Any]]]], facts: dict[str, Any], how: str
 ) -> str:
-    seconds = next(iter(logged.values()))["config"]["seconds"]
+    first = next(iter(pairs.values()))
+    seconds, rounds = first["logged"][0]["config"]["seconds"], len(first["logged"])
     lines = [
         "## Logging overhead of every protocol (`dgcc/bench/protocols_logged.py`)",
         "",
         "The two headline high-contention scenarios of the protocols section (2 node processes "
         "on loopback, one closed-loop client process per node, 10% of transactions forced to "
-        f"span both nodes, a {seconds:g} s window), each protocol at its best calls-in-flight "
-        f"without a log; {how} With the log on every node writes its own directory with fsync "
-        f"on, and a call is answered only once it is durable; each protocol's logged runs sweep "
-        f"calls in flight afresh (25, 100, 400, 800, stopping once {protocols.SWEEP_PATIENCE} "
-        f"runs in a row fall below {protocols.SWEEP_DROP:.0%} of the best so far, the protocols "
-        f"bench's rule) and the best is shown. DistDGCC (dependency "
-        f"logging) and Calvin (input logging) group-commit one block per node per epoch and "
-        f"answer once every node has the epoch. The 2PC baselines force a prepare record (the "
-        f"branch's after-images) before voting yes and the commit decision before sending "
-        f"commit; a one-node transaction forces one commit record with its images, releasing its"
-        f" locks first; records are grouped (one write and one fsync per flush, as many records "
-        f"as are "
+        f"span both nodes, a {seconds:g} s window). With the log on every node writes its own "
+        "directory with fsync on, and a call is answered only once it is durable. First each "
+        "protocol's logged runs swept calls in flight afresh (25, 100, 400, 800, stopping once "
+        f"{protocols.SWEEP_PATIENCE} runs in a row fell below {protocols.SWEEP_DROP:.0%} of the "
+        "best so far, the protocols bench's rule), since a log moves each protocol's best "
+        f"differently. Then, in each of {rounds} round{'s' * (rounds > 1)}, every protocol ran "
+        "once without its log, at its best calls in flight without one "
+        f"({how}), and at once with it, at its best logged calls in flight, the protocols "
+        "taking turns; each number is the median of its rounds, so every overhead and ratio "
+        "compares runs made minutes apart. DistDGCC (dependency logging) and Calvin (input "
+        "logging) group-commit one block per node per epoch and answer once every node has "
+        "the epoch. The 2PC baselines force a prepare record (the branch's after-images) "
+        "before voting yes and the commit decision before sending commit; a one-node "
+        "transaction forces one commit record with its images, releasing its locks first; "
+        "records are grouped (one write and one fsync per flush, as many records as are "
         f"ready). {facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
         f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}.",
         "",
         "| scenario | protocol | inflight no log / logged | commits/s no log | commits/s logged "
-        "| overhead "
+        "| overhead | overhead round by round "
         "| p50 ms no log | p50 ms logged | p99 ms logged | cc aborts logged |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for key, record in logged.items():
-        base, m = unlogged[key]["metrics"], record["metrics"]
+    for key, pair in pairs.items():
+        base, record = median_run(pair["unlogged"]), median_run(pair["logged"])
+        median, rounds_of = overheads(pair)
+        m = record["metrics"]
         lines.append(
             f"| {key[0]} | {key[1]} "
-            f"| {unlogged[key]['config']['inflight']} / {record['config']['inflight']} "
-            f"| {base['txn/commits_per_s']:,.0f} | {m['txn/commits_per_s']:,.0f} "
-            f"| {overhead(unlogged[key], record):.0%} | {base['txn/latency_ms_p50']:.1f} "
+            f"| {base['config']['inflight']} / {record['config']['inflight']} "
+            f"| {_rate(base):,.0f} | {_rate(record):,.0f} "
+            f"| {median:.0%} | {_percent_range(rounds_of)} "
+            f"| {base['metrics']['txn/latency_ms_p50']:.1f} "
             f"| {m['txn/latency_ms_p50']:.1f} | {m['txn/latency_ms_p99']:.1f} "
             f"| {m['txn/cc_abort_rate']:.1%} |"
         )
     lines.append("")
-    for scenario, (ratio, rival) in equal_durability_ratios(logged).items():
+    for scenario, (ratio, rival, rounds_of) in equal_durability_ratios(pairs).items():
+        spread = f" ({min(rounds_of):.2f}x-{max(rounds_of):.2f}x round by round)"
         lines.append(
             f"- {scenario}, every protocol logging: DistDGCC / best baseline ({rival}) = "
-            f"**{ratio:.2f}x**"
+            f"**{ratio:.2f}x**{spread if len(rounds_of) > 1 else ''}"
         )
     lines += ["", "![logging overhead](protocols_logged.png)", ""]
     return "\n".join(lines)
 
 
-def plot(
-    unlogged: dict[Key, dict[str, Any]], logged: dict[Key, dict[str, Any]], path: Path
-) -> None:
+def plot(pairs: dict[Key, dict[str, list[dict[str, Any]]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scenarios = list(dict.fromkeys(s for s, _ in logged))
+    scenarios = list(dict.fromkeys(s for s, _ in pairs))
     figure, axes = plt.subplots(1, len(scenarios), figsize=(6.5 * len(scenarios), 4.2))
     for axis, scenario in zip(axes if len(scenarios) > 1 else [axes], scenarios, strict=True):
-        protocols = [p for s, p in logged if s == scenario]
-        xs = range(len(protocols))
-        for shift, (label, runs) in ((-0.2, ("no log", unlogged)), (0.2, ("logged", logged))):
-            rates = [runs[(scenario, p)]["metrics"]["txn/commits_per_s"] for p in protocols]
-            axis.bar([x + shift for x in xs], rates, 0.4, label=label)
-        axis.set_xticks(list(xs), protocols)
-        axis.set(title=f"{scenario}: commits/s without and with the log", ylabel="commits/s")
+        names = [p for s, p in pairs if s == scenario]
+        xs = range(len(names))
+        for shift, side, label in ((-0.2, "unlogged", "no log"), (0.2, "logged", "logged")):
+            runs = [pairs[(scenario, p)][side] for p in names]
+            medians = [_rate(median_run(r)) for r in runs]
+            lows = [m - min(map(_rate, r)) for m, r in zip(medians, runs, strict=True)]
+            highs = [max(map(_rate, r)) - m for m, r in zip(medians, runs, strict=True)]
+            axis.bar([x + shift for x in xs], medians, 0.4, label=label, yerr=[lows, highs])
+        axis.set_xticks(list(xs), names)
+        axis.set(
+            title=f"{scenario}: commits/s without and with the log",
+            ylabel="commits/s (median of rounds; bars: range)",
+        )
         axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -205,26 +279,90 @@ def plot(
 
 
 def write(
-    unlogged: dict[Key, dict[str, Any]],
-    logged: dict[Key, dict[str, Any]],
+    pairs: dict[Key, dict[str, list[dict[str, Any]]]],
+    sweeps: dict[Key, dict[str, Any]],
     facts: dict[str, Any],
     out_dir: Path,
     how: str,
 ) -> None:
-    """``protocols_logged.{json,md,png}`` into ``out_dir``."""
-    pairs = [
-        {"scenario": s, "protocol": p, "unlogged": unlogged[(s, p)], "logged": r}
-        for (s, p), r in logged.items()
+    """``protocols_logged.{json,md,png}`` into ``out_dir`` (the JSON keeps every run)."""
+    entries = [
+        {
+            "scenario": s,
+            "protocol": p,
+            "unlogged": runs["unlogged"],
+            "logged": runs["logged"],
+            "logged_sweep": sweeps[(s, p)]["sweep"] if (s, p) in sweeps else [],
+        }
+        for (s, p), runs in pairs.items()
     ]
     (out_dir / "protocols_logged.json").write_text(
-        json.dumps({"host": facts, "pairs": pairs}, indent=1, sort_keys=True) + "\n"
+        json.dumps({"host": facts, "pairs": entries}, indent=1, sort_keys=True) + "\n"
     )
-    (out_dir / "protocols_logged.md").write_text(markdown(unlogged, logged, facts, how))
-    plot(unlogged, logged, out_dir / "protocols_logged.png")
+    (out_dir / "protocols_logged.md").write_text(markdown(pairs, facts, how))
+    plot(pairs, out_dir / "protocols_logged.png")
+
+
+def measure(
+    unlogged_inflight: dict[Key, int],
+    make_bench: MakeBench,
+    rounds: int,
+    facts: dict[str, Any],
+    out_dir: Path,
+    console: Console,
+    how: str,
+) -> None:
+    """The logged sweep, then the paired rounds; print the table and write the section."""
+    sweeps = logged_sweep(list(unlogged_inflight), make_bench, console)
+    inflight = {
+        key: (calls, sweeps[key]["config"]["inflight"]) for key, calls in unlogged_inflight.items()
+    }
+    pairs = paired_rounds(inflight, make_bench, console, rounds)
+    console.print(table(pairs))
+    write(pairs, sweeps, facts, out_dir, how)
+    console.print(f"wrote {out_dir}/protocols_logged.{{json,md,png}}")
+
+
+def _bench_maker(args) -> MakeBench:
+    def make_bench(scenario: str, protocol: str, inflight: int, durable: bool):
+        fraction = protocols.FRACTION
+        return protocols.bench_config(scenario, fraction, protocol, inflight, args, durable=durable)
+
+    return make_bench
+
+
+def after_sweep(
+    records: list[dict[str, Any]], args, facts: dict[str, Any], out_dir: Path, console: Console
+) -> None:
+    """``protocols.py --log``: the sweep's headline high-contention points, logged and not."""
+    best = protocols.best_by_protocol(records)
+    unlogged = {key: r["config"]["inflight"] for key, r in best.items() if key[0] in SCENARIOS}
+    if not unlogged:
+        console.print(f"--log: none of {SCENARIOS} ran, nothing to log")
+        return
+    rounds = 1 if args.quick else ROUNDS
+    how = "the protocols sweep's, just before"
+    measure(unlogged, _bench_maker(args), rounds, facts, out_dir, console, how)
+
+
+def sweep_inflights(path: Path, scenarios: tuple[str, ...]) -> dict[Key, int] | None:
+    """Each protocol's best calls in flight in the protocols bench's records at ``path``
+    (None when it has no run of ``scenarios`` at the headline fraction)."""
+    if not path.exists():
+        return None
+    records = json.loads(path.read_text())["records"]
+    best = protocols.best_by_protocol(records)
+    found = {
+        (s, p): best[(s, p)]["config"]["inflight"]
+        for s in scenarios
+        for p in protocols.PROTOCOLS
+        if (s, p) in best
+    }
+    return found if len(found) == len(scenarios) * len(protocols.PROTOCOLS) else None
 
 
 def _inflight_map(text: str) -> dict[str, int]:
-    result = dict(INFLIGHT)
+    result = {}
     for part in filter(None, text.split(",")):
         protocol, _, value = part.partition("=")
         if protocol not in INFLIGHT or not value.isdigit() or int(value) < 1:
@@ -233,27 +371,6 @@ def _inflight_map(text: str) -> dict[str, int]:
             )
         result[protocol] = int(value)
     return result
-
-
-def after_sweep(
-    records: list[dict[str, Any]], args, facts: dict[str, Any], out_dir: Path, console: Console
-) -> None:
-    """``protocols.py --log``: log the sweep's best headline high-contention runs."""
-    best = protocols.best_by_protocol(records, median=False)  # a sweep's best, as the logged
-    unlogged = {key: record for key, record in best.items() if key[0] in SCENARIOS}
-    if not unlogged:
-        console.print(f"--log: none of {SCENARIOS} ran, nothing to log")
-        return
-
-    def make_bench(scenario: str, protocol: str, inflight: int, durable: bool):
-        fraction = protocols.FRACTION
-        return protocols.bench_config(scenario, fraction, protocol, inflight, args, durable=durable)
-
-    logged = logged_runs(unlogged, make_bench, console)
-    console.print(table(unlogged, logged))
-    how = "the logged runs followed the whole sweep, whose best runs are set beside them."
-    write(unlogged, logged, facts, out_dir, how)
-    console.print(f"wrote {out_dir}/protocols_logged.{{json,md,png}}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,37 +382,40 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=at_least(float, 0, above=True), help="measured window per run"
     )
     parser.add_argument("--warmup-s", type=at_least(float, 0))
-    parser.add_argument("--inflight", type=_inflight_map, default=dict(INFLIGHT))
+    parser.add_argument(
+        "--rounds", type=at_least(int, 1), default=None, help=f"paired rounds (default {ROUNDS})"
+    )
+    parser.add_argument(
+        "--inflight",
+        type=_inflight_map,
+        default={},
+        help="calls in flight without the log, e.g. dgcc=800,calvin=100 (default: the best of "
+        "docs/bench/protocols.json)",
+    )
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    args.seconds = args.seconds or (1.0 if args.quick else 3.0)
+    args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     if args.warmup_s is None:
         args.warmup_s = 0.5 if args.quick else 1.0
+    rounds = args.rounds or (1 if args.quick else ROUNDS)
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     console = make_console()  # 160 columns off a terminal (logs)
     facts = host()
     scenarios = SCENARIOS[:1] if args.quick else SCENARIOS
-
-    def make_bench(scenario: str, protocol: str, inflight: int, durable: bool):
-        fraction = protocols.FRACTION
-        return protocols.bench_config(scenario, fraction, protocol, inflight, args, durable=durable)
-
-    unlogged: dict[Key, dict[str, Any]] = {}
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("unlogged runs", total=len(scenarios) * len(INFLIGHT))
-        for scenario in scenarios:
-            for protocol, inflight in args.inflight.items():
-                progress.update(task, description=f"{scenario} {protocol} inflight={inflight}")
-                record = run_bench(make_bench(scenario, protocol, inflight, False))
-                unlogged[(scenario, protocol)] = record | {"scenario": scenario}
-                print(f"{summary_line(record)} protocol={protocol} scenario={scenario} logged=0")
-                progress.advance(task)
-    logged = logged_runs(unlogged, make_bench, console)
-    console.print(table(unlogged, logged))
-    how = "all unlogged runs, then all logged ones, in one invocation (standalone script)."
-    write(unlogged, logged, facts, out_dir, how)
-    console.print(f"wrote {out_dir}/protocols_logged.{{json,md,png}}")
+    source = REPO / "docs" / "bench" / "protocols.json"
+    found = None if args.quick else sweep_inflights(source, scenarios)
+    unlogged = {
+        (s, p): args.inflight.get(p, found[(s, p)] if found else INFLIGHT[p])
+        for s in scenarios
+        for p in protocols.PROTOCOLS
+    }
+    how = (
+        "those of the last protocols sweep, docs/bench/protocols.json"
+        if found
+        else "this script's defaults"
+    ) + (", where --inflight named none" if args.inflight else "")
+    measure(unlogged, _bench_maker(args), rounds, facts, out_dir, console, how)
     return 0
 
 
