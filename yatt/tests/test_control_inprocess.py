@@ -366,3 +366,38 @@ def test_evaluations_are_due_as_the_eval_settings_say(settings, due, at_limit):
     assert [examples_due(cfg, step, 5) for step in range(1, 6)] == due
     assert examples_due(cfg, 3, 5, out_of_time=True) == at_limit
     assert examples_due(EvalConfig(n=0, every=1), 5, 5) == 0
+
+
+SCORER = '''
+class RowCounter:
+    """A batch scorer that counts what it scored (a declared metric) and reports an
+    undeclared one the distributed controllers leave out."""
+
+    name = "row_counter"
+    metric_names = ("row_counter/rows",)
+
+    def score_batch(self, prompts, completions, rows):
+        self.last_metrics = {"row_counter/rows": float(len(prompts)), "row_counter/other": 1.0}
+        return [0.5] * len(prompts)
+
+
+row_counter = RowCounter()
+'''
+
+
+def test_a_batch_scorers_declared_counts_add_up_over_every_scoring_call(tmp_path, monkeypatch):
+    (tmp_path / "counting_scorer.py").write_text(SCORER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config("tiny_test", OVERRIDES)
+    for mode in ("single", "parallel"):
+        extra = (*REWARD, "counting_scorer:row_counter")
+        controller = make_controller(config, _control(mode=mode, extra_rewards=extra))
+        try:
+            history = controller.fit().history
+        finally:
+            controller.close()
+        for row in history:
+            # every row scored in the step, over every group's calls (as the trainer's one call)
+            assert row["row_counter/rows"] == row["control/scored_rows"] > 0, mode
+            assert row["reward/row_counter/mean"] == pytest.approx(0.5)
+            assert "row_counter/other" not in row  # undeclared: ranks could disagree on it

@@ -132,3 +132,34 @@ def test_combined_reward_errors_name_fn_and_row():
         CombinedReward([])
     with pytest.raises(ConfigError, match="weight must be a number"):
         CombinedReward([("math_answer", "1")])
+
+
+def test_batch_scorers_declare_the_counts_the_controllers_sum():
+    from yatt.config import RewardConfig
+    from yatt.roles.reward import RewardRole
+
+    class Judge:
+        name = "judge"
+        metric_names = ("judge/parse_failures",)
+
+        def score_batch(self, prompts, completions, rows):
+            return [1.0] * len(prompts)  # this call set no last_metrics
+
+    role = RewardRole(RewardConfig(fns=("format",)), extra=[(Judge(), 1.0)])
+    assert role.combined.counted_metrics == ("judge/parse_failures",)
+    role.combined(["p"], ["<answer>1</answer>"], [{}])
+    metrics = role.combined.last_metrics
+    summable = role.summable_metrics(metrics | {"other/x": 3.0})
+    assert summable["judge/parse_failures"] == 0.0  # left out: 0, so every rank has the key
+    assert (
+        "other/x" not in summable and summable["reward/total/mean"] == metrics["reward/total/mean"]
+    )
+
+    class Bad:
+        metric_names = ("reward/mine",)
+
+        def score_batch(self, prompts, completions, rows):
+            return []
+
+    with pytest.raises(ConfigError, match=r"metric_names \['reward/mine'\]: reward/\* names"):
+        CombinedReward([(Bad(), 1.0)])

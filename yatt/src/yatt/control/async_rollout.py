@@ -148,18 +148,21 @@ class RolloutStats:
     dropped_prompts: list[int] = field(default_factory=list)
     reclaimed_prompts: list[int] = field(default_factory=list)
     # The reward functions' own metrics (`reward/<fn>/mean` ...), row-weighted sums over every
-    # row scored, dropped groups included (as the trainer logs them), and those rows.
+    # row scored, dropped groups included (as the trainer logs them), and those rows; and the
+    # batch scorers' declared counts (a judge's `judge/parse_failures`), summed over calls.
     reward_sums: dict[str, float] = field(default_factory=dict)
     scored_rows: int = 0
+    scorer_counts: dict[str, float] = field(default_factory=dict)
 
     def add_reward_metrics(self, metrics: dict[str, float], rows: int) -> None:
-        """Add one scoring call's `reward/*` means over `rows` rows. Only those: every call
-        gives each of them (one per reward function, and the total), so every group sums the
-        same keys, as the parallel controllers' all-reduce needs; a batch scorer's own
-        metrics (a judge's parse failures) may come on some calls only."""
+        """Add one scoring call's metrics (`RewardRole.summable_metrics`: every call gives the
+        same keys, so every group sums the same, as the parallel controllers' all-reduce
+        needs): `reward/*` means over `rows` rows, and the scorers' counts."""
         for key, value in metrics.items():
             if key.startswith("reward/"):
                 self.reward_sums[key] = self.reward_sums.get(key, 0.0) + float(value) * rows
+            else:
+                self.scorer_counts[key] = self.scorer_counts.get(key, 0.0) + float(value)
         self.scored_rows += rows
 
     def metrics(self) -> dict[str, float]:
@@ -175,6 +178,7 @@ class RolloutStats:
             "control/sampler_gen_s": self.gen_s,
             "control/scored_rows": float(self.scored_rows),
             **{_REWARD_SUM + key: value for key, value in self.reward_sums.items()},
+            **self.scorer_counts,
         }
 
 

@@ -315,11 +315,11 @@ class RankWorker:
 
     def score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
         """Reward service: (B,) rewards of the shard's completions, and the reward functions'
-        own metrics (means over its rows)."""
+        own metrics (means over its rows, and the scorers' declared counts)."""
         assert self.reward is not None, f"{self.name} hosts no reward service"
         with self._phase("reward", "reward"):
             rewards, metrics = self.reward.score(shard.batch)
-        return rewards, {key: float(value) for key, value in metrics.items()}
+        return rewards, self.reward.summable_metrics(metrics)
 
     def evaluate(self, n_examples: int) -> tuple[int, int]:
         """Greedy held-out accuracy of this rank's policy on its share (every `world`-th) of

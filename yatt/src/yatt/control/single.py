@@ -73,7 +73,7 @@ class SingleController(Controller):
 
     def _score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
         rewards, metrics = self.reward.score(shard.batch)  # on the driver, as verl's manager
-        return rewards, {key: float(value) for key, value in metrics.items()}
+        return rewards, self.reward.summable_metrics(metrics)
 
     def _dispatch(self, steps: range) -> None:
         for ahead in steps:

@@ -111,12 +111,14 @@ def get_reward_fn(name: str, **options: Any) -> RewardFn:
 
 
 def load_callable(path: str, key: str = "reward"):
-    """The function named by "package.module:function" (`key` names the setting in errors).
+    """The reward named by "package.module:name" (`key` names the setting in errors): a
+    function, or a batch scorer (an object with `score_batch`, such as a GenerativeJudge the
+    module builds), which CombinedReward calls once per batch.
 
     Raises:
         ConfigError (one line) if the path is malformed, importing the module fails for any
         reason (missing, SyntaxError, an exception raised at import), or the name is missing
-        or not callable.
+        or neither callable nor a batch scorer.
     """
     import importlib
 
@@ -148,10 +150,13 @@ def load_callable(path: str, key: str = "reward"):
     function = getattr(module, attr, None)
     if function is None:
         raise ConfigError(f"{key}={path!r}: module {module_name!r} has no {attr!r}")
-    if not callable(function):
+    if not callable(function) and not callable(getattr(function, "score_batch", None)):
         kind = type(function).__name__
         article = "an" if kind[:1].lower() in "aeiou" else "a"
-        raise ConfigError(f"{key}={path!r}: {attr!r} is not callable (it is {article} {kind})")
+        raise ConfigError(
+            f"{key}={path!r}: {attr!r} is not callable (it is {article} {kind}), nor a batch "
+            "scorer with a score_batch method"
+        )
     return function
 
 
@@ -181,12 +186,29 @@ def _component_name(component: Any) -> str:
     return type(component).__name__
 
 
+def _declared_metrics(scorer: Any) -> tuple[str, ...]:
+    """A batch scorer's `metric_names` (the `last_metrics` keys it sets on every call)."""
+    names = getattr(scorer, "metric_names", ())
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"{_component_name(scorer)}.metric_names must be a tuple of names")
+    clash = [name for name in names if name.startswith("reward/")]
+    if clash:
+        raise ConfigError(
+            f"{_component_name(scorer)}.metric_names {clash}: reward/* names are the "
+            "combined reward's own"
+        )
+    return tuple(names)
+
+
 class CombinedReward:
     """Weighted sum of reward components; `last_metrics` holds each part's mean of the last call.
 
     components: (fn or registry name or batch scorer, weight) pairs. Metric keys:
     `reward/<name>/mean` per component (unweighted), `reward/total/mean`, plus any batch
-    scorer's own `last_metrics` (the judge's `judge/parse_failures`).
+    scorer's own `last_metrics` (the judge's `judge/parse_failures`). `counted_metrics` lists
+    the names of those that the scorers declare in a `metric_names` attribute: counts of one
+    call, which the distributed controllers add up over every call of a step (they log only
+    declared ones, since every rank must sum the same keys).
     """
 
     def __init__(self, components: Sequence[tuple[RewardFn | str | Any, float]]) -> None:
@@ -203,6 +225,9 @@ class CombinedReward:
                 name = f"{name}_{len(self.parts)}"
             self.parts.append((name, fn, float(weight)))
         self.last_metrics: dict[str, float] = {}
+        self.counted_metrics = tuple(
+            dict.fromkeys(key for _, fn, _ in self.parts for key in _declared_metrics(fn))
+        )
 
     def _score_part(self, name: str, fn: Any, prompts, completions, rows) -> list[float]:
         if hasattr(fn, "score_batch"):

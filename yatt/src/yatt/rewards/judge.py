@@ -51,6 +51,7 @@ class GenerativeJudge:
     """
 
     name = "judge"
+    metric_names = ("judge/parse_failures",)  # set on every call (CombinedReward.counted_metrics)
 
     def __init__(
         self,

@@ -42,6 +42,14 @@ class RewardRole(Role):
         metrics = dict(getattr(self.combined, "last_metrics", {}) or {})
         return torch.tensor(scores, dtype=torch.float32), metrics
 
+    def summable_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """`score`'s metrics as every rank of a distributed run reports them: the `reward/*`
+        means, and each declared scorer count (`CombinedReward.counted_metrics`), 0 where a
+        call left it out, so that every call gives the same keys."""
+        counted = getattr(self.combined, "counted_metrics", ())
+        kept = {k: float(v) for k, v in metrics.items() if k.startswith("reward/")}
+        return kept | {name: float(metrics.get(name, 0.0)) for name in counted}
+
 
 def _reward_model_scorer(path: str) -> Any:
     """A CombinedReward batch scorer around a saved Bradley–Terry ScalarHeadModel folder."""
