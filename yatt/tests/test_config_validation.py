@@ -344,3 +344,26 @@ def test_a_reward_module_in_the_current_folder_gets_a_hint(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
     with pytest.raises(ConfigError, match=r"myreward_hint is in the current folder, which is not"):
         load_callable("myreward_hint:score", "reward.fns")
+
+
+def test_configs_built_in_python_are_checked_as_loaded_ones():
+    """A section built directly is held to the file's rules: lists become tuples and ints
+    floats, paths strings; anything else of the wrong type is a one-line ConfigError."""
+    from pathlib import Path
+
+    from yatt.config import Config, LoggingConfig, RewardConfig, TrainConfig
+
+    reward = RewardConfig(fns="math_answer")  # one name, not five letters
+    assert reward.fns == ("math_answer",) and reward.weights == (1.0,)
+    assert RewardConfig(fns=["math_answer"], weights=[2]).weights == (2.0,)
+    assert LoggingConfig(run_dir=Path("runs/x")).run_dir == "runs/x"
+    cases = [
+        (lambda: TrainConfig(steps="10"), "'train.steps' expects an int, got '10'"),
+        (lambda: ControlConfig(n_devices=2.0), "'control.n_devices' expects an int"),
+        (lambda: ControlConfig(oversubscribe=1), "'control.oversubscribe' expects true/false"),
+        (lambda: Config(train={"steps": 3}), "'train' expects a TrainConfig, got {'steps': 3}"),
+        (lambda: RewardConfig(fns=("math_answer", 3)), r"'reward.fns\[1\]' expects str"),
+    ]
+    for make, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            make()

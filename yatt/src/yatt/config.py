@@ -64,6 +64,27 @@ def _require(ok: bool, key: str, value: object, allowed: str) -> None:
         raise ConfigError(f"invalid value {value!r} for '{key}'; expected {allowed}")
 
 
+def check_section(section: object, prefix: str) -> None:
+    """Check every field of a config section against its annotation, as a YAML file or a
+    `key=value` override is checked (a list becomes a tuple, an int a float where a float is
+    due, and nothing else is converted: `RewardConfig(fns="math_answer")` is read as one name,
+    `TrainConfig(steps="10")` is a one-line ConfigError), then refuse NaN and infinities
+    (`_require_finite`). Every section's `__post_init__` starts with it, so a config built in
+    Python is held to what a loaded one is."""
+    hints = _field_types(type(section))
+    for item in dataclasses.fields(section):  # type: ignore[arg-type]
+        key = f"{prefix}.{item.name}" if prefix else item.name
+        value, annotation = getattr(section, item.name), hints[item.name]
+        if dataclasses.is_dataclass(annotation):
+            if not isinstance(value, annotation):
+                raise ConfigError(f"'{key}' expects a {annotation.__name__}, got {value!r:.80}")
+            continue
+        checked = _coerce(key, value, annotation)
+        if checked is not value:
+            object.__setattr__(section, item.name, checked)
+    _require_finite(section, prefix)
+
+
 def _require_finite(section: object, prefix: str) -> None:
     """Refuse NaN and +-inf in every float field (and float list) of a config section.
 
@@ -121,6 +142,7 @@ class ModelConfig:
     tiny_seed: int = 0
 
     def __post_init__(self) -> None:
+        check_section(self, "model")
         _require(bool(self.path), "model.path", self.path, "a model folder or name")
         dtypes = ("float32", "bfloat16")
         _require(self.dtype in dtypes, "model.dtype", self.dtype, f"one of {dtypes}")
@@ -138,6 +160,7 @@ class DataConfig:
     use_chat_template: bool = True
 
     def __post_init__(self) -> None:
+        check_section(self, "data")
         if not self.path:  # rows from a file make the task moot
             _require(self.task in TASKS, "data.task", self.task, f"one of {', '.join(TASKS)}")
         _require(self.n_train > 0, "data.n_train", self.n_train, "an int > 0")
@@ -169,7 +192,7 @@ class RolloutConfig:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        _require_finite(self, "rollout")
+        check_section(self, "rollout")
         _require(
             self.backend in ("yatt", "hf", "vllm"),
             "rollout.backend",
@@ -246,7 +269,7 @@ class AlgoConfig:
     tis_cap: float = 2.0  # truncated IS weight cap C (used when rollouts carry behaviour log-probs)
 
     def __post_init__(self) -> None:
-        _require_finite(self, "algo")
+        check_section(self, "algo")
         _require(self.name in ALGOS, "algo.name", self.name, f"one of {ALGOS}")
         _require(self.loss_agg in LOSS_AGGS, "algo.loss_agg", self.loss_agg, f"one of {LOSS_AGGS}")
         _require(self.kl_kind in KL_KINDS, "algo.kl_kind", self.kl_kind, f"one of {KL_KINDS}")
@@ -295,7 +318,7 @@ class RewardConfig:
     model_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        _require_finite(self, "reward")
+        check_section(self, "reward")
         for name in self.fns:
             _require_reward("reward.fns", name)
         if not self.weights:
@@ -329,6 +352,7 @@ class OptimConfig:
     critic_lr: float = 1e-5
 
     def __post_init__(self) -> None:
+        check_section(self, "optim")
         schedules = ("linear", "constant", "cosine")
         _require(self.schedule in schedules, "optim.schedule", self.schedule, f"one of {schedules}")
         # NaN fails every comparison; inf passes '> 0', so each bound also asks for a finite value
@@ -374,7 +398,7 @@ class TrainConfig:
     time_limit_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _require_finite(self, "train")
+        check_section(self, "train")
         _require(self.steps >= 1, "train.steps", self.steps, "an int >= 1")
         # Seeds derived from it (per step, row and rank) must stay within torch's 64 bits.
         _require(0 <= self.seed <= SEED_MAX, "train.seed", self.seed, f"an int in 0..{SEED_MAX}")
@@ -402,6 +426,7 @@ class EvalConfig:
     reward_fn: str = "math_answer"
 
     def __post_init__(self) -> None:
+        check_section(self, "eval")
         _require(self.every >= 0, "eval.every", self.every, ">= 0")
         _require(self.n >= 0, "eval.n", self.n, ">= 0")
         _require(self.n_periodic >= 0, "eval.n_periodic", self.n_periodic, ">= 0 (0 = eval.n)")
@@ -430,6 +455,7 @@ class LoggingConfig:
     level: str = "INFO"  # the log level; the YATT_LOG_LEVEL environment variable overrides it
 
     def __post_init__(self) -> None:
+        check_section(self, "logging")
         object.__setattr__(self, "level", log_level(self.level, "logging.level"))
 
 
@@ -444,6 +470,7 @@ class CheckpointConfig:
     keep_last: int = 2
 
     def __post_init__(self) -> None:
+        check_section(self, "checkpoint")
         _require(self.every >= 0, "checkpoint.every", self.every, ">= 0")
         _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, ">= 1")
 
@@ -465,6 +492,7 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
 
     def __post_init__(self) -> None:
+        check_section(self, "")
         _require_ray_for_control(self.control)
         if self.control.backend == "ray":
             check_controller_settings(self, self.control)
@@ -563,6 +591,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             return float(value)
         except ValueError:
             pass
+    if annotation is str and isinstance(value, os.PathLike):  # a Path, from Python
+        return os.fspath(value)
     if annotation is bool and not isinstance(value, bool):
         raise ConfigError(f"'{key}' expects true/false, got {value!r}")
     if annotation is int and (isinstance(value, bool) or not isinstance(value, int)):

@@ -84,9 +84,12 @@ class ControlConfig:
     extra_rewards: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from yatt.config import check_section  # (yatt.config imports this module)
         from yatt.control.devices import DEVICE_KINDS
         from yatt.control.placement import PLACEMENTS
         from yatt.control.workers import BACKENDS
+
+        check_section(self, "control")
 
         _require(self.mode in MODES, "control.mode", self.mode, f"one of {MODES}")
         _require(self.backend in BACKENDS, "control.backend", self.backend, f"one of {BACKENDS}")
