@@ -94,7 +94,9 @@ def logged_sweep(
 def paired_rounds(
     inflight: dict[Key, tuple[int, int]], make_bench: MakeBench, console: Console, rounds: int
 ) -> dict[Key, dict[str, list[dict[str, Any]]]]:
-    """``rounds`` rounds; in each, every key runs without its log and at once with it.
+    """``rounds`` rounds; in each, every key runs without its log and at once with it (the
+    unlogged run first in even rounds, the logged one in odd rounds: neither side always
+    follows the other).
 
     Args:
         inflight: (scenario, protocol) -> (calls in flight without the log, with it).
@@ -110,10 +112,8 @@ def paired_rounds(
         task = progress.add_task("paired runs", total=rounds * len(inflight) * 2)
         for number in range(rounds):
             for (scenario, protocol), points in inflight.items():
-                for side, durable, calls in (
-                    ("unlogged", False, points[0]),
-                    ("logged", True, points[1]),
-                ):
+                pair = (("unlogged", False, points[0]), ("logged", True, points[1]))
+                for side, durable, calls in pair if number % 2 == 0 else pair[::-1]:
                     progress.update(
                         task, description=f"round {number + 1} {scenario} {protocol} {side} {calls}"
                     )
@@ -209,10 +209,13 @@ def markdown(
         f"{protocols.SWEEP_PATIENCE} runs in a row fell below {protocols.SWEEP_DROP:.0%} of the "
         "best so far, the protocols bench's rule), since a log moves each protocol's best "
         f"differently. Then, in each of {rounds} round{'s' * (rounds > 1)}, every protocol ran "
-        "once without its log, at its best calls in flight without one "
-        f"({how}), and at once with it, at its best logged calls in flight, the protocols "
-        "taking turns; each number is the median of its rounds, so every overhead and ratio "
-        "compares runs made minutes apart. DistDGCC (dependency logging) and Calvin (input "
+        f"once without its log, at {how}, and at once with it, at its best logged calls in "
+        "flight, the protocols taking turns and the two runs of a pair swapping places from "
+        "one round to the next. Each side's commits/s is the median of its rounds (the lower "
+        "middle of an even count), and its latency and abort columns are that run's; the "
+        "overhead is 1 - logged / unlogged of the two medians, and round by round of each "
+        "round's pair, so no number sets a log beside a window measured long before or after "
+        "it on a host whose speed drifts. DistDGCC (dependency logging) and Calvin (input "
         "logging) group-commit one block per node per epoch and answer once every node has "
         "the epoch. The 2PC baselines force a prepare record (the branch's after-images) "
         "before voting yes and the commit decision before sending commit; a one-node "
@@ -341,24 +344,37 @@ def after_sweep(
         console.print(f"--log: none of {SCENARIOS} ran, nothing to log")
         return
     rounds = 1 if args.quick else ROUNDS
-    how = "the protocols sweep's, just before"
+    how = "its best calls in flight in the protocols sweep just before"
     measure(unlogged, _bench_maker(args), rounds, facts, out_dir, console, how)
 
 
-def sweep_inflights(path: Path, scenarios: tuple[str, ...]) -> dict[Key, int] | None:
-    """Each protocol's best calls in flight in the protocols bench's records at ``path``
-    (None when it has no run of ``scenarios`` at the headline fraction)."""
+def sweep_inflights(path: Path, scenarios: tuple[str, ...]) -> dict[Key, int]:
+    """Each protocol's best calls in flight in the protocols bench's records at ``path``, for
+    the (scenario, protocol) pairs of ``scenarios`` it ran at the headline fraction ({} when
+    there is no such file)."""
     if not path.exists():
-        return None
-    records = json.loads(path.read_text())["records"]
-    best = protocols.best_by_protocol(records)
-    found = {
-        (s, p): best[(s, p)]["config"]["inflight"]
-        for s in scenarios
-        for p in protocols.PROTOCOLS
-        if (s, p) in best
+        return {}
+    best = protocols.best_by_protocol(json.loads(path.read_text())["records"])
+    return {
+        key: record["config"]["inflight"] for key, record in best.items() if key[0] in scenarios
     }
-    return found if len(found) == len(scenarios) * len(protocols.PROTOCOLS) else None
+
+
+def _unlogged_points(
+    scenarios: tuple[str, ...], found: dict[Key, int], given: dict[str, int]
+) -> tuple[dict[Key, int], str]:
+    """Calls in flight without the log per (scenario, protocol): ``given`` (``--inflight``),
+    else the sweep's best (``found``), else ``INFLIGHT``; and the words saying which."""
+    points, sources = {}, set()
+    for key in ((s, p) for s in scenarios for p in protocols.PROTOCOLS):
+        if key[1] in given:
+            points[key], source = given[key[1]], "the calls in flight --inflight gave"
+        elif key in found:
+            points[key], source = found[key], "its best calls in flight in the last protocols sweep"
+        else:
+            points[key], source = INFLIGHT[key[1]], "this script's default calls in flight"
+        sources.add(source)
+    return points, " or ".join(sorted(sources))
 
 
 def _inflight_map(text: str) -> dict[str, int]:
@@ -404,17 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     facts = host()
     scenarios = SCENARIOS[:1] if args.quick else SCENARIOS
     source = REPO / "docs" / "bench" / "protocols.json"
-    found = None if args.quick else sweep_inflights(source, scenarios)
-    unlogged = {
-        (s, p): args.inflight.get(p, found[(s, p)] if found else INFLIGHT[p])
-        for s in scenarios
-        for p in protocols.PROTOCOLS
-    }
-    how = (
-        "those of the last protocols sweep, docs/bench/protocols.json"
-        if found
-        else "this script's defaults"
-    ) + (", where --inflight named none" if args.inflight else "")
+    found = {} if args.quick else sweep_inflights(source, scenarios)
+    unlogged, how = _unlogged_points(scenarios, found, args.inflight)
     measure(unlogged, _bench_maker(args), rounds, facts, out_dir, console, how)
     return 0
 

@@ -250,8 +250,9 @@ def test_paired_rounds_run_each_protocol_without_and_with_its_log_in_turn(monkey
     monkeypatch.setattr(bench, "summary_line", lambda record: "run")
     inflight = {("s", "dgcc"): (800, 400), ("s", "occ"): (25, 100)}
     pairs = bench.paired_rounds(inflight, make_bench, bench.Console(quiet=True), 2)
-    one_round = [("dgcc", 800, False), ("dgcc", 400, True), ("occ", 25, False), ("occ", 100, True)]
-    assert tried == one_round * 2
+    first = [("dgcc", 800, False), ("dgcc", 400, True), ("occ", 25, False), ("occ", 100, True)]
+    second = [("dgcc", 400, True), ("dgcc", 800, False), ("occ", 100, True), ("occ", 25, False)]
+    assert tried == first + second  # a pair's two runs swap places each round
     assert [r["round"] for r in pairs[("s", "occ")]["logged"]] == [0, 1]
 
 
@@ -294,11 +295,14 @@ def test_standalone_logged_bench_takes_the_sweeps_best_inflight(tmp_path: Path) 
             records.append(run | {"scenario": "tpcc-1wh", "repeat": 0})
     path = tmp_path / "protocols.json"
     path.write_text(json.dumps({"records": records}))
-    found = bench.sweep_inflights(path, ("tpcc-1wh",))
-    assert found is not None and found[("tpcc-1wh", "dgcc")] == 800
-    assert found[("tpcc-1wh", "occ")] == 25
-    assert bench.sweep_inflights(path, ("tpcc-1wh", "ycsb-0.99")) is None  # no YCSB runs
-    assert bench.sweep_inflights(tmp_path / "absent.json", ("tpcc-1wh",)) is None
+    found = bench.sweep_inflights(path, ("tpcc-1wh", "ycsb-0.99"))
+    assert found[("tpcc-1wh", "dgcc")] == 800 and found[("tpcc-1wh", "occ")] == 25
+    assert bench.sweep_inflights(tmp_path / "absent.json", ("tpcc-1wh",)) == {}
+    # no YCSB runs there: those take the defaults, and --inflight overrides both
+    points, how = bench._unlogged_points(("tpcc-1wh", "ycsb-0.99"), found, {"calvin": 7})
+    assert points[("tpcc-1wh", "dgcc")] == 800 and points[("tpcc-1wh", "calvin")] == 7
+    assert points[("ycsb-0.99", "occ")] == bench.INFLIGHT["occ"]
+    assert how.count(" or ") == 2 and "--inflight" in how and "default" in how
 
 
 # -- whole clusters: real node processes, SIGKILL, restart from the logs --------------------
