@@ -291,7 +291,8 @@ def _report(
         table.add_column(column)
     lines = ["## dgcc: logging overhead and recovery", "",
              f"TPC-C {options}, {batch} txns per epoch, one write + fsync per epoch on a "
-             "background thread overlapping the next epoch; clients answered after the fsync.",
+             "background thread overlapping the next epoch; clients answered after the fsync. "
+             f"Commit {result['git_commit']}, `python -O dgcc/bench/wal_logging.py`.",
              "", "| mode | txn/s | overhead (wall) | CPU ms/txn | overhead (CPU) |",
              "|---|---|---|---|---|"]  # fmt: skip
     for mode, numbers in overhead.items():

@@ -66,7 +66,13 @@ def test_recovered_state_equals_serial_replay(
 def test_inline_checkpoint_truncates_log(tmp_path: Path, reference: dict) -> None:
     _run(tmp_path, "dependency", checkpoint_every_epochs=3, fork_checkpoint=False)
     names = sorted(path.name for path in tmp_path.iterdir())
-    assert names == ["MANIFEST", "WORKLOAD", "ckpt-000000000006.snap", "wal-000000000007.log"]
+    assert names == [
+        "LOCK",
+        "MANIFEST",
+        "WORKLOAD",
+        "ckpt-000000000006.snap",
+        "wal-000000000007.log",
+    ]
     recovered = recover(tmp_path, create_tables, TpccWorkload(**DRILL_TPCC).registry())
     assert (recovered.checkpoint_epoch, recovered.replayed_epochs) == (6, 2)
     assert recovered.db.dump() == reference
@@ -279,3 +285,36 @@ def test_a_cluster_node_block_names_the_way_to_recover_it() -> None:
     block = scan_bytes(encode_block(BlockKind.NODE, 1, {})).blocks[0]
     with pytest.raises(WalCorrupt, match="recover it with --cluster CONFIG --node ID"):
         replay_block(TpccWorkload(**DRILL_TPCC).schema(), None, block)  # type: ignore[arg-type]
+
+
+def test_one_durable_engine_at_a_time_holds_its_directory(tmp_path: Path) -> None:
+    """An engine locks its directory until it closes, as a node does: neither a second engine
+    nor `dgcc recover` (which takes the same lock) can touch a log that is being written."""
+    import os
+
+    from dgcc.wal.dirlock import DirLock
+
+    engine = open_engine(tmp_path, "command", SEED)
+    message = rf"is in use by pid {os.getpid()} \(a DurableEngine\)"
+    with pytest.raises(ConfigError, match=message):
+        open_engine(tmp_path, "command", SEED)
+    with pytest.raises(ConfigError, match=message):
+        DirLock(tmp_path, "dgcc recover")
+    engine.close()
+    with DirLock(tmp_path, "dgcc recover"):
+        pass  # free once the engine closed
+    open_engine(tmp_path, "command", SEED).close()
+    # a refused open (another workload's log) holds nothing afterwards
+    with pytest.raises(ConfigError, match="holds the log of workload"):
+        _reopen_other(tmp_path)
+    open_engine(tmp_path, "command", SEED).close()
+
+
+def _reopen_other(directory: Path) -> None:
+    from dgcc.durable import DurableEngine
+
+    workload = TpccWorkload(**{**DRILL_TPCC, "items": 77})
+    config = DurableConfig(
+        directory, mode="command", workload="tpcc", workload_options={**DRILL_TPCC, "items": 77}
+    )
+    DurableEngine(config, workload.registry(), create_tables, lambda: workload.build(SEED))

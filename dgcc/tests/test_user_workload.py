@@ -73,3 +73,22 @@ def test_no_distributed_fraction_keeps_the_built_in_workloads_own_mix(workload, 
     crossing = sum(len(spans(request.params)) > 1 for request in pool)
     assert 0 < crossing < len(pool)
     assert request_pool(config, 0, 0.0, seed=3, count=200) != pool  # a fraction pins calls
+
+
+@pytest.mark.usefixtures("examples_importable")
+def test_a_cluster_bench_checks_the_end_state_of_its_nodes(capsys, monkeypatch) -> None:
+    """`dgcc bench --nodes N` checks the workload's invariants over every node's rows once the
+    clients stop, as the in-process bench does, and fails on a violation."""
+    argv = ["bench", "--nodes", "2", "--workload", "inventory:Inventory", "-o", "items=40"]
+    argv += ["--seconds", "0.5", "--warmup-s", "0.2", "--inflight", "10"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    summary = next(line for line in out.splitlines() if line.startswith("[summary]"))
+    assert "violations=0" in summary and "txn/errors=0" in summary
+    inventory = get_workload("inventory:Inventory", items=40)
+    # the check runs here, in the bench's process, over the rows the nodes hand back
+    monkeypatch.setattr(type(inventory), "check_state", lambda self, db: [f"{len(db['stock'])}"])
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "violation: 40" in out  # every item's row, from both nodes
+    assert "violations=1" in out

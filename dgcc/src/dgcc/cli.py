@@ -142,7 +142,7 @@ def _file_path(text: str) -> Path:
 
 # What each workload flag sets (the workload's own default when the flag is not given).
 WORKLOAD_FLAG_HELP = {
-    "warehouses": "tpcc: warehouses (per node with --nodes)",
+    "warehouses": "tpcc: warehouses (on a cluster, bench --nodes or cluster start: per node)",
     "items": "tpcc: ITEM rows (the spec's 100,000)",
     "customers_per_district": "tpcc: customers per district (the spec's 3,000)",
     "orders_per_district": "tpcc: initial orders per district (the spec's 3,000)",

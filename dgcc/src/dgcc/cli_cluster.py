@@ -165,7 +165,7 @@ def _add_start_flags(start: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="start only this node of the cluster in --dir again, with that cluster's config "
         "(after it died: it recovers from its log and rejoins the running nodes; the cluster "
-        "needs --data-dir)",
+        "needs --data-dir and the dgcc or calvin protocol: a 2PC cluster restarts whole)",
     )
 
 
@@ -220,11 +220,14 @@ def bench_nodes(args: argparse.Namespace) -> int:
 
         record = run_bench(bench, progress=report)
     console.print(results_table([record]))
-    print(summary_line(record))
+    violations = record["violations"]
+    for violation in violations[:20]:
+        print(f"violation: {violation}")
+    print(summary_line(record) + f" violations={len(violations)}")
     if getattr(args, "json", None):
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return 0
+    return 1 if violations else 0
 
 
 def _bench_config(args: argparse.Namespace) -> Any:
@@ -244,6 +247,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         seed=args.seed,
         protocol=server_name(args.protocol),
         durable=args.durable,
+        check=True,  # as the in-process bench: the end state is checked (a workload's invariants)
     )
 
 
@@ -254,7 +258,7 @@ def results_table(records: list[dict[str, Any]]) -> Any:
     table = Table(title="dgcc cluster benchmark")
     # "multi-node asked": the share of calls made to span nodes (the workload's own mix: "mix").
     columns = ("workload", "protocol", "nodes", "multi-node asked", "multi-node", "commits/s")
-    for column in (*columns, "p50 ms", "p99 ms", "msgs/commit", "bytes/commit", "node cpu"):
+    for column in (*columns, "p50 ms", "p99 ms", "msgs/commit", "bytes/commit", "node cpu", "viol"):
         justify = "left" if column in ("workload", "protocol") else "right"
         table.add_column(column, justify=justify, overflow="fold")
     for record in records:
@@ -272,6 +276,7 @@ def results_table(records: list[dict[str, Any]]) -> Any:
             f"{metrics['net/messages_per_commit']:.3f}",
             f"{metrics['net/bytes_per_commit']:,.0f}",
             f"{metrics['node/cpu_s_per_s']:.2f}",
+            "-" if record.get("violations") is None else str(len(record["violations"])),
         )
     return table
 
@@ -399,10 +404,15 @@ def _start(args: argparse.Namespace) -> int:
     for node, process in zip(config.nodes, cluster.processes, strict=True):
         print(f"node {node.id} listening on {node.host}:{node.port} (pid {process.pid})")
     print(f"config and logs in {args.dir}; stop with: dgcc cluster stop --dir {args.dir}")
-    if config.data_dir is not None:
+    if config.data_dir is not None and config.protocol in ("dgcc", "calvin"):
         print(
             f"logging to {config.data_dir}; restart a stopped node with: "
             f"dgcc cluster start --dir {args.dir} --node ID"
+        )
+    elif config.data_dir is not None:  # (start_node refuses the 2PC protocols)
+        print(
+            f"logging to {config.data_dir}; a {config.protocol} cluster restarts whole "
+            f"after a node stops: dgcc cluster stop, then dgcc cluster start --dir {args.dir}"
         )
     return 0
 

@@ -34,6 +34,7 @@ from dgcc.wal.checkpoint import (
     remove_old_snapshots,
     write_checkpoint,
 )
+from dgcc.wal.dirlock import DirLock
 from dgcc.wal.format import BlockKind, encode_block
 from dgcc.wal.recovery import no_checkpoint, recover
 from dgcc.wal.writer import WalWriter, list_segments
@@ -142,12 +143,29 @@ class DurableEngine:
         self._route_keys = route_keys
         self.registry = registry
         directory = Path(config.directory)
-        directory.mkdir(parents=True, exist_ok=True)
         if (directory / LAYOUT_RECORD).exists():
             raise ConfigError(
                 f"{directory} holds a cluster node's log ({LAYOUT_RECORD}): run it as that "
                 "node (dgcc cluster start / dgcc node), or give this engine its own directory"
             )
+        # One process at a time, as a node: `dgcc recover` never cuts the tail of a log this
+        # engine is still writing, nor do two engines share a directory (freed by ``close``,
+        # or by the kernel however the process ends).
+        self._lock = DirLock(directory, "a DurableEngine")
+        try:
+            self._open(config, directory, schema, initial)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(
+        self,
+        config: DurableConfig,
+        directory: Path,
+        schema: Callable[[], Database],
+        initial: Callable[[], Database],
+    ) -> None:
+        registry = self.registry
         fresh = read_manifest(directory) is None
         if fresh and list_segments(directory):  # a log without its checkpoint: not ours to start
             raise no_checkpoint(directory)
@@ -249,5 +267,8 @@ class DurableEngine:
 
     def close(self) -> None:
         """Wait for an in-flight checkpoint and close the log (``flush`` first to get acks)."""
-        self._finish_checkpoint(self.checkpointer.poll(wait=True))
-        self.writer.close()
+        try:
+            self._finish_checkpoint(self.checkpointer.poll(wait=True))
+            self.writer.close()
+        finally:
+            self._lock.release()

@@ -37,7 +37,7 @@ from typing import Any
 from dgcc.api import TxnRequest
 from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
-from dgcc.local_cluster import last_log_line, spawn_into, start_local, wait_ready_lines
+from dgcc.local_cluster import check, last_log_line, spawn_into, start_local, wait_ready_lines
 from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
 from dgcc.workloads.ycsb import ZipfianGenerator
@@ -343,6 +343,9 @@ class ClusterBenchConfig:
         durable: logging on every node (``ClusterConfig.data_dir`` in the run's temp folder):
             calls are answered only once they are durable.
         seed: data and request seed.
+        check: after the window, once every client stopped, check the workload's state
+            invariants over the union of the nodes' rows (``local_cluster.check``); the
+            record's ``violations`` lists what failed ([] when consistent).
     """
 
     workload: str
@@ -356,6 +359,7 @@ class ClusterBenchConfig:
     seed: int = 1
     protocol: str = "dgcc"
     durable: bool = False
+    check: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
@@ -458,7 +462,12 @@ def _measure_with(bench, config, directory: Path, progress, processes: list) -> 
                 f"client process {process.pid} failed with exit code {code} (node logs end: {ends})"
             )
     results = [json.loads(out.read_text()) for out in outs]
-    return _record(bench, config, results, before, after)
+    record = _record(bench, config, results, before, after)
+    if bench.check:  # the clients are done: the cluster goes quiet once its epochs drain
+        if progress:
+            progress("checking", bench.warmup_s + bench.seconds)
+        record["violations"] = check(config)
+    return record
 
 
 def _wait_until(when_s: float, progress, phase: str, since_s: float) -> None:
