@@ -351,12 +351,19 @@ def test_configs_built_in_python_are_checked_as_loaded_ones():
     floats, paths strings; anything else of the wrong type is a one-line ConfigError."""
     from pathlib import Path
 
-    from yatt.config import Config, LoggingConfig, RewardConfig, TrainConfig
+    import numpy as np
+
+    from yatt.config import Config, DataConfig, LoggingConfig, RewardConfig, TrainConfig
 
     reward = RewardConfig(fns="math_answer")  # one name, not five letters
     assert reward.fns == ("math_answer",) and reward.weights == (1.0,)
     assert RewardConfig(fns=["math_answer"], weights=[2]).weights == (2.0,)
     assert LoggingConfig(run_dir=Path("runs/x")).run_dir == "runs/x"
+    assert DataConfig(path=Path("rows.jsonl")).path == str(Path("rows.jsonl").resolve())
+    assert (
+        TrainConfig(steps=np.int64(3)).steps == 3
+        and type(TrainConfig(steps=np.int64(3)).steps) is int
+    )
     cases = [
         (lambda: TrainConfig(steps="10"), "'train.steps' expects an int, got '10'"),
         (lambda: ControlConfig(n_devices=2.0), "'control.n_devices' expects an int"),
@@ -367,3 +374,17 @@ def test_configs_built_in_python_are_checked_as_loaded_ones():
     for make, message in cases:
         with pytest.raises(ConfigError, match=message):
             make()
+
+
+def test_a_batch_scorer_cannot_be_the_eval_reward(tmp_path, monkeypatch):
+    """eval.reward_fn is called row by row: a scorer object there is refused at load, where
+    reward.fns takes it."""
+    (tmp_path / "scorer_mod.py").write_text(
+        "class S:\n    def score_batch(self, p, c, r):\n        return [0.0] * len(p)\n"
+        "scorer = S()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_config("tiny_test", ["reward.fns=[scorer_mod:scorer]"]).reward.fns
+    message = r"'scorer' is not callable \(it is a S\); this setting calls its reward as fn"
+    with pytest.raises(ConfigError, match=r"eval.reward_fn='scorer_mod:scorer': " + message):
+        load_config("tiny_test", ["eval.reward_fn=scorer_mod:scorer"])

@@ -136,6 +136,7 @@ def test_fit_distributed_writes_metrics_timeline_and_summary(tmp_path):
     assert (tmp_path / "timeline.png").stat().st_size > 1000
     assert json.loads((tmp_path / "control.json").read_text())["driver_peak_rss_mb"] > 0
     assert len(result.history) == 2
+    assert result.run_dir == tmp_path.resolve()  # (`yatt demo` prints it, as the trainer's)
 
 
 def test_overwrite_keeps_the_previous_run_when_a_reward_fails(tmp_path, monkeypatch):

@@ -306,3 +306,11 @@ def test_settings_that_cannot_take_effect_are_named():
     assert ignored_settings(ControlConfig(async_staleness=1, replace_every=2, n_devices=2)) == []
     (note,) = ignored_settings(ControlConfig(replace_every=2, n_devices=1))
     assert note.startswith("control.replace_every=2 has no effect: one device")
+    # re-placement runs the parallel controllers: a single-controller setting is named, and the
+    # run's record says what ran
+    from yatt.control.run import settings_label
+
+    both = ControlConfig(mode="single", replace_every=2, n_devices=2)
+    (note,) = ignored_settings(both)
+    assert note.startswith("control.mode=single has no effect: runtime re-placement")
+    assert settings_label(both, 2).startswith("parallel controllers")

@@ -415,8 +415,21 @@ def test_logging_overwrite_replaces_a_previous_run(finished_run, tmp_path):
     config = load_config(
         "tiny_test", [*TINY, f"logging.run_dir={run_dir}", "logging.overwrite=true"]
     )
+    # a distributed run's outputs, left in the folder: no longer shown as this run's
+    (run_dir / "control.json").write_text("{}")
+    (run_dir / "model").mkdir()
+    (run_dir / "model" / "config.json").write_text("{}")
     trainer = Trainer(config)
     assert trainer.run_dir == run_dir and not (run_dir / "checkpoints").exists()
+    assert not (run_dir / "control.json").exists() and not (run_dir / "model").exists()
+
+
+def test_every_job_claims_the_outputs_every_job_writes():
+    from yatt.control.run import MODEL_FOLDER
+    from yatt.control.segments import SEGMENTS_BAD_FILE, SEGMENTS_FILE
+    from yatt.run_dir import RUN_OUTPUTS
+
+    assert {MODEL_FOLDER, SEGMENTS_FILE, SEGMENTS_BAD_FILE} <= set(RUN_OUTPUTS)
 
 
 def test_evaluating_with_no_heldout_prompts_is_refused_before_any_work(tmp_path):

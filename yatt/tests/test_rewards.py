@@ -163,3 +163,31 @@ def test_batch_scorers_declare_the_counts_the_controllers_sum():
 
     with pytest.raises(ConfigError, match=r"metric_names \['reward/mine'\]: reward/\* names"):
         CombinedReward([(Bad(), 1.0)])
+    Bad.metric_names = None
+    with pytest.raises(ConfigError, match="metric_names must be a tuple of names, got None"):
+        CombinedReward([(Bad(), 1.0)])
+
+
+def test_two_scorers_counts_add_up_and_stray_reward_keys_stay_out():
+    class Judge:
+        name = "judge"
+        metric_names = ("judge/parse_failures",)
+
+        def __init__(self, failures):
+            self.failures = failures
+
+        def score_batch(self, prompts, completions, rows):
+            self.last_metrics = {"judge/parse_failures": self.failures, "reward/stray": 9.0}
+            return [0.0] * len(prompts)
+
+    from yatt.config import RewardConfig
+    from yatt.roles.reward import RewardRole
+
+    role = RewardRole(RewardConfig(fns=("format",)), extra=[(Judge(2.0), 1.0), (Judge(3.0), 1.0)])
+    role.combined(["p"], ["x"], [{}])
+    metrics = role.combined.last_metrics
+    assert metrics["judge/parse_failures"] == 5.0 and "reward/stray" not in metrics
+    assert sorted(role.summable_metrics(metrics | {"reward/other": 1.0})) == [
+        "judge/parse_failures", "reward/format/mean", "reward/judge/mean",
+        "reward/judge_2/mean", "reward/total/mean",
+    ]  # fmt: skip

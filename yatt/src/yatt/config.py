@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import types
 import typing
@@ -65,12 +66,13 @@ def _require(ok: bool, key: str, value: object, allowed: str) -> None:
 
 
 def check_section(section: object, prefix: str) -> None:
-    """Check every field of a config section against its annotation, as a YAML file or a
-    `key=value` override is checked (a list becomes a tuple, an int a float where a float is
-    due, and nothing else is converted: `RewardConfig(fns="math_answer")` is read as one name,
-    `TrainConfig(steps="10")` is a one-line ConfigError), then refuse NaN and infinities
-    (`_require_finite`). Every section's `__post_init__` starts with it, so a config built in
-    Python is held to what a loaded one is."""
+    """Check every field of a config section against its annotation, as `_coerce` checks a
+    YAML file's or an override's value: a list (or one value) becomes a tuple, an int or a
+    number's text a float where a float is due, a Path its string; any other mismatch is a
+    one-line ConfigError (`TrainConfig(steps="10")`). Then a leading "~" of a path setting is
+    the home folder and a file setting is made absolute (`PATH_KEYS`, `_FILE_KEYS`), and NaN
+    and infinities are refused (`_require_finite`). Every section's `__post_init__` starts
+    with it, so a config built in Python is held to what a loaded one is."""
     hints = _field_types(type(section))
     for item in dataclasses.fields(section):  # type: ignore[arg-type]
         key = f"{prefix}.{item.name}" if prefix else item.name
@@ -80,6 +82,10 @@ def check_section(section: object, prefix: str) -> None:
                 raise ConfigError(f"'{key}' expects a {annotation.__name__}, got {value!r:.80}")
             continue
         checked = _coerce(key, value, annotation)
+        if key in PATH_KEYS and checked.startswith("~"):  # no shell expands it there
+            checked = os.path.expanduser(checked)
+        if key in _FILE_KEYS and checked:  # recorded whole: a saved config (`yatt eval DIR`)
+            checked = os.path.abspath(checked)  # reads it from anywhere
         if checked is not value:
             object.__setattr__(section, item.name, checked)
     _require_finite(section, prefix)
@@ -116,11 +122,12 @@ def log_level(value: object, where: str) -> str:
     return level  # type: ignore[return-value]
 
 
-def _require_reward(key: str, name: str) -> None:
+def _require_reward(key: str, name: str, *, scorers: bool = True) -> None:
     """Reward names resolve at load, not when scoring or evaluating starts (after training):
-    a registered name, or a "package.module:function" path that imports."""
+    a registered name, or a "package.module:function" path that imports (a batch scorer only
+    where `scorers`: a setting scored through CombinedReward)."""
     if ":" in name:
-        load_callable(name, key)
+        load_callable(name, key, scorers=scorers)
     elif name not in REWARD_FNS:
         raise ConfigError(
             f"{key}={name!r}: unknown reward; known: {sorted(REWARD_FNS)} "
@@ -432,7 +439,7 @@ class EvalConfig:
         _require(self.n_periodic >= 0, "eval.n_periodic", self.n_periodic, ">= 0 (0 = eval.n)")
         _require(self.batch_size >= 1, "eval.batch_size", self.batch_size, ">= 1")
         _require(self.max_new_tokens >= 1, "eval.max_new_tokens", self.max_new_tokens, ">= 1")
-        _require_reward("eval.reward_fn", self.reward_fn)
+        _require_reward("eval.reward_fn", self.reward_fn, scorers=False)
 
     @property
     def enabled(self) -> bool:
@@ -584,8 +591,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         return tuple(_coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value))
     if origin in (types.UnionType, typing.Union):
         raise AssertionError(f"union annotations are not supported in configs: {key}")
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if annotation is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)  # an int, or a numpy number from Python
     if annotation is float and isinstance(value, str):
         try:  # YAML 1.1 reads '1e-5' (no dot) as a string; overrides already accept it
             return float(value)
@@ -595,8 +602,10 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         return os.fspath(value)
     if annotation is bool and not isinstance(value, bool):
         raise ConfigError(f"'{key}' expects true/false, got {value!r}")
-    if annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
+    if annotation is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise ConfigError(f"'{key}' expects an int, got {value!r}")
+    if annotation is int and type(value) is not int:  # a numpy integer, from Python
+        return int(value)
     if annotation is str and isinstance(value, int | float) and not isinstance(value, bool):
         raise ConfigError(  # YAML 1.1 reads 5:3 as the base-60 number 303, 1e3 as a float ...
             f"'{key}' expects str, got the number {value!r}: quote it (YAML reads some "
@@ -624,12 +633,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
         annotation = hints[name]
         if dataclasses.is_dataclass(annotation):
             kwargs[name] = _build(annotation, value, key)
-        else:
+        else:  # (checked here for the key's name in errors; the section checks it again)
             kwargs[name] = _coerce(key, value, annotation)
-            if key in PATH_KEYS and kwargs[name].startswith("~"):  # no shell expands it there
-                kwargs[name] = os.path.expanduser(kwargs[name])
-            if key in _FILE_KEYS and kwargs[name]:  # recorded whole: a saved config (`yatt eval
-                kwargs[name] = os.path.abspath(kwargs[name])  # DIR`) reads it from anywhere
     return cls(**kwargs)
 
 

@@ -54,7 +54,7 @@ def evaluate_engine(
 
     if not examples:
         raise ConfigError("nothing to evaluate: no held-out examples (data.n_heldout=0?)")
-    score_fn = get_reward_fn(reward_fn)
+    score_fn = get_reward_fn(reward_fn, scorers=False)  # called row by row
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, greedy=True)
     records: list[dict[str, Any]] = []
     for start in range(0, len(examples), batch_size):

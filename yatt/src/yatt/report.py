@@ -155,7 +155,10 @@ def control_table(run_dir: Path) -> Table | None:
             moves = [d for d in decisions if d["switch"]]
             table.add_row("re-placement decisions", f"{len(decisions)}, {len(moves)} moves")
             for move in moves:
-                table.add_row(f"move before step {move['step']}", f"{move['from']} -> {move['to']}")
+                why = f" ({move['reason']})" if move.get("reason") else ""
+                table.add_row(
+                    f"move before step {move['step']}", f"{move['from']} -> {move['to']}{why}"
+                )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         logger.warning("%s: cannot read it (%s); left out of the report", path,
                        " ".join(f"{type(exc).__name__}: {exc}".split())[:200])  # fmt: skip

@@ -129,7 +129,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.common import TensorBoardSink
     from yatt.evaluate import examples_due
     from yatt.models import save_checkpoint
-    from yatt.run_dir import claim_run_dir
+    from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
@@ -155,9 +155,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
         if example.answer is None:  # refused before the run folder is claimed
             where = example.source or f"example {index}"
             raise DataError(f"SFT needs an answer on every row; {where} has none")
-    # An RL run's outputs too (yatt.trainer, yatt.control): its folder is refused, not mixed
-    outputs = ("sft_metrics.jsonl", "model", "tensorboard", "metrics.jsonl", "checkpoints")
-    claim = claim_run_dir(config, outputs, resume=resume, in_place=in_place)
+    claim = claim_run_dir(config, RUN_OUTPUTS, resume=resume, in_place=in_place)
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
     if model is None:

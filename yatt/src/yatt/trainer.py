@@ -56,15 +56,12 @@ from yatt.run_checks import (
     try_rewards_once,
     warn_if_nothing_kept,
 )
-from yatt.run_dir import claim_run_dir
+from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
 
 __all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
 
 logger = logging.getLogger(__name__)
 _ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "gae"}
-# What a fresh run would clobber (an SFT run's metrics too: one run per folder). Not `model`:
-# an SFT run's model/ is often this run's model.path.
-_RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard", "sft_metrics.jsonl")
 
 
 def configure_threads(torch_threads: int) -> int:
@@ -152,7 +149,7 @@ class Trainer:
             bool(resume)
             and checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
         )
-        claim = claim_run_dir(config, _RUN_OUTPUTS, resume=resume, in_place=self._in_place)
+        claim = claim_run_dir(config, RUN_OUTPUTS, resume=resume, in_place=self._in_place)
         self._claim = claim  # its lock keeps other jobs out of the folder while this one lives
         with claim.removed_if_unused():  # a failed set-up leaves no empty folder
             self.run_dir = claim.path
@@ -351,6 +348,7 @@ class Trainer:
         rounds = 1 + (algo.max_refill_batches if algo.dynamic_sampling else 0)
         kept: list[RolloutBatch] = []
         component_sums: dict[str, float] = {}
+        counted = getattr(getattr(self.reward, "combined", None), "counted_metrics", ())
         sampled_rows, generated = 0, 0.0
         kept_groups = dropped_groups = 0
         last = None
@@ -359,8 +357,9 @@ class Trainer:
                 last = self._sample(round_index)
             with self.timer.phase("reward"):
                 components = self._score(last)
-            for key, value in components.items():  # row-weighted over the rounds
-                component_sums[key] = component_sums.get(key, 0.0) + value * last.size
+            for key, value in components.items():  # means row-weighted over the rounds,
+                weight = 1 if key in counted else last.size  # a scorer's counts summed
+                component_sums[key] = component_sums.get(key, 0.0) + value * weight
             sampled_rows += last.size
             generated += float(last.response_mask.sum())
             if not algo.dynamic_sampling:
@@ -379,7 +378,10 @@ class Trainer:
                 break
         assert last is not None
         batch = RolloutBatch.concat(kept) if kept else last  # no signal anywhere: a no-op update
-        metrics = {key: total / sampled_rows for key, total in component_sums.items()}
+        metrics = {
+            key: total if key in counted else total / sampled_rows
+            for key, total in component_sums.items()
+        }
         self._generated_tokens = generated  # every round's, for perf/gen_tokens_per_s
         if algo.dynamic_sampling:
             batch = _first_groups(batch, algo.prompts_per_step)

@@ -159,6 +159,11 @@ def ignored_settings(control: ControlConfig) -> list[str]:
             f"control.n_sampler={control.n_sampler} has no effect: colocate runs every role on "
             "every device"
         )
+    if control.replace_every and control.mode == "single":
+        notes.append(
+            f"control.mode=single has no effect: runtime re-placement (control.replace_every="
+            f"{control.replace_every}) runs the parallel controllers"
+        )
     if control.replace_every and control.n_devices == 1:
         notes.append(
             f"control.replace_every={control.replace_every} has no effect: one device leaves "

@@ -44,6 +44,7 @@ class RunResult:
     bytes_moved: int = 0
     wall_s: float = 0.0
     decisions: list[dict[str, Any]] = field(default_factory=list)  # Decision.record() each
+    run_dir: Path | None = None  # where fit_distributed wrote the run's outputs
 
 
 def add_perf_metrics(metrics: dict[str, float], step_s: float) -> None:

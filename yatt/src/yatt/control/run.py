@@ -13,7 +13,6 @@ from yatt.config import Config, check_controller_settings
 from yatt.control.config import ControlConfig, ignored_settings
 from yatt.control.controller import RunResult
 from yatt.control.segments import (
-    SEGMENTS_BAD_FILE,
     SEGMENTS_FILE,
     Segment,
     coverage_text,
@@ -139,6 +138,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     segments = [*earlier, _segment(result, start_step, start_s, n_devices, settings)]
     save_segments(run_dir, segments)
     _write_run_outputs(run_dir, segments)
+    result.run_dir = run_dir
     logger.info(
         "distributed run: %.1f s, driver peak %.0f MiB, %d bytes via the driver",
         result.wall_s,
@@ -150,7 +150,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
 
 def settings_label(control: ControlConfig, n_devices: int) -> str:
     """The `control.*` settings that shape a run's timeline, in a few words."""
-    parts = [f"{control.mode} controllers", control.placement]
+    mode = "parallel" if control.replace_every else control.mode  # (see make_controller)
+    parts = [f"{mode} controllers", control.placement]
     if control.placement != "colocate" and control.n_sampler:
         parts[-1] += f" ({control.n_sampler} sampler devices)"
     parts.append(f"{n_devices} device{'s' if n_devices != 1 else ''}")
@@ -202,20 +203,24 @@ def _write_run_outputs(run_dir: Path, segments: list[Segment]) -> None:
 
 
 def _try_rewards_once(config: Config) -> None:
-    """`try_rewards_once` on the driver for the rule functions of `reward.fns` (not a reward
-    model or `control.extra_rewards`, which may need a worker's device or services), on the
-    first training prompt rendered as the workers render it."""
+    """`try_rewards_once` on the driver for the rule functions of `reward.fns` (not a batch
+    scorer, a reward model or `control.extra_rewards`, which may need a worker's device or
+    services), on the first training prompt rendered as the workers render it."""
     from yatt.builders import build_data, build_tokenizer
     from yatt.data import render_prompt
-    from yatt.rewards import CombinedReward
+    from yatt.rewards import CombinedReward, get_reward_fn
 
-    if not config.reward.fns:
+    rules = [
+        (name, weight)
+        for name, weight in zip(config.reward.fns, config.reward.weights, strict=True)
+        if not hasattr(get_reward_fn(name), "score_batch")
+    ]
+    if not rules:
         return
     first = build_data(config.data)[0][0]
     tokenizer = build_tokenizer(config.model) if config.data.use_chat_template else None
     prompt = render_prompt(first, tokenizer, config.data.use_chat_template)
-    rules = CombinedReward(list(zip(config.reward.fns, config.reward.weights)))
-    try_rewards_once(rules, prompt, first)
+    try_rewards_once(CombinedReward(rules), prompt, first)
 
 
 def _logged_row(checkpoint: Path, step: int) -> dict[str, float]:
@@ -243,7 +248,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
         resolve_resume,
         warn_changed_scoring,
     )
-    from yatt.run_dir import claim_run_dir
+    from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
 
     resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
     state = None
@@ -253,9 +258,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
         warn_changed_scoring(Path(resume), config)
     run_dir = Path(config.logging.run_dir).resolve()
     in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == run_dir
-    outputs = ("metrics.jsonl", "timeline.png", "control.json", SEGMENTS_FILE, SEGMENTS_BAD_FILE,
-               "tensorboard", "checkpoints", MODEL_FOLDER, "sft_metrics.jsonl")  # fmt: skip
-    claimed = claim_run_dir(config, outputs, resume=resume, in_place=in_place)
+    claimed = claim_run_dir(config, RUN_OUTPUTS, resume=resume, in_place=in_place)
     return resume, state, claimed
 
 

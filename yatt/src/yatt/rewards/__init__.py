@@ -93,13 +93,14 @@ NEED_MEANINGS: dict[str, str] = {
 NEEDS_ANSWER = frozenset({"math_answer", "math_boxed"})
 
 
-def get_reward_fn(name: str, **options: Any) -> RewardFn:
-    """The registered reward function `name` built with `options`, or the function a
-    "package.module:function" path names; ConfigError lists the names."""
+def get_reward_fn(name: str, *, scorers: bool = True, **options: Any) -> RewardFn:
+    """The registered reward function `name` built with `options`, or the function (or, with
+    `scorers`, the batch scorer) a "package.module:function" path names; ConfigError lists
+    the names."""
     if ":" in name:
         if options:
             raise ConfigError(f"reward {name!r} takes no options, got {sorted(options)}")
-        return load_callable(name)
+        return load_callable(name, scorers=scorers)
     if name not in REWARD_FNS:
         raise ConfigError(
             f"unknown reward {name!r}; valid: {sorted(REWARD_FNS)} or 'package.module:function'"
@@ -110,10 +111,11 @@ def get_reward_fn(name: str, **options: Any) -> RewardFn:
         raise ConfigError(f"bad options {options} for reward {name!r}: {exc}") from exc
 
 
-def load_callable(path: str, key: str = "reward"):
+def load_callable(path: str, key: str = "reward", *, scorers: bool = True):
     """The reward named by "package.module:name" (`key` names the setting in errors): a
     function, or a batch scorer (an object with `score_batch`, such as a GenerativeJudge the
-    module builds), which CombinedReward calls once per batch.
+    module builds), which CombinedReward calls once per batch; `scorers=False` where the
+    reward is called row by row (`eval.reward_fn`).
 
     Raises:
         ConfigError (one line) if the path is malformed, importing the module fails for any
@@ -150,9 +152,16 @@ def load_callable(path: str, key: str = "reward"):
     function = getattr(module, attr, None)
     if function is None:
         raise ConfigError(f"{key}={path!r}: module {module_name!r} has no {attr!r}")
-    if not callable(function) and not callable(getattr(function, "score_batch", None)):
-        kind = type(function).__name__
-        article = "an" if kind[:1].lower() in "aeiou" else "a"
+    if callable(function):
+        return function
+    kind = type(function).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    if not scorers:
+        raise ConfigError(
+            f"{key}={path!r}: {attr!r} is not callable (it is {article} {kind}); this setting "
+            "calls its reward as fn(prompt, completion, **row)"
+        )
+    if not callable(getattr(function, "score_batch", None)):
         raise ConfigError(
             f"{key}={path!r}: {attr!r} is not callable (it is {article} {kind}), nor a batch "
             "scorer with a score_batch method"
@@ -189,8 +198,10 @@ def _component_name(component: Any) -> str:
 def _declared_metrics(scorer: Any) -> tuple[str, ...]:
     """A batch scorer's `metric_names` (the `last_metrics` keys it sets on every call)."""
     names = getattr(scorer, "metric_names", ())
-    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
-        raise ConfigError(f"{_component_name(scorer)}.metric_names must be a tuple of names")
+    if not isinstance(names, tuple | list) or not all(isinstance(name, str) for name in names):
+        raise ConfigError(
+            f"{_component_name(scorer)}.metric_names must be a tuple of names, got {names!r:.80}"
+        )
     clash = [name for name in names if name.startswith("reward/")]
     if clash:
         raise ConfigError(
@@ -270,7 +281,12 @@ class CombinedReward:
             scores = self._score_part(name, fn, prompts, completions, rows)
             totals = [total + weight * score for total, score in zip(totals, scores)]
             metrics[f"reward/{name}/mean"] = sum(scores) / max(len(scores), 1)
-            metrics.update(getattr(fn, "last_metrics", None) or {})  # e.g. judge/parse_failures
+            for key, value in (getattr(fn, "last_metrics", None) or {}).items():
+                if key.startswith("reward/"):
+                    continue  # the combined reward's own names
+                if key in self.counted_metrics:  # counts: two judges' failures add up
+                    value = metrics.get(key, 0.0) + value
+                metrics[key] = value  # e.g. judge/parse_failures
         metrics["reward/total/mean"] = sum(totals) / max(len(totals), 1)
         self.last_metrics = metrics
         return totals

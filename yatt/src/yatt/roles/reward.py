@@ -46,9 +46,10 @@ class RewardRole(Role):
         """`score`'s metrics as every rank of a distributed run reports them: the `reward/*`
         means, and each declared scorer count (`CombinedReward.counted_metrics`), 0 where a
         call left it out, so that every call gives the same keys."""
-        counted = getattr(self.combined, "counted_metrics", ())
-        kept = {k: float(v) for k, v in metrics.items() if k.startswith("reward/")}
-        return kept | {name: float(metrics.get(name, 0.0)) for name in counted}
+        names = [f"reward/{part[0]}/mean" for part in self.combined.parts]
+        means = {key: float(metrics[key]) for key in [*names, "reward/total/mean"]}
+        counted = self.combined.counted_metrics
+        return means | {name: float(metrics.get(name, 0.0)) for name in counted}
 
 
 def _reward_model_scorer(path: str) -> Any:
