@@ -153,19 +153,16 @@ class DurableEngine:
         # or by the kernel however the process ends).
         self._lock = DirLock(directory, "a DurableEngine")
         try:
-            self._open(config, directory, schema, initial)
+            self._open(directory, schema, initial)
         except BaseException:
             self._lock.release()
             raise
 
     def _open(
-        self,
-        config: DurableConfig,
-        directory: Path,
-        schema: Callable[[], Database],
-        initial: Callable[[], Database],
+        self, directory: Path, schema: Callable[[], Database], initial: Callable[[], Database]
     ) -> None:
-        registry = self.registry
+        """The rest of ``__init__``, under the directory's lock: recover or start the log."""
+        config, registry = self.config, self.registry
         fresh = read_manifest(directory) is None
         if fresh and list_segments(directory):  # a log without its checkpoint: not ours to start
             raise no_checkpoint(directory)
