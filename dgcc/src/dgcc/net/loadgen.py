@@ -3,7 +3,9 @@
 ``request_pool`` builds a node's requests: every transaction starts on data the node owns and,
 with probability ``distributed_fraction``, also touches data of another node (YCSB: half of its
 keys; Smallbank: a payment to a remote customer; TPC-C: a remote supply warehouse or a remote
-paying customer, which only NewOrder and Payment can have). ``None`` keeps the workload's own
+paying customer, which only NewOrder and Payment can have, so each of those crosses nodes with
+probability ``distributed_fraction`` over their share of the mix, and a fraction above that
+share (88% of the standard mix) makes all of them cross). ``None`` keeps the workload's own
 mix: TPC-C's standard 1% / 15% remote fractions, and YCSB's keys and Smallbank's customers drawn
 over the whole cluster, as the workload's own request stream draws them; a workload of your own
 runs its own mix only. ``run_bench`` starts the node processes and
@@ -40,6 +42,7 @@ from dgcc.errors import ConfigError
 from dgcc.local_cluster import check, last_log_line, spawn_into, start_local, wait_ready_lines
 from dgcc.net.wire import run_async
 from dgcc.workloads import get_workload
+from dgcc.workloads.tpcc.schema import MIX_STANDARD
 from dgcc.workloads.ycsb import ZipfianGenerator
 
 __all__ = [
@@ -203,11 +206,22 @@ def _tpcc_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
     options["home_warehouses"] = mine
     if fraction is not None:
         options |= {"remote_item_fraction": 0.0, "remote_payment_fraction": 0.0}
-    stream = get_workload("tpcc", **options).requests(rng.randrange(2**31))
+    workload = get_workload("tpcc", **options)
+    # Only NewOrder and Payment can touch another warehouse: each crosses with the chance that
+    # makes ``fraction`` of all calls cross (capped at all of them).
+    mix = workload.config.mix or MIX_STANDARD
+    can_cross = mix.get("new_order", 0.0) + mix.get("payment", 0.0)
+    if fraction and can_cross == 0:
+        raise ConfigError(
+            "a tpcc distributed fraction needs new_order or payment in the mix: only they can "
+            "touch another warehouse"
+        )
+    chance = min(1.0, fraction * sum(mix.values()) / can_cross) if fraction else 0.0
     pool = []
-    for request in itertools.islice(stream, count):
+    for request in itertools.islice(workload.requests(rng.randrange(2**31)), count):
         params = dict(request.params)
-        if fraction and others and rng.random() < fraction:
+        crossing = request.procedure in ("new_order", "payment")
+        if crossing and others and rng.random() < chance:
             far = rng.choice(others)
             if request.procedure == "new_order":
                 lines = [tuple(line) for line in params["lines"]]

@@ -1,0 +1,51 @@
+"""The cluster bench's request pools: ``--distributed-fraction`` is the share of calls that
+cross nodes, whatever part of the workload's mix can cross."""
+
+from __future__ import annotations
+
+import pytest
+
+from dgcc.cluster import local_config
+from dgcc.errors import ConfigError
+from dgcc.net.loadgen import request_pool
+
+TPCC = {"warehouses": 2, "items": 200, "customers_per_district": 30, "orders_per_district": 30}
+CALLS = 6000
+
+
+def _crosses(request, home: int) -> bool:
+    params = request.params
+    if request.procedure == "new_order":
+        return any(supply != home for _, supply, _ in params["lines"])
+    return request.procedure == "payment" and params["c_w_id"] != home
+
+
+def _home(request) -> int:
+    return request.params["w_id"]
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5])
+def test_a_tpcc_fraction_is_the_share_of_all_calls_that_cross(fraction: float) -> None:
+    """Only NewOrder and Payment can touch another warehouse (88% of the standard mix), so
+    each crosses with fraction / 0.88: 10% asked is 10% of all calls, not 8.8%."""
+    config = local_config(2, workload="tpcc", workload_options=TPCC)
+    pool = request_pool(config, 0, fraction, seed=5, count=CALLS)
+    crossed = sum(_crosses(request, _home(request)) for request in pool) / CALLS
+    assert fraction - 0.01 < crossed < fraction + 0.01, crossed  # 6000 draws: sd <= 0.65%
+    assert {_home(request) for request in pool} == {1}  # node 0's warehouse (of 1, 2)
+
+
+def test_a_tpcc_fraction_above_what_can_cross_makes_every_neworder_and_payment_cross() -> None:
+    config = local_config(2, workload="tpcc", workload_options=TPCC)
+    pool = request_pool(config, 1, 1.0, seed=5, count=CALLS)
+    can_cross = [r for r in pool if r.procedure in ("new_order", "payment")]
+    assert all(_crosses(request, 2) for request in can_cross)
+    assert 0.85 < len(can_cross) / CALLS < 0.91  # 45% + 43% of the standard mix
+
+
+def test_a_tpcc_fraction_with_no_call_that_can_cross_is_a_config_error() -> None:
+    options = TPCC | {"mix": {"order_status": 50.0, "stock_level": 50.0}}
+    config = local_config(2, workload="tpcc", workload_options=options)
+    with pytest.raises(ConfigError, match="needs new_order or payment in the mix"):
+        request_pool(config, 0, 0.1, seed=5, count=10)
+    assert len(request_pool(config, 0, 0.0, seed=5, count=10)) == 10  # none asked: fine
