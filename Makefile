@@ -49,6 +49,7 @@ bench: install
 	$(PY) -O dgcc/bench/tpcc_soak.py --shadow serial
 	$(PY) yatt/bench/rollout.py
 	$(PY) yatt/bench/step.py --threads 1
+	$(PY) yatt/bench/lora.py --threads 1
 	$(PY) yatt/bench/controllers.py
 	$(PY) yatt/bench/placement.py
 	$(PY) yatt/bench/trl_compare.py --steps 30 --threads 2

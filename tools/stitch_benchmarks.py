@@ -22,6 +22,7 @@ ORDER = [
     "dgcc_postgres",
     "yatt_rollout",
     "yatt_step",
+    "yatt_lora",
     "yatt_gpu",
     "yatt_trl",
     "yatt_demo",

@@ -169,14 +169,17 @@ def _script_moves(monkeypatch, targets: dict) -> None:
     monkeypatch.setattr(Replanner, "decide", decide)
 
 
-def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatch):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatch, lora):
     """Moves colocate(2) -> partial(1/2) -> colocate(2) before steps 1 and 2 hand over weights,
     optimizer state and the prompt order in the same worker processes (re-roled, not
-    respawned): every plan samples synchronously, so the run equals an unmoved one."""
+    respawned): every plan samples synchronously, so the run equals an unmoved one. With LoRA
+    adapters the moves and weight pushes carry the adapters alone."""
     from yatt.control.adaptive import AdaptiveController
     from yatt.control.placement import make_placement
 
-    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3"])
+    adapters = ["model.lora_rank=4", "optim.lr=1e-2"] if lora else []
+    config = load_config("tiny_test", [*OVERRIDES, "train.steps=3", *adapters])
     control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
                             device_kind="cpu", extra_rewards=REWARD, replace_every=1)  # fmt: skip
     targets = {1: make_placement("partial", 2, 1), 2: make_placement("colocate", 2)}
@@ -199,6 +202,7 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     ]  # fmt: skip
     assert controller.plan.kind == "colocate" and last_actors == first_actors
     assert sum(e[2] == "move" for e in run.events) == 2 * 2  # two moves, on both devices
+    assert all(key.endswith(("lora_a", "lora_b")) for key in weights) == lora
     _assert_close(weights, _inprocess_weights(config))
 
 

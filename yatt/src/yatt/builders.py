@@ -10,7 +10,7 @@ import torch
 from yatt.config import DataConfig, ModelConfig
 from yatt.errors import ConfigError
 
-__all__ = ["build_data", "build_model"]
+__all__ = ["adapt_model", "build_data", "build_model"]
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -19,18 +19,44 @@ _TINY_ARCHS = {"tiny": "llama", "tiny-llama": "llama", "tiny-qwen2": "qwen2"}  #
 
 def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) from `model.path` ('tiny', 'tiny-qwen2', a known name or a folder), or
-    from a checkpoint folder when resuming. Raises ModelError for a missing/unloadable folder."""
+    from a checkpoint folder when resuming; with `model.lora_rank`, adapters on it (a resume
+    loads the checkpoint's adapters onto the base model of `model.path`). Raises ModelError
+    for a missing/unloadable folder, ConfigError for a checkpoint trained otherwise."""
     from yatt.checkpoint import policy_folder
+    from yatt.lora import load_adapters, read_adapter_meta
     from yatt.models import load_model, load_tokenizer, tiny_model
 
     dtype = _DTYPES[config.dtype]
     if resume_from:
         folder = policy_folder(resume_from)
-        return load_model(folder, dtype=dtype), load_tokenizer(folder)
+        adapted = read_adapter_meta(folder) is not None
+        if adapted != bool(config.lora_rank):
+            raise ConfigError(
+                f"checkpoint.resume={resume_from} was trained "
+                f"{'with' if adapted else 'without'} LoRA adapters, and this run has "
+                f"model.lora_rank={config.lora_rank}: resume it with the model.lora_* it ran with"
+            )
+        if not adapted:
+            return load_model(folder, dtype=dtype), load_tokenizer(folder)
+        model, tokenizer = build_model(config)
+        load_adapters(model, folder)
+        return model, tokenizer
     if config.path in _TINY_ARCHS:
         model, tokenizer = tiny_model(_TINY_ARCHS[config.path], seed=config.tiny_seed)
-        return model.to(dtype), tokenizer
-    return load_model(config.path, dtype=dtype), load_tokenizer(config.path)
+        model = model.to(dtype)
+    else:
+        model, tokenizer = load_model(config.path, dtype=dtype), load_tokenizer(config.path)
+    return adapt_model(model, config), tokenizer
+
+
+def adapt_model(model: Any, config: ModelConfig) -> Any:
+    """`model` with the adapters `model.lora_rank` asks for (put on once: a caller's own model
+    may have them already); returns it."""
+    from yatt.lora import apply_lora, has_lora
+
+    if config.lora_rank and not has_lora(model):
+        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    return model
 
 
 def build_tokenizer(config: ModelConfig) -> Any:

@@ -320,6 +320,8 @@ def _eval(model: str, overrides: list[str]) -> None:
     """Greedy held-out accuracy of `model`. A folder holding a config.yaml (a checkpoint, a
     run's saved `model/`) is evaluated on the data and eval settings of that run; `overrides`
     win over them."""
+    import dataclasses
+
     from yatt.builders import build_data, build_model
     from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
@@ -333,7 +335,8 @@ def _eval(model: str, overrides: list[str]) -> None:
     if config.eval.n == 0:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)
-    policy, tokenizer = build_model(config.model)
+    # A saved model folder holds merged weights: evaluate them as a plain model.
+    policy, tokenizer = build_model(dataclasses.replace(config.model, lora_rank=0))
     _, heldout = build_data(config.data)
     check_rows_have_answers(config, (), heldout, train=False, evaluate=True)
     engine = make_engine(config.rollout.backend, policy.eval(), tokenizer)

@@ -51,6 +51,8 @@ ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 ROLLOUT_DTYPES = ("float32", "bfloat16")
+# The projections of a Llama-family decoder layer that LoRA adapters may sit on (model.lora_*).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SEED_MAX = 2**32 - 1
 # Settings naming files or folders: a leading "~" is the home folder (a shell leaves the "~" of
 # `logging.run_dir=~/runs` as it is).
@@ -142,17 +144,34 @@ class ModelConfig:
     `dtype` is the dtype the weights are loaded in. "bfloat16" is for inference (`yatt eval`):
     training runs refuse it (`run_checks`), as bf16 weights lose most AdamW updates
     to rounding; they train fp32 weights, sampling in bf16 with `rollout.dtype=bfloat16`.
+
+    `lora_rank` > 0 trains low-rank adapters (`yatt.lora`) on the `lora_targets` projections
+    instead of the weights, which stay frozen; the update is `lora_alpha / lora_rank` times
+    B @ A. The KL reference is then the policy with its adapters off (no second copy), weight
+    sync moves the adapters alone, and a saved model folder holds the merged weights (a plain
+    model) plus the adapters (`adapter.safetensors`, `adapter.json`).
     """
 
     path: str = "smollm2"
     dtype: str = "float32"
     tiny_seed: int = 0
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self) -> None:
         check_section(self, "model")
         _require(bool(self.path), "model.path", self.path, "a model folder or name")
         dtypes = ("float32", "bfloat16")
         _require(self.dtype in dtypes, "model.dtype", self.dtype, f"one of {dtypes}")
+        _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "an int >= 0 (0: off)")
+        _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "a number > 0")
+        targets = self.lora_targets
+        known = bool(targets) and set(targets) <= set(LORA_TARGETS)
+        _require(
+            known and len(set(targets)) == len(targets),
+            "model.lora_targets", list(targets), f"distinct names among {list(LORA_TARGETS)}",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -503,6 +522,12 @@ class Config:
         _require_ray_for_control(self.control)
         if self.control.backend == "ray":
             check_controller_settings(self, self.control)
+        if self.model.lora_rank and self.rollout.backend == "vllm":
+            raise ConfigError(
+                f"model.lora_rank={self.model.lora_rank} with rollout.backend=vllm: weight sync "
+                "moves the adapters alone, which vLLM's copy of the model cannot take; use "
+                "rollout.backend=yatt or hf, or model.lora_rank=0"
+            )
         if self.algo.overlong_buffer > self.rollout.max_new_tokens:
             raise ConfigError(
                 f"algo.overlong_buffer={self.algo.overlong_buffer} is longer than "

@@ -170,10 +170,19 @@ def save_checkpoint(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path
 ) -> Path:
     """Write model (safetensors) + tokenizer + chat template into `path`, readable by
-    `from_pretrained`; returns the folder."""
+    `from_pretrained`; returns the folder. A model with LoRA adapters is written merged (a
+    plain model), with its adapters beside (`yatt.lora.save_adapters`)."""
+    from yatt.lora import ADAPTER_FILE, ADAPTER_META, has_lora, merged_state_dict, save_adapters
+
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
+    if has_lora(model):
+        model.save_pretrained(folder, state_dict=merged_state_dict(model), safe_serialization=True)
+        save_adapters(model, folder)
+    else:
+        model.save_pretrained(folder, safe_serialization=True)
+        for stale in (ADAPTER_FILE, ADAPTER_META):  # a plain model has none
+            (folder / stale).unlink(missing_ok=True)
     tokenizer.save_pretrained(folder)
     return folder
 

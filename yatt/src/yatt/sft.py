@@ -125,7 +125,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     weights (`check_training_dtype`), a `checkpoint.resume` that names no SFT checkpoint or one
     of other data, or a run folder holding another run, before any step.
     """
-    from yatt.builders import build_data, build_model
+    from yatt.builders import adapt_model, build_data, build_model
     from yatt.common import TensorBoardSink
     from yatt.evaluate import examples_due
     from yatt.models import save_checkpoint
@@ -160,11 +160,13 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     seed_everything(config.train.seed)
     if model is None:
         model, tokenizer = build_model(config.model, resume_from=resume or None)
+    adapt_model(model, config.model)  # (a caller's own model: LoRA as configured)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
     heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
     optim = config.optim
+    params = [param for param in model.parameters() if param.requires_grad]  # LoRA: adapters
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+        params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
         weight_decay=optim.weight_decay, fused=True,
     )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -196,7 +198,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
             lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
             optimizer.step()
             scheduler.step()

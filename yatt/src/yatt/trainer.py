@@ -131,7 +131,7 @@ class Trainer:
         `logging.run_dir` that holds a previous run raises ConfigError, unless
         `logging.overwrite` (then the previous metrics, checkpoints and TensorBoard logs are
         deleted); so does evaluating with no held-out prompts (before any work is done)."""
-        from yatt.builders import build_data, build_model
+        from yatt.builders import adapt_model, build_data, build_model
 
         self.config = config
         check_eval_data(config)
@@ -160,9 +160,11 @@ class Trainer:
             initial = model  # the KL reference: the configured model, also when resuming
             if model is None:
                 model, tokenizer = build_model(config.model, resume_from=resume or None)
-                initial = model
-                if resume and config.algo.uses_reference:
+                initial = model  # (with adapters: the policy, run with them off)
+                if resume and config.algo.uses_reference and not config.model.lora_rank:
                     initial = build_model(config.model)[0]
+            else:
+                adapt_model(model, config.model)  # a caller's own model
             self.tokenizer = tokenizer
             self.prompt_texts = [self._render(example) for example in self.train_set]
             self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)

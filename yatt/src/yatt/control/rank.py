@@ -28,6 +28,7 @@ from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
 from yatt.data import draw_order
+from yatt.lora import has_lora, load_trained_state, read_adapters, trained_state
 from yatt.run_checks import check_rows_have_answers
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
@@ -391,7 +392,8 @@ class RankWorker:
     def weights(self, packed: bool = False) -> dict[str, Any]:
         """The policy's weights on the host; `packed` for a transfer (see transfer.py)."""
         assert self.policy is not None, f"{self.name} hosts no policy"
-        state = {k: v.detach().to("cpu") for k, v in self.policy.model.state_dict().items()}
+        trained = trained_state(self.policy.model)  # with LoRA: the adapters alone
+        state = {k: v.detach().to("cpu") for k, v in trained.items()}
         return pack(state) if packed else state
 
     # ------------------------------------------------------------------ training
@@ -499,8 +501,14 @@ class RankWorker:
         state, weights = None, None
         if self.policy is not None:
             state = load_trainer_state(Path(checkpoint), writer=CONTROLLERS)["policy"]
-        if self.policy is not None or self.rollout is not None:  # a reward service holds none
-            weights = load_model(policy_folder(Path(checkpoint))).state_dict()  # a passing copy
+        model = self.policy.model if self.policy is not None else None
+        if model is None and self.rollout is not None:  # a reward service holds none
+            model = self.rollout.engine.model
+        folder = policy_folder(Path(checkpoint))
+        if model is not None and has_lora(model):  # the base is this run's model.path
+            weights = read_adapters(folder, model)
+        elif model is not None:
+            weights = load_model(folder).state_dict()  # a passing copy
         self._adopt(weights, state, step)
         return step
 
@@ -512,7 +520,7 @@ class RankWorker:
         self.first_step = self.weights_version = step
         if self.policy is not None and policy_state is not None:
             assert weights is not None, f"{self.name}: optimizer state without weights"
-            self.policy.model.load_state_dict(weights)
+            load_trained_state(self.policy.model, weights)
             self.policy.load_state_dict(policy_state)  # updated in place later
             self.holds_state = True
         if self.rollout is None:

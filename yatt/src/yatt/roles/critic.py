@@ -6,7 +6,6 @@ align with the response log-probs (B, R).
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +43,12 @@ class CriticRole(Role):
 
     @classmethod
     def from_policy(cls, policy_model: torch.nn.Module, **kwargs: Any) -> CriticRole:
-        """A critic whose backbone starts as a copy of the policy's decoder, with a new head."""
+        """A critic whose backbone starts as a copy of the policy's decoder, with a new head
+        (a policy's LoRA adapters merged: the critic trains its whole backbone)."""
         from yatt.heads import ScalarHeadModel
+        from yatt.lora import plain_copy
 
-        return cls(ScalarHeadModel.from_causal_lm(copy.deepcopy(policy_model)), **kwargs)
+        return cls(ScalarHeadModel.from_causal_lm(plain_copy(policy_model)), **kwargs)
 
     def _values(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
         ids, attention, mask, prompt_width = trim_columns(

@@ -1,14 +1,18 @@
 """Reference role: a frozen copy of the initial policy, used only for KL log-probs.
 
 The trainer does not build it when the KL coefficient is 0 (no memory, no forward passes).
+A policy with LoRA adapters is its own reference with the adapters off: its base weights never
+train, so the role shares the policy's module instead of copying it.
 """
 
+import contextlib
 import copy
 
 import torch
 from torch import Tensor
 
 from yatt.batch import RolloutBatch
+from yatt.lora import adapters_off, has_lora
 from yatt.roles.base import Role
 from yatt.roles.policy import compute_logprobs
 
@@ -24,20 +28,26 @@ class ReferenceRole(Role):
         self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float,
         shared_prefix: bool = True,
     ) -> None:  # fmt: skip
-        self.model = copy.deepcopy(model).eval()
-        for param in self.model.parameters():
-            param.requires_grad_(False)
-            param.grad = None
+        self.shares_policy = has_lora(model)
+        if self.shares_policy:
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model).eval()
+            for param in self.model.parameters():
+                param.requires_grad_(False)
+                param.grad = None
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.shared_prefix = shared_prefix
 
     def logprobs(self, batch: RolloutBatch) -> Tensor:
         """Response log-probs (B, R) under the reference weights."""
-        return compute_logprobs(
-            self.model,
-            batch,
-            self.micro_batch_size,
-            self.temperature,
-            shared_prefix=self.shared_prefix,
-        )
+        base = adapters_off(self.model) if self.shares_policy else contextlib.nullcontext()
+        with base:
+            return compute_logprobs(
+                self.model,
+                batch,
+                self.micro_batch_size,
+                self.temperature,
+                shared_prefix=self.shared_prefix,
+            )

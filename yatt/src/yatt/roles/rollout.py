@@ -14,6 +14,7 @@ import torch
 
 from yatt.batch import RolloutBatch
 from yatt.config import RolloutConfig
+from yatt.lora import trained_state
 from yatt.roles.base import Role
 
 __all__ = ["RolloutRole"]
@@ -85,7 +86,7 @@ class RolloutRole(Role):
         """Copy the policy's weights into the engine (a no-op when it samples the module)."""
         if self.engine.shares_weights(policy_model):
             return
-        self.engine.load_state_dict(policy_model.state_dict())
+        self.engine.load_state_dict(trained_state(policy_model))  # LoRA: adapters alone
 
 
 def _padded(rows: list[list[float]], width: int) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Reads the weights of a Hugging Face `*ForCausalLM` into fused tensors (Q|K|V and gate|up each one
 matmul), keeps keys/values in one preallocated cache (layers, B, kv heads, capacity, head dim)
 written in place, takes rotary cos/sin from a precomputed table and runs grouped-query attention
-through `F.scaled_dot_product_attention` without repeating keys. The arithmetic follows HF's
+through `F.scaled_dot_product_attention` without repeating keys. Projections with LoRA adapters
+(`yatt.lora`) are read merged, once per refresh. The arithmetic follows HF's
 modeling_llama op for op (RMSNorm in fp32, rotate-half rotary), so fp32 greedy outputs match HF.
 On CPU the matmuls run on oneDNN copies of the weights reordered once per refresh into the
 kernels' blocked layout ("prepacked", as inductor's weight freezing does): matmuls take about
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from yatt.errors import ConfigError
+from yatt.lora import effective_weight
 
 __all__ = ["LlamaDecoder", "StaticCache"]
 
@@ -147,13 +149,18 @@ class LlamaDecoder:
             self.layers.append(
                 {
                     "norm_attn": fuse(index, "norm_attn", layer.input_layernorm.weight),
-                    "qkv": fuse(index, "qkv", *(p.weight for p in projections)),
+                    "qkv": fuse(index, "qkv", *(effective_weight(p) for p in projections)),
                     "qkv_bias": fuse(index, "qkv_bias", *(p.bias for p in projections)),
-                    "o": fuse(index, "o", attn.o_proj.weight),
+                    "o": fuse(index, "o", effective_weight(attn.o_proj)),
                     "o_bias": fuse(index, "o_bias", attn.o_proj.bias),
                     "norm_mlp": fuse(index, "norm_mlp", layer.post_attention_layernorm.weight),
-                    "gate_up": fuse(index, "gate_up", mlp.gate_proj.weight, mlp.up_proj.weight),
-                    "down": fuse(index, "down", mlp.down_proj.weight),
+                    "gate_up": fuse(
+                        index,
+                        "gate_up",
+                        effective_weight(mlp.gate_proj),
+                        effective_weight(mlp.up_proj),
+                    ),
+                    "down": fuse(index, "down", effective_weight(mlp.down_proj)),
                 }
             )
         self.embed = fuse(-1, "embed", base.embed_tokens.weight)

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from yatt.errors import ConfigError
+from yatt.lora import load_trained_state
 from yatt.rollout.forward import DecoderForward, make_forward
 from yatt.rollout.kv import PromptLayout
 from yatt.rollout.sampling import SamplingParams, check_logprob, draw_uniforms, sample_next
@@ -78,8 +79,9 @@ class EngineBase:
         raise NotImplementedError
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy new weights into the sampled model (for a separate, non-shared copy)."""
-        self.model.load_state_dict(state)
+        """Copy new weights into the sampled model (for a separate, non-shared copy): a
+        whole state dict, or `yatt.lora.trained_state` (the adapters of an adapted model)."""
+        load_trained_state(self.model, state)
 
     def shares_weights(self, module: torch.nn.Module) -> bool:
         """Whether sampling reads ``module``'s live weights (so an update needs no push)."""
