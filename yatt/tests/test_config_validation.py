@@ -171,6 +171,12 @@ def test_ray_controllers_refuse_what_only_the_trainer_supports(overrides, named,
     load_config("tiny_test", trainer_only)  # the single-process trainer takes each of them
 
 
+def test_a_kl_term_under_runtime_replacement_needs_lora_adapters() -> None:
+    overrides = ["control.backend=ray", "algo.kl_coef=0.05", "control.replace_every=2"]
+    assert "or model.lora_rank > 0" in _error(overrides)
+    load_config("tiny_test", [*overrides, "model.lora_rank=8"])  # the reference is the base
+
+
 def test_bf16_rollouts_refuse_a_top_p_or_top_k_filter() -> None:
     message = _error(["rollout.dtype=bfloat16", "rollout.top_p=0.7"])
     assert "rollout.dtype=bfloat16 with rollout.top_p=0.7 rollout.top_k=0" in message

@@ -174,11 +174,12 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     """Moves colocate(2) -> partial(1/2) -> colocate(2) before steps 1 and 2 hand over weights,
     optimizer state and the prompt order in the same worker processes (re-roled, not
     respawned): every plan samples synchronously, so the run equals an unmoved one. With LoRA
-    adapters the moves and weight pushes carry the adapters alone."""
+    adapters the moves and weight pushes carry the adapters alone, and a KL term works: the
+    reference is the base model, with the adapters off, on whichever ranks train."""
     from yatt.control.adaptive import AdaptiveController
     from yatt.control.placement import make_placement
 
-    adapters = ["model.lora_rank=4", "optim.lr=1e-2"] if lora else []
+    adapters = ["model.lora_rank=4", "optim.lr=1e-2", "algo.kl_coef=0.1"] if lora else []
     config = load_config("tiny_test", [*OVERRIDES, "train.steps=3", *adapters])
     control = ControlConfig(mode="parallel", backend="ray", placement="colocate", n_devices=2,
                             device_kind="cpu", extra_rewards=REWARD, replace_every=1)  # fmt: skip
@@ -203,6 +204,8 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     assert controller.plan.kind == "colocate" and last_actors == first_actors
     assert sum(e[2] == "move" for e in run.events) == 2 * 2  # two moves, on both devices
     assert all(key.endswith(("lora_a", "lora_b")) for key in weights) == lora
+    if lora:  # the policy moved away from its base, which the reference still is
+        assert all(row["actor/kl"] > 0 for row in run.history[1:])
     _assert_close(weights, _inprocess_weights(config))
 
 

@@ -564,8 +564,9 @@ def _require_ray_for_control(control: ControlConfig) -> None:
 def check_controller_settings(config: Config, control: ControlConfig) -> None:
     """Raise ConfigError for settings the distributed controllers (yatt.control) would fail on
     mid-run or silently ignore: estimators other than GROUP_ESTIMATORS (no critic, no
-    token-level returns) and a KL term under runtime re-placement (each policy rank keeps a
-    frozen reference copy, which a move does not hand over); and an overlong penalty buffer
+    token-level returns) and a KL term under runtime re-placement without LoRA adapters (each
+    policy rank keeps a frozen reference copy, which a move does not hand over; with adapters
+    the reference is the base weights, which every rank builds); and an overlong penalty buffer
     longer than a response budget of `control.length_schedule`. (`train.torch_threads` is a
     speed knob, not refused: a Ray worker runs one thread per core of its device, and
     fit_distributed logs that.)
@@ -577,9 +578,10 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
     supported = f"algo.name in {list(GROUP_ESTIMATORS)}"
     refused = [  # (unsupported, the setting as given, what the controllers support)
         (algo.name not in GROUP_ESTIMATORS, f"algo.name={algo.name!r}", supported),
-        (algo.kl_coef > 0 and control.replace_every > 0,
+        (algo.kl_coef > 0 and control.replace_every > 0 and not config.model.lora_rank,
          f"algo.kl_coef={algo.kl_coef} with control.replace_every={control.replace_every}",
-         "algo.kl_coef=0 under runtime re-placement (moves hand over no reference model)"),
+         "algo.kl_coef=0 under runtime re-placement (moves hand over no reference model), "
+         "or model.lora_rank > 0 (the reference is then the base model every rank holds)"),
     ]  # fmt: skip
     given = [(setting, allowed) for bad, setting, allowed in refused if bad]
     if given:

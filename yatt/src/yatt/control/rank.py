@@ -174,9 +174,10 @@ class RankWorker:
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
             self.policy.collective = self.collective
-        self.reference = None  # a frozen copy of the initial policy, for the KL loss term
+        self.reference = None  # the initial policy, for the KL loss term: a frozen copy, or
+        # with LoRA the policy's module with its adapters off (a kept policy's too)
         if self.policy is not None and config.algo.uses_reference:
-            assert kept is None, "runtime re-placement with a KL term is refused at config load"
+            assert kept is None or has_lora(model), "re-placement with a KL term needs LoRA"
             self.reference = self._build_reference(model)
         self.rollout = self._build_rollout(model) if "sampler" in self.roles else None
         self.reward = make_reward_role(config, control) if "reward" in self.roles else None
