@@ -245,6 +245,10 @@ def test_bad_directory_and_flags_are_named_in_one_line(
     assert f"--node is needed with --cluster: which node of {config} wrote it" in err
     err = _one_error_line(["recover", str(tmp_path), "--node", "1"], capsys)
     assert "--node 1 applies only with --cluster" in err
+    node = ["recover", str(tmp_path), "--cluster", str(config), "--node", "1"]
+    err = _one_error_line([*node, "--workers", "4", "-o", "records=10"], capsys)
+    assert "--workers, workload options: not for a cluster node's directory" in err
+    assert "--workload: not for" in _one_error_line([*node, "--workload", "ycsb"], capsys)
     with pytest.raises(SystemExit) as exited:  # argparse refuses it, in one line
         cli.main(["recover", str(tmp_path), "--workload", "tpcc", "--json", ""])
     assert exited.value.code == 2

@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload",
         help="tpcc, ycsb, smallbank or package.module:Class, if the directory does not record it",
     )
-    recover.add_argument("--workers", type=int, default=1, help="replay workers (dependency log)")
+    recover.add_argument(
+        "--workers", type=int, default=None, help="replay workers (dependency log; default 1)"
+    )
     recover.add_argument(
         "--cluster",
         type=Path,
@@ -333,6 +335,16 @@ def _recover(args: argparse.Namespace, console: Console) -> int:
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         raise ConfigError(f"recovery directory {str(directory)!r} {what}")
+    if args.cluster is not None:
+        flags = {"--workers": args.workers is not None, "--workload": args.workload is not None,
+                 "workload options": bool(_workload_options(args))}  # fmt: skip
+        if any(flags.values()):
+            given = ", ".join(flag for flag, set_ in flags.items() if set_)
+            raise ConfigError(
+                f"{given}: not for a cluster node's directory, which replays in one process "
+                f"with the workload of {args.cluster}"
+            )
+    args.workers = 1 if args.workers is None else args.workers
     if not 1 <= args.workers <= 1024:
         raise ConfigError(f"--workers must be in 1..1024, got {args.workers}")
     if not (directory / MANIFEST).exists() and not list_segments(directory):  # before the lock
