@@ -131,6 +131,7 @@ def test_report_summarises_an_sft_run_folder(tmp_path, capsys) -> None:
     assert "held-out loss at step 10" in table and "1.2500" in table
     assert "2.50" in table  # epochs
     assert not (tmp_path / "rewards.png").exists()  # no reward curves to draw for SFT
+    assert (tmp_path / "loss.png").stat().st_size > 0  # its loss curves instead
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -295,8 +295,8 @@ def _sft(preset: str, overrides: list[str]) -> None:
 
 def _report(run_dir: Path, plots: bool) -> None:
     """The summary table of a run folder's metrics (and, for a distributed run, of its
-    control.json), and its plots written beside them (an RL run's reward and timing plots; an
-    SFT run gets only the table)."""
+    control.json), and its plots written beside them (an RL run's reward and timing plots, an
+    SFT run's loss plot)."""
     from yatt.report import (
         console,
         control_table,
@@ -311,7 +311,7 @@ def _report(run_dir: Path, plots: bool) -> None:
     control = control_table(run_dir)
     if control is not None:
         console.print(control)
-    if plots and history and not any("sft/loss" in row for row in history):
+    if plots and history:
         for path in write_plots(history, run_dir):
             logger.info("wrote %s", path)
 

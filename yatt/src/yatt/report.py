@@ -187,10 +187,13 @@ def _sft_summary(rows: list[dict[str, float]]) -> Table:
 
 
 def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
-    """rewards.png (reward + accuracy curves) and timing.png (phase seconds per step)."""
-    from yatt.common.plots import plot_rewards, plot_timings
+    """An RL run's rewards.png (reward + accuracy curves) and timing.png (phase seconds per
+    step); an SFT run's loss.png (train and held-out loss, learning rate)."""
+    from yatt.common.plots import plot_rewards, plot_sft_loss, plot_timings
 
     run_dir = Path(run_dir)
+    if any("sft/loss" in row for row in history):
+        return [plot_sft_loss(history, run_dir / "loss.png")]
     return [
         plot_rewards(history, run_dir / "rewards.png"),
         plot_timings(history, run_dir / "timing.png"),

@@ -61,3 +61,25 @@ def plot_timings(rows: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def plot_sft_loss(rows: list[dict], path: Path) -> Path:
+    """An SFT run's answer-token loss per step (raw + moving average) with its held-out loss,
+    and the learning rate on a second panel."""
+    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, 4))
+    steps, losses = _series(rows, "sft/loss")
+    ax_loss.plot(steps, losses, alpha=0.3, label="train loss (per step)")
+    if losses:
+        ax_loss.plot(steps, _moving_average(losses, 10), label="moving average (10)")
+    held_steps, held = _series(rows, "sft/heldout_loss")
+    if held:
+        ax_loss.plot(held_steps, held, marker="o", label="held-out loss")
+    ax_loss.set(xlabel="step", ylabel="answer-token NLL", title="SFT loss")
+    ax_loss.legend()
+    steps, rates = _series(rows, "sft/lr")
+    ax_lr.plot(steps, rates)
+    ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
