@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from yatt.builders import build_model
+from yatt.builders import adapt_model, build_model
 from yatt.config import LORA_TARGETS, ModelConfig, load_config
 from yatt.control import ControlConfig, make_controller
 from yatt.control.workers import payload_nbytes
@@ -75,6 +75,9 @@ def test_merged_weights_compute_what_the_adapters_do_and_off_is_the_base():
     torch.testing.assert_close(_logits(plain_copy(model)), adapted, rtol=1e-4, atol=1e-4)
     with adapters_off(model):
         assert torch.equal(_logits(model), _logits(base))
+        with adapters_off(model):  # nested: still off when the inner block ends
+            pass
+        assert torch.equal(_logits(model), _logits(base))
     assert torch.equal(_logits(model), adapted)  # back on after the block
     merged = tiny_model(seed=3)[0]  # other weights: all come from the state dict
     merged.load_state_dict(merged_state_dict(model))
@@ -94,6 +97,11 @@ def test_the_fused_sampler_decodes_with_the_merged_weights_and_sees_adapter_upda
     hf = make_engine("hf", model, tokenizer)  # the HF forward through the adapter layers
     assert after == hf.generate(prompt, params, seeds=[0])[0].token_ids
     assert before != after
+    # bf16 sampling casts the merged weights, as it casts a plain model's
+    bf16 = make_engine("yatt", model, tokenizer, dtype=torch.bfloat16)
+    plain_bf16 = make_engine("yatt", plain_copy(model), tokenizer, dtype=torch.bfloat16)
+    assert (bf16.generate(prompt, params, seeds=[0])[0].token_ids
+            == plain_bf16.generate(prompt, params, seeds=[0])[0].token_ids)  # fmt: skip
 
 
 def test_trained_state_moves_the_adapters_alone():
@@ -105,8 +113,11 @@ def test_trained_state_moves_the_adapters_alone():
     assert sum(t.numel() for t in state.values()) < whole / 10
     load_trained_state(target, state)
     assert torch.equal(_logits(target), _logits(source))
-    with pytest.raises(ModelError, match="adapter weights lack 1 tensors"):
+    with pytest.raises(ModelError, match="do not fit this model: they lack 1 tensors"):
         load_trained_state(target, dict(list(state.items())[1:]))
+    stray = state | {"model.layers.9.mlp.up_proj.lora_a": torch.zeros(1)}
+    with pytest.raises(ModelError, match=r"they hold 1 unknown, e\.g\. 'model\.layers\.9"):
+        load_trained_state(target, stray)
 
 
 def test_a_saved_adapted_model_is_a_plain_model_plus_its_adapters(tmp_path):
@@ -123,8 +134,13 @@ def test_a_saved_adapted_model_is_a_plain_model_plus_its_adapters(tmp_path):
     resumed, _ = build_model(config, resume_from=str(folder))
     assert all(torch.equal(v, trained_state(resumed)[k]) for k, v in trained_state(model).items())
     assert torch.equal(_logits(resumed), _logits(model))
-    with pytest.raises(ModelError, match=r"rank 4, alpha 8 on .* ask for rank 2, alpha 8"):
+    with pytest.raises(ConfigError, match="has adapters of rank 4, alpha 8; this run has"):
         build_model(ModelConfig(path="tiny", lora_rank=2, lora_alpha=8.0), str(folder))
+    other_base = ModelConfig(path="tiny", tiny_seed=1, lora_rank=4, lora_alpha=8.0)
+    with pytest.raises(ConfigError, match="were trained on another base model than"):
+        build_model(other_base, resume_from=str(folder))
+    with pytest.raises(ConfigError, match="the model given has adapters of rank 4, alpha 8"):
+        adapt_model(model, ModelConfig(path="tiny", lora_rank=8))
     with pytest.raises(ConfigError, match="trained with LoRA adapters, and this run has"):
         build_model(ModelConfig(path="tiny"), resume_from=str(folder))
     # a plain model saved into the same folder leaves no stale adapters there
@@ -193,6 +209,44 @@ def test_grpo_with_adapters_keeps_the_base_and_resumes_exactly(tmp_path):
 CONTROL = ["train.steps=2", "algo.prompts_per_step=2", "rollout.n_samples=4",
            "optim.lr=1e-2", "rollout.max_new_tokens=6", "data.n_train=16", "data.n_heldout=0",
            "eval.n=0"]  # fmt: skip
+
+
+def test_the_controllers_resume_an_adapted_run_exactly(tmp_path, monkeypatch):
+    """A distributed run's checkpoint holds the adapters; its resume loads them onto the base
+    on every worker and ends as the uninterrupted run; a plain run may not resume it."""
+    import shutil
+
+    from yatt.control import fit_distributed
+    from yatt.control.controller import Controller
+
+    final: dict = {}
+    close = Controller.close
+
+    def keep_weights(controller):
+        final.clear()
+        final.update(controller.weights())
+        close(controller)
+
+    monkeypatch.setattr(Controller, "close", keep_weights)
+    control = ControlConfig(backend="inprocess", n_devices=1, device_kind="cpu",
+                            extra_rewards=("yatt.control.workload:char_mix_reward",))  # fmt: skip
+    settings = [*CONTROL, "train.steps=4", "checkpoint.every=2", "model.lora_rank=4"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    fit_distributed(load_config("tiny_test", [*settings, f"logging.run_dir={whole}"]), control)
+    uninterrupted = dict(final)
+    shutil.copytree(whole, cut)  # as a crash in step 3 leaves it
+    shutil.rmtree(cut / "checkpoints" / "step_000004")
+    lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text("".join(lines[:2]))
+    resumed = [*settings, f"logging.run_dir={cut}", "checkpoint.resume=latest"]
+    assert len(fit_distributed(load_config("tiny_test", resumed), control).history) == 2
+    assert set(final) == set(uninterrupted) and any(k.endswith("lora_b") for k in final)
+    assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
+    checkpoint = cut / "checkpoints" / "step_000002"
+    plain = [*CONTROL, "train.steps=4", f"logging.run_dir={tmp_path / 'plain'}",
+             f"checkpoint.resume={checkpoint}"]  # fmt: skip
+    with pytest.raises(ConfigError, match="was trained with LoRA adapters, and this run has"):
+        fit_distributed(load_config("tiny_test", plain), control)
 
 
 def _controllers(lora: bool, mode: str):

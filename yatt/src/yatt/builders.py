@@ -10,7 +10,7 @@ import torch
 from yatt.config import DataConfig, ModelConfig
 from yatt.errors import ConfigError
 
-__all__ = ["adapt_model", "build_data", "build_model"]
+__all__ = ["adapt_model", "build_data", "build_model", "check_adapters_fit"]
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -23,23 +23,18 @@ def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[An
     loads the checkpoint's adapters onto the base model of `model.path`). Raises ModelError
     for a missing/unloadable folder, ConfigError for a checkpoint trained otherwise."""
     from yatt.checkpoint import policy_folder
-    from yatt.lora import load_adapters, read_adapter_meta
+    from yatt.lora import check_same_base, load_adapters
     from yatt.models import load_model, load_tokenizer, tiny_model
 
     dtype = _DTYPES[config.dtype]
     if resume_from:
         folder = policy_folder(resume_from)
-        adapted = read_adapter_meta(folder) is not None
-        if adapted != bool(config.lora_rank):
-            raise ConfigError(
-                f"checkpoint.resume={resume_from} was trained "
-                f"{'with' if adapted else 'without'} LoRA adapters, and this run has "
-                f"model.lora_rank={config.lora_rank}: resume it with the model.lora_* it ran with"
-            )
-        if not adapted:
+        check_adapters_fit(config, resume_from)
+        if not config.lora_rank:
             return load_model(folder, dtype=dtype), load_tokenizer(folder)
         model, tokenizer = build_model(config)
         load_adapters(model, folder)
+        check_same_base(model, folder, config.path)
         return model, tokenizer
     if config.path in _TINY_ARCHS:
         model, tokenizer = tiny_model(_TINY_ARCHS[config.path], seed=config.tiny_seed)
@@ -49,13 +44,44 @@ def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[An
     return adapt_model(model, config), tokenizer
 
 
+def check_adapters_fit(config: ModelConfig, checkpoint: str) -> None:
+    """Refuse, in one line (ConfigError), resuming `checkpoint` with other LoRA settings than
+    it was trained with: adapters or none, rank and alpha (before any worker starts)."""
+    from yatt.checkpoint import policy_folder
+    from yatt.lora import read_adapter_meta
+
+    saved = read_adapter_meta(policy_folder(checkpoint))
+    if (saved is not None) != bool(config.lora_rank):
+        raise ConfigError(
+            f"checkpoint.resume={checkpoint} was trained "
+            f"{'with' if saved else 'without'} LoRA adapters, and this run has "
+            f"model.lora_rank={config.lora_rank}: resume it with the model.lora_* it ran with"
+        )
+    wanted = (config.lora_rank, config.lora_alpha)
+    if saved is not None and (saved["rank"], saved["alpha"]) != wanted:
+        raise ConfigError(
+            f"checkpoint.resume={checkpoint} has adapters of rank {saved['rank']}, alpha "
+            f"{saved['alpha']:g}; this run has model.lora_rank={config.lora_rank}, "
+            f"model.lora_alpha={config.lora_alpha:g}: resume it with the settings it ran with"
+        )
+
+
 def adapt_model(model: Any, config: ModelConfig) -> Any:
     """`model` with the adapters `model.lora_rank` asks for (put on once: a caller's own model
     may have them already); returns it."""
-    from yatt.lora import apply_lora, has_lora
+    from yatt.lora import adapter_settings, apply_lora, has_lora
 
-    if config.lora_rank and not has_lora(model):
-        apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    if not config.lora_rank:
+        return model
+    if not has_lora(model):
+        return apply_lora(model, config.lora_rank, config.lora_alpha, config.lora_targets)
+    have = adapter_settings(model)
+    if (have["rank"], have["alpha"]) != (config.lora_rank, config.lora_alpha):
+        raise ConfigError(
+            f"the model given has adapters of rank {have['rank']}, alpha {have['alpha']:g}; "
+            f"the config asks model.lora_rank={config.lora_rank}, "
+            f"model.lora_alpha={config.lora_alpha:g}"
+        )
     return model
 
 

@@ -320,8 +320,6 @@ def _eval(model: str, overrides: list[str]) -> None:
     """Greedy held-out accuracy of `model`. A folder holding a config.yaml (a checkpoint, a
     run's saved `model/`) is evaluated on the data and eval settings of that run; `overrides`
     win over them."""
-    import dataclasses
-
     from yatt.builders import build_data, build_model
     from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
@@ -335,8 +333,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     if config.eval.n == 0:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)
-    # A saved model folder holds merged weights: evaluate them as a plain model.
-    policy, tokenizer = build_model(dataclasses.replace(config.model, lora_rank=0))
+    policy, tokenizer = build_model(config.model)
     _, heldout = build_data(config.data)
     check_rows_have_answers(config, (), heldout, train=False, evaluate=True)
     engine = make_engine(config.rollout.backend, policy.eval(), tokenizer)
@@ -371,14 +368,16 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     saved = folder / "config.yaml"
     if not saved.is_file() and folder.name == "policy":  # a checkpoint's model: its config
         saved = folder.parent / "config.yaml"  # is the checkpoint's
+    # a saved model folder holds merged weights (a LoRA run's too): a plain model
     model_path = policy_folder(folder) if folder.exists() else model
+    given = [f"model.path={model_path}", "model.lora_rank=0"]
     if not saved.is_file():
         logger.info("eval: using the default config (no config.yaml in %s)", model)
-        return load_config(None, [f"model.path={model_path}", *overrides]), ""
+        return load_config(None, [*given, *overrides]), ""
     logger.info("eval: using the run's config %s (overrides win over it)", saved)
-    config = load_config(str(saved), [f"model.path={model_path}", *overrides])
+    config = load_config(str(saved), [*given, *overrides])
     try:
-        run = load_config(str(saved), [f"model.path={model_path}"]).data
+        run = load_config(str(saved), given).data
     except ConfigError:  # a saved setting a later version refuses, which `overrides` fixed
         run = config.data
     if config.eval.n == 0 and not any(o.split("=")[0].strip() == "eval.n" for o in overrides):

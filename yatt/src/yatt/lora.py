@@ -41,8 +41,10 @@ __all__ = [
     "ADAPTER_FILE",
     "ADAPTER_META",
     "LoraLinear",
+    "adapter_settings",
     "adapters_off",
     "apply_lora",
+    "check_same_base",
     "effective_weight",
     "has_lora",
     "load_adapters",
@@ -131,13 +133,14 @@ def effective_weight(linear: nn.Linear) -> torch.Tensor:
 def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
     """Run `model` as its base model inside the block (adapters skipped, not changed)."""
     layers = [layer for _, layer in lora_layers(model)]
+    were = [layer.enabled for layer in layers]
     for layer in layers:
         layer.enabled = False
     try:
         yield model
     finally:
-        for layer in layers:
-            layer.enabled = True
+        for layer, was in zip(layers, were, strict=True):
+            layer.enabled = was
 
 
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -150,13 +153,16 @@ def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load `trained_state` output (or a whole state dict) into `model` in place."""
-    wanted = set(trained_state(model))
-    if not has_lora(model) or set(state) - wanted:  # a whole state dict
+    adapters_only = all(key.rsplit(".", 1)[-1] in _PARAMS for key in state)
+    if not has_lora(model) or not adapters_only or not state:  # a whole state dict
         model.load_state_dict(state)
         return
-    missing = sorted(wanted - set(state))
-    if missing:
-        raise ModelError(f"adapter weights lack {len(missing)} tensors, e.g. {missing[0]!r}")
+    wanted = set(trained_state(model))
+    missing, unexpected = sorted(wanted - set(state)), sorted(set(state) - wanted)
+    if missing or unexpected:
+        named = [f"lack {len(missing)} tensors, e.g. {missing[0]!r}"] if missing else []
+        named += [f"hold {len(unexpected)} unknown, e.g. {unexpected[0]!r}"] if unexpected else []
+        raise ModelError(f"the adapter weights do not fit this model: they {' and '.join(named)}")
     model.load_state_dict(state, strict=False)
 
 
@@ -185,7 +191,8 @@ def plain_copy(model: nn.Module) -> nn.Module:
     return clone
 
 
-def _meta(model: nn.Module) -> dict[str, Any]:
+def adapter_settings(model: nn.Module) -> dict[str, Any]:
+    """Rank, alpha and the targeted projection names of an adapted model."""
     layers = list(lora_layers(model))
     _, first = layers[0]
     targets = sorted({name.rsplit(".", 1)[-1] for name, _ in layers})
@@ -198,7 +205,31 @@ def save_adapters(model: nn.Module, folder: Path) -> None:
 
     state = {k: v.detach().to("cpu").contiguous() for k, v in trained_state(model).items()}
     save_file(state, str(Path(folder) / ADAPTER_FILE))
-    (Path(folder) / ADAPTER_META).write_text(json.dumps(_meta(model), indent=1) + "\n")
+    (Path(folder) / ADAPTER_META).write_text(json.dumps(adapter_settings(model), indent=1) + "\n")
+
+
+def check_same_base(model: nn.Module, folder: Path, base: str) -> None:
+    """Refuse adapters loaded onto another base than they trained on: the folder's merged
+    weight of the first adapted projection must equal this model's base plus adapters
+    (ConfigError naming `base`, the `model.path` the run built). A folder whose weights file
+    lacks that tensor (sharded) is not checked."""
+    from safetensors import safe_open
+
+    name, layer = next(lora_layers(model))
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        return
+    with safe_open(str(path), framework="pt") as weights:
+        if f"{name}.weight" not in weights.keys():  # noqa: SIM118 (a safe_open handle)
+            return
+        saved = weights.get_tensor(f"{name}.weight")
+    merged = layer.merged_weight().to("cpu", saved.dtype)
+    if saved.shape != merged.shape or not torch.allclose(saved, merged, rtol=1e-4, atol=1e-5):
+        raise ConfigError(
+            f"the adapters in {folder} were trained on another base model than "
+            f"model.path={base!r} (its merged {name} differs): resume with the model.path the "
+            "run trained"
+        )
 
 
 def read_adapter_meta(folder: Path) -> dict[str, Any] | None:
@@ -229,7 +260,7 @@ def read_adapters(folder: Path, model: nn.Module) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    saved, wanted = read_adapter_meta(folder), _meta(model)
+    saved, wanted = read_adapter_meta(folder), adapter_settings(model)
     if saved is None:
         raise ModelError(f"{folder} holds no adapters ({ADAPTER_META})")
     if saved != wanted:

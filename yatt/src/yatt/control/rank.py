@@ -28,7 +28,13 @@ from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
 from yatt.data import draw_order
-from yatt.lora import has_lora, load_trained_state, read_adapters, trained_state
+from yatt.lora import (
+    check_same_base,
+    has_lora,
+    load_trained_state,
+    read_adapters,
+    trained_state,
+)
 from yatt.run_checks import check_rows_have_answers
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
@@ -511,6 +517,8 @@ class RankWorker:
         elif model is not None:
             weights = load_model(folder).state_dict()  # a passing copy
         self._adopt(weights, state, step)
+        if model is not None and has_lora(model):
+            check_same_base(model, folder, self.config.model.path)
         return step
 
     def _adopt(self, weights: dict[str, Any] | None, policy_state: dict[str, Any] | None,

@@ -242,6 +242,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     """The checkpoint `checkpoint.resume` names ("" for none) with its checked data position,
     and the run folder, checked (in place for a checkpoint of its own); a previous run there
     that `logging.overwrite` replaces is deleted by the claim's `clear()`."""
+    from yatt.builders import check_adapters_fit
     from yatt.checkpoint import (
         checkpoint_run_dir,
         load_control_state,
@@ -255,6 +256,7 @@ def _claim(config: Config) -> tuple[str, dict[str, Any] | None, RunDirClaim]:
     if resume:
         state = load_control_state(Path(resume))
         check_resume_fits(config, state, resume)
+        check_adapters_fit(config.model, resume)
         warn_changed_scoring(Path(resume), config)
     run_dir = Path(config.logging.run_dir).resolve()
     in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == run_dir

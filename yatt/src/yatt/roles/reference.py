@@ -1,4 +1,4 @@
-"""Reference role: a frozen copy of the initial policy, used only for KL log-probs.
+"""Reference role: the initial policy, frozen, used only for KL log-probs.
 
 The trainer does not build it when the KL coefficient is 0 (no memory, no forward passes).
 A policy with LoRA adapters is its own reference with the adapters off: its base weights never

@@ -5,7 +5,8 @@ matmul), keeps keys/values in one preallocated cache (layers, B, kv heads, capac
 written in place, takes rotary cos/sin from a precomputed table and runs grouped-query attention
 through `F.scaled_dot_product_attention` without repeating keys. Projections with LoRA adapters
 (`yatt.lora`) are read merged, once per refresh. The arithmetic follows HF's
-modeling_llama op for op (RMSNorm in fp32, rotate-half rotary), so fp32 greedy outputs match HF.
+modeling_llama op for op (RMSNorm in fp32, rotate-half rotary), so fp32 greedy outputs match HF
+(with adapters, up to the rounding of merging them).
 On CPU the matmuls run on oneDNN copies of the weights reordered once per refresh into the
 kernels' blocked layout ("prepacked", as inductor's weight freezing does): matmuls take about
 85% of a decode step, and these ran 1.1-1.6x faster per step than `F.linear` (SmolLM2-135M,
