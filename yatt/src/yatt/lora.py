@@ -143,17 +143,22 @@ def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
             layer.enabled = was
 
 
+def _is_adapter(key: str) -> bool:
+    """Whether a state-dict key names an adapter matrix (``...q_proj.lora_a``)."""
+    return key.rsplit(".", 1)[-1] in _PARAMS
+
+
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """What training changes: the adapters of an adapted model, else its whole state dict."""
     state = model.state_dict()
     if not has_lora(model):
         return state
-    return {key: value for key, value in state.items() if key.rsplit(".", 1)[-1] in _PARAMS}
+    return {key: value for key, value in state.items() if _is_adapter(key)}
 
 
 def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load `trained_state` output (or a whole state dict) into `model` in place."""
-    adapters_only = all(key.rsplit(".", 1)[-1] in _PARAMS for key in state)
+    adapters_only = all(_is_adapter(key) for key in state)
     if not has_lora(model) or not adapters_only or not state:  # a whole state dict
         model.load_state_dict(state)
         return
@@ -168,7 +173,7 @@ def load_trained_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict under its base names, each adapted weight merged."""
-    state = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] not in _PARAMS}
+    state = {k: v for k, v in model.state_dict().items() if not _is_adapter(k)}
     for name, layer in lora_layers(model):
         state[f"{name}.weight"] = layer.merged_weight()
     return state
