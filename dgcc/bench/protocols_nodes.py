@@ -8,7 +8,8 @@ The two headline high-contention scenarios of ``protocols.py`` (TPC-C with 1 war
 node, so the data grows with the cluster; YCSB theta 0.99 over a fixed 100,000 records) on the
 same harness (node processes on loopback, one closed-loop client process per node), 10% of
 transactions forced to span nodes (none with 1 node). At each point every protocol sweeps calls
-in flight under ``protocols.py``'s rule and is shown at its best. All processes share this
+in flight under ``protocols.py``'s rule, its best point (and a close runner-up) is rerun, and it
+is shown by the median run of its best point, as in ``protocols.py``. All processes share this
 host's cores, so adding nodes adds no CPU here: the curves show what distribution costs each
 protocol (more messages, more waiting across nodes) rather than how it scales out. Writes
 ``protocols_nodes.{json,md,png}`` to ``docs/bench`` (a temp folder with ``--quick``).
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,39 +39,66 @@ Key = tuple[str, int, str]  # (scenario, nodes, protocol)
 
 
 def sweep(args, console: Console) -> dict[Key, dict[str, Any]]:
-    """The best run of every (scenario, nodes, protocol), each with its sweep's
-    (inflight, commits/s) pairs under ``"sweep"`` (``protocols.sweep_points``: protocols take
-    turns at each inflight, one stopping rule)."""
-    points = [
-        (scenario, protocols.FRACTION if nodes > 1 else 0.0, nodes)
-        for scenario in args.scenarios
-        for nodes in args.nodes
-    ]
+    """The chosen run of every (scenario, nodes, protocol): ``protocols.sweep_points`` (the
+    protocols take turns at each inflight, one stopping rule, then the contenders rerun
+    ``args.repeats - 1`` times) and ``protocols.best_by_protocol`` (the median run of the best
+    rerun point). Each carries its sweep's (inflight, commits/s) pairs under ``"sweep"`` and
+    the commits/s of every run at its inflight by round under ``"rounds"``."""
+    points = [(scenario, _fraction(nodes), nodes) for scenario in args.scenarios
+              for nodes in args.nodes]  # fmt: skip
+    records = protocols.sweep_points(points, args, console, repeats=args.repeats)
+    return chosen(records, args.nodes)
+
+
+def _fraction(nodes: int) -> float:
+    return protocols.FRACTION if nodes > 1 else 0.0  # one node: nothing can cross
+
+
+def chosen(records: list[dict[str, Any]], node_counts: Sequence[int]) -> dict[Key, dict[str, Any]]:
+    """``sweep``'s choice among ``records`` (see there)."""
     best: dict[Key, dict[str, Any]] = {}
-    for record in protocols.sweep_points(points, args, console):
-        config = record["config"]
-        key = (record["scenario"], config["nodes"], config["protocol"])
-        tried = (best[key]["sweep"] if key in best else []) + [
-            (config["inflight"], record["metrics"]["txn/commits_per_s"])
-        ]
-        if key in best and best[key]["metrics"]["txn/commits_per_s"] >= tried[-1][1]:
-            best[key]["sweep"] = tried
-        else:
-            best[key] = record | {"sweep": tried}
+    for nodes in node_counts:
+        runs = [r for r in records if r["config"]["nodes"] == nodes]
+        for (scenario, protocol), record in protocols.best_by_protocol(
+            runs, _fraction(nodes)
+        ).items():
+            tried = [
+                (r["config"]["inflight"], r["metrics"]["txn/commits_per_s"])
+                for r in runs
+                if not r.get("repeat", 0) and protocols._same_point(r, record, "inflight")
+            ]
+            rounds = {
+                r.get("repeat", 0): r["metrics"]["txn/commits_per_s"]
+                for r in protocols.runs_at(runs, record)
+            }
+            best[(scenario, nodes, protocol)] = record | {"sweep": tried, "rounds": rounds}
     return best
 
 
-def ratios(best: dict[Key, dict[str, Any]]) -> dict[tuple[str, int], tuple[float, str]]:
-    """Per (scenario, nodes): DistDGCC's commits/s over the best baseline that ran there."""
+def ratios(
+    best: dict[Key, dict[str, Any]],
+) -> dict[tuple[str, int], tuple[float, str, list[float]]]:
+    """Per (scenario, nodes): DistDGCC's commits/s over the best baseline that ran there, that
+    baseline, and the ratio in each round both ran (``protocols.round_ratios``' spread)."""
     result = {}
     for scenario, nodes in dict.fromkeys((s, n) for s, n, _ in best):
-        rates = {p: r["metrics"]["txn/commits_per_s"] for (s, n, p), r in best.items()
-                 if (s, n) == (scenario, nodes)}  # fmt: skip
+        here = {p: r for (s, n, p), r in best.items() if (s, n) == (scenario, nodes)}
+        rates = {p: r["metrics"]["txn/commits_per_s"] for p, r in here.items()}
         rivals = [p for p in rates if p != "dgcc"]
         if "dgcc" in rates and rivals:
             rival = max(rivals, key=rates.__getitem__)
-            result[(scenario, nodes)] = (rates["dgcc"] / max(rates[rival], 1e-9), rival)
+            ours = _rounds(here["dgcc"])
+            theirs = _rounds(here[rival])
+            spread = [ours[k] / max(theirs[k], 1e-9) for k in sorted(ours.keys() & theirs.keys())]
+            result[(scenario, nodes)] = (rates["dgcc"] / max(rates[rival], 1e-9), rival, spread)
     return result
+
+
+def _rounds(record: dict[str, Any]) -> dict[int, float]:
+    """Round -> commits/s (a saved run's JSON keys are strings; a run from before the
+    reruns has only its own window)."""
+    rounds = record.get("rounds") or {0: record["metrics"]["txn/commits_per_s"]}
+    return {int(k): v for k, v in rounds.items()}
 
 
 def _rows(best: dict[Key, dict[str, Any]], ran: list[str]) -> list[list[str]]:
@@ -82,8 +111,9 @@ def _rows(best: dict[Key, dict[str, Any]], ran: list[str]) -> list[list[str]]:
             cells.append(
                 f"{record['metrics']['txn/commits_per_s']:,.0f} ({record['config']['inflight']})"
             )
-        ratio, rival = by_point[(scenario, nodes)]
-        rows.append([scenario, str(nodes), *cells, f"{ratio:.2f}x ({rival})"])
+        ratio, rival, spread = by_point[(scenario, nodes)]
+        within = f", {protocols._range(spread)}" if len(spread) > 1 else ""
+        rows.append([scenario, str(nodes), *cells, f"{ratio:.2f}x ({rival}{within})"])
     return rows
 
 
@@ -97,8 +127,17 @@ def markdown(best: dict[Key, dict[str, Any]], ran: list[str], facts: dict, args)
         "forced to span nodes "
         f"(none with 1 node), a {args.warmup_s:g} s warm-up then a {args.seconds:g} s window; "
         "each protocol swept calls in flight "
-        f"({', '.join(map(str, sorted(args.inflight)))}, same stopping rule) and is shown at its "
-        "best, as commits/s (calls in flight). Every process shares this host's "
+        f"({', '.join(map(str, sorted(args.inflight)))}, same stopping rule)"
+        + (
+            f"; its best point and a runner-up within {1 - protocols.NEAR_BEST:.0%} were rerun "
+            f"to {args.repeats} runs, "
+            "the protocols taking turns, and each protocol is shown by the median run of its "
+            "best point, as commits/s (calls in flight), with the ratio's range over the "
+            "rounds. "
+            if args.repeats > 1
+            else " and is shown at its best, as commits/s (calls in flight). "
+        )
+        + "Every process shares this host's "
         f"{facts['cpus']} CPUs, so more nodes bring no more CPU: the columns show what "
         "distribution costs each protocol, not scale-out. Commit "
         f"{facts['git_commit']}, 1-minute load average {facts['load_average_1m_at_start']:.1f} "
@@ -106,8 +145,8 @@ def markdown(best: dict[Key, dict[str, Any]], ran: list[str], facts: dict, args)
         "",
         "With 1 node no value crosses nodes, so the Calvin node runs DistDGCC's own schedule "
         "(it builds its lock graph only for epochs where values cross): there the two run the "
-        "same code, and their ratio shows only how far apart two single runs (each the best "
-        "of its sweep) on this shared host can land.",
+        "same code, and their ratio shows only how far apart runs of the same code on this "
+        "shared host can land.",
         "",
         "| scenario | nodes | " + " | ".join(ran) + " | DistDGCC / best baseline |",
         "|---|---:|" + "---:|" * (len(ran) + 1),
@@ -157,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=None)
     parser.add_argument("--nodes", type=_nodes, default=None, help="e.g. 1,2,4")
     parser.add_argument("--protocols", type=protocols._protocols, default=protocols.PROTOCOLS)
+    parser.add_argument(
+        "--repeats", type=protocols._repeats, default=None,
+        help=f"runs at each protocol's best inflight (default {protocols.REPEATS}; 1 quick)",
+    )  # fmt: skip
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument(
         "--from-json", type=Path, default=None,
@@ -175,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seconds must be > 0 and --warmup-s >= 0, got {args.seconds}, "
                      f"{args.warmup_s}")  # fmt: skip
     args.nodes = args.nodes or ((1, 2) if args.quick else NODE_COUNTS)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else protocols.REPEATS
     args.inflight = [100] if args.quick else list(protocols.INFLIGHTS)
     args.scenarios = ("tpcc-1wh",) if args.quick else SCENARIOS
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs" / "bench")
@@ -211,6 +256,7 @@ def _report_again(saved: Path, out_dir: Path) -> int:
             warmup_s=first["warmup_s"],
             seconds=first["seconds"],
             inflight=sorted({inflight for r in records for inflight, _ in r["sweep"]}),
+            repeats=max(len(r.get("rounds") or (0,)) for r in records),
         )
     except (OSError, ValueError, KeyError, IndexError, TypeError) as error:
         sys.exit(f"protocols_nodes: {saved} is not a saved protocols_nodes.json: {error!r}")

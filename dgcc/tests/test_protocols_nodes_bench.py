@@ -38,8 +38,8 @@ def _best() -> dict:
 
 def test_ratio_per_point_is_over_the_best_baseline_there(bench: ModuleType) -> None:
     assert bench.ratios(_best()) == {
-        ("tpcc-1wh", 1): (1.5, "calvin"),
-        ("tpcc-1wh", 2): (2.0, "calvin"),
+        ("tpcc-1wh", 1): (1.5, "calvin", [1.5]),
+        ("tpcc-1wh", 2): (2.0, "calvin", [2.0]),
     }
     only_dgcc = {k: v for k, v in _best().items() if k[2] == "dgcc"}
     assert bench.ratios(only_dgcc) == {}
@@ -47,7 +47,9 @@ def test_ratio_per_point_is_over_the_best_baseline_there(bench: ModuleType) -> N
 
 def test_table_and_plot(bench: ModuleType, tmp_path: Path) -> None:
     ran = ["dgcc", "calvin", "wait_die"]
-    args = argparse.Namespace(nodes=(1, 2), warmup_s=1.0, seconds=3.0, inflight=[25, 100])
+    args = argparse.Namespace(
+        nodes=(1, 2), warmup_s=1.0, seconds=3.0, inflight=[25, 100], repeats=1
+    )
     text = bench.markdown(_best(), ran, FACTS, args)
     rows = [line for line in text.splitlines() if line.startswith("| tpcc-1wh")]
     assert rows == [
@@ -81,21 +83,57 @@ def test_sweep_keeps_each_points_best_and_stops_past_the_peak(
         assert config.distributed_fraction == (0.0 if config.nodes == 1 else 0.1)
         rate = peaks[config.protocol][config.inflight] / config.nodes
         metrics = {"txn/commits_per_s": rate}
-        fields = {"inflight": config.inflight, "nodes": config.nodes, "protocol": config.protocol}
+        fields = {"inflight": config.inflight, "nodes": config.nodes, "protocol": config.protocol,
+                  "distributed_fraction": config.distributed_fraction}  # fmt: skip
         return {"config": fields, "metrics": metrics}
 
     monkeypatch.setattr(bench.protocols, "run_bench", fake_run)  # the sweep runs there
     monkeypatch.setattr(bench.protocols, "summary_line", lambda record: "[summary]")
     args = argparse.Namespace(
         scenarios=("tpcc-1wh",), nodes=(1, 2), protocols=("dgcc", "calvin"), quick=True,
-        inflight=[25, 100, 400, 800], seconds=1.0, warmup_s=0.5,
+        inflight=[25, 100, 400, 800], seconds=1.0, warmup_s=0.5, repeats=1,
     )  # fmt: skip
     best = bench.sweep(args, bench.Console(quiet=True))
     assert best[("tpcc-1wh", 2, "dgcc")]["config"]["inflight"] == 400
     assert best[("tpcc-1wh", 2, "dgcc")]["sweep"] == [(25, 50), (100, 150), (400, 250), (800, 225)]
     assert best[("tpcc-1wh", 1, "calvin")]["sweep"] == [(25, 200), (100, 100), (400, 90)]
     assert ("calvin", 1, 800) not in ran and ("dgcc", 1, 800) in ran
-    assert bench.ratios(best)[("tpcc-1wh", 1)] == (2.5, "calvin")
+    assert bench.ratios(best)[("tpcc-1wh", 1)] == (2.5, "calvin", [2.5])
+
+
+def test_reruns_pick_the_median_run_and_show_the_rounds_range(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three runs at each protocol's one contender (the runner-ups fall below 90%): each point
+    stands by its median run, the ratio is of the medians, and the table row gives the range
+    of the round-by-round ratios."""
+    windows = {  # protocol -> inflight -> commits/s of its sweep run, then its two reruns
+        "dgcc": {25: [100], 100: [1000, 1300, 700]},
+        "calvin": {25: [500, 400, 600], 100: [200]},
+    }
+
+    def fake_run(config) -> dict:
+        rate = windows[config.protocol][config.inflight].pop(0)
+        fields = {"inflight": config.inflight, "nodes": config.nodes, "protocol": config.protocol,
+                  "distributed_fraction": config.distributed_fraction}  # fmt: skip
+        return {"config": fields, "metrics": {"txn/commits_per_s": float(rate)}}
+
+    monkeypatch.setattr(bench.protocols, "run_bench", fake_run)
+    monkeypatch.setattr(bench.protocols, "summary_line", lambda record: "[summary]")
+    args = argparse.Namespace(
+        scenarios=("tpcc-1wh",), nodes=(2,), protocols=("dgcc", "calvin"), quick=False,
+        inflight=[25, 100], seconds=1.0, warmup_s=0.5, repeats=3,
+    )  # fmt: skip
+    best = bench.sweep(args, bench.Console(quiet=True))
+    assert not any(windows[p][i] for p in windows for i in windows[p])  # every window ran
+    assert best[("tpcc-1wh", 2, "dgcc")]["metrics"]["txn/commits_per_s"] == 1000
+    assert best[("tpcc-1wh", 2, "calvin")]["metrics"]["txn/commits_per_s"] == 500
+    assert best[("tpcc-1wh", 2, "dgcc")]["rounds"] == {0: 1000, 1: 1300, 2: 700}
+    assert bench.ratios(best)[("tpcc-1wh", 2)] == (2.0, "calvin", [2.0, 1300 / 400, 700 / 600])
+    text = bench.markdown(best, ["dgcc", "calvin"], FACTS, args)
+    row = next(line for line in text.splitlines() if line.startswith("| tpcc-1wh"))
+    assert row == "| tpcc-1wh | 2 | 1,000 (100) | 500 (25) | 2.00x (calvin, 1.17x-3.25x) |"
+    assert "rerun to 3 runs" in text
 
 
 def test_the_report_is_written_again_from_a_saved_run(bench: ModuleType, tmp_path: Path) -> None:
@@ -111,7 +149,9 @@ def test_the_report_is_written_again_from_a_saved_run(bench: ModuleType, tmp_pat
     saved = tmp_path / "protocols_nodes.json"
     saved.write_text(json.dumps({"host": FACTS, "best": records}))
     assert bench.main(["--from-json", str(saved)]) == 0
-    args = argparse.Namespace(nodes=[1, 2], warmup_s=1.0, seconds=3.0, inflight=[25, 100])
+    args = argparse.Namespace(
+        nodes=[1, 2], warmup_s=1.0, seconds=3.0, inflight=[25, 100], repeats=1
+    )
     ran = ["dgcc", "calvin", "wait_die"]
     expected = bench.markdown(_best(), ran, FACTS, args)
     assert (tmp_path / "protocols_nodes.md").read_text() == expected
