@@ -3,32 +3,33 @@ vs runtime re-placement, measured on CPU "devices", then simulated and projected
 
 Usage: ``python yatt/bench/placement.py [--quick] [--model smollm2] [--steps 45] [--shift 30]
 [--short 4] [--long 96] [--prompts 1] [--samples 3] [--every 1] [--staleness 1]
-[--cpu-mapping threads] [--repeats 1] [--out-dir DIR] [--resim]``
+[--cpu-mapping threads] [--lora-rank 0] [--tag NAME] [--repeats 1] [--out-dir DIR] [--resim]``
 
-Real part (Ray, 2 CPU devices, parallel controllers): each static plan and the adaptive
-controller (starting colocated, re-planning every ``--every`` steps) run the same GRPO steps;
-the response budget jumps from ``--short`` to ``--long`` tokens at step ``--shift`` (default:
-two thirds in). Under ``--cpu-mapping threads`` a role on both cores is one worker with 2
-intra-op threads (no gradient all-reduce); ``ranks`` runs one data-parallel rank per core, as
-on GPUs. Disaggregated runs are async with bounded staleness ``--staleness`` (generation of
-step t+1 overlaps training of step t on the other core); partial colocation samples in sync
-(its sampler core also trains). The model is SmolLM2-135M (``--quick``: a tiny random-init
-one). On a CPU its small-batch decode is memory-bandwidth bound and a 135M-parameter update is
-partly so: neither runs twice as fast on 2 cores (the calibration measures both). The default
-workload is shaped for a flip: with 4-token responses the step is nearly all update, which
-colocation runs on both cores; with 96-token responses decoding on one core takes about as
-long as the update on the other, and overlapping them wins. Sampling ignores EOS
-(``rollout.ignore_eos``), so every plan decodes exactly the same budgets whatever the policy
-learns. Runs are interleaved
-``--repeats`` times and the fastest of each plan is kept (the machine is shared).
-Reported: wall time, step time per phase, idle fraction per device (from the recorded phase
-spans; moves count as idle), the re-placement decisions with their reasons, a Gantt PNG.
-Simulated part: the phase costs measured in the colocated run (per phase, as one-core work via
-the calibrated scaling fractions) drive the discrete-event simulator; it is checked against the
-measured static runs at 2 devices, then projects static-best vs re-placement to 8..1024 GPUs
-(weak scaling). Writes section "placement" of ``yatt_control.json`` and
-``yatt_control_placement.md`` / ``yatt_control.png`` (the adaptive run's timeline) /
-``yatt_control_placement.png`` to ``--out-dir``.
+Real part (Ray, 2 CPU devices, parallel controllers): each static plan and the adaptive controller
+(starting colocated, re-planning every ``--every`` steps) run the same GRPO steps; the response
+budget jumps from ``--short`` to ``--long`` tokens at step ``--shift`` (default: two thirds in).
+Under ``--cpu-mapping threads`` a role on both cores is one worker with 2 intra-op threads (no
+gradient all-reduce); ``ranks`` runs one data-parallel rank per core, as on GPUs (the planner then
+models ranks: the decode floor does not divide, an update splits its rows). ``--lora-rank`` trains
+LoRA adapters instead of the weights (all-reduce and weight sync move the adapters alone).
+Disaggregated runs are async with bounded staleness ``--staleness`` (generation of step t+1
+overlaps training of step t on the other core); partial colocation samples in sync (its sampler
+core also trains). The model is SmolLM2-135M (``--quick``: a tiny random-init one). On a CPU its
+small-batch decode is memory-bandwidth bound and a 135M-parameter update is partly so: neither runs
+twice as fast on 2 cores (the calibration measures both). The default workload is shaped for a
+flip: with 4-token responses the step is nearly all update, which colocation runs on both cores;
+with 96-token responses decoding on one core takes about as long as the update on the other, and
+overlapping them wins. Sampling ignores EOS (``rollout.ignore_eos``), so every plan decodes exactly
+the same budgets whatever the policy learns. Runs are interleaved ``--repeats`` times and the
+fastest of each plan is kept (the machine is shared). Reported: wall time, step time per phase,
+idle fraction per device (from the recorded phase spans; moves count as idle), the re-placement
+decisions with their reasons, a Gantt PNG. Simulated part: the phase costs measured in the
+colocated run (per phase, as one-core work via the calibrated scaling fractions) drive the
+discrete-event simulator; it is checked against the measured static runs at 2 devices, then
+projects static-best vs re-placement to 8..1024 GPUs (weak scaling). Writes section "placement" of
+``yatt_control.json`` and ``yatt_control_placement.md`` / ``yatt_control.png`` (the adaptive run's
+timeline) / ``yatt_control_placement.png`` to ``--out-dir``; with ``--tag NAME``, section
+"placement_NAME" and files named ``..._NAME`` (a second workload beside the default one).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def _config(args: argparse.Namespace):
             # updates cost different amounts of work
             "algo.skip_zero_adv=false",
             "optim.lr=1e-4",
+            *([f"model.lora_rank={args.lora_rank}"] if args.lora_rank else []),
         ],
     )
 
@@ -119,6 +121,7 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
     from yatt.control.devices import Device
     from yatt.control.rank import RankWorker
     from yatt.control.replacement import amdahl_fraction
+    from yatt.lora import trained_state
 
     affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
     control = ControlConfig(backend="ray", n_devices=1, device_kind="cpu", extra_rewards=REWARD)
@@ -149,8 +152,19 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
         "train_parallel": amdahl_fraction(one["train"], two["train"], 2),
         "train_s_1": one["train"],
         "train_s_2": two["train"],
-        "param_bytes": 4.0 * sum(p.numel() for p in worker.policy.model.parameters()),
+        # what a weight sync or a move's hand-over carries: the trained tensors (adapters
+        # alone under LoRA)
+        "param_bytes": 4.0 * sum(t.numel() for t in trained_state(worker.policy.model).values()),
     }
+
+
+def planner_fractions(args: argparse.Namespace, calib: dict) -> dict[str, float]:
+    """The Amdahl fractions the planner and the simulator take for a worker on several cores:
+    the calibrated ones under ``threads``; under ``ranks`` each core is its own data-parallel
+    rank, as a GPU is (the decode floor does not divide, an update splits its rows)."""
+    if args.cpu_mapping == "threads":
+        return {"gen_parallel": calib["gen_parallel"], "train_parallel": calib["train_parallel"]}
+    return {"gen_parallel": 0.0, "train_parallel": 1.0}
 
 
 def _summarise(label: str, run, shift: int, warmup: int) -> dict:
@@ -222,7 +236,7 @@ def _run_adaptive(args: argparse.Namespace, calib: dict) -> tuple[dict, list]:
 
     controller = AdaptiveController(
         _config(args), _control(args, "colocate", args.every), calib["decode_step_s"],
-        calib["gen_parallel"], calib["train_parallel"],
+        **planner_fractions(args, calib),
     )  # fmt: skip
     try:
         run = controller.fit()
@@ -251,7 +265,7 @@ def _run_plans(args: argparse.Namespace, calib: dict, console) -> tuple[dict, li
     return runs, decisions
 
 
-def _measured_costs(run: dict, start: int, end: int, calib: dict, budget: int):
+def _measured_costs(run: dict, start: int, end: int, calib: dict, budget: int, args):
     """PhaseCosts per step from the spans of steps [start, end) of a run."""
     from yatt.control.replacement import costs_from_spans
     from yatt.control.timeline import Span
@@ -261,7 +275,7 @@ def _measured_costs(run: dict, start: int, end: int, calib: dict, budget: int):
     spans = [Span(*e) for e in run["events"] if window[0] <= e[3] < window[1]]
     return costs_from_spans(
         spans, end - start, gen_floor_s=calib["decode_step_s"] * budget,
-        gen_parallel=calib["gen_parallel"], train_parallel=calib["train_parallel"],
+        **planner_fractions(args, calib),
     )  # fmt: skip
 
 
@@ -302,8 +316,8 @@ def _simulate(args, runs: dict, calib: dict, move_s: float) -> dict:
 
     half = args.shift
     colocate = runs["colocate"]
-    short = _measured_costs(colocate, 1, half, calib, args.short)
-    long = _measured_costs(colocate, half, args.steps, calib, args.long)
+    short = _measured_costs(colocate, 1, half, calib, args.short, args)
+    long = _measured_costs(colocate, half, args.steps, calib, args.long, args)
     # the push as the synchronous partial run times it (its sampler is idle then; an async
     # disaggregated push also waits for the sampler's generation in flight)
     sync_s = runs["partial"]["sync_s"]
@@ -408,10 +422,14 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
         if args.cpu_mapping == "threads"
         else "one data-parallel rank per core"
     )
+    adapters = f", LoRA rank {args.lora_rank}" if args.lora_rank else ""
+    title = "## yatt: placements and runtime re-placement"
+    if args.tag:
+        title += f" (`--tag {args.tag}`: CPU mapping `{args.cpu_mapping}`{adapters})"
     lines = [
-        "## yatt: placements and runtime re-placement",
+        title,
         "",
-        f"GRPO on `{args.model}`, {args.prompts} prompts x {args.samples} samples per "
+        f"GRPO on `{args.model}`{adapters}, {args.prompts} prompts x {args.samples} samples per "
         f"step, {args.steps} steps; the response budget jumps from {args.short} to {args.long} "
         f'tokens at step {args.shift}. Ray, parallel controllers, 2 CPU "devices" (cores), '
         f"CPU mapping `{args.cpu_mapping}` ({mapping}); disaggregated runs are async "
@@ -421,7 +439,13 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
         f"row; update of {args.prompts * args.samples} rows at the short budget "
         f"{calib['train_s_1']:.2f} s on 1 core, {calib['train_s_2']:.2f} s on 2 threads; "
         f"Amdahl fractions on 2 cores: decode {calib['gen_parallel']:.2f}, update "
-        f"{calib['train_parallel']:.2f}.",
+        f"{calib['train_parallel']:.2f}"
+        + (
+            "."
+            if args.cpu_mapping == "threads"
+            else " (threads; the planner models the ranks as data-parallel: decode floor "
+            "0, update 1)."
+        ),
         "",
     ]
     lines += _runs_table(runs, args.warmup)
@@ -609,20 +633,25 @@ def _mix_ceiling(static) -> float:
     return max(ratios)
 
 
-def _plots(runs: dict, out_dir: Path) -> None:
+def _suffix(args: argparse.Namespace) -> str:
+    """What ``--tag`` appends to the JSON section's and the files' names."""
+    return f"_{args.tag}" if args.tag else ""
+
+
+def _plots(runs: dict, out_dir: Path, suffix: str) -> None:
     from yatt.control.timeline import plot_timeline, spans_from_events
 
     adaptive = runs["adaptive"]
     plot_timeline(
         spans_from_events(adaptive["events"]),
         2,
-        out_dir / "yatt_control.png",
+        out_dir / f"yatt_control{suffix}.png",
         "runtime re-placement on 2 CPU devices (per-device phases)",
     )
     plot_timeline(
         spans_from_events(runs["colocate"]["events"]),
         2,
-        out_dir / "yatt_control_placement.png",
+        out_dir / f"yatt_control_placement{suffix}.png",
         "colocate on 2 CPU devices",
     )
 
@@ -635,10 +664,11 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
 
     json_path = out_dir / "yatt_control.json"
     data = json.loads(json_path.read_text())
-    stored = data["placement"]
+    stored = data["placement" + _suffix(args)]
     keys = ("steps", "short", "long", "every", "prompts", "samples", "model", "staleness")
     for key in (*keys, "cpu_mapping"):
         setattr(args, key, stored["args"][key])
+    args.lora_rank = stored["args"].get("lora_rank", 0)
     args.shift = stored["args"].get("shift", args.steps // 2)
     args.warmup = stored["args"].get("warmup", 0)  # runs stored before: whole walls
     sim = stored["sim"]
@@ -652,7 +682,7 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     sim["anchored"] = _anchor_projection(args, args.anchors)
     decisions = [SimpleNamespace(**d) for d in stored["decisions"]]
     text = _markdown(args, stored["runs"], decisions, sim, stored["calibration"])
-    (out_dir / "yatt_control_placement.md").write_text(text)
+    (out_dir / f"yatt_control_placement{_suffix(args)}.md").write_text(text)
     json_path.write_text(json.dumps(data, indent=1, default=str))
     print(text)
     return 0
@@ -669,6 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the comparison")
     parser.add_argument("--cpu-mapping", default="threads", choices=("ranks", "threads"))
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters (0: full)")
+    parser.add_argument(
+        "--tag", default="", help="name suffix of the JSON section and files (a second workload)"
+    )
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=1)
     parser.add_argument("--samples", type=int, default=3)
@@ -683,6 +717,10 @@ def main(argv: list[str] | None = None) -> int:
         help="recompute the simulated sections from the stored measurements",
     )
     args = parser.parse_args(argv)
+    if args.tag and not args.tag.isalnum():
+        parser.error(f"--tag {args.tag!r} must be letters and digits (it names files)")
+    if args.lora_rank < 0:
+        parser.error(f"--lora-rank {args.lora_rank} must be >= 0 (0: full fine-tuning)")
     args.project = PROJECT_DEVICES
     if args.resim:
         return _resim(args, args.out_dir or REPO / "docs/bench")
@@ -712,11 +750,13 @@ def main(argv: list[str] | None = None) -> int:
     sim = _simulate(args, runs, calib, runs["adaptive"]["move_cost_s"])
     sim["anchored"] = _anchor_projection(args, args.anchors)
     ray.shutdown()
-    _plots(runs, out_dir)
-    (out_dir / "yatt_control_placement.md").write_text(_markdown(args, runs, decisions, sim, calib))
+    suffix = _suffix(args)
+    _plots(runs, out_dir, suffix)
+    section = out_dir / f"yatt_control_placement{suffix}.md"
+    section.write_text(_markdown(args, runs, decisions, sim, calib))
     json_path = out_dir / "yatt_control.json"
     data = json.loads(json_path.read_text()) if json_path.is_file() else {}
-    data["placement"] = {
+    data["placement" + suffix] = {
         "runs": {k: {kk: vv for kk, vv in v.items() if kk != "events"} for k, v in runs.items()},
         "decisions": [d.__dict__ for d in decisions],
         "sim": sim,
@@ -724,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args) | {"out_dir": str(out_dir)},
     }
     json_path.write_text(json.dumps(data, indent=1, default=str))
-    console.print((out_dir / "yatt_control_placement.md").read_text())
+    console.print(section.read_text())
     return 0
 
 

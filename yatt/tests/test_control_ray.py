@@ -203,6 +203,8 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     ]  # fmt: skip
     assert controller.plan.kind == "colocate" and last_actors == first_actors
     assert sum(e[2] == "move" for e in run.events) == 2 * 2  # two moves, on both devices
+    # a colocated start never pushes weights: the planner's push cost is one timed export
+    assert controller.sync_s > 0 and controller.replanner.costs.sync_s == controller.sync_s
     assert all(key.endswith(("lora_a", "lora_b")) for key in weights) == lora
     if lora:  # the policy moved away from its base, which the reference still is
         assert all(row["actor/kl"] > 0 for row in run.history[1:])

@@ -96,3 +96,27 @@ def test_a_timed_update_runs_on_a_real_worker(bench_script):
     control = ControlConfig(n_devices=1, device_kind="cpu", extra_rewards=bench.REWARD)
     worker = RankWorker(config, control, Device("cpu", 0), ("policy", "sampler", "reward"), "c")
     assert bench._timed_update(worker, budget=4, prompts=1, seed=0) > 0
+
+
+def test_the_planner_models_ranks_as_data_parallel_and_threads_as_calibrated(bench_script):
+    bench = bench_script("placement")
+    calib = {"gen_parallel": 0.57, "train_parallel": 0.5}
+    threads = bench.planner_fractions(SimpleNamespace(cpu_mapping="threads"), calib)
+    assert threads == {"gen_parallel": 0.57, "train_parallel": 0.5}
+    ranks = bench.planner_fractions(SimpleNamespace(cpu_mapping="ranks"), calib)
+    assert ranks == {"gen_parallel": 0.0, "train_parallel": 1.0}
+
+
+def test_a_tagged_workload_names_its_files_and_refuses_bad_tags(bench_script, capsys):
+    import pytest
+
+    bench = bench_script("placement")
+    assert bench._suffix(SimpleNamespace(tag="")) == ""
+    assert bench._suffix(SimpleNamespace(tag="lora")) == "_lora"
+    for bad in (["--tag", "../x"], ["--tag", "a b"], ["--lora-rank", "-1"]):
+        with pytest.raises(SystemExit):
+            bench.main(bad)
+    assert "--lora-rank -1 must be >= 0" in capsys.readouterr().err
+    config = bench._config(SimpleNamespace(model="tiny", steps=2, prompts=1, samples=2, short=4,
+                                           lora_rank=8))  # fmt: skip
+    assert config.model.lora_rank == 8

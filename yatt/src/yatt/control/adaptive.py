@@ -86,6 +86,7 @@ class AdaptiveController(Controller):
         self.replanner = Replanner(
             self.plan.n_devices, control.replace_every, self._handover_s(), overlap=overlap
         )
+        self.sync_s = self._push_s()
         self.decisions: list[Decision] = []
         self._spans: list[tuple[int, str, str, float, float]] = []
         self._workers: dict[str, dict[str, float]] = {}
@@ -105,6 +106,14 @@ class AdaptiveController(Controller):
         start_s = time.perf_counter()
         self.cluster.ranks.handles[0].call("export_state", True)
         return (time.perf_counter() - start_s) * len(self.cluster.all_handles())
+
+    def _push_s(self) -> float:
+        """A weight push's cost, which every plan whose sampler is not the trainer pays each
+        step (a colocated run never pushes, so the planner could not measure it there): one
+        export of the trained tensors, packed as a push packs them, timed to the driver."""
+        start_s = time.perf_counter()
+        self.cluster.ranks.handles[0].call("weights", True)
+        return time.perf_counter() - start_s
 
     def _move(self, step: int, plan: Placement) -> float:
         """Re-place the workers onto `plan` at `step`; returns the seconds it took."""
@@ -170,9 +179,9 @@ class AdaptiveController(Controller):
             if move_s:  # the step after a move refills the pipeline: its excess is move cost
                 assert decision is not None, f"step {step}: a move without a decision"
                 move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
-            self.replanner.observe(
-                costs_from_spans(spans, 1, gen_floor_s=floor_s, **self.parallel), move_s
-            )
+            costs = costs_from_spans(spans, 1, gen_floor_s=floor_s, sync_s=self.sync_s,
+                                     **self.parallel)  # fmt: skip
+            self.replanner.observe(costs, move_s)
             if not move_s:  # a step right after a move refills the async pipeline: not typical
                 self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
             out_of_time = time_limit_reached(self.config.train.time_limit_s, run_start_s,

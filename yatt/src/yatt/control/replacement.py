@@ -258,7 +258,8 @@ class Replanner:
             f"{verdict} {best.label()}: {now_s:.3f} -> {best_s:.3f} s/step over "
             f"{steps_left} steps left saves {gain_s:.2f} s vs move cost {self.move_cost_s:.2f} s "
             f"(gen floor {self.costs.gen_floor_s:.2f} s, work gen {self.costs.gen_s:.2f}, "
-            f"reward {self.costs.reward_s:.2f}, train {self.costs.train_s:.2f} device-s)"
+            f"reward {self.costs.reward_s:.2f}, train {self.costs.train_s:.2f} device-s, "
+            f"push {self.costs.sync_s:.2f} s)"
         )
         decision = Decision(step, current.label(), (best if switch else current).label(), switch,
                             now_s, best_s, self.move_cost_s, reason)  # fmt: skip
