@@ -265,18 +265,16 @@ def _run_plans(args: argparse.Namespace, calib: dict, console) -> tuple[dict, li
     return runs, decisions
 
 
-def _measured_costs(run: dict, start: int, end: int, calib: dict, budget: int, args):
-    """PhaseCosts per step from the spans of steps [start, end) of a run."""
+def _measured_costs(run: dict, start: int, end: int, floor_s: float, fractions: dict[str, float]):
+    """PhaseCosts per step from the spans of steps [start, end) of a run (`floor_s`: the
+    decode floor of one of its steps; `fractions`: ``planner_fractions``)."""
     from yatt.control.replacement import costs_from_spans
     from yatt.control.timeline import Span
 
     ends = run["step_ends"]
     window = (ends[start - 1] if start else 0.0, ends[end - 1])
     spans = [Span(*e) for e in run["events"] if window[0] <= e[3] < window[1]]
-    return costs_from_spans(
-        spans, end - start, gen_floor_s=calib["decode_step_s"] * budget,
-        **planner_fractions(args, calib),
-    )  # fmt: skip
+    return costs_from_spans(spans, end - start, gen_floor_s=floor_s, **fractions)
 
 
 def _sim_at_two(args, short, long) -> dict[str, float]:
@@ -316,8 +314,9 @@ def _simulate(args, runs: dict, calib: dict, move_s: float) -> dict:
 
     half = args.shift
     colocate = runs["colocate"]
-    short = _measured_costs(colocate, 1, half, calib, args.short, args)
-    long = _measured_costs(colocate, half, args.steps, calib, args.long, args)
+    fractions, step_s = planner_fractions(args, calib), calib["decode_step_s"]
+    short = _measured_costs(colocate, 1, half, step_s * args.short, fractions)
+    long = _measured_costs(colocate, half, args.steps, step_s * args.long, fractions)
     # the push as the synchronous partial run times it (its sampler is idle then; an async
     # disaggregated push also waits for the sampler's generation in flight)
     sync_s = runs["partial"]["sync_s"]

@@ -103,16 +103,18 @@ class AdaptiveController(Controller):
         state hand-over (weights and optimizer state out of a kept rank, then into each other
         worker), so one export is timed and counted once per worker. No process starts in a
         move (spares stand by), so start-up time is not part of it."""
-        start_s = time.perf_counter()
-        self.cluster.ranks.handles[0].call("export_state", True)
-        return (time.perf_counter() - start_s) * len(self.cluster.all_handles())
+        return self._first_rank_call_s("export_state", True) * len(self.cluster.all_handles())
 
     def _push_s(self) -> float:
         """A weight push's cost, which every plan whose sampler is not the trainer pays each
         step (a colocated run never pushes, so the planner could not measure it there): one
         export of the trained tensors, packed as a push packs them, timed to the driver."""
+        return self._first_rank_call_s("weights", True)
+
+    def _first_rank_call_s(self, method: str, *args: Any) -> float:
+        """Seconds of one call of `method` on the first policy rank, its result at the driver."""
         start_s = time.perf_counter()
-        self.cluster.ranks.handles[0].call("weights", True)
+        self.cluster.ranks.handles[0].call(method, *args)
         return time.perf_counter() - start_s
 
     def _move(self, step: int, plan: Placement) -> float:
