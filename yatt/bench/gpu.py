@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from yatt.algos.advantages import compute_advantages
 from yatt.algos.losses import policy_loss
 from yatt.batch import RolloutBatch
+from yatt.common.hostfacts import cpu_model, host_facts
 from yatt.report import wide_console
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy
 from yatt.rollout import RolloutEngine, SamplingParams
@@ -328,12 +328,8 @@ def _compare_anchors(result: dict, shapes: tuple[str, ...], batches: tuple[int, 
 
 
 def _host(device: torch.device) -> dict:
-    return {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return host_facts() | {"device": name}
 
 
 def _plan_dict(plan: Plan, shapes: tuple[str, ...], batches: tuple[int, ...]) -> dict:
@@ -392,7 +388,8 @@ def _report(console: Console, result: dict, shapes, batches, out_dir: Path) -> N
     header = [
         "## yatt on GPU",
         "",
-        f"{host['device']}, torch {host['torch']}, {host['time_utc']}. Produced by "
+        f"{host['device']}, torch {host['torch']}, commit {host['git_commit']}, "
+        f"{host['time_utc']}. Produced by "
         "`python yatt/bench/gpu.py`. Random-init Qwen2-architecture models of the given shapes "
         f"({result['plan']['dtype']}), prompts of {result['plan']['prompt_len']} random ids, "
         f"{result['plan']['new_tokens']} new tokens sampled at temperature 1 without EOS. "

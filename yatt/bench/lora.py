@@ -78,18 +78,6 @@ def _child(name: str, steps: int, warmup: int, threads: int, preset: str) -> dic
     }
 
 
-def _host() -> dict:
-    import platform
-
-    import torch
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT, check=False).stdout.strip()  # fmt: skip
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "cpus": len(os.sched_getaffinity(0)), "load_avg_1m": os.getloadavg()[0],
-            "git_commit": commit or "uncommitted"}  # fmt: skip
-
-
 def _markdown(results: list[dict], host: dict, run: dict) -> str:
     full = next((r for r in results if r["variant"] == "full"), None)
     lines = [
@@ -193,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[summary] variant={name} step_s={r['step_s_median']:.2f} "
               f"peak_rss_mb={r['peak_rss_mb']:.0f} sync_mb={r['sync_bytes'] / 2**20:.2f} "
               f"wall_s={time.perf_counter() - start_s:.0f}", flush=True)  # fmt: skip
+    from yatt.common.hostfacts import host_facts
     from yatt.config import load_config
 
     config = load_config(args.preset)
@@ -203,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
            "shape": f"{model} (preset {args.preset}), {config.algo.prompts_per_step} prompts x "
                     f"{config.rollout.n_samples} completions, "
                     f"{config.rollout.max_new_tokens} new tokens"}  # fmt: skip
-    host = _host()
+    host = host_facts()
     document = {"host": host, "run": run, "results": results}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "yatt_lora.json").write_text(json.dumps(document, indent=2) + "\n")

@@ -415,7 +415,20 @@ def _anchor_projection(args, path: Path) -> dict | None:
     }
 
 
-def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
+def _host_text(host: dict) -> str:
+    """The machine and code a run measured, as far as its stored JSON says (older runs: none)."""
+    parts = []
+    if "cpus" in host:
+        parts.append(f"{host['cpus']} CPUs ({host['processor']}), torch {host['torch']}")
+        parts.append(f"1-min load average at the end {host['load_avg_1m']:.1f}")
+    if "git_commit" in host:
+        parts.append(f"commit {host['git_commit']}")
+    return f" Host: {', '.join(parts)}." if parts else ""
+
+
+def _markdown(
+    args, runs: dict, decisions: list, sim: dict, calib: dict, host: dict | None = None
+) -> str:
     mapping = (
         "a role on both cores is one worker with 2 intra-op threads"
         if args.cpu_mapping == "threads"
@@ -444,7 +457,8 @@ def _markdown(args, runs: dict, decisions: list, sim: dict, calib: dict) -> str:
             if args.cpu_mapping == "threads"
             else " (threads; the planner models the ranks as data-parallel: decode floor "
             "0, update 1)."
-        ),
+        )
+        + _host_text(host or {}),
         "",
     ]
     lines += _runs_table(runs, args.warmup)
@@ -680,7 +694,8 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     sim["projection"] = _project(short, long, 2, move_s, args, param_bytes=param_bytes)
     sim["anchored"] = _anchor_projection(args, args.anchors)
     decisions = [SimpleNamespace(**d) for d in stored["decisions"]]
-    text = _markdown(args, stored["runs"], decisions, sim, stored["calibration"])
+    calib, host = stored["calibration"], stored.get("host")
+    text = _markdown(args, stored["runs"], decisions, sim, calib, host)
     (out_dir / f"yatt_control_placement{_suffix(args)}.md").write_text(text)
     json_path.write_text(json.dumps(data, indent=1, default=str))
     print(text)
@@ -737,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     import ray
 
+    from yatt.common.hostfacts import host_facts
     from yatt.report import wide_console
 
     console = wide_console()  # 160 columns off a terminal (logs)
@@ -749,10 +765,11 @@ def main(argv: list[str] | None = None) -> int:
     sim = _simulate(args, runs, calib, runs["adaptive"]["move_cost_s"])
     sim["anchored"] = _anchor_projection(args, args.anchors)
     ray.shutdown()
+    host = host_facts()
     suffix = _suffix(args)
     _plots(runs, out_dir, suffix)
     section = out_dir / f"yatt_control_placement{suffix}.md"
-    section.write_text(_markdown(args, runs, decisions, sim, calib))
+    section.write_text(_markdown(args, runs, decisions, sim, calib, host))
     json_path = out_dir / "yatt_control.json"
     data = json.loads(json_path.read_text()) if json_path.is_file() else {}
     data["placement" + suffix] = {
@@ -760,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         "decisions": [d.__dict__ for d in decisions],
         "sim": sim,
         "calibration": calib,
+        "host": host,
         "args": vars(args) | {"out_dir": str(out_dir)},
     }
     json_path.write_text(json.dumps(data, indent=1, default=str))

@@ -18,10 +18,8 @@ import copy
 import json
 import logging
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from yatt.common.hostfacts import host_facts
 from yatt.models import load_model, load_tokenizer, tiny_model
 from yatt.report import wide_console
 from yatt.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
@@ -183,51 +182,16 @@ def _record(batch: int, new_tokens: int, mode: str, runs: list[dict]) -> dict:
 
 
 def _host_facts(device: torch.device, model_name: str, args) -> dict:
-    import transformers
-
-    facts = {
+    facts = host_facts() | {
         "model": model_name,
         "device": str(device),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
         "repeats": args.repeats,
         "group_size": args.group_size,
-        "git_commit": _git_commit(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if device.type == "cuda":
-        facts["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        facts["cpu"] = _cpu_model() or facts["cpu"]
+        facts["cuda"] = torch.cuda.get_device_name(device)
     return facts
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def _pairs(records: list[dict]) -> list[tuple[str, str]]:
@@ -295,10 +259,10 @@ def _markdown(records: list[dict], pairs, facts: dict, geo_means: dict, cpu_mean
     lines = [
         "## Rollout engine: yatt vs HF generate",
         "",
-        f"Model {facts['model']} on {facts['device']} ({facts.get('gpu', facts['cpu'])}, "
-        f"{facts['cpu_count']} cores, {facts['torch_threads']} torch threads), torch "
+        f"Model {facts['model']} on {facts['device']} ({facts['cuda'] or facts['processor']}, "
+        f"{facts['cpus']} cores, {facts['torch_threads']} torch threads), torch "
         f"{facts['torch']}, transformers {facts['transformers']}, commit {facts['git_commit']}, "
-        f"{facts['date_utc']}. Produced by `python yatt/bench/rollout.py`.",
+        f"{facts['time_utc']}. Produced by `python yatt/bench/rollout.py`.",
         "",
         "How measured: the two-digit addition prompt in the chat template (~45 tokens), in "
         f"groups of {facts['group_size']} identical prompts as a GRPO step samples them; every "

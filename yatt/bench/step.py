@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,22 +64,6 @@ def _run_variant(
         "trained_rows_frac": statistics.fmean(r["actor/trained_rows_frac"] for r in measured),
         "reward_mean": statistics.fmean(r["critic/score/mean"] for r in measured),
     }
-
-
-def _host() -> dict:
-    import torch
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT, check=False).stdout.strip()  # fmt: skip
-    except OSError:
-        commit = ""
-    return {
-        "python": platform.python_version(), "torch": torch.__version__,
-        "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
-        "load_avg_1m": os.getloadavg()[0], "git_commit": commit or "uncommitted",
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }  # fmt: skip
 
 
 def _trl_reference(out_dir: Path) -> dict | None:
@@ -185,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variant {unknown[0]!r}; valid: {sorted(VARIANTS)}")
     if args.steps < 1 or args.warmup < 0:
         parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}")
+    from yatt.common.hostfacts import host_facts
     from yatt.config import preset_names
 
     if args.preset not in preset_names():
@@ -197,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"[summary] variant={name} step_s={results[-1]['step_s_mean']:.3f} "
               f"wall_s={time.perf_counter() - start_s:.0f}", flush=True)  # fmt: skip
-    host = _host()
+    host = host_facts()
     given = sys.argv[1:] if argv is None else argv
     run = {"command": " ".join(["python yatt/bench/step.py", *given]), "threads": args.threads,
            "warmup": args.warmup, "preset": args.preset, "shape": _shape(args.preset),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
 import statistics
 from pathlib import Path
 from typing import Any
@@ -69,27 +67,6 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def _host() -> dict[str, Any]:
-    import torch
-
-    return {
-        "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": version("transformers"), "trl": version("trl"),
-        "cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
-        "processor": _cpu_model(), "load_avg_1m_end": os.getloadavg()[0],
-    }  # fmt: skip
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def markdown(
     summaries: dict[str, dict], settings: Any, host: dict, fairness: dict[str, str]
 ) -> str:
@@ -127,12 +104,14 @@ def markdown(
     lines += ["", f"TRL's prompt token ids equal yatt's (checked on the first prompt): {match}."]
     lines += ["", "Fairness settings:", ""]
     lines += [f"- **{key}**: {text}" for key, text in fairness.items()]
+    load = host.get("load_avg_1m", host.get("load_avg_1m_end"))  # (the key of older reports)
+    commit = f", commit {host['git_commit']}" if "git_commit" in host else ""
     lines += [
         "",
         f"Machine: {host['cpus']} CPUs ({host['processor']}), python {host['python']}, torch "
-        f"{host['torch']}, transformers {host['transformers']}, trl {host['trl']}; 1-min load "
-        f"average at the end {host['load_avg_1m_end']:.1f} (other work on a shared machine "
-        "slows every run and makes the ratios noisy).",
+        f"{host['torch']}, transformers {host['transformers']}, trl {host['trl']}{commit}; 1-min "
+        f"load average at the end {load:.1f} (other work on a shared machine slows every run "
+        "and makes the ratios noisy).",
         "",
         "![reward curves and accuracy](yatt_trl.png)",
         "",
@@ -261,7 +240,10 @@ def write_report(
             this machine, now.
     """
     summaries = {name: summarize(result, settings) for name, result in results.items()}
-    host = host or _host()
+    if host is None:
+        from yatt.common.hostfacts import host_facts
+
+        host = host_facts() | {"trl": version("trl")}
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"settings": dataclasses.asdict(settings), "fairness": fairness, "host": host,
                "summary": summaries, "runs": results}  # fmt: skip

@@ -1,0 +1,22 @@
+"""The host facts every yatt bench script records beside its numbers."""
+
+import re
+
+from yatt.common.hostfacts import cpu_model, git_commit, host_facts
+
+
+def test_host_facts_name_the_machine_versions_and_commit():
+    facts = host_facts()
+    assert facts["cpus"] >= 1 and facts["load_avg_1m"] >= 0
+    assert facts["torch"].startswith("2.") and facts["python"].count(".") == 2
+    assert facts["processor"] == cpu_model() and facts["processor"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", facts["time_utc"])
+    assert facts["git_commit"] == git_commit()
+
+
+def test_git_commit_is_this_checkout_or_says_unknown():
+    short, full = git_commit(), git_commit(short=False)
+    if full == "unknown":  # a copy of the sources without .git
+        assert short == "unknown"
+    else:
+        assert re.fullmatch(r"[0-9a-f]{40}", full) and full.startswith(short)
