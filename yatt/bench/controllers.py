@@ -134,7 +134,9 @@ def _run_cells(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _markdown(rows: list[dict]) -> str:
+def _markdown(rows: list[dict], host: dict | None = None) -> str:
+    from yatt.common.hostfacts import describe
+
     lines = [
         "## yatt: single vs parallel controllers",
         "",
@@ -143,7 +145,8 @@ def _markdown(rows: list[dict]) -> str:
         "Single = one driver holds the global batch (verl-style); parallel = one controller per",
         "group (WeChat-YATT). Peak RSS of the controller process: single = the driver, parallel =",
         "the largest policy rank (which also holds the model). Measured on a shared 2-core CPU",
-        "machine; groups beyond 2 share cores, so step times there are noisy and pessimistic.",
+        "machine; groups beyond 2 share cores, so step times there are noisy and pessimistic."
+        + describe(host),
         "",
         "| groups | payload | single ctrl RSS MiB | parallel ctrl RSS MiB | single MB/step via"
         " driver | parallel MB/step via driver | single step s | parallel step s | speed-up |",
@@ -233,7 +236,8 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _write(rows: list[dict], out_dir: Path) -> None:
+def _write(rows: list[dict], out_dir: Path, host: dict | None) -> None:
+    """The section, plot and table of ``rows``; ``host``: the machine they were measured on."""
     from rich.table import Table
 
     from yatt.report import wide_console
@@ -242,8 +246,10 @@ def _write(rows: list[dict], out_dir: Path) -> None:
     json_path = out_dir / "yatt_control.json"
     data = json.loads(json_path.read_text()) if json_path.is_file() else {}
     data["controllers"] = rows
+    if host is not None:
+        data["controllers_host"] = host
     json_path.write_text(json.dumps(data, indent=1))
-    (out_dir / "yatt_control_controllers.md").write_text(_markdown(rows))
+    (out_dir / "yatt_control_controllers.md").write_text(_markdown(rows, host))
     _plot(rows, out_dir / "yatt_control_controllers.png")
     table = Table(title="single vs parallel controllers")
     for column in ("mode", "groups", "payload", "ctrl RSS MiB", "MB/step driver", "step s"):
@@ -273,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rerender:
         out_dir = args.out_dir or REPO / "docs/bench"
-        _write(json.loads((out_dir / "yatt_control.json").read_text())["controllers"], out_dir)
+        stored = json.loads((out_dir / "yatt_control.json").read_text())
+        _write(stored["controllers"], out_dir, stored.get("controllers_host"))
         return 0
     try:
         args.groups = [int(g) for g in str(args.groups).split(",")]
@@ -290,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.groups, args.payloads, args.steps = [1, 2], [1024, 4194304], 2
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs/bench")
-    _write(_run_cells(args), out_dir)
+    rows = _run_cells(args)
+    from yatt.common.hostfacts import host_facts
+
+    _write(rows, out_dir, host_facts())
     return 0
 
 

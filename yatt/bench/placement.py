@@ -415,20 +415,11 @@ def _anchor_projection(args, path: Path) -> dict | None:
     }
 
 
-def _host_text(host: dict) -> str:
-    """The machine and code a run measured, as far as its stored JSON says (older runs: none)."""
-    parts = []
-    if "cpus" in host:
-        parts.append(f"{host['cpus']} CPUs ({host['processor']}), torch {host['torch']}")
-        parts.append(f"1-min load average at the end {host['load_avg_1m']:.1f}")
-    if "git_commit" in host:
-        parts.append(f"commit {host['git_commit']}")
-    return f" Host: {', '.join(parts)}." if parts else ""
-
-
 def _markdown(
     args, runs: dict, decisions: list, sim: dict, calib: dict, host: dict | None = None
 ) -> str:
+    from yatt.common.hostfacts import describe
+
     mapping = (
         "a role on both cores is one worker with 2 intra-op threads"
         if args.cpu_mapping == "threads"
@@ -458,7 +449,7 @@ def _markdown(
             else " (threads; the planner models the ranks as data-parallel: decode floor "
             "0, update 1)."
         )
-        + _host_text(host or {}),
+        + describe(host),
         "",
     ]
     lines += _runs_table(runs, args.warmup)

@@ -2,7 +2,7 @@
 
 import re
 
-from yatt.common.hostfacts import cpu_model, git_commit, host_facts
+from yatt.common.hostfacts import cpu_model, describe, git_commit, host_facts
 
 
 def test_host_facts_name_the_machine_versions_and_commit():
@@ -20,3 +20,12 @@ def test_git_commit_is_this_checkout_or_says_unknown():
         assert short == "unknown"
     else:
         assert re.fullmatch(r"[0-9a-f]{40}", full) and full.startswith(short)
+
+
+def test_describe_says_what_a_run_stored_and_nothing_it_did_not():
+    facts = host_facts()
+    text = describe(facts)
+    assert text.startswith(" Host: ") and f"{facts['cpus']} CPUs" in text
+    assert f"commit {facts['git_commit']}" in text and "load average" in text
+    assert describe({"git_commit": "abc1234"}) == " Host: commit abc1234."
+    assert describe(None) == describe({}) == ""  # a run stored before the facts were

@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_model", "git_commit", "host_facts"]
+__all__ = ["cpu_model", "describe", "git_commit", "host_facts"]
 
 _REPO = Path(__file__).resolve().parents[4]  # yatt/src/yatt/common -> the repository
 
@@ -62,3 +62,16 @@ def host_facts() -> dict[str, Any]:
         "git_commit": git_commit(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def describe(host: dict[str, Any] | None) -> str:
+    """`` Host: ...`` for a report, from the facts a run stored (empty when it stored none: a
+    report rebuilt from a run recorded before the facts were)."""
+    host = host or {}
+    parts = []
+    if "cpus" in host:
+        parts.append(f"{host['cpus']} CPUs ({host['processor']}), torch {host['torch']}")
+        parts.append(f"1-min load average at the end {host['load_avg_1m']:.1f}")
+    if "git_commit" in host:
+        parts.append(f"commit {host['git_commit']}")
+    return f" Host: {', '.join(parts)}." if parts else ""
