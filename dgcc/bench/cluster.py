@@ -17,9 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from dgcc.bench import at_least, make_console
+from dgcc.bench import at_least, git_commit, host_facts, make_console
 from dgcc.cli_cluster import results_table
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 
@@ -65,24 +63,12 @@ def grid(quick: bool, rounds: int) -> list[dict[str, Any]]:
 
 
 def host() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=5,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        commit = "unknown"
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
+    """What every cluster bench records: the machine, its load at the start, the event loop and
+    the commit measured."""
+    return host_facts() | {
         "load_average_1m_at_start": os.getloadavg()[0],
         "uvloop": importlib.util.find_spec("uvloop") is not None,
-        "git_commit": commit or "unknown",
+        "git_commit": git_commit(),
     }
 
 

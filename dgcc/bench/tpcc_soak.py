@@ -20,7 +20,6 @@ import gc
 import itertools
 import json
 import logging
-import platform
 import sys
 import time
 from collections import Counter
@@ -33,7 +32,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from dgcc import PROTOCOLS, Protocol, get_protocol
-from dgcc.bench import make_console
+from dgcc.bench import git_commit, host_facts, make_console
 from dgcc.errors import ConfigError
 from dgcc.workloads import get_workload
 from dgcc.workloads.tpcc import TpccWorkload
@@ -247,7 +246,8 @@ def _record(workload: TpccWorkload, totals: _Totals, protocol_name: str, args: A
         "workload": workload.describe(),
         "statuses": {f"{p}/{s}": n for (p, s), n in sorted(totals.statuses.items())},
         "problems": totals.problems[:100],
-        "host": {"python": platform.python_version(), "machine": platform.machine()},
+        "host": host_facts(),
+        "git_commit": git_commit(),
         "seed": args.seed,
         "optimized": not __debug__,
     }
@@ -262,7 +262,8 @@ def _write_report(report_dir: Path, record: dict) -> None:
         "",
         f"`{record['command']}` "
         f"({record['workload']['warehouses']} warehouse(s), batches of {summary['batch']}, "
-        f"protocol `{summary['protocol']}`, shadow `{summary['shadow']}`).",
+        f"protocol `{summary['protocol']}`, shadow `{summary['shadow']}`; "
+        f"{record['host']['cpus']} CPUs, commit {record['git_commit']}).",
         "",
         "| txns | committed | txn/s | checks | problems |",
         "|---:|---:|---:|---:|---:|",
