@@ -31,7 +31,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dgcc.api import Outcome, Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
-from dgcc.errors import BadParams, ConfigError
+from dgcc.errors import BadParams, ConfigError, brief
 from dgcc.storage import Database, ReadView, Table
 from dgcc.workloads import Workload
 
@@ -92,9 +92,9 @@ class Inventory(Workload):
             del view  # no reconnaissance: every key is in the parameters
             for name in ("item", "src", "dst"):
                 if name in params and not 0 <= params[name] < items:
-                    raise BadParams(f"inventory: unknown {name} {params[name]!r}")
+                    raise BadParams(f"inventory: unknown {name} {brief(params[name])}")
             if params.get("qty", 1) <= 0:
-                raise BadParams(f"inventory: qty must be positive, got {params['qty']!r}")
+                raise BadParams(f"inventory: qty must be positive, got {brief(params['qty'])}")
             if "src" in params and params["src"] == params["dst"]:
                 raise BadParams(f"inventory: move from item {params['src']} to itself")
             return plan(params)

@@ -111,7 +111,7 @@ def test_bench_durable_asks_for_logging_nodes():
         (["--data-dir", ""], "--data-dir must name a directory, got ''"),
         (["--data-dir", "d", "--checkpoint-every-epochs", "-1"], "must be an int >= 0, got -1"),
         (["--secret-env", "DGCC_TEST_UNSET"], "secret_env 'DGCC_TEST_UNSET' is not set"),
-        (["--epoch-ms", "-1"], "epoch_ms must be a finite number >= 0, got -1.0"),
+        (["--epoch-ms", "-1"], "epoch_ms must be a number of milliseconds in [0, 60000], got -1.0"),
     ],
 )
 def test_bad_start_flags_are_one_line_errors(tmp_path, monkeypatch, cli_error, flags, message):
@@ -351,3 +351,22 @@ def test_a_node_of_a_2pc_cluster_is_refused_at_once(tmp_path, cli_error):
     assert "node 1 cannot restart alone: occ nodes do not rejoin running peers" in err
     assert "dgcc cluster stop, then dgcc cluster start" in err
     assert not (run / "node1.log").exists()  # no node process was started
+
+
+def test_status_names_a_node_that_lost_its_peer_link(monkeypatch, capsys) -> None:
+    """A node up and ready whose link to a peer failed (a crash, a frame it refused) stalls the
+    epochs it shares: status says so below the table and exits 1, as for a node down."""
+    from dgcc import cli_cluster
+
+    entries = [
+        dict(node, host="127.0.0.1", port=7001 + node["id"], pid=100, ready=True, rows_held=4)
+        for node in _quiet(5, down=1)
+    ]
+    monkeypatch.setattr(cli_cluster, "cluster_status", lambda config: entries)
+    assert cli_cluster._status(None) == 1
+    out = capsys.readouterr().out
+    assert out.count("peers down") == 2, out
+    assert "node 0 lost its link to nodes [1]: the epochs they share wait until" in out
+    entries = [entry | {"peers_down": []} for entry in entries]
+    assert cli_cluster._status(None) == 0
+    assert "peers down" not in capsys.readouterr().out

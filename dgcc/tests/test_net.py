@@ -20,10 +20,19 @@ import pytest
 
 from dgcc.api import Outcome, TxnRequest, plan_batch
 from dgcc.cluster import ClusterConfig, NodeAddress, load_config, local_config
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, brief, clip
 from dgcc.net import AsyncClient, CallTimeout, Client, ConnectionLost, FrameError
 from dgcc.net.client import CALLS_PER_FRAME_MAX
-from dgcc.net.wire import VERSION, check_mac, decode, encode, frame, mac_of, read_frame
+from dgcc.net.wire import (
+    VERSION,
+    HandshakeError,
+    check_mac,
+    decode,
+    encode,
+    frame,
+    mac_of,
+    read_frame,
+)
 from dgcc.protocols.dist_placement import REPLICATED, Placement, Router
 from dgcc.workloads import get_workload
 
@@ -69,6 +78,21 @@ def test_mac_checks_the_secret():
     assert not check_mac("s", nonce, mac_of("t", nonce))
     assert not check_mac("s", nonce, "not bytes")
     assert check_mac(None, nonce, b"")
+    with pytest.raises(HandshakeError, match="nonce must be bytes, got str"):
+        mac_of("s", "a nonce off the wire that is no bytes")
+
+
+def test_brief_bounds_any_value_in_an_error_message():
+    deep: object = 1
+    for _ in range(5000):  # deeper than the recursion limit: a plain repr raises
+        deep = (deep,)
+    assert brief(deep) == "((((...),),),)"
+    assert len(brief("\x00" * 100_000)) <= 80  # (its repr is 4x its length)
+    assert brief({"k": list(range(1000))}, 40).startswith("{'k': [0, 1, 2, 3, 4, 5, ...]}")
+    assert brief(7) == "7"
+    assert clip("x" * 10) == "x" * 10
+    clipped = clip("y" * 5000)
+    assert len(clipped) < 1000 and clipped.endswith("... (5,000 chars)")
 
 
 def test_secret_required_beyond_loopback():

@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dgcc import debug
-from dgcc.errors import BadParams, BadPlan, BadRequest, ProcedureError, UnknownProcedure
+from dgcc.errors import (
+    BadParams,
+    BadPlan,
+    BadRequest,
+    ProcedureError,
+    UnknownProcedure,
+    brief,
+    clip,
+)
 from dgcc.storage import Database, Index, ReadView
 
 __all__ = [
@@ -199,7 +207,7 @@ def _check_params(procedure: Procedure, params: object) -> None:
         missing = [name for name in types if name not in params]
         extra = [name for name in params if name not in types]
         named = [f"missing params {missing}"] * bool(missing)
-        named += [f"unexpected params {extra}"] * bool(extra)
+        named += [f"unexpected params {brief(extra)}"] * bool(extra)
         raise BadParams(f"{procedure.name}: {', '.join(named)}")
     for name, expected in types.items():
         value = params[name]
@@ -209,7 +217,8 @@ def _check_params(procedure: Procedure, params: object) -> None:
         if not _type_ok(value, expected):
             raise BadParams(
                 f"{procedure.name}: param {name!r} must be "
-                f"{getattr(expected, '__name__', expected)}, got {type(value).__name__} {value!r}"
+                f"{getattr(expected, '__name__', expected)}, "
+                f"got {type(value).__name__} {brief(value)}"
             )
 
 
@@ -264,7 +273,7 @@ def committed_outcome(procedure: Procedure, outputs: dict[str, Any]) -> Outcome:
 
 def raised(name: str, part: str, error: Exception) -> str:
     """The reason of a call whose procedure's ``part`` (plan, result) raised ``error``."""
-    return f"{name}.{part} raised {type(error).__name__}: {error}"
+    return clip(f"{name}.{part} raised {type(error).__name__}: {error}")
 
 
 def plan_batch(
@@ -305,7 +314,9 @@ def _plan_one(
     registry: ProcedureRegistry, view: ReadView, index: int, request: object
 ) -> PlannedTxn:
     if not isinstance(request, TxnRequest):
-        raise BadRequest(f"malformed request {request!r}: expected TxnRequest(procedure, params)")
+        raise BadRequest(
+            f"malformed request {brief(request)}: expected TxnRequest(procedure, params)"
+        )
     procedure = registry.get(request.procedure)
     _check_params(procedure, request.params)
     try:
@@ -329,7 +340,7 @@ def _check_plan(procedure: Procedure, pieces: Sequence[Piece]) -> None:
     bad = f"{procedure.name}.plan gave a bad plan: "
     for piece in pieces:
         if not isinstance(piece, Piece):
-            raise BadPlan(f"{bad}{piece!r:.80} is not a Piece")
+            raise BadPlan(f"{bad}{brief(piece)} is not a Piece")
         after = piece.after
         if after and not seen.issuperset(after):
             unknown = [name for name in after if name not in seen]
@@ -498,7 +509,7 @@ def run_piece(ctx: PieceContext, txn: PlannedTxn, piece: Piece) -> None:
         # other pieces already ran may differ between protocols (see protocols/dgcc.py)
         if debug.check_invariants and isinstance(error, ProcedureError):
             raise
-        txn.error = f"{txn.procedure.name}.{piece.name} raised {type(error).__name__}: {error}"
+        txn.error = raised(txn.procedure.name, piece.name, error)
     finally:
         ctx._piece = None
 

@@ -38,7 +38,7 @@ from dgcc.bench import (
     summary_line,
 )
 from dgcc.cluster import load_config
-from dgcc.errors import ConfigError, DgccError
+from dgcc.errors import ConfigError, DgccError, brief
 from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_placement import Router
@@ -546,7 +546,12 @@ def _parse_key_values(pairs: list[str]) -> dict[str, Any]:
         try:
             options[key] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            options[key] = text
+            options[key] = text  # a bare word: the text itself
+        except (TypeError, MemoryError, RecursionError) as error:  # {[1]: 2}, nested too deep
+            why = f"{type(error).__name__}: {error}".rstrip(": ")
+            raise ConfigError(
+                f"workload option {key}: {brief(text)} is not a value ({why})"
+            ) from None
     return options
 
 

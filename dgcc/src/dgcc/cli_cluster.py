@@ -11,7 +11,6 @@ entry point (``dgcc.cli``) owns the parser, and the launcher spawns nodes throug
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -19,8 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dgcc.cluster import CONFIG_FILE, ClusterConfig, load_config, local_config
-from dgcc.errors import ConfigError, make_dir
+from dgcc.cluster import (
+    CONFIG_FILE,
+    ClusterConfig,
+    DuplicateKey,
+    load_config,
+    local_config,
+    unique_keys,
+)
+from dgcc.errors import ConfigError, brief, make_dir
 from dgcc.local_cluster import (
     STATE_FILE,
     StopResult,
@@ -353,12 +359,6 @@ def _node(args: argparse.Namespace) -> int:
     except RejoinError as error:
         print(f"dgcc: error: node {args.id} cannot rejoin: {error}", file=sys.stderr)
         return 2
-    except OSError as error:
-        if error.errno != errno.EADDRINUSE:
-            raise
-        # One line in the node's log, which ``dgcc cluster start`` quotes when it fails.
-        address = config.nodes[args.id]
-        raise ConfigError(f"port {address.port} on {address.host} already in use") from None
     return 0
 
 
@@ -486,7 +486,7 @@ def _config_in(directory: Path, *, check_workload: bool = True) -> ClusterConfig
 def _call(args: argparse.Namespace) -> int:
     """``dgcc call``: one procedure on node ``--node``; the outcome as one JSON line."""
     from dgcc.net.client import Client
-    from dgcc.net.wire import NetError
+    from dgcc.net.wire import FrameError, FrameRefused, NetError, frame
 
     if not 0 < args.timeout_s <= CALL_TIMEOUT_S_MAX:  # NaN fails too; 0 means non-blocking
         raise ConfigError(
@@ -494,6 +494,10 @@ def _call(args: argparse.Namespace) -> int:
             f"got {args.timeout_s!r}"
         )
     params = _call_params(args.params)
+    try:
+        frame(("calls", ((1, args.procedure, params),)))
+    except FrameError as error:  # (a name that is not text: the params are checked above)
+        raise ConfigError(f"procedure {brief(args.procedure)} cannot be sent: {error}") from None
     config = _config_in(args.dir, check_workload=False)  # the node checks the call
     if not 0 <= args.node < len(config.nodes):
         raise ConfigError(f"--node {args.node} is not a node of the cluster in {args.dir}")
@@ -507,6 +511,8 @@ def _call(args: argparse.Namespace) -> int:
     with client:
         try:
             outcome = client.call(args.procedure, params)
+        except FrameRefused as error:  # the node read our frame and refused it whole
+            raise ConfigError(f"{where}: {error}; the call did not run") from None
         except (OSError, NetError) as error:  # the call may have reached the node
             print(
                 f"dgcc: error: {where}: {error}; the call was sent, so its outcome is unknown: "
@@ -524,8 +530,8 @@ def _call_params(text: str) -> dict[str, Any]:
     import msgpack  # (not wire.encode: its one FrameError would hide which limit was hit)
 
     try:
-        params = json.loads(text, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as error:
+        params = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as error:
         raise ConfigError(f"params {text!r:.200} name {error} twice") from None
     except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise ConfigError(f"params {text!r:.200} are not JSON: {error}") from None
@@ -546,19 +552,6 @@ def _call_params(text: str) -> dict[str, Any]:
     except ValueError as error:  # msgpack's own limits (nesting depth, sizes)
         raise ConfigError(f"params {text!r:.200} cannot be sent: {error}") from None
     return params
-
-
-class _DuplicateKey(Exception):
-    """A JSON object naming a key twice (json keeps the last silently)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in found:
-            raise _DuplicateKey(repr(key))
-        found[key] = value
-    return found
 
 
 def _check(config: Any) -> int:
@@ -584,7 +577,7 @@ def _status(config: Any) -> int:
     columns = ("node", "address", "pid", "ready", "epochs", "rows held", "committed", "aborted")
     for column in (*columns, "failed calls"):
         table.add_column(column, overflow="fold")
-    unreachable = []  # why, below the table: a reason must be read whole
+    problems = []  # what is wrong, below the table: a reason must be read whole
     for entry in cluster_status(config):
         if "error" in entry and "ready" not in entry:
             address = config.nodes[entry["id"]]
@@ -592,13 +585,19 @@ def _status(config: Any) -> int:
             state = "refused" if entry["error"].startswith("HandshakeError") else "down"
             cells = (str(entry["id"]), f"{address.host}:{address.port}", "-", state)
             table.add_row(*cells, "-", "-", "-", "-", "-")
-            unreachable.append(f"node {entry['id']} {state}: {entry['error']}")
+            problems.append(f"node {entry['id']} {state}: {entry['error']}")
             continue
+        down = entry.get("peers_down") or []
+        if down:  # its link to them failed (a crash, or a frame it refused): epochs stall
+            problems.append(
+                f"node {entry['id']} lost its link to nodes {down}: the epochs they share wait "
+                "until they rejoin (see the nodes' logs)"
+            )
         table.add_row(
             str(entry["id"]),
             f"{entry['host']}:{entry['port']}",
             str(entry["pid"]),
-            "yes" if entry["ready"] else "no",
+            ("peers down" if down else "yes") if entry["ready"] else "no",
             str(entry["epochs_executed"]),
             f"{entry['rows_held']:,}",
             f"{entry['txn/committed']:,.0f}",
@@ -606,6 +605,6 @@ def _status(config: Any) -> int:
             f"{entry['txn/error']:,.0f}",
         )
     make_console().print(table)
-    for line in unreachable:
+    for line in problems:
         print(line)
-    return 1 if unreachable else 0
+    return 1 if problems else 0

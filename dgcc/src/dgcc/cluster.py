@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import os
 import socket
 import tomllib
@@ -26,14 +25,18 @@ from dgcc.protocols.dist_placement import NODES_MAX, Placement
 __all__ = [
     "CONFIG_FILE",
     "ClusterConfig",
+    "DuplicateKey",
     "NodeAddress",
     "load_config",
     "local_config",
+    "unique_keys",
 ]
 
 CONFIG_FILE = "cluster.json"  # a cluster folder's config (``dgcc.local_cluster``)
-# A frame_bytes_max below this is a slip (units, sign): no real epoch batch fits under it.
+# A frame_bytes_max below this is a slip (units, sign): hardly a call fits under it.
 FRAME_BYTES_MIN = 1024
+# epoch_ms and delay_ms_max above this are slips too: a call would wait past any client's timeout.
+MS_MAX = 60_000
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,9 @@ class ClusterConfig:
         pipeline_epochs: closed epochs allowed ahead of execution (collection pipelining).
         seed: the data load seed (every node loads the same data).
         secret: the shared secret; or ``secret_env`` names the variable holding it.
-        frame_bytes_max: the largest frame accepted.
+        frame_bytes_max: the largest frame a node accepts from a client (and a client from a
+            node). Peer links take any frame a header can announce: an epoch's batch holds
+            many calls.
         step_pieces: pieces run between two looks at the network.
         delay_ms_max: test only: delay every peer message by a seeded random 0..max ms.
         delay_seed: seed of those delays.
@@ -139,8 +144,10 @@ class ClusterConfig:
         for name in ("epoch_ms", "delay_ms_max"):
             value = getattr(self, name)
             number = not isinstance(value, bool) and isinstance(value, int | float)
-            if not number or not 0 <= value < math.inf:  # NaN fails the comparison too
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+            if not number or not 0 <= value <= MS_MAX:  # NaN fails the comparison too
+                raise ConfigError(
+                    f"{name} must be a number of milliseconds in [0, {MS_MAX}], got {value!r}"
+                )
         ints = ("epoch_calls_max", 0), ("pipeline_epochs", 1), ("step_pieces", 1)
         ints += ("checkpoint_every_epochs", 0), ("frame_bytes_max", FRAME_BYTES_MIN)
         for name, low in (*ints, ("seed", None), ("delay_seed", None)):
@@ -268,8 +275,13 @@ def load_config(path: Path, *, check_workload: bool = True, **overrides: Any) ->
     kinds = {".toml": ("TOML",), ".json": ("JSON",)}.get(path.suffix, ("JSON", "TOML"))
     for kind in kinds:
         try:
-            data = tomllib.loads(text.decode()) if kind == "TOML" else json.loads(text)
+            if kind == "TOML":
+                data = tomllib.loads(text.decode())  # (TOML refuses a key named twice)
+            else:
+                data = json.loads(text, object_pairs_hook=unique_keys)
             break
+        except DuplicateKey as error:
+            raise ConfigError(f"cluster config {str(path)!r} names {error} twice") from None
         except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as error:
             problem = error
     else:
@@ -280,6 +292,20 @@ def load_config(path: Path, *, check_workload: bool = True, **overrides: Any) ->
     if overrides and isinstance(data, dict):
         data = {**data, **overrides}
     return ClusterConfig.from_dict(data, check_workload=check_workload)
+
+
+class DuplicateKey(Exception):
+    """A JSON object naming a key twice (``json`` alone keeps the last, silently)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s object_pairs_hook that raises DuplicateKey (the key's repr) on a repeat."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKey(repr(key))
+        found[key] = value
+    return found
 
 
 def _free_ports(count: int) -> list[int]:

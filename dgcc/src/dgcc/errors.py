@@ -10,6 +10,7 @@
      │    ├── FrameError      bytes off the wire are not a valid frame or message
      │    ├── HandshakeError  version, role or shared secret mismatch
      │    ├── ConnectionLost  the other side closed or reset the connection
+     │    │    └── FrameRefused  a node refused a client's frame (its calls did not run)
      │    └── CallTimeout     no answer within the caller's timeout
      ├── WalCorrupt           dgcc.wal: a log or checkpoint damaged where no crash could leave it
      ├── RejoinError          dgcc.wal.rejoin: a restarted node cannot rejoin its running peers
@@ -27,6 +28,7 @@ may have planned it fine and committed its share).
 from __future__ import annotations
 
 import errno
+import reprlib
 from pathlib import Path
 
 
@@ -40,7 +42,7 @@ class BadRequest(DgccError):
 
 class UnknownProcedure(BadRequest):
     def __init__(self, name: object, known: list[str]) -> None:
-        super().__init__(f"unknown procedure {name!r}; registered: {', '.join(sorted(known))}")
+        super().__init__(f"unknown procedure {brief(name)}; registered: {', '.join(sorted(known))}")
         self.name = name
 
 
@@ -73,3 +75,27 @@ def make_dir(path: Path, message: str) -> Path:
         why = error.strerror or str(error)
         raise ConfigError(message.format(path=str(path), why=why)) from None
     return path
+
+
+# Values off the wire can be nested deeper than Python's recursion limit or be megabytes long:
+# a plain repr of one in an error message could raise RecursionError (stopping a node) or make
+# a reason larger than the frame that carried the value. These bounds keep both in check.
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 3, 60, 60, 40
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 6
+REASON_CHARS_MAX = 1000  # the longest error reason a call's outcome carries
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """A repr of ``value`` for an error message: at most 3 levels deep, 6 items a level and
+    ``limit`` characters, whatever ``value`` holds."""
+    try:
+        text = _BRIEF.repr(value)
+    except Exception:  # a repr that raises (an object off a buggy procedure)
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def clip(reason: str, limit: int = REASON_CHARS_MAX) -> str:
+    """``reason`` cut to ``limit`` characters (marked), for an outcome or a log line."""
+    return reason if len(reason) <= limit else f"{reason[: limit - 30]}... ({len(reason):,} chars)"

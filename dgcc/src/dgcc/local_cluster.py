@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.cluster import CONFIG_FILE, ClusterConfig, load_config
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, brief
 from dgcc.net.wire import FRAME_BODY_MAX
 
 __all__ = [
@@ -315,7 +315,7 @@ def read_pids(directory: Path) -> list[int]:
     pids = state.get("pids") if isinstance(state, dict) else None
     if not isinstance(pids, list) or not all(type(pid) is int and pid >= 0 for pid in pids):
         raise ConfigError(
-            f"cluster state {str(path)!r} holds no list of pids (got {state!r:.80}); "
+            f"cluster state {str(path)!r} holds no list of pids (got {brief(state)}); "
             "remove it if no cluster runs there"
         )
     return pids
@@ -463,7 +463,7 @@ def status(config: ClusterConfig, *, timeout_s: float = 5.0) -> list[dict[str, A
 
 CHECK_TRIES = 3
 # The largest dump answer ``check`` accepts: all a frame header can announce (4 GiB). A node's
-# rows outgrow any limit sized for calls and epoch batches (a default TPC-C node dumps 130 MB,
+# rows outgrow any limit sized for client calls (a default TPC-C node dumps 130 MB,
 # over the 64 MiB default), and the node has no way to send them in pieces. A larger limit for
 # this one answer is sound: it answers the check's own request, from a node that passed the
 # handshake (and proved the secret, if any); the client's memory grows with the bytes that
@@ -485,7 +485,7 @@ def check(config: ClusterConfig, *, timeout_s: float = 30.0) -> list[str]:
     everywhere, and no peer link was down.
 
     Each node's rows come in one answer, which may be much larger than the config's
-    ``frame_bytes_max`` (sized for calls and epoch batches): the check accepts a dump of up to
+    ``frame_bytes_max`` (sized for client calls): the check accepts a dump of up to
     ``DUMP_BYTES_MAX`` bytes, the most a frame header can announce (why that is sound: at
     ``DUMP_BYTES_MAX``). Fetching the rows in pieces would need a new request the nodes do not
     serve; every other frame keeps the config's limit.

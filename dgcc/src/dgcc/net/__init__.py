@@ -1,7 +1,14 @@
 """The network layer of DistDGCC: wire format, node server, and client library."""
 
 from dgcc.net.client import AsyncClient, Client, call_each_in_order
-from dgcc.net.wire import CallTimeout, ConnectionLost, FrameError, HandshakeError, NetError
+from dgcc.net.wire import (
+    CallTimeout,
+    ConnectionLost,
+    FrameError,
+    FrameRefused,
+    HandshakeError,
+    NetError,
+)
 
 __all__ = [
     "AsyncClient",
@@ -9,6 +16,7 @@ __all__ = [
     "Client",
     "ConnectionLost",
     "FrameError",
+    "FrameRefused",
     "HandshakeError",
     "NetError",
     "call_each_in_order",

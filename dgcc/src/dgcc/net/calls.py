@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from dgcc.api import Outcome
+from dgcc.errors import brief
 from dgcc.net.wire import FrameError, frame, unencodable
 
 __all__ = ["RESULTS_PER_FRAME_MAX", "ClientLink", "call_problem"]
@@ -74,11 +75,11 @@ def call_problem(call: object) -> str | None:
         FrameError: the entry has no usable call id, so no answer could reach its caller.
     """
     if not isinstance(call, tuple) or not call or not isinstance(call[0], int):
-        raise FrameError(f"ill-shaped call {call!r:.80}: it must start with an int call id")
+        raise FrameError(f"ill-shaped call {brief(call)}: it must start with an int call id")
     if len(call) != 3:
-        return f"a call is (call_id, procedure, params), got {len(call)} items: {call!r:.80}"
+        return f"a call is (call_id, procedure, params), got {len(call)} items: {brief(call)}"
     if not isinstance(call[1], str):
-        return f"procedure must be a string, got {type(call[1]).__name__} {call[1]!r:.80}"
+        return f"procedure must be a string, got {type(call[1]).__name__} {brief(call[1])}"
     if not isinstance(call[2], dict):
-        return f"params must be a map, got {type(call[2]).__name__} {call[2]!r:.80}"
+        return f"params must be a map, got {type(call[2]).__name__} {brief(call[2])}"
     return None

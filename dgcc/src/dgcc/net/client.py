@@ -18,12 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dgcc.api import Outcome, Status
+from dgcc.errors import brief
 from dgcc.net.wire import (
     FRAME_BYTES_MAX,
     VERSION,
     CallTimeout,
     ConnectionLost,
     FrameError,
+    FrameRefused,
     HandshakeError,
     NetError,
     decode,
@@ -46,14 +48,16 @@ def _check_ready(answer: tuple, where: str) -> None:
     if answer[0] == "error":
         raise HandshakeError(f"node at {where} refused the connection: {answer[1]}")
     if answer[0] != "ready":
-        raise HandshakeError(f"node at {where} answered {answer!r:.80} to the handshake")
+        raise HandshakeError(f"node at {where} answered {brief(answer)} to the handshake")
 
 
 def _hello_answer(hello: tuple, secret: str | None, where: str) -> bytes:
     if hello[0] != "hello" or len(hello) != 4:
-        raise HandshakeError(f"node at {where} sent {hello!r:.80} instead of a hello")
+        raise HandshakeError(f"node at {where} sent {brief(hello)} instead of a hello")
     if hello[1] != VERSION:
-        raise HandshakeError(f"node at {where} speaks version {hello[1]!r}, we speak {VERSION}")
+        raise HandshakeError(
+            f"node at {where} speaks version {brief(hello[1])}, we speak {VERSION}"
+        )
     return frame(("hello", VERSION, "client", None, mac_of(secret, hello[3])))
 
 
@@ -132,8 +136,10 @@ class AsyncClient:
                 if message[0] == "results" and len(message) == 2 and type(message[1]) is tuple:
                     self._answer_calls(message[1])
                     continue
+                if message[0] == "error" and len(message) == 2:  # (a connection's end)
+                    raise FrameRefused(f"{self.where} refused a frame: {brief(message[1], 300)}")
                 if len(message) < 2:
-                    raise FrameError(f"ill-shaped answer {message!r:.80}")
+                    raise FrameError(f"ill-shaped answer {brief(message)}")
                 future = self._pending.pop(message[1], None)
                 if future is not None and not future.done():
                     if message[0] == "error":  # the node cannot answer this request
@@ -143,7 +149,9 @@ class AsyncClient:
         except (ConnectionLost, FrameError, OSError) as error:
             self._closed = error
         finally:
-            lost = ConnectionLost(f"connection to {self.where} lost: {self._closed}")
+            lost = self._closed
+            if not isinstance(lost, FrameRefused):
+                lost = ConnectionLost(f"connection to {self.where} lost: {self._closed}")
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(lost)
@@ -156,7 +164,7 @@ class AsyncClient:
         callbacks = self._callbacks
         for result in results:
             if not isinstance(result, tuple) or len(result) != 4 or type(result[0]) is not int:
-                raise FrameError(f"ill-shaped call result {result!r:.80}")
+                raise FrameError(f"ill-shaped call result {brief(result)}")
             call_id, status, value, reason = result
             if not isinstance(status, str) or status not in _STATUSES:
                 raise FrameError(f"unknown call status {status!r}")
@@ -336,6 +344,8 @@ class Client:
         self._sock.sendall(frame(("calls", ((call_id, procedure, dict(params)),))))
         while True:
             message = self._read()
+            if message[0] == "error" and len(message) == 2:  # (a connection's end)
+                raise FrameRefused(f"{self.where} refused the call: {brief(message[1], 300)}")
             if message[0] != "results" or len(message) != 2:
                 continue
             for result in message[1]:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dgcc.api import Status, TxnRequest
-from dgcc.errors import ProcedureError
+from dgcc.errors import ProcedureError, brief
 from dgcc.net.calls import ClientLink
 from dgcc.net.wire import FrameError, frame, unencodable
 from dgcc.protocols.dist_dgcc import EpochRun
@@ -346,4 +346,4 @@ def check_inputs(peer: int, body: Any) -> None:
         ):
             problem = f"full must be None or {calls} (procedure, params) pairs"
     if problem is not None:
-        raise FrameError(f"bad 'inputs' message from peer {peer}: {problem}, got {body!r:.80}")
+        raise FrameError(f"bad 'inputs' message from peer {peer}: {problem}, got {brief(body)}")

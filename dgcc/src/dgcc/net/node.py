@@ -22,6 +22,7 @@ reorders them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
@@ -32,10 +33,11 @@ from typing import Any
 
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
-from dgcc.errors import DgccError
+from dgcc.errors import ConfigError, DgccError, brief
 from dgcc.net.calls import ClientLink, call_problem
 from dgcc.net.epochs import CALLS_WAITING_MAX, EpochPipeline, check_inputs, peer_body
 from dgcc.net.wire import (
+    FRAME_BODY_MAX,
     VERSION,
     ConnectionLost,
     FrameError,
@@ -139,11 +141,20 @@ class Node(EpochPipeline):
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    async def _listen(self) -> None:
+        """Open the node's port; a ConfigError (one line) when its address cannot be had."""
+        host, port = self.address.host, self.address.port
+        try:
+            self._server = await asyncio.start_server(self._accept, host, port, limit=2**20)
+        except OSError as error:  # taken, not this machine's address, a name that fails
+            if error.errno == errno.EADDRINUSE:  # (``dgcc cluster start`` quotes the line)
+                raise ConfigError(f"port {port} on {host} already in use") from None
+            why = error.strerror or str(error)
+            raise ConfigError(f"node {self.id} cannot listen on {host}:{port}: {why}") from None
+
     async def start(self) -> None:
         """Listen, connect to every peer, and start the epoch tasks."""
-        self._server = await asyncio.start_server(
-            self._accept, self.address.host, self.address.port, limit=2**20
-        )
+        await self._listen()
         await asyncio.gather(*(self._connect(peer) for peer in self.peers))
         if self.durability is not None:
             self.durability.broadcast = self._send_durable
@@ -217,7 +228,7 @@ class Node(EpochPipeline):
                     return
                 writer.close()
                 if answer[0] != "error" or PEER_CONNECTED not in str(answer[1:2]):
-                    raise HandshakeError(f"node {self.id}: peer {peer} refused us: {answer!r:.80}")
+                    raise HandshakeError(f"node {self.id}: peer {peer} refused us: {brief(answer)}")
                 failure = str(answer[1])
             if time.monotonic() > deadline_s:
                 raise ConnectionLost(f"node {self.id}: peer {peer} unreachable: {failure}")
@@ -230,7 +241,7 @@ class Node(EpochPipeline):
         """Our side of the handshake on a new link to ``peer``; returns the peer's answer."""
         hello = await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
         if hello[0] != "hello" or len(hello) != 4 or hello[1] != VERSION or hello[2] != peer:
-            raise HandshakeError(f"node {self.id}: bad hello from peer {peer}: {hello!r:.80}")
+            raise HandshakeError(f"node {self.id}: bad hello from peer {peer}: {brief(hello)}")
         writer.write(frame(("hello", VERSION, "node", self.id, mac_of(self.secret, hello[3]))))
         return await asyncio.wait_for(read_frame(reader, 4096), HANDSHAKE_TIMEOUT_S)
 
@@ -284,7 +295,7 @@ class Node(EpochPipeline):
         writer.write(frame(("hello", VERSION, self.id, nonce)))
         answer = await read_frame(reader, 4096)
         if len(answer) != 5 or answer[0] != "hello":
-            raise HandshakeError(f"expected a hello, got {answer!r:.80}")
+            raise HandshakeError(f"expected a hello, got {brief(answer)}")
         _, version, role, peer, mac = answer
         if version != VERSION:
             raise HandshakeError(f"protocol version {version!r}, this node speaks {VERSION}")
@@ -309,12 +320,14 @@ class Node(EpochPipeline):
         return reader is not None and not reader.at_eof()
 
     async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
-        limit = self.config.frame_bytes_max
+        # Not the config's frame_bytes_max, which bounds one client frame: a peer (past the
+        # handshake) sends whole epochs of calls, and reports and error reasons about them.
+        limit = FRAME_BODY_MAX
         while True:
             message = await read_frame(reader, limit)
             kind = message[0]
             if len(message) != 4 or not isinstance(message[1], int) or message[2] != peer:
-                raise FrameError(f"ill-shaped peer message {message!r:.80}")
+                raise FrameError(f"ill-shaped peer message {brief(message)}")
             epoch, body = message[1], message[3]
             if kind == "inputs":
                 check_inputs(peer, body)
@@ -357,12 +370,12 @@ class Node(EpochPipeline):
             kind = message[0]
             if kind == "calls":
                 if len(message) != 2 or not isinstance(message[1], tuple):
-                    raise FrameError(f"ill-shaped calls message {message!r:.80}")
+                    raise FrameError(f"ill-shaped calls message {brief(message)}")
                 self._take_calls(client, message[1])
             elif kind in handlers and len(message) == 2 and isinstance(message[1], int):
                 handlers[kind](client, message[1])
             else:
-                raise FrameError(f"unknown or ill-shaped client message {message!r:.80}")
+                raise FrameError(f"unknown or ill-shaped client message {brief(message)}")
 
     def _take_calls(self, client: ClientLink, calls: tuple) -> None:
         """Answer each ill-shaped call ERROR alone and add the rest, in order.
@@ -485,7 +498,7 @@ class Node(EpochPipeline):
     def _peer_restarting(self, peer: int, log_end: int, body: Any) -> None:
         new, acked = body  # (new directory, the epoch its log records as durable everywhere)
         if type(new) is not bool or type(acked) is not int:
-            raise ValueError(f"expected (bool, int), got {body!r:.60}")
+            raise ValueError(f"expected (bool, int), got {brief(body, 60)}")
         assert self.durability is not None
         self.durability.peer_restarting(peer, log_end, new, acked)
 

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from dgcc.errors import DgccError
+from dgcc.errors import DgccError, brief
 
 __all__ = [
     "FRAME_BODY_MAX",
@@ -45,6 +45,7 @@ __all__ = [
     "CallTimeout",
     "ConnectionLost",
     "FrameError",
+    "FrameRefused",
     "HandshakeError",
     "NetError",
     "decode",
@@ -77,6 +78,11 @@ class HandshakeError(NetError):
 
 class ConnectionLost(NetError):
     """The other side closed or reset the connection."""
+
+
+class FrameRefused(ConnectionLost):
+    """The node refused a frame this client sent (too large, ill-formed) and closed the
+    connection: that frame's calls did not run (earlier ones still unanswered may have)."""
 
 
 class CallTimeout(NetError):
@@ -130,7 +136,7 @@ def decode(body: bytes) -> tuple:
             f"undecodable frame of {len(body)} bytes: {type(error).__name__}"
         ) from None
     if not isinstance(message, tuple) or not message or not isinstance(message[0], str):
-        raise FrameError(f"message must be a tuple starting with its kind, got {message!r:.80}")
+        raise FrameError(f"message must be a tuple starting with its kind, got {brief(message)}")
     return message
 
 
@@ -161,10 +167,16 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-def mac_of(secret: str | None, nonce: bytes) -> bytes:
-    """HMAC-SHA256 of the server's nonce under the shared secret (empty without one)."""
+def mac_of(secret: str | None, nonce: object) -> bytes:
+    """HMAC-SHA256 of the server's nonce under the shared secret (empty without one).
+
+    Raises:
+        HandshakeError: the nonce (off the wire) is not bytes.
+    """
     if not secret:
         return b""
+    if not isinstance(nonce, bytes):
+        raise HandshakeError(f"the hello's nonce must be bytes, got {type(nonce).__name__}")
     return hmac.new(secret.encode(), nonce, hashlib.sha256).digest()
 
 

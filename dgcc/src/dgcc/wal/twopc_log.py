@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dgcc.errors import brief
 from dgcc.storage import Database
 from dgcc.wal import value
 from dgcc.wal.format import (
@@ -77,7 +78,7 @@ def read_records(directory: Path, *, repair: bool = True) -> tuple[list[Record],
             raise WalCorrupt(f"epoch {block.epoch}: a {block.kind.name} block in a 2PC log")
         for record in decode_payload(block):
             if not isinstance(record, tuple) or not record or record[0] not in KINDS:
-                raise WalCorrupt(f"epoch {block.epoch}: unknown 2PC log record {record!r:.80}")
+                raise WalCorrupt(f"epoch {block.epoch}: unknown 2PC log record {brief(record)}")
             records.append(record)
     return records, blocks[-1].epoch if blocks else 0, dropped
 

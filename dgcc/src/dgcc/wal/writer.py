@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dgcc.wal.crashpoints import crashpoint
+from dgcc.wal.format import WalCorrupt
 
 __all__ = ["WalWriter", "fsync_dir", "list_segments", "segment_name"]
 
@@ -34,11 +35,17 @@ def segment_name(first_epoch: int) -> str:
 
 
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
-    """(first epoch, path) of every log segment in ``directory``, oldest first."""
+    """(first epoch, path) of every log segment in ``directory``, oldest first.
+
+    Raises:
+        WalCorrupt: something named as a segment is not a file (a folder, a dangling link).
+    """
     found = []
     for path in directory.iterdir():
         match = _SEGMENT.match(path.name)
         if match:
+            if not path.is_file():
+                raise WalCorrupt(f"log segment {str(path)!r} is not a file")
             found.append((int(match.group(1)), path))
     return sorted(found)
 

@@ -16,7 +16,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dgcc.api import Outcome, Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
-from dgcc.errors import BadParams, ConfigError
+from dgcc.errors import BadParams, ConfigError, brief
 from dgcc.storage import Database, ReadView, Table
 from dgcc.workloads import Workload, register_workload
 
@@ -158,12 +158,12 @@ class SmallbankWorkload(Workload):
         def checked_plan(params: Mapping[str, Any], view: ReadView) -> list[Piece]:
             for name in ("customer", "source", "target"):
                 if name in params and not 0 <= params[name] < accounts:
-                    raise BadParams(f"smallbank: unknown {name} {params[name]!r}")
+                    raise BadParams(f"smallbank: unknown {name} {brief(params[name])}")
             if "amount" in params and not -AMOUNT_LIMIT_CENTS <= params["amount"] <= (
                 AMOUNT_LIMIT_CENTS
             ):  # balances are 64-bit on the wire and in logs: keep sums far from that
                 raise BadParams(
-                    f"smallbank: amount={params['amount']!r} outside "
+                    f"smallbank: amount={brief(params['amount'])} outside "
                     f"-{AMOUNT_LIMIT_CENTS:,}..{AMOUNT_LIMIT_CENTS:,} cents"
                 )
             return plan(params)

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from dgcc.api import Outcome, Piece, PieceContext, Procedure, ProcedureRegistry, TxnRequest
-from dgcc.errors import BadParams, ConfigError
+from dgcc.errors import BadParams, ConfigError, brief
 from dgcc.storage import Database, ReadView, Table
 from dgcc.workloads import Workload, register_workload
 
@@ -183,7 +183,9 @@ class YcsbWorkload(Workload):
         keys, rmw = params["keys"], params["rmw"]
         count = len(keys)
         if count != len(rmw) or not count:
-            raise BadParams(f"ycsb_txn: keys and rmw must be equally long and non-empty: {params}")
+            raise BadParams(
+                f"ycsb_txn: keys and rmw must be equally long and non-empty: {brief(params)}"
+            )
         records, fields = self.records, self._field_names
         field_count = len(fields)
         read_names, write_names = _piece_names(count)
@@ -193,14 +195,14 @@ class YcsbWorkload(Workload):
         # names built once per position, no enumerate.
         for position, key, write in zip(range(count), keys, rmw):
             if type(key) is not int or not 0 <= key < records:  # bool is not int here
-                raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {key!r}")
+                raise BadParams(f"ycsb_txn: key must be an int in [0, {records}), got {brief(key)}")
             if write is True:
                 run = partial(_read_modify_write, key, fields[position % field_count])
                 append(Piece(write_names[position], run, (), ((TABLE, key),)))
             elif write is False:
                 append(Piece(read_names[position], partial(_read, key), ((TABLE, key),)))
             else:
-                raise BadParams(f"ycsb_txn: rmw flags must be bools, got {write!r}")
+                raise BadParams(f"ycsb_txn: rmw flags must be bools, got {brief(write)}")
         return pieces
 
     def requests(self, seed: int) -> Iterator[TxnRequest]:

@@ -69,10 +69,10 @@ from dgcc.api import (
     run_piece,
 )
 from dgcc.cluster import ClusterConfig
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, brief
 from dgcc.net.node import CALLS_WAITING_MAX, Node
 from dgcc.net.servers.cc import PROTOCOLS, Branch, NodeCC, Timestamp
-from dgcc.net.wire import FrameError, frame, read_frame, unencodable
+from dgcc.net.wire import FRAME_BODY_MAX, FrameError, frame, read_frame, unencodable
 from dgcc.protocols.dist_placement import REPLICATED
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.node_log import node_directory
@@ -126,9 +126,7 @@ class TwoPhaseCommitNode(Node):
 
     async def start(self) -> None:
         """Listen and connect to every peer; calls then start transactions directly."""
-        self._server = await asyncio.start_server(
-            self._accept, self.address.host, self.address.port, limit=2**20
-        )
+        await self._listen()
         await asyncio.gather(*(self._connect(peer) for peer in self.peers))
         self._check_ready()
         if self.wal is not None:
@@ -234,11 +232,11 @@ class TwoPhaseCommitNode(Node):
                            len(orphans), peer)  # fmt: skip
 
     async def _serve_peer(self, reader: asyncio.StreamReader, peer: int) -> None:
-        limit = self.config.frame_bytes_max
+        limit = FRAME_BODY_MAX  # as DistDGCC's nodes: frame_bytes_max bounds client frames
         while True:
             message = await read_frame(reader, limit)
             if len(message) != 4 or not isinstance(message[1], int) or message[2] != peer:
-                raise FrameError(f"ill-shaped peer message {message!r:.80}")
+                raise FrameError(f"ill-shaped peer message {brief(message)}")
             kind, request_id, _, body = message
             if kind == "rep":
                 reply = self._replies.pop(request_id, None)

@@ -25,7 +25,7 @@ from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 from dgcc.api import ProcedureRegistry, TxnRequest
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, brief
 from dgcc.storage import Database
 from dgcc.workloads import Workload, register_workload
 from dgcc.workloads.tpcc.checks import check
@@ -126,7 +126,7 @@ class TpccWorkload(Workload):
         else:
             return None
         if not _WAREHOUSE_ID_TYPES.issuperset(map(type, warehouses)):  # as partition_of checks
-            raise TypeError(f"{procedure}: warehouse ids {list(warehouses)!r:.80} are not ints")
+            raise TypeError(f"{procedure}: warehouse ids {brief(list(warehouses))} are not ints")
         return {(w - 1) % partitions for w in warehouses}
 
     def describe(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry
-from dgcc.errors import BadParams
+from dgcc.errors import BadParams, brief
 from dgcc.storage import Database, ReadView
 from dgcc.workloads.tpcc.schema import DISTRICTS_PER_WAREHOUSE, ITEM_KEY, TpccConfig
 
@@ -93,30 +93,30 @@ class _Scale:
 
     def warehouse(self, name: str, w: int) -> None:
         if not 1 <= w <= self.warehouses:
-            raise BadParams(f"{name}={w!r} outside 1..{self.warehouses}")
+            raise BadParams(f"{name}={brief(w)} outside 1..{self.warehouses}")
 
     def district(self, name: str, d: int) -> None:
         if not 1 <= d <= DISTRICTS_PER_WAREHOUSE:
-            raise BadParams(f"{name}={d!r} outside 1..{DISTRICTS_PER_WAREHOUSE}")
+            raise BadParams(f"{name}={brief(d)} outside 1..{DISTRICTS_PER_WAREHOUSE}")
 
     def customer(self, params: Mapping[str, Any], view: ReadView, w: int, d: int) -> None:
         """Exactly one of c_id (> 0) and c_last (non-empty) names an existing customer."""
         c_id, c_last = params["c_id"], params["c_last"]
         if (c_id == 0) == (c_last == ""):
-            raise BadParams(f"give exactly one of c_id={c_id!r} and c_last={c_last!r}")
+            raise BadParams(f"give exactly one of c_id={brief(c_id)} and c_last={brief(c_last)}")
         if c_last:
             # C_LAST never changes and customers are never added: a plan-time check is exact.
             if view.first("customer", "by_last", (w, d, c_last)) is None:
-                raise BadParams(f"no customer named c_last={c_last!r} in district {(w, d)}")
+                raise BadParams(f"no customer named c_last={brief(c_last)} in district {(w, d)}")
         elif not 1 <= c_id <= self.customers:
-            raise BadParams(f"c_id={c_id!r} outside 1..{self.customers}")
+            raise BadParams(f"c_id={brief(c_id)} outside 1..{self.customers}")
 
     def plan_new_order(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
         w, d, c = params["w_id"], params["d_id"], params["c_id"]
         self.warehouse("w_id", w)
         self.district("d_id", d)
         if not 1 <= c <= self.customers:
-            raise BadParams(f"c_id={c!r} outside 1..{self.customers}")
+            raise BadParams(f"c_id={brief(c)} outside 1..{self.customers}")
         lines = params["lines"]
         if not 1 <= len(lines) <= LINES_MAX:
             raise BadParams(f"new_order has {len(lines)} lines; allowed 1..{LINES_MAX}")
@@ -143,14 +143,14 @@ class _Scale:
 
     def _order_line(self, line: object) -> tuple[int, int, int]:
         if not isinstance(line, list | tuple) or len(line) != 3:
-            raise BadParams(f"order line {line!r} must be (i_id, supply_w_id, quantity)")
+            raise BadParams(f"order line {brief(line)} must be (i_id, supply_w_id, quantity)")
         i_id, supply_w, quantity = line
         if not type(i_id) is type(supply_w) is type(quantity) is int:  # bool is no int here
-            raise BadParams(f"order line {line!r} must hold three ints")
+            raise BadParams(f"order line {brief(line)} must hold three ints")
         if not 1 <= supply_w <= self.warehouses:
-            raise BadParams(f"supply_w_id={supply_w!r} outside 1..{self.warehouses}")
+            raise BadParams(f"supply_w_id={brief(supply_w)} outside 1..{self.warehouses}")
         if not 1 <= quantity <= QUANTITY_MAX:
-            raise BadParams(f"quantity={quantity!r} outside 1..{QUANTITY_MAX}")
+            raise BadParams(f"quantity={brief(quantity)} outside 1..{QUANTITY_MAX}")
         return i_id, supply_w, quantity
 
     def plan_payment(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
@@ -183,7 +183,7 @@ class _Scale:
         w, carrier, date = params["w_id"], params["o_carrier_id"], params["ol_delivery_d"]
         self.warehouse("w_id", w)
         if not 1 <= carrier <= 10:
-            raise BadParams(f"o_carrier_id={carrier!r} outside 1..10")
+            raise BadParams(f"o_carrier_id={brief(carrier)} outside 1..10")
         return [
             Piece(f"d{d}", _deliver(w, d, carrier, date), writes=(("district", w, d),))
             for d in range(1, DISTRICTS_PER_WAREHOUSE + 1)
@@ -194,7 +194,7 @@ class _Scale:
         self.warehouse("w_id", w)
         self.district("d_id", d)
         if not 1 <= threshold <= 100:
-            raise BadParams(f"threshold={threshold!r} outside 1..100")
+            raise BadParams(f"threshold={brief(threshold)} outside 1..100")
         next_o_id = view.get("district", (w, d))["d_next_o_id"]  # type: ignore[index]
         first_o_id = max(1, next_o_id - STOCK_LEVEL_ORDERS)
         items = self._recent_items(view, w, d, first_o_id, next_o_id)
