@@ -269,3 +269,26 @@ def test_sigterm_stops_a_cluster_bench_with_its_nodes_and_clients(tmp_path):
     assert len(children) == 4, children  # two nodes, two clients
     assert not [pid for pid in children if _alive(pid)], children
     assert len(folders) == 1 and not any(os.path.exists(folder) for folder in folders), folders
+
+
+def test_stop_ends_the_recorded_nodes_when_the_config_no_longer_reads(tmp_path):
+    directory = tmp_path / "cluster"
+    started = _cli("cluster", "start", "--nodes", "1", "--dir", str(directory))
+    assert started.returncode == 0, started.stderr
+    (pid,) = read_pids(directory)
+    pidfd = os.pidfd_open(pid)  # (the node is not our child: its launcher has exited)
+    try:
+        (directory / "cluster.json").write_text("{ not json")
+        status = _cli("cluster", "status", "--dir", str(directory))
+        assert status.returncode == 2 and "is not valid JSON" in status.stderr, status.stderr
+        stopped = _cli("cluster", "stop", "--dir", str(directory))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "ending the recorded ones by SIGTERM" in stopped.stdout, stopped.stdout
+        assert "stopped 1 of 1 nodes" in stopped.stdout, stopped.stdout
+        exited = select.select([pidfd], [], [], 0)[0]
+    finally:
+        if not select.select([pidfd], [], [], 0)[0]:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # a failed stop leaks no node
+        os.close(pidfd)
+    assert exited
+    assert not (directory / "cluster_state.json").exists()

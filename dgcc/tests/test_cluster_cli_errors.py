@@ -188,7 +188,7 @@ def test_unusable_dir_and_json_paths_fail_up_front(tmp_path, cli_error):
     err = cli_error([*bench, "--json", "/proc/nope/x.json"])
     assert "--json '/proc/nope/x.json' cannot be written" in err
     err = cli_error(["recover", str(tmp_path), "--json", str(a_file / "x.json")])
-    assert "cannot be written" in err
+    assert "cannot be written: Not a directory" in err
     assert "Is a directory" in cli_error([*bench, "--json", str(tmp_path)])
 
 

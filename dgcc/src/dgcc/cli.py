@@ -268,6 +268,8 @@ def _check_writable(path: Path) -> None:
     Creates the missing parent folders (the run would too) and a nameless file in the last one.
     """
     try:
+        if path.parent.exists() and not path.parent.is_dir():  # (mkdir: "File exists")
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "Is a directory")

@@ -32,8 +32,10 @@ from dgcc.local_cluster import (
     StopResult,
     log_size,
     logged_warnings,
+    read_pids,
     start_local,
     start_node,
+    terminate_recorded,
 )
 from dgcc.local_cluster import status as cluster_status
 from dgcc.local_cluster import stop as cluster_stop
@@ -306,16 +308,30 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.action == "start":
         return _start(args)
     # Stop and status only reach the nodes: a user workload need not import here.
-    config = _config_in(args.dir, check_workload=args.action == "check")
+    try:
+        config = _config_in(args.dir, check_workload=args.action == "check")
+    except ConfigError as error:
+        if args.action != "stop" or not read_pids(args.dir):
+            raise
+        # The config no longer reads, but the nodes it started are recorded: end them.
+        result = terminate_recorded(args.dir)
+        print(f"cannot reach the nodes ({error}): ending the recorded ones by SIGTERM")
+        print(_stop_summary(result, len(read_pids(args.dir))))
+        return _stopped(args.dir, result)
     if args.action == "status":
         return _status(config)
     if args.action == "check":
         return _check(config)
     result = cluster_stop(config, directory=args.dir)
     print(_stop_summary(result, len(config.nodes)))
+    return _stopped(args.dir, result)
+
+
+def _stopped(directory: Path, result: StopResult) -> int:
+    """``cluster stop``'s exit: 1 while a node still runs, else 0 with the state file gone."""
     if result.still_running:
         return 1
-    (args.dir / STATE_FILE).unlink(missing_ok=True)
+    (directory / STATE_FILE).unlink(missing_ok=True)
     return 0
 
 

@@ -582,9 +582,21 @@ def stop(
             unreachable.append(node.id)
     if directory is None or not unreachable:
         return StopResult(by_request=tuple(by_request))
+    return terminate_recorded(directory, unreachable, timeout_s, tuple(by_request))
+
+
+def terminate_recorded(
+    directory: Path,
+    nodes: list[int] | None = None,
+    timeout_s: float = 5.0,
+    by_request: tuple[int, ...] = (),
+) -> StopResult:
+    """SIGTERM the recorded processes of ``nodes`` (None: every recorded node) that still run
+    ``directory``'s cluster, and wait for them: how ``stop`` ends the nodes it cannot reach,
+    and how ``dgcc cluster stop`` ends a cluster whose config no longer reads."""
     pids = read_pids(directory)
     by_signal, still_running, not_ours = [], [], []
-    for node_id in unreachable:
+    for node_id in range(len(pids)) if nodes is None else nodes:
         pid = pids[node_id] if node_id < len(pids) else 0
         outcome = _terminate(pid, directory, node_id, timeout_s)
         if outcome == "by_signal":
@@ -593,7 +605,7 @@ def stop(
             still_running.append(node_id)
         elif outcome == "not_ours":
             not_ours.append(pid)
-    return StopResult(tuple(by_request), tuple(by_signal), tuple(still_running), tuple(not_ours))
+    return StopResult(by_request, tuple(by_signal), tuple(still_running), tuple(not_ours))
 
 
 def _terminate(pid: int, directory: Path, node: int, timeout_s: float) -> str | None:
