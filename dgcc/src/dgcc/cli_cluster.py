@@ -311,7 +311,8 @@ def dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config_in(args.dir, check_workload=args.action == "check")
     except ConfigError as error:
-        if args.action != "stop" or not read_pids(args.dir):
+        damaged = (args.dir / CONFIG_FILE).is_file()  # (not: no cluster there at all)
+        if args.action != "stop" or not damaged or not read_pids(args.dir):
             raise
         # The config no longer reads, but the nodes it started are recorded: end them.
         result = terminate_recorded(args.dir)
