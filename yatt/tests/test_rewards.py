@@ -5,6 +5,7 @@ metrics, and each error path (unknown name, a fn that raises, a fn returning a n
 """
 
 import math
+import re
 
 import pytest
 
@@ -191,3 +192,49 @@ def test_two_scorers_counts_add_up_and_stray_reward_keys_stay_out():
         "judge/parse_failures", "reward/format/mean", "reward/judge/mean",
         "reward/judge_2/mean", "reward/total/mean",
     ]  # fmt: skip
+
+
+class _Scorer:
+    """A batch scorer returning ``result`` and setting ``metrics`` (a misbehaving one)."""
+
+    name = "scorer"
+
+    def __init__(self, result, metrics=None):
+        self.result, self.last_metrics = result, metrics or {}
+
+    def score_batch(self, prompts, completions, rows):
+        return self.result(len(prompts)) if callable(self.result) else self.result
+
+
+@pytest.mark.parametrize(
+    ("result", "says"),
+    [
+        (None, "returned NoneType None; need a list of 2 numbers, one per row"),
+        (lambda n: (1.0 for _ in range(n)), "returned generator"),
+        ({0: 1.0, 1: 1.0}, "returned dict {0: 1.0, 1: 1.0}; need a list of 2 numbers"),
+        ("11", "returned str '11'"),
+    ],
+    ids=["none", "generator", "dict", "str"],
+)
+def test_a_batch_scorer_must_return_one_number_per_row(result, says):
+    reward = CombinedReward([(_Scorer(result), 1.0)])
+    with pytest.raises(RewardError, match=re.escape(says)):
+        reward(["p", "q"], ["a", "b"], [{}, {}])
+    good = CombinedReward([(_Scorer([1.0, 2.0]), 1.0)])
+    assert good(["p", "q"], ["a", "b"], [{}, {}]) == [1.0, 2.0]
+
+
+def test_a_batch_scorers_metric_must_be_a_number():
+    reward = CombinedReward([(_Scorer([1.0], {"judge/mood": "grumpy"}), 1.0)])
+    with pytest.raises(RewardError, match="set its metric 'judge/mood' to str 'grumpy'"):
+        reward(["p"], ["a"], [{}])
+
+
+def test_rewards_beyond_float32s_reach_are_refused():
+    """1e38 is finite, yet its square overflows the float32 advantages (non-finite, a crash
+    mid-run); a score, or a weighted sum, beyond +-1e15 is refused naming it."""
+    with pytest.raises(RewardError, match=r"returned 2e\+38 on row 0; need a number within"):
+        CombinedReward([(lambda p, c: 2e38, 1.0)])(["p"], ["a"], [{}])
+    with pytest.raises(RewardError, match=r"the weighted sum of reward\.fns returned"):
+        CombinedReward([(lambda p, c: 1e14, 100.0)])(["p"], ["a"], [{}])
+    assert CombinedReward([(lambda p, c: -1e15, 1.0)])(["p"], ["a"], [{}]) == [-1e15]

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from yatt.control.config import ControlConfig
+from yatt.control.config import RESPONSE_TOKENS_MAX, ControlConfig
 from yatt.data import TASKS
 from yatt.errors import ConfigError
 from yatt.rewards import REWARD_FNS, load_callable
@@ -54,6 +55,7 @@ ROLLOUT_DTYPES = ("float32", "bfloat16")
 # The projections of a Llama-family decoder layer that LoRA adapters may sit on (model.lora_*).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SEED_MAX = 2**32 - 1
+THREADS_MAX = 1024  # more torch threads than any machine's cores (100000 crashes torch)
 # Settings naming files or folders: a leading "~" is the home folder (a shell leaves the "~" of
 # `logging.run_dir=~/runs` as it is).
 PATH_KEYS = ("model.path", "data.path", "reward.model_path", "logging.run_dir", "checkpoint.resume")
@@ -165,6 +167,8 @@ class ModelConfig:
         dtypes = ("float32", "bfloat16")
         _require(self.dtype in dtypes, "model.dtype", self.dtype, f"one of {dtypes}")
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "an int >= 0 (0: off)")
+        seeds = f"an int in 0..{SEED_MAX}"
+        _require(0 <= self.tiny_seed <= SEED_MAX, "model.tiny_seed", self.tiny_seed, seeds)
         _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "a number > 0")
         targets = self.lora_targets
         known = bool(targets) and set(targets) <= set(LORA_TARGETS)
@@ -226,7 +230,10 @@ class RolloutConfig:
             "'yatt', 'hf' or 'vllm'",
         )
         _require(self.n_samples >= 1, "rollout.n_samples", self.n_samples, "an int >= 1")
-        _require(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, ">= 1")
+        _require(
+            1 <= self.max_new_tokens <= RESPONSE_TOKENS_MAX,
+            "rollout.max_new_tokens", self.max_new_tokens, f"an int in 1..{RESPONSE_TOKENS_MAX}",
+        )  # fmt: skip
         _require(
             self.temperature >= 0, "rollout.temperature", self.temperature, ">= 0 (0 = greedy)"
         )
@@ -432,8 +439,9 @@ class TrainConfig:
         # yatt.control (device-aware workers). Remove this check when the roles move batches.
         _require(self.device == "cpu", "train.device", self.device, "'cpu' in this trainer")
         _require(
-            self.torch_threads >= 0, "train.torch_threads", self.torch_threads, ">= 0 (0=auto)"
-        )
+            0 <= self.torch_threads <= THREADS_MAX,
+            "train.torch_threads", self.torch_threads, f"an int in 0..{THREADS_MAX} (0=auto)",
+        )  # fmt: skip
         _require(self.time_limit_s >= 0, "train.time_limit_s", self.time_limit_s, ">= 0 (0=off)")
 
 
@@ -457,7 +465,10 @@ class EvalConfig:
         _require(self.n >= 0, "eval.n", self.n, ">= 0")
         _require(self.n_periodic >= 0, "eval.n_periodic", self.n_periodic, ">= 0 (0 = eval.n)")
         _require(self.batch_size >= 1, "eval.batch_size", self.batch_size, ">= 1")
-        _require(self.max_new_tokens >= 1, "eval.max_new_tokens", self.max_new_tokens, ">= 1")
+        _require(
+            1 <= self.max_new_tokens <= RESPONSE_TOKENS_MAX,
+            "eval.max_new_tokens", self.max_new_tokens, f"an int in 1..{RESPONSE_TOKENS_MAX}",
+        )  # fmt: skip
         _require_reward("eval.reward_fn", self.reward_fn, scorers=False)
 
     @property
@@ -634,9 +645,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     if annotation is int and type(value) is not int:  # a numpy integer, from Python
         return int(value)
     if annotation is str and isinstance(value, int | float) and not isinstance(value, bool):
-        raise ConfigError(  # YAML 1.1 reads 5:3 as the base-60 number 303, 1e3 as a float ...
-            f"'{key}' expects str, got the number {value!r}: quote it (YAML reads some "
-            "unquoted text, such as 5:3, as a number)"
+        raise ConfigError(  # e.g. model.path=123 or 1.5
+            f"'{key}' expects str, got the number {value!r}: quote it"
         )
     if not isinstance(value, annotation):
         raise ConfigError(f"'{key}' expects {annotation.__name__}, got {value!r}")
@@ -726,6 +736,26 @@ class _StrictLoader(yaml.SafeLoader):
         super().flatten_mapping(node)
 
 
+# YAML 1.1 reads 010 as 8, 0x10 as 16 and 1:30 as 90: a config is read with decimal ints and
+# floats only, so those stay strings and a number setting refuses them by name.
+_YAML_INT, _YAML_FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_YAML_INT, _YAML_FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    _YAML_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789")
+)
+_StrictLoader.add_implicit_resolver(
+    _YAML_FLOAT,
+    re.compile(
+        r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
 def _read_preset(preset: str) -> dict[str, Any]:
     path = Path(preset)
     if not path.suffix:
@@ -781,7 +811,7 @@ def _override_value(cls: type, dotted: str, raw: str) -> Any:
         except ValueError:
             pass
     try:
-        return yaml.safe_load(raw) if raw != "" else ""
+        return yaml.load(raw, Loader=_StrictLoader) if raw != "" else ""  # a SafeLoader
     except yaml.YAMLError:
         raise ConfigError(f"cannot parse value {raw!r} for '{dotted}'") from None
 

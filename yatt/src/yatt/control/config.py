@@ -21,6 +21,9 @@ MODES = ("single", "parallel")
 CPU_MAPPINGS = ("ranks", "threads")
 # Bound on rollout/training staleness (every queue of in-flight batches is bounded by it).
 MAX_STALENESS = 8
+# The longest response budget a setting may ask for (rollout, eval, length_schedule): 128K
+# tokens, past any shipped model's context; more is a slip that would allocate a cache for it.
+RESPONSE_TOKENS_MAX = 131_072
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -126,11 +129,12 @@ class ControlConfig:
         _require(self.replace_every >= 0, "control.replace_every", self.replace_every, ">= 0")
         for item in self.length_schedule:
             step, _, tokens = item.partition(":")
+            decimal = step.isascii() and step.isdigit() and tokens.isascii() and tokens.isdigit()
             _require(
-                step.isdigit() and tokens.isdigit() and int(tokens) > 0,
+                decimal and 0 < int(tokens) <= RESPONSE_TOKENS_MAX,
                 "control.length_schedule",
                 item,
-                "'step:tokens' with tokens >= 1",
+                f"'step:tokens' with tokens in 1..{RESPONSE_TOKENS_MAX}",
             )
         starts = [int(item.partition(":")[0]) for item in self.length_schedule]
         _require(

@@ -12,7 +12,7 @@ in `rewards.model`, the LLM judge in `rewards.judge`) instead provide
 
 import logging
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from math import isfinite  # not `import math`: the submodule yatt.rewards.math shadows it
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,9 @@ NEED_MEANINGS: dict[str, str] = {
 # The registered rewards that grade against a row's `answer` field (they raise on a row
 # without one; yatt.run_checks refuses such rows from a file when the data loads).
 NEEDS_ANSWER = frozenset({"math_answer", "math_boxed"})
+# The largest reward magnitude taken (a score, or a weighted total). Advantages are computed in
+# float32, whose squares overflow past ~1.8e19: a finite reward of 1e38 would train on inf.
+REWARD_ABS_MAX = 1e15
 
 
 def get_reward_fn(name: str, *, scorers: bool = True, **options: Any) -> RewardFn:
@@ -184,6 +187,12 @@ def checked_score(value: Any, label: str, where: str, row: int | None = None) ->
         number = float("inf")
     if not isfinite(number):
         raise RewardError(f"{label} returned {value!r:.80} on {where}; need a finite number", row)
+    if abs(number) > REWARD_ABS_MAX:
+        raise RewardError(
+            f"{label} returned {number:g} on {where}; need a number within "
+            f"+-{REWARD_ABS_MAX:g} (advantages are computed in float32)",
+            row,
+        )
     return number
 
 
@@ -249,6 +258,12 @@ class CombinedReward:
             except Exception as exc:  # a user-supplied scorer: name it in the error
                 detail = " ".join(str(exc).split())
                 raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {detail}") from exc
+            sized = hasattr(values, "__len__") and hasattr(values, "__getitem__")
+            if not sized or isinstance(values, Mapping | str | bytes):  # None, a generator ...
+                raise RewardError(
+                    f"reward {name!r} returned {type(values).__name__} {values!r:.60}; need a "
+                    f"list of {len(prompts)} numbers, one per row"
+                )
             if len(values) != len(prompts):
                 raise RewardError(
                     f"reward {name!r} returned {len(values)} scores for {len(prompts)} rows"
@@ -284,9 +299,16 @@ class CombinedReward:
             for key, value in (getattr(fn, "last_metrics", None) or {}).items():
                 if key.startswith("reward/"):
                     continue  # the combined reward's own names
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise RewardError(
+                        f"reward {name!r} set its metric {key!r} to {type(value).__name__} "
+                        f"{value!r:.60}; need a number"
+                    )
                 if key in self.counted_metrics:  # counts: two judges' failures add up
                     value = metrics.get(key, 0.0) + value
                 metrics[key] = value  # e.g. judge/parse_failures
+        for row, total in enumerate(totals):  # weights can push a sum past the bound
+            checked_score(total, "the weighted sum of reward.fns", f"row {row}", row)
         metrics["reward/total/mean"] = sum(totals) / max(len(totals), 1)
         self.last_metrics = metrics
         return totals
