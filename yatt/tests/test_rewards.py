@@ -238,3 +238,11 @@ def test_rewards_beyond_float32s_reach_are_refused():
     with pytest.raises(RewardError, match=r"the weighted sum of reward\.fns returned"):
         CombinedReward([(lambda p, c: 1e14, 100.0)])(["p"], ["a"], [{}])
     assert CombinedReward([(lambda p, c: -1e15, 1.0)])(["p"], ["a"], [{}]) == [-1e15]
+
+
+def test_a_reward_that_calls_sys_exit_is_named_not_obeyed():
+    def leaves(prompt, completion):
+        raise SystemExit("bye")
+
+    with pytest.raises(RewardError, match="reward 'leaves' raised SystemExit: bye on row 0"):
+        CombinedReward([(leaves, 1.0)])(["p"], ["a"], [{}])

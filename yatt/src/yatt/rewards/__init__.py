@@ -139,7 +139,7 @@ def load_callable(path: str, key: str = "reward", *, scorers: bool = True):
         )
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # user code: whatever its import raises becomes one line
+    except (Exception, SystemExit) as exc:  # user code: what its import raises, one line
         detail = " ".join(str(exc).split())
         hint = ""
         top = module_name.partition(".")[0]
@@ -255,7 +255,7 @@ class CombinedReward:
                 values = fn.score_batch(prompts, completions, rows)
             except RewardError:
                 raise
-            except Exception as exc:  # a user-supplied scorer: name it in the error
+            except (Exception, SystemExit) as exc:  # a user-supplied scorer: name it
                 detail = " ".join(str(exc).split())
                 raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {detail}") from exc
             sized = hasattr(values, "__len__") and hasattr(values, "__getitem__")
@@ -276,7 +276,7 @@ class CombinedReward:
         for row, (prompt, completion, fields) in enumerate(zip(prompts, completions, rows)):
             try:
                 value = fn(prompt, completion, **fields)
-            except Exception as exc:  # a user callback: report which fn and row failed
+            except (Exception, SystemExit) as exc:  # a user callback: name fn and row
                 detail = " ".join(str(exc).split())  # keep the message on one line
                 message = f"reward {name!r} raised {type(exc).__name__}: {detail} on row {row}"
                 raise RewardError(message, row) from exc
