@@ -90,3 +90,14 @@ def test_eval_of_a_checkpoint_uses_its_saved_config(tmp_path, data_file, capsys)
     assert f"on 5 {data_file} problems of a split unlike the run's (data.seed=3, not 0)" in out
     assert main(["eval", str(checkpoint), "data.n_heldout=2"]) == 0  # a prefix of the run's
     assert f"on 2 held-out {data_file} problems" in capsys.readouterr().out
+
+
+def test_sft_refuses_control_settings_it_would_ignore(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "sft"
+    argv = ["sft", "tiny_test", "control.backend=ray", f"logging.run_dir={run_dir}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "yatt: error: yatt sft runs in one process and reads no control.* key: ['control.backend']"
+    )
+    assert not run_dir.exists()

@@ -6,6 +6,7 @@ no reward, an eval-only run needs no training reward).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from yatt.rewards import NEED_MEANINGS, NEEDS_ANSWER, REWARD_NEEDS
 
 __all__ = [
     "check_eval_data",
+    "check_no_control_settings",
     "check_rewards_grade_task",
     "check_rows_have_answers",
     "check_training_dtype",
@@ -141,3 +143,15 @@ def warn_if_nothing_kept(config: Config) -> None:
             "this run keeps no checkpoint (checkpoint.every=0, checkpoint.at_end=false): the "
             "trained policy is lost when it ends; set checkpoint.at_end=true to keep it"
         )
+
+
+def check_no_control_settings(config: Config, command: str) -> None:
+    """Refuse control.* settings for a `command` that runs in one process and reads none of
+    them (SFT), rather than ignore them silently (`yatt train` refuses those it would not use)."""
+    changed = [
+        f"control.{item.name}"
+        for item in dataclasses.fields(config.control)
+        if getattr(config.control, item.name) != item.default
+    ]
+    if changed:
+        raise ConfigError(f"{command} runs in one process and reads no control.* key: {changed}")

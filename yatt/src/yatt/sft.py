@@ -51,7 +51,7 @@ from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
 from yatt.roles.policy import load_optimizer_state, lr_lambda
-from yatt.run_checks import check_training_dtype
+from yatt.run_checks import check_no_control_settings, check_training_dtype
 
 __all__ = ["run_sft"]
 
@@ -133,6 +133,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import PromptSampler, configure_threads
 
     check_training_dtype(config)
+    check_no_control_settings(config, "yatt sft")
     resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
     if resume:
         check_resumed_by(Path(resume), SFT)
