@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,7 +97,10 @@ def progress_bar(
 
 def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]]) -> Table:
     """Accuracy before/after, reward early vs late, and the mean time of each phase; for an
-    SFT run's history (rows with `sft/loss`), its loss curve instead (`evals` unused)."""
+    SFT run's history (rows with `sft/loss`), its loss curve instead (`evals` unused).
+
+    A value that is not a number is left out; a NaN or an infinity shows as nan / inf, and a
+    mean is taken over the finite values (the cell says how many others it left out)."""
     if any("sft/loss" in row for row in history):
         return _sft_summary([row for row in history if "sft/loss" in row])
     steps = [row for row in history if "timing_s/step" in row]
@@ -104,23 +108,61 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
     table.add_column("metric")
     table.add_column("value", justify="right")
     if evals:
-        table.add_row("held-out accuracy (first)", f"{100 * evals[0][1]:.1f}% @ step {evals[0][0]}")
+        table.add_row("held-out accuracy (first)", f"{_percent(evals[0][1])} @ step {evals[0][0]}")
         for step, accuracy in evals[1:]:
-            table.add_row("held-out accuracy", f"{100 * accuracy:.1f}% @ step {step}")
+            table.add_row("held-out accuracy", f"{_percent(accuracy)} @ step {step}")
     if steps:
         window = max(1, min(20, len(steps) // 4))
-        early = statistics.fmean(r["critic/score/mean"] for r in steps[:window])
-        late = statistics.fmean(r["critic/score/mean"] for r in steps[-window:])
-        table.add_row(f"reward (first {window} steps)", f"{early:.3f}")
-        table.add_row(f"reward (last {window} steps)", f"{late:.3f}")
+        for name, part in (("first", steps[:window]), ("last", steps[-window:])):
+            reward = _mean_cell(part, "critic/score/mean", ".3f") or "n/a"
+            table.add_row(f"reward ({name} {window} steps)", reward)
         table.add_row("steps", str(len(steps)))
         for key in sorted({k for r in steps for k in r if k.startswith("timing_s/")}):
-            mean_s = statistics.fmean(r[key] for r in steps if key in r)
-            if mean_s >= 0.0005:  # phases this algorithm skips stay out of the table
-                table.add_row(f"{key} (mean)", f"{mean_s:.3f}")
-        throughput = statistics.fmean(r["perf/throughput"] for r in steps)
-        table.add_row("perf/throughput (tokens/s)", f"{throughput:.0f}")
+            values = _numbers(steps, key)
+            finite = [v for v in values if math.isfinite(v)]
+            if finite and statistics.fmean(finite) < 0.0005 and len(finite) == len(values):
+                continue  # phases this algorithm skips stay out of the table
+            cell = _mean_cell(steps, key, ".3f")
+            if cell is not None:
+                table.add_row(f"{key} (mean)", cell)
+        throughput = _mean_cell(steps, "perf/throughput", ".0f") or "n/a"
+        table.add_row("perf/throughput (tokens/s)", throughput)
     return table
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
+    """The numeric values of `key` in `rows` (rows without one, or with another kind of value,
+    are passed over)."""
+    return [float(row[key]) for row in rows if _is_number(row.get(key))]
+
+
+def _show(value: float, spec: str) -> str:
+    """`value` formatted by `spec`, or nan / inf / -inf."""
+    return format(value, spec) if math.isfinite(value) else str(value)
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%" if math.isfinite(fraction) else str(fraction)
+
+
+def _mean_cell(rows: list[dict[str, Any]], key: str, spec: str) -> str | None:
+    """The mean of `key` over `rows`, formatted by `spec`: over the finite values, naming how
+    many NaN or infinite ones it left out; nan / inf when no value is finite; None when no row
+    has a number for `key`."""
+    values = _numbers(rows, key)
+    if not values:
+        return None
+    finite = [value for value in values if math.isfinite(value)]
+    if not finite:
+        return _show(statistics.fmean(values), spec)
+    text = format(statistics.fmean(finite), spec)
+    if len(finite) < len(values):
+        text += f" ({len(values) - len(finite)} nan/inf left out)"
+    return text
 
 
 def control_table(run_dir: Path) -> Table | None:
@@ -128,7 +170,7 @@ def control_table(run_dir: Path) -> Table | None:
     the steps recorded, wall time, driver memory and bytes, the workers' peak memory and the
     runtime re-placement moves; None for a run without one (a single-process run). A file
     that does not parse is named in a warning and left out."""
-    path = Path(run_dir) / "control.json"
+    path = _run_folder(run_dir) / "control.json"
     if not path.is_file():
         return None
     try:
@@ -174,24 +216,34 @@ def _sft_summary(rows: list[dict[str, float]]) -> Table:
     table.add_column("value", justify="right")
     tenth = max(1, len(rows) // 10)
     for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
-        loss = statistics.fmean(row["sft/loss"] for row in part)
-        table.add_row(f"train loss, {name} {len(part)} steps (mean)", f"{loss:.4f}")
-    held = [row for row in rows if "sft/heldout_loss" in row]
+        loss = _mean_cell(part, "sft/loss", ".4f")
+        if loss is not None:
+            table.add_row(f"train loss, {name} {len(part)} steps (mean)", loss)
+    held = [row for row in rows if _is_number(row.get("sft/heldout_loss"))]
     if held:
         step, loss = int(held[-1]["step"]), held[-1]["sft/heldout_loss"]
-        table.add_row(f"held-out loss at step {step}", f"{loss:.4f}")
-    table.add_row("epochs over the training set", f"{rows[-1]['sft/epoch']:.2f}")
-    step_s = statistics.fmean(row["timing_s/step"] for row in rows)
-    table.add_row("mean step time", f"{step_s:.3f} s")
+        table.add_row(f"held-out loss at step {step}", _show(loss, ".4f"))
+    epochs = _numbers(rows, "sft/epoch")
+    if epochs:
+        table.add_row("epochs over the training set", _show(epochs[-1], ".2f"))
+    step_s = _mean_cell(rows, "timing_s/step", ".3f")
+    if step_s is not None:
+        table.add_row("mean step time", f"{step_s} s")
     return table
 
 
 def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     """An RL run's rewards.png (reward + accuracy curves) and timing.png (phase seconds per
-    step); an SFT run's loss.png (train and held-out loss, learning rate)."""
+    step); an SFT run's loss.png (train and held-out loss, learning rate). A NaN or an
+    infinity is left out of the curves (a gap), as is a value that is not a number."""
     from yatt.common.plots import plot_rewards, plot_sft_loss, plot_timings
 
-    run_dir = Path(run_dir)
+    run_dir = _run_folder(run_dir)
+    history = [
+        {key: value for key, value in row.items()
+         if key == "step" or (_is_number(value) and math.isfinite(value))}
+        for row in history
+    ]  # fmt: skip
     if any("sft/loss" in row for row in history):
         return [plot_sft_loss(history, run_dir / "loss.png")]
     return [
@@ -200,33 +252,127 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     ]
 
 
-def load_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The metric rows of `run_dir/metrics.jsonl` (an RL run, single-process or Ray), or else of
-    `run_dir/sft_metrics.jsonl` (an SFT run: rows with `sft/loss`).
+def _run_folder(run_dir: Path) -> Path:
+    """The run folder `run_dir` names: itself, or the folder of the metrics file named in its
+    place (`yatt report runs/demo/metrics.jsonl`)."""
+    path = Path(run_dir)
+    return path.parent if path.name in _METRICS_FILES and path.is_file() else path
 
-    A torn last line (the run stopped mid-write) is left out, with a warning. Raises DataError,
-    one line, for a folder that is missing, has neither file or a file without rows, or has a
-    damaged row before the last.
-    """
-    from yatt.common import read_metrics
 
-    if not Path(run_dir).is_dir():
+def _metrics_file(run_dir: Path) -> Path:
+    """The metrics file of a run folder, or the metrics file itself; DataError, one line, for
+    anything else."""
+    path = Path(run_dir)
+    if path.is_file():
+        if path.name in _METRICS_FILES:
+            return path
+        raise DataError(
+            f"{run_dir} is a file, not a run folder: yatt report takes the folder a run wrote "
+            "(it holds metrics.jsonl or sft_metrics.jsonl)"
+        )
+    if not path.exists():
         raise DataError(f"{run_dir}: no such folder")
-    found = [Path(run_dir) / name for name in _METRICS_FILES if (Path(run_dir) / name).is_file()]
+    if not path.is_dir():
+        raise DataError(f"{run_dir} is not a folder: yatt report takes a run folder")
+    found = [path / name for name in _METRICS_FILES if (path / name).is_file()]
     if not found:
         raise DataError(
             f"{run_dir}: no metrics.jsonl or sft_metrics.jsonl here (is it a yatt run folder?)"
         )
-    path = found[0]
+    return found[0]
+
+
+def load_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The metric rows of `run_dir/metrics.jsonl` (an RL run, single-process or Ray), or else of
+    `run_dir/sft_metrics.jsonl` (an SFT run: rows with `sft/loss`); `run_dir` may also name one
+    of those files.
+
+    A torn last line (the run stopped mid-write: the start of a JSON object, no newline after
+    it) is left out, with a warning. A value that is not a number is left out of its row, with
+    one warning naming the first (file, line, key); the strings "nan", "inf" and "-inf" (what
+    the metrics sink writes for them) become floats. Raises DataError, one line, for a folder
+    that is missing, has neither file or a file without rows, or has a damaged line.
+    """
+    from yatt.common import read_metrics
+
+    path = _metrics_file(run_dir)
     try:
         rows, torn = read_metrics(path)
+        text = path.read_bytes()
     except ValueError as exc:
         raise DataError(str(exc)) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    # the non-blank lines read_metrics read, numbered as the file's lines
+    numbered = [
+        (number, line) for number, line in enumerate(text.split(b"\n"), start=1) if line.strip()
+    ]
+    if torn and len(numbered) > len(rows):
+        number, line = numbered[len(rows)]
+        if not _looks_torn(line, last=len(rows) == len(numbered) - 1, text=text):
+            shown = ascii(line.decode("utf-8", "replace").strip())[:60]
+            raise DataError(
+                f"{path}: line {number} is damaged (not a JSON metrics row with a step): {shown}"
+            )
     if torn:
         logger.warning("%s: its last line is torn (the run stopped mid-write); left out", path)
     if not rows:
         raise DataError(f"{path} holds no metrics rows yet: nothing to report")
-    return [row for _, row in rows]
+    history: list[dict[str, Any]] = []
+    skipped: list[tuple[int | None, str, Any]] = []
+    for index, (_, row) in enumerate(rows):
+        number = numbered[index][0] if index < len(numbered) else None
+        step = _metric_value(row["step"])
+        if step is None or not math.isfinite(step):
+            shown = ascii(row["step"])[:30]
+            raise DataError(f"{path}: line {number}: step {shown} is not a step number")
+        kept: dict[str, Any] = {}
+        for key, value in row.items():
+            number_value = _metric_value(value)
+            if number_value is None:
+                skipped.append((number, key, value))
+            else:
+                kept[key] = number_value
+        history.append(kept)
+    if skipped:
+        number, key, value = skipped[0]
+        others = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        logger.warning(
+            "%s: line %s, key %s: %s is not a number; left out of the report%s",
+            path, number, ascii(key)[:60], ascii(value)[:60], others,
+        )  # fmt: skip
+    return history
+
+
+def _metric_value(value: Any) -> int | float | None:
+    """A metric value as read: an int or a float as it is, a float for the strings the metrics
+    sink writes for a NaN or an infinity ("nan", "inf", "-inf"), None for anything else (a
+    bool, other strings, null, a list or an object, an int too large for a float)."""
+    if isinstance(value, str) and value.strip().lower() in _NON_FINITE:
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        float(value)
+    except OverflowError:
+        return None
+    return value
+
+
+_NON_FINITE = ("nan", "inf", "-inf", "infinity", "-infinity")
+
+
+def _looks_torn(line: bytes, last: bool, text: bytes) -> bool:
+    """Whether `line`, one that is no metrics row, is what a run stopped mid-write leaves: the
+    file's last line, with no newline after it, the start of a JSON object that does not
+    parse. Anything else (a newline-ended line, a whole JSON value, other bytes) is damage."""
+    if not last or text.rstrip(b" \t\r").endswith(b"\n") or not line.lstrip().startswith(b"{"):
+        return False
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
 
 
 def evals_of(history: list[dict[str, Any]]) -> list[tuple[int, float]]:
