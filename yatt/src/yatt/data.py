@@ -313,9 +313,47 @@ def split_heldout(
     return train, heldout
 
 
+def _template_source(tokenizer: Any) -> str:
+    """The tokenizer's chat template as messages name it: by the file of its model folder
+    (chat_template.jinja, or tokenizer_config.json) that holds this very template, else by the
+    tokenizer's name."""
+    template = tokenizer.chat_template
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or "?"))
+    jinja = folder / "chat_template.jinja"
+    try:
+        if jinja.is_file() and jinja.read_text(encoding="utf-8") == template:
+            return f"chat template {jinja}"
+        config = folder / "tokenizer_config.json"
+        if config.is_file():
+            saved = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+            if saved == template:
+                return f"chat template of {config}"
+    except (OSError, ValueError, AttributeError):  # unreadable: the name below still says
+        pass
+    return f"the chat template of tokenizer {str(folder)!r}"
+
+
+def _template_error(exc: Exception, tokenizer: Any, example: PromptExample) -> ModelError:
+    """A one-line ModelError for a chat template that does not parse, or fails on a prompt."""
+    import jinja2
+
+    where = _template_source(tokenizer)
+    detail = " ".join(str(getattr(exc, "message", None) or exc).split())
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        return ModelError(
+            f"{where}: syntax error at line {exc.lineno}: {detail}; fix it, or set "
+            "data.use_chat_template=false"
+        )
+    prompt = f" on the prompt of {example.source}" if example.source else ""
+    return ModelError(f"{where} failed{prompt}: {type(exc).__name__}: {detail}")
+
+
 def render_prompt(example: PromptExample, tokenizer: Any, use_chat_template: bool = True) -> str:
     """Prompt text for the model: through the chat template (generation prompt appended), or
-    raw (a message list is then joined by newlines). Raises ModelError if there is no template."""
+    raw (a message list is then joined by newlines). Raises ModelError (one line naming the
+    template file) if there is no template, or it does not parse or fails on this prompt."""
+    import jinja2
+
     messages = example.prompt
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
@@ -324,7 +362,10 @@ def render_prompt(example: PromptExample, tokenizer: Any, use_chat_template: boo
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "?")
         raise ModelError(f"tokenizer {name!r} has no chat template; set use_chat_template=False")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateError as exc:
+        raise _template_error(exc, tokenizer, example) from exc
 
 
 def draw_order(config: Any, train_set: Sequence[PromptExample]) -> dict[str, Any]:

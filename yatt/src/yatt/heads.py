@@ -16,6 +16,7 @@ from transformers import AutoModel, PreTrainedModel
 
 from yatt.algos.logprobs import position_ids_from_mask
 from yatt.errors import ModelError
+from yatt.models import from_pretrained_checked
 
 __all__ = ["ScalarHeadModel"]
 
@@ -75,10 +76,13 @@ class ScalarHeadModel(nn.Module):
                 "causal LM there would score with a random head; train one "
                 "(yatt.rewards.model.train_reward_model) or drop the setting"
             )
-        try:
-            backbone = AutoModel.from_pretrained(folder, dtype=dtype)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ModelError(f"cannot load backbone from {str(folder)!r}: {exc}") from exc
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"scalar-head model folder {str(folder)!r} has no config.json")
+        # (The policy's checks: unreadable weights, a bad config.json, missing weights. The LM
+        # head of a causal LM folder is dropped, so its weights are no surprise.)
+        backbone = from_pretrained_checked(
+            AutoModel, folder, dtype=dtype, what="backbone", ignore_unexpected=("lm_head.",)
+        )
         model = cls(backbone)
         if (folder / _META_FILE).exists():
             try:

@@ -13,8 +13,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
@@ -32,6 +34,7 @@ from yatt.errors import ConfigError, ModelError
 __all__ = [
     "KNOWN_MODELS",
     "default_cache_dir",
+    "from_pretrained_checked",
     "load_model",
     "load_tokenizer",
     "prepare_model",
@@ -134,22 +137,94 @@ def _resolve(path_or_name: str | Path, marker: str = "config.json") -> Path:
     return folder
 
 
-def load_model(
-    path_or_name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+def _weights_name(folder: Path) -> str:
+    """The weights file of a model folder, as messages name it."""
+    for name in (_WEIGHTS_FILE, f"{_WEIGHTS_FILE}.index.json", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return name
+    return "its weights"
+
+
+def _flat(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _keys_problem(info: dict, ignore_unexpected: tuple[str, ...]) -> str:
+    """What a load left out or had no place for ('' when every weight fit): `from_pretrained`
+    only logs such keys, and starts the missing ones from a random init. (A weight of another
+    shape raises in `from_pretrained` itself.)"""
+    missing = set(info.get("missing_keys") or ())
+    unexpected = {
+        key for key in info.get("unexpected_keys") or () if not key.startswith(ignore_unexpected)
+    }
+    for keys, verb, what in [
+        (missing, "lacks", "the model needs"),
+        (unexpected, "holds", "the model has no place for"),
+    ]:
+        if keys:
+            count = "1 weight" if len(keys) == 1 else f"{len(keys)} weights"
+            named = ", ".join(repr(key) for key in sorted(keys)[:3])
+            return f"{verb} {count} {what}: {named}{', ...' if len(keys) > 3 else ''}"
+    return ""
+
+
+class _QuietLoadReport(logging.Filter):
+    """Keeps transformers' table of missing/unexpected keys (its "LOAD REPORT") off the log
+    while a load runs: `from_pretrained_checked` refuses such a load in one line of its own."""
+
+    _logger = logging.getLogger("transformers.modeling_utils")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+    def __enter__(self) -> None:
+        self._logger.addFilter(self)
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeFilter(self)
+
+
+def from_pretrained_checked(
+    auto_class: Any,
+    folder: Path,
+    dtype: torch.dtype = torch.float32,
+    *,
+    what: str = "model",
+    ignore_unexpected: tuple[str, ...] = (),
 ) -> PreTrainedModel:
-    """Load a causal LM from a local folder or a known name; raises ModelError if unloadable."""
-    folder = _resolve(path_or_name)
+    """`auto_class.from_pretrained(folder)` that raises ModelError (one line naming the folder
+    and the bad file) for an unreadable weights file, an invalid config.json, or weights that
+    do not fit the model: a missing one (transformers would start it from a random init and
+    only log it) or one the model has no place for. Tied weights (an LM head tied to the input
+    embeddings) are not missing. `what` names the model in messages ("model", "backbone");
+    unexpected keys that start with one of `ignore_unexpected` are allowed (the LM head of a
+    causal LM loaded as a backbone)."""
+    prefix = f"cannot load {what} from {str(folder)!r}"
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        with _QuietLoadReport():
+            model, info = auto_class.from_pretrained(folder, dtype=dtype, output_loading_info=True)
     except SafetensorError as exc:  # a truncated or overwritten weights file
         weights = _WEIGHTS_FILE if (folder / _WEIGHTS_FILE).is_file() else "a *.safetensors file"
         raise ModelError(
-            f"cannot load model from {str(folder)!r}: {weights} is unreadable (truncated or not "
-            f"safetensors): {' '.join(str(exc).split())}"
+            f"{prefix}: {weights} is unreadable (truncated or not safetensors): {_flat(exc)}"
         ) from exc
+    except StrictDataclassError as exc:  # a config.json value of the wrong type or range
+        raise ModelError(f"{prefix}: config.json is invalid: {_flat(exc)}") from exc
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        detail = " ".join(str(exc).split())
-        raise ModelError(f"cannot load model from {str(folder)!r}: {detail}") from exc
+        raise ModelError(f"{prefix}: {_flat(exc)}") from exc
+    problem = _keys_problem(info, ignore_unexpected)
+    if problem:
+        raise ModelError(f"{prefix}: {_weights_name(folder)} {problem}")
+    return model
+
+
+def load_model(
+    path_or_name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> PreTrainedModel:
+    """Load a causal LM from a local folder or a known name; raises ModelError if unloadable
+    (see `from_pretrained_checked`)."""
+    folder = _resolve(path_or_name)
+    model = from_pretrained_checked(AutoModelForCausalLM, folder, dtype=dtype)
     return model.to(device)
 
 
@@ -158,8 +233,13 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
     folder = _resolve(path_or_name, marker="tokenizer_config.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
+    except StrictDataclassError as exc:  # (it reads config.json too)
+        detail = _flat(exc)
+        raise ModelError(
+            f"cannot load tokenizer from {str(folder)!r}: config.json is invalid: {detail}"
+        ) from exc
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"cannot load tokenizer from {str(folder)!r}: {exc}") from exc
+        raise ModelError(f"cannot load tokenizer from {str(folder)!r}: {_flat(exc)}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
