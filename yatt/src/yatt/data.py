@@ -1,7 +1,8 @@
 """Prompt datasets: JSONL/parquet loading with row validation, built-in task generators, the
 held-out split, and rendering prompts through the tokenizer's chat template.
 
-Row format: `prompt` (a string, or a list of chat messages {"role", "content"}; `messages` is
+Row format: `prompt` (a string, or a list of chat messages {"role", "content"}, roles from
+CHAT_ROLES, at least one user message with text; `messages` is
 accepted when `prompt` is absent), optional `answer` (string or number), and any extra fields,
 which are kept and passed to reward functions (so none may be named `completion`, which reward
 functions take as an argument of their own). A malformed row fails the load with a DataError
@@ -91,6 +92,9 @@ class PromptDataset(list):
         self.skipped: list[str] = skipped or []
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # what chat templates know
+
+
 class _RowError(ValueError):
     """A row problem; the loader adds file and line."""
 
@@ -104,6 +108,12 @@ def _parse_messages(messages: list) -> list[dict[str, str]]:
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
                 raise _RowError(f"message {index} needs a string {key!r}, got {message.get(key)!r}")
+        if message["role"] not in CHAT_ROLES:
+            raise _RowError(
+                f"message {index} has role {message['role']!r:.40}; roles: {list(CHAT_ROLES)}"
+            )
+    if not any(m["role"] == "user" and m["content"].strip() for m in messages):
+        raise _RowError("field 'prompt' holds no user message with text: nothing to answer")
     return [dict(message) for message in messages]  # extra keys (name, tool_calls) are kept
 
 
