@@ -23,6 +23,7 @@ from yatt.errors import ConfigError, DataError, ModelError
 
 __all__ = [
     "ADDITION_TEMPLATE",
+    "CHAT_ROLES",
     "TASKS",
     "TASK_PROVIDES",
     "PromptDataset",

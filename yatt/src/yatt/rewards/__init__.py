@@ -28,6 +28,7 @@ from yatt.rewards.math import (
 __all__ = [
     "NEEDS_ANSWER",
     "NEED_MEANINGS",
+    "REWARD_ABS_MAX",
     "REWARD_FNS",
     "REWARD_NEEDS",
     "CombinedReward",
