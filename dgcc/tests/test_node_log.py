@@ -23,6 +23,7 @@ from dgcc.errors import DgccError
 from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_placement import Placement, Router, global_batch, owned_rows
 from dgcc.protocols.serial import SerialProtocol
+from dgcc.wal.checkpoint import ACKED_RECORD, read_acked
 from dgcc.wal.format import decode_payload
 from dgcc.wal.node_log import (
     LoggedEpochRun,
@@ -358,6 +359,8 @@ def test_a_restart_refuses_to_cut_logs_back_past_an_epoch_every_node_made_durabl
     for batches in stream[:3]:
         cluster.run_epoch(batches, random.Random(SEED))
     cluster.close()
+    for n in range(NODES):  # as after a crash (no stop records ACKED): the blocks' own acked
+        (tmp_path / f"node{n}" / ACKED_RECORD).unlink()
     blocks = read_log(tmp_path / "node1", 0, repair=False)[0]
     assert [decode_payload(block)["acked"] for block in blocks] == [0, 1, 2]
     [(_, segment)] = list_segments(tmp_path / "node1")
@@ -383,6 +386,40 @@ def test_a_restart_refuses_to_cut_logs_back_past_an_epoch_every_node_made_durabl
     ):
         asyncio.run(scenario())
     assert read_log(tmp_path / "node0", 0, repair=False)[0] == before  # nothing cut
+
+
+@pytest.mark.parametrize("restarting", [0, 1])
+def test_a_clean_stop_records_the_last_epoch_every_node_made_durable(
+    tmp_path: Path, stream: list, restarting: int
+) -> None:
+    """No block records the last epochs as durable everywhere (each block knows only what was
+    known as it was cut), so a log that later lost its last block looked like one that crashed
+    before writing it, and a restart cut an answered epoch everywhere. A clean stop records
+    that epoch (ACKED): a log short of it is refused, by the damaged node and by the others."""
+    cluster = Cluster(tmp_path)
+    for batches in stream[:3]:
+        cluster.run_epoch(batches, random.Random(SEED))
+    cluster.close()
+    assert [read_acked(tmp_path / f"node{n}") for n in range(NODES)] == [3] * NODES
+    blocks = read_log(tmp_path / "node1", 0, repair=False)[0]
+    [(_, segment)] = list_segments(tmp_path / "node1")
+    with open(segment, "r+b") as log:
+        log.truncate(blocks[2].offset + 10)  # node 1's last block torn: its log ends at 2
+    announced = {n: NodeDurability(tmp_path / f"node{n}", n, NODES)._disk() for n in range(NODES)}
+    assert announced == {0: (3, 3), 1: (2, 3), 2: (3, 3)}
+    workload = cluster.workload
+    durability = NodeDurability(tmp_path / f"node{restarting}", restarting, NODES)
+
+    async def scenario() -> None:
+        for peer, (epoch, acked) in announced.items():
+            if peer != restarting:
+                durability.peer_restarting(peer, epoch, False, acked)
+        await durability.recover(
+            workload.registry(), cluster.router, lambda: workload.build(SEED), workload.schema
+        )
+
+    with pytest.raises(RejoinError, match=r"the logs of nodes \[1\] end at epochs \[2\], before "):
+        asyncio.run(scenario())
 
 
 def test_a_node_directory_belongs_to_one_cluster_layout(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block,
 from dgcc.wal.writer import fsync_dir
 
 __all__ = [
+    "ACKED_RECORD",
     "LAYOUT_RECORD",
     "MANIFEST",
     "WORKLOAD_RECORD",
@@ -36,8 +37,10 @@ __all__ = [
     "check_workload_record",
     "load_snapshot",
     "publish",
+    "read_acked",
     "read_manifest",
     "read_workload_record",
+    "write_acked",
     "write_checkpoint",
     "write_snapshot",
     "write_workload_record",
@@ -46,6 +49,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST"
+# A cluster node's record, written as it stops, of the newest epoch durable on every node: its
+# blocks record that only for earlier epochs (each block carries what was known as it was cut).
+ACKED_RECORD = "ACKED"
 WORKLOAD_RECORD = "WORKLOAD"
 LAYOUT_RECORD = "LAYOUT"
 _SNAPSHOT = re.compile(r"^ckpt-(\d{12})\.snap$")
@@ -90,6 +96,31 @@ def publish(directory: Path, epoch: int) -> Path:
     fsync_dir(directory)
     crashpoint("ckpt.after_rename")
     return directory / name
+
+
+def write_acked(directory: Path, epoch: int) -> None:
+    """Record (durably) that epochs up to ``epoch`` are durable on every node of the cluster."""
+    path = directory / ACKED_RECORD
+    _write_file(path.with_suffix(".tmp"), json.dumps({"epoch": epoch}).encode())
+    os.replace(path.with_suffix(".tmp"), path)
+    fsync_dir(directory)
+
+
+def read_acked(directory: Path) -> int:
+    """The epoch ``write_acked`` last recorded in ``directory``; 0 without a record.
+
+    Raises:
+        WalCorrupt: the record is not what ``write_acked`` writes.
+    """
+    path = directory / ACKED_RECORD
+    found = _read_json(path, "acked record")
+    if found is None:
+        return 0
+    record, text = found
+    epoch = record.get("epoch") if isinstance(record, dict) else None
+    if type(epoch) is not int or epoch < 0:
+        raise WalCorrupt(f'{path}: bad acked record {text.strip()!r:.80}: expected {{"epoch": E}}')
+    return epoch
 
 
 def _read_json(path: Path, what: str) -> tuple[Any, str] | None:

@@ -37,8 +37,10 @@ from dgcc.wal.checkpoint import (
     check_workload_record,
     load_snapshot,
     publish,
+    read_acked,
     read_manifest,
     remove_old_snapshots,
+    write_acked,
     write_checkpoint,
 )
 from dgcc.wal.crashpoints import crashpoint
@@ -340,10 +342,15 @@ class NodeLog:
         remove_old_snapshots(self.directory, epoch)
 
     def close(self) -> None:
-        """Wait for the block and the checkpoint in flight, and close the log."""
+        """Wait for the block and the checkpoint in flight, close the log, and record the
+        newest epoch durable on every node (``ACKED``): no later block records it, and a
+        restart must not take a log that lost it (its clients may have been answered) for
+        one that stopped before it."""
         self.writer.wait()
         self._snapshot_done(self.checkpointer.poll(wait=True))
         self.writer.close()
+        if self._cluster_durable > read_acked(self.directory):
+            write_acked(self.directory, self._cluster_durable)
 
 
 class NodeDurability:
@@ -391,15 +398,17 @@ class NodeDurability:
 
     def _disk(self) -> tuple[int, int]:
         """(the newest intact epoch, the newest epoch the log records as durable on every
-        node: its checkpoint's, or the last block's ``acked``); (0, 0) when it is new."""
+        node: its checkpoint's, the last block's ``acked``, or the ``ACKED`` record of its last
+        stop); (0, 0) when it is new."""
         manifest = read_manifest(self.directory) if self.directory.exists() else None
         if manifest is None:
             return 0, 0
         blocks, _ = read_log(self.directory, manifest[0], repair=False)
+        acked = max(manifest[0], read_acked(self.directory))  # (what the last stop recorded)
         if not blocks:
-            return manifest[0], manifest[0]
-        acked = decode_payload(blocks[-1]).get("acked", 0)  # 0 in logs from before the field
-        return blocks[-1].epoch, max(manifest[0], acked)
+            return manifest[0], acked
+        acked = max(acked, decode_payload(blocks[-1]).get("acked", 0))  # 0: older logs
+        return blocks[-1].epoch, acked
 
     @property
     def durable_epoch(self) -> int:
