@@ -13,7 +13,7 @@ from yatt.config import _StrictLoader, load_config
 from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
 from yatt.rewards import get_reward_fn, load_callable
-from yatt.run_checks import check_eval_data, check_training_dtype
+from yatt.run_checks import check_budgets_fit_model, check_eval_data, check_training_dtype
 
 
 def _error(overrides: list[str], preset: str | None = "tiny_test") -> str:
@@ -416,3 +416,23 @@ def test_a_config_file_reads_decimal_numbers_only(tmp_path):
     path.write_text("train:\n  steps: 1_000\noptim:\n  lr: 1.5e-5\n")
     config = load_config(str(path))
     assert (config.train.steps, config.optim.lr) == (1000, 1.5e-5)
+
+
+def test_a_response_budget_must_leave_room_in_the_models_positions(tmp_path) -> None:
+    """Checked once the model is loaded (a config does not know its model's positions): the
+    tiny model has 1024, so a 1024-token budget is refused before any step."""
+    from types import SimpleNamespace
+
+    from yatt.trainer import Trainer
+
+    config = load_config("tiny_test", ["rollout.max_new_tokens=1024", "eval.n=0",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"rollout\.max_new_tokens asks for 1024 new tokens, "):
+        Trainer(config)
+    assert not (tmp_path / "run").exists()  # a refused fresh run leaves no folder
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
+    config = load_config("tiny_test", ["eval.max_new_tokens=64", "eval.n=0"])
+    check_budgets_fit_model(config, model)  # training that does not evaluate: rollout's only
+    with pytest.raises(ConfigError, match=r"eval\.max_new_tokens asks for 64 new tokens, .* 64 "):
+        check_budgets_fit_model(config, model, train=False)  # yatt eval
+    check_budgets_fit_model(config, SimpleNamespace(config=SimpleNamespace()))  # no stated limit

@@ -324,7 +324,11 @@ def _eval(model: str, overrides: list[str]) -> None:
     from yatt.errors import ConfigError
     from yatt.evaluate import evaluate_engine
     from yatt.rollout import make_engine
-    from yatt.run_checks import check_rewards_grade_task, check_rows_have_answers
+    from yatt.run_checks import (
+        check_budgets_fit_model,
+        check_rewards_grade_task,
+        check_rows_have_answers,
+    )
     from yatt.trainer import configure_threads
 
     config, unlike = _eval_config(model, overrides)
@@ -334,6 +338,7 @@ def _eval(model: str, overrides: list[str]) -> None:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)
     policy, tokenizer = build_model(config.model)
+    check_budgets_fit_model(config, policy, train=False)
     _, heldout = build_data(config.data)
     check_rows_have_answers(config, (), heldout, train=False, evaluate=True)
     engine = make_engine(config.rollout.backend, policy.eval(), tokenizer)

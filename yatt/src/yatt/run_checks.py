@@ -17,6 +17,7 @@ from yatt.errors import ConfigError, DataError
 from yatt.rewards import NEED_MEANINGS, NEEDS_ANSWER, REWARD_NEEDS
 
 __all__ = [
+    "check_budgets_fit_model",
     "check_eval_data",
     "check_no_control_settings",
     "check_rewards_grade_task",
@@ -155,3 +156,28 @@ def check_no_control_settings(config: Config, command: str) -> None:
     ]
     if changed:
         raise ConfigError(f"{command} runs in one process and reads no control.* key: {changed}")
+
+
+def check_budgets_fit_model(config: Config, model: Any, *, train: bool = True) -> None:
+    """Refuse a response budget that leaves no room for a prompt in the model's positions
+    (`max_position_embeddings`): a rotary model past it samples garbage, and the sampler's
+    cache for it is wasted memory. Checked once the model is loaded: `rollout.max_new_tokens`
+    and the largest `control.length_schedule` budget with `train`, `eval.max_new_tokens` when
+    the run evaluates (always for `yatt eval`, which passes train=False)."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return  # a model that states no limit
+    budgets = {}
+    if train:
+        budgets["rollout.max_new_tokens"] = config.rollout.max_new_tokens
+        schedule = [int(item.partition(":")[2]) for item in config.control.length_schedule]
+        if schedule:
+            budgets["control.length_schedule"] = max(schedule)
+    if not train or config.eval.enabled:
+        budgets["eval.max_new_tokens"] = config.eval.max_new_tokens
+    for key, budget in budgets.items():
+        if budget >= positions:
+            raise ConfigError(
+                f"{key} asks for {budget} new tokens, but the model ({config.model.path}) has "
+                f"{positions} positions (max_position_embeddings) for prompt and response"
+            )

@@ -49,6 +49,7 @@ from yatt.roles.reference import ReferenceRole
 from yatt.roles.reward import RewardRole
 from yatt.roles.rollout import RolloutRole
 from yatt.run_checks import (
+    check_budgets_fit_model,
     check_eval_data,
     check_rewards_grade_task,
     check_rows_have_answers,
@@ -165,6 +166,7 @@ class Trainer:
                     initial = build_model(config.model)[0]
             else:
                 adapt_model(model, config.model)  # a caller's own model
+            check_budgets_fit_model(config, model)
             self.tokenizer = tokenizer
             self.prompt_texts = [self._render(example) for example in self.train_set]
             self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)

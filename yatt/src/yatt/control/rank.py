@@ -35,7 +35,7 @@ from yatt.lora import (
     read_adapters,
     trained_state,
 )
-from yatt.run_checks import check_rows_have_answers
+from yatt.run_checks import check_budgets_fit_model, check_rows_have_answers
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
 
@@ -168,6 +168,7 @@ class RankWorker:
         self.config, self.control = config, control
         if kept is None:
             model, self.tokenizer = build_model(config.model)
+            check_budgets_fit_model(config, model)
             model = model.to(self.device.torch_device()).eval()
             self.train_set, self.heldout_set = build_data(config.data)
             check_rows_have_answers(config, self.train_set, self.heldout_set)
