@@ -117,6 +117,9 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, checkpoint_folder)
     state = json.loads((folder / "control_state.json").read_text())
     (folder / "control_state.json").write_text(json.dumps({**state, "queues": "none"}))
     _refused(tmp_path, [resume], "control_state.json is unreadable .*not \\{step, prompts_per")
+    beyond = {**state, "queues": [[state["queues"][0][0], [state["n_prompts"]]]]}
+    (folder / "control_state.json").write_text(json.dumps(beyond))  # right digest, bad index
+    _refused(tmp_path, [resume], f"pending prompt {state['n_prompts']} is past the ")
     (folder / "control_state.json").write_text('{"step": 2, "que')  # a torn write
     _refused(tmp_path, [resume], "control_state.json is unreadable")
     (folder / "control_state.json").unlink()  # now it looks like the trainer's

@@ -316,6 +316,10 @@ def load_control_state(checkpoint: Path) -> dict[str, Any]:
     if not shaped:
         shape = "not {step, prompts_per_step, n_prompts, queues: [[draws, [prompt, ...]], ...]}"
         raise ConfigError(_unreadable(checkpoint, shape, _CONTROL_FILE))
+    beyond = [p for _, pending in queues for p in pending if p >= state["n_prompts"]]
+    if beyond:
+        why = f"pending prompt {beyond[0]} is past the {state['n_prompts']} prompts it records"
+        raise ConfigError(_unreadable(checkpoint, why, _CONTROL_FILE))
     return state
 
 
