@@ -509,3 +509,13 @@ def test_a_json_config_naming_a_key_twice_is_refused(tmp_path, cli_error):
     with pytest.raises(ConfigError, match="names 'seed' twice"):
         load_config(path)
     assert "names 'seed' twice" in cli_error(["node", "--config", str(path), "--id", "0"])
+
+
+def test_a_cluster_bench_refuses_a_bad_option_before_its_progress_bar(capsys):
+    """The option used to fail inside the progress bar, which left a blank line on stdout."""
+    from dgcc.cli import main
+
+    assert main(["bench", "--nodes", "2", "-o", "bogus=1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("dgcc: error: workload_options {'bogus': 1} do not fit 'ycsb'")

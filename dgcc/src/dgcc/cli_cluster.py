@@ -214,9 +214,10 @@ def bench_nodes(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from dgcc.bench import make_console
-    from dgcc.net.loadgen import run_bench, summary_line
+    from dgcc.net.loadgen import bench_cluster_config, run_bench, summary_line
 
     bench = _bench_config(args)
+    bench_cluster_config(bench, None)  # a bad setting: one line, before the progress bar
     console = make_console()
     columns = (TextColumn("{task.description}"), BarColumn())
     with Progress(*columns, console=console, transient=True) as progress:

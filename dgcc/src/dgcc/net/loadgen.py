@@ -407,23 +407,29 @@ def _snapshot(config: ClusterConfig) -> dict[str, float]:
     return total
 
 
+def bench_cluster_config(bench: ClusterBenchConfig, directory: Path | None) -> ClusterConfig:
+    """The loopback cluster ``bench`` runs (logging in ``directory/wal`` when durable); a
+    ConfigError names a setting it cannot take, before anything starts."""
+    return local_config(
+        bench.nodes,
+        workload=bench.workload,
+        workload_options=cluster_workload_options(
+            bench.workload, bench.workload_options, bench.nodes
+        ),
+        epoch_ms=bench.epoch_ms,
+        epoch_calls_max=max(1, bench.inflight // 4),
+        seed=bench.seed,
+        protocol=bench.protocol,
+        data_dir=str(directory / "wal") if bench.durable and directory is not None else None,
+    )
+
+
 def run_bench(
     bench: ClusterBenchConfig, progress: Callable[[str, float], None] | None = None
 ) -> dict[str, Any]:
     """Start the cluster and clients, measure one window; the result record."""
     with tempfile.TemporaryDirectory(prefix="dgcc_bench_") as directory:
-        config = local_config(
-            bench.nodes,
-            workload=bench.workload,
-            workload_options=cluster_workload_options(
-                bench.workload, bench.workload_options, bench.nodes
-            ),
-            epoch_ms=bench.epoch_ms,
-            epoch_calls_max=max(1, bench.inflight // 4),
-            seed=bench.seed,
-            protocol=bench.protocol,
-            data_dir=str(Path(directory) / "wal") if bench.durable else None,
-        )
+        config = bench_cluster_config(bench, Path(directory))
         if progress:
             progress("loading", 0.0)
         with start_local(config, Path(directory)) as cluster:
