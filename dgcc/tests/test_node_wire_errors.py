@@ -13,8 +13,9 @@ lost peer, so the tests wait on events, not on time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import AsyncIterator, Hashable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -415,6 +416,18 @@ def test_an_output_no_message_can_carry_fails_its_call_alone(protocol, monkeypat
     assert status["peers_down"] == ()
 
 
+@contextlib.asynccontextmanager
+async def _running(config: Any) -> AsyncIterator[list[Node]]:
+    """Every node of ``config``, started in this event loop; stopped on the way out."""
+    nodes = [Node(config, n) for n in range(len(config.nodes))]
+    await asyncio.gather(*(node.start() for node in nodes))
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 def _nested(depth: int) -> Any:
     value: Any = 1
     for _ in range(depth):
@@ -434,17 +447,12 @@ def test_a_hostile_param_fails_its_call_alone_with_a_short_reason():
     ]
 
     async def go() -> tuple:
-        nodes = [Node(config, n) for n in range(2)]
-        await asyncio.gather(*(node.start() for node in nodes))
-        try:
-            async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
-                bad = [await client.call("ycsb_txn", p, timeout_s=WAIT_S) for p in hostile]
-                params = {"keys": [2, 3], "rmw": [True, True]}  # needs both nodes
-                good = await client.call("ycsb_txn", params, timeout_s=WAIT_S)
-                status = await client.status()
-        finally:
-            for node in nodes:
-                node.stop()
+        port = config.nodes[0].port
+        async with _running(config), await AsyncClient.connect("127.0.0.1", port) as client:
+            bad = [await client.call("ycsb_txn", p, timeout_s=WAIT_S) for p in hostile]
+            params = {"keys": [2, 3], "rmw": [True, True]}  # needs both nodes
+            good = await client.call("ycsb_txn", params, timeout_s=WAIT_S)
+            status = await client.status()
         return bad, good, status
 
     bad, good, status = asyncio.run(go())
@@ -460,14 +468,14 @@ def test_a_hostile_param_fails_its_call_alone_with_a_short_reason():
 def test_peer_messages_may_exceed_the_client_frame_limit():
     """frame_bytes_max bounds one client frame; an epoch batches many calls, so the inputs it
     sends a peer can be larger (here 4 calls of ~1.2 kB under a 2 kB limit), and must pass."""
-    config = local_config(
+    config = local_config(  # the epoch closes at 4 calls; its timer is far off
         2,
         workload="ycsb",
         workload_options={"records": 100},
         epoch_ms=2000.0,
         epoch_calls_max=4,
         frame_bytes_max=2048,
-    )  # fmt: skip (the epoch closes at 4 calls; its timer is far off)
+    )
     keys = list(range(100)) * 6  # every call spans both nodes
     params = {"keys": keys, "rmw": [False] * len(keys)}
 
@@ -476,14 +484,9 @@ def test_peer_messages_may_exceed_the_client_frame_limit():
             return await client.call("ycsb_txn", params, timeout_s=WAIT_S)
 
     async def go() -> tuple:
-        nodes = [Node(config, n) for n in range(2)]
-        await asyncio.gather(*(node.start() for node in nodes))
-        try:  # 4 calls at node 0: one epoch, whose inputs node 1 gets in one frame
+        async with _running(config) as nodes:  # 4 calls at node 0: one epoch, one inputs frame
             outcomes = await asyncio.gather(*(one(config.nodes[0].port) for _ in range(4)))
             return outcomes, nodes[0].status(), nodes[0].stats["net/peer_bytes"]
-        finally:
-            for node in nodes:
-                node.stop()
 
     outcomes, status, sent = asyncio.run(go())
     assert [o.status for o in outcomes] == [Status.COMMITTED] * 4, outcomes
@@ -503,17 +506,13 @@ def test_a_client_frame_over_the_limit_is_refused_and_said_so(blocking):
     params = {"keys": list(range(100)) * 15, "rmw": [False] * 1500}  # ~3 kB
 
     async def go() -> BaseException:
-        node = Node(config, 0)
-        await node.start()
-        try:
+        async with _running(config):
             if blocking:  # in a thread: the node answers on this event loop
                 call = asyncio.to_thread(_blocking_call, config.nodes[0].port, params)
                 return (await asyncio.gather(call, return_exceptions=True))[0]
             async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
                 call = client.call("ycsb_txn", params, timeout_s=WAIT_S)
                 return (await asyncio.gather(call, return_exceptions=True))[0]
-        finally:
-            node.stop()
 
     error = asyncio.run(go())
     assert isinstance(error, FrameRefused), repr(error)

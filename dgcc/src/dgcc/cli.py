@@ -38,7 +38,7 @@ from dgcc.bench import (
     summary_line,
 )
 from dgcc.cluster import load_config
-from dgcc.errors import ConfigError, DgccError, brief
+from dgcc.errors import ConfigError, DgccError, brief, make_dir
 from dgcc.net.servers import server_class
 from dgcc.protocols import PROTOCOLS
 from dgcc.protocols.dist_placement import Router
@@ -267,10 +267,9 @@ def _check_writable(path: Path) -> None:
 
     Creates the missing parent folders (the run would too) and a nameless file in the last one.
     """
+    named = repr(str(path)).replace("{", "{{").replace("}", "}}")  # (a format string below)
+    make_dir(path.parent, f"--json {named} cannot be written: {{why}}")
     try:
-        if path.parent.exists() and not path.parent.is_dir():  # (mkdir: "File exists")
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "Is a directory")
         with tempfile.TemporaryFile(dir=path.parent):

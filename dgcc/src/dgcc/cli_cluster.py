@@ -312,13 +312,14 @@ def dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config_in(args.dir, check_workload=args.action == "check")
     except ConfigError as error:
-        damaged = (args.dir / CONFIG_FILE).is_file()  # (not: no cluster there at all)
-        if args.action != "stop" or not damaged or not read_pids(args.dir):
+        damaged = args.action == "stop" and (args.dir / CONFIG_FILE).is_file()  # (not: none)
+        recorded = len(read_pids(args.dir)) if damaged else 0
+        if not recorded:
             raise
         # The config no longer reads, but the nodes it started are recorded: end them.
         result = terminate_recorded(args.dir)
         print(f"cannot reach the nodes ({error}): ending the recorded ones by SIGTERM")
-        print(_stop_summary(result, len(read_pids(args.dir))))
+        print(_stop_summary(result, recorded))
         return _stopped(args.dir, result)
     if args.action == "status":
         return _status(config)

@@ -136,8 +136,7 @@ class AsyncClient:
                 if message[0] == "results" and len(message) == 2 and type(message[1]) is tuple:
                     self._answer_calls(message[1])
                     continue
-                if message[0] == "error" and len(message) == 2:  # (a connection's end)
-                    raise FrameRefused(f"{self.where} refused a frame: {brief(message[1], 300)}")
+                _raise_if_refused(message, self.where)
                 if len(message) < 2:
                     raise FrameError(f"ill-shaped answer {brief(message)}")
                 future = self._pending.pop(message[1], None)
@@ -344,8 +343,7 @@ class Client:
         self._sock.sendall(frame(("calls", ((call_id, procedure, dict(params)),))))
         while True:
             message = self._read()
-            if message[0] == "error" and len(message) == 2:  # (a connection's end)
-                raise FrameRefused(f"{self.where} refused the call: {brief(message[1], 300)}")
+            _raise_if_refused(message, self.where)
             if message[0] != "results" or len(message) != 2:
                 continue
             for result in message[1]:
@@ -378,6 +376,13 @@ class Client:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _raise_if_refused(message: tuple, where: str) -> None:
+    """Raise FrameRefused for a node's ``("error", reason)``: its answer to a frame it would
+    not read, sent as it closes the connection (an admin request's error carries its id)."""
+    if message[0] == "error" and len(message) == 2:
+        raise FrameRefused(f"{where} refused a frame: {brief(message[1], 300)}")
 
 
 def _refusal(message: tuple, where: str) -> str:
