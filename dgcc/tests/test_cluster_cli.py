@@ -19,7 +19,7 @@ import time
 import pytest
 
 from dgcc.cluster import load_config, local_config
-from dgcc.local_cluster import read_pids
+from dgcc.local_cluster import read_pids, wait_ready_lines
 from dgcc.net import Client
 from dgcc.net.wire import frame
 
@@ -55,6 +55,11 @@ def test_start_status_stop(tmp_path):
         assert again.returncode == 2
         assert "a cluster is already running in" in again.stderr, again.stderr
         assert len(again.stderr.splitlines()) == 1, again.stderr
+        assert again.stdout == ""  # refused before anything said it starts
+        restart = _cli("cluster", "start", "--dir", directory, "--node", "1")
+        assert restart.returncode == 2
+        assert "node 1 (pid " in restart.stderr and "is still running" in restart.stderr
+        assert restart.stdout == ""
         status = _cli("cluster", "status", "--dir", directory)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("yes") == 2
@@ -72,6 +77,13 @@ def test_start_status_stop(tmp_path):
         assert f"node {node} down: ConnectionLost: cannot connect to 127.0.0.1:" in after.stdout
     for log in sorted((tmp_path / "cluster").glob("node*.log")):  # a clean stop logs no error
         assert "Traceback" not in log.read_text(), log.read_text()
+    restarted = _cli("cluster", "start", "--dir", directory)  # the same cluster, no log
+    try:
+        assert restarted.returncode == 0, restarted.stderr
+        assert "every node loads its initial data again, and what the earlier run committed " \
+            "is not kept" in restarted.stdout  # fmt: skip
+    finally:
+        assert _cli("cluster", "stop", "--dir", directory).returncode == 0
 
 
 def _kill(pid: int) -> None:
@@ -212,7 +224,11 @@ def test_bench_on_two_nodes(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[summary] workload=smallbank protocol=dgcc nodes=2" in result.stdout
-    metrics = json.loads(out.read_text())["metrics"]
+    header = next(line for line in result.stdout.splitlines() if "commits/s" in line)
+    assert "aborts" in header and "cc aborts" in header, result.stdout  # as in-process runs
+    record = json.loads(out.read_text())
+    assert len(record["git_commit"]) == 40 and record["host"]["cpus"] == os.cpu_count()
+    metrics = record["metrics"]
     assert metrics["txn/commits_per_s"] > 0
     assert 0.2 < metrics["txn/multi_node_fraction"] < 0.8
     assert metrics["net/messages_per_commit"] > 0
@@ -292,3 +308,49 @@ def test_stop_ends_the_recorded_nodes_when_the_config_no_longer_reads(tmp_path):
         os.close(pidfd)
     assert exited
     assert not (directory / "cluster_state.json").exists()
+
+
+def test_nodes_started_by_hand_are_reached_through_their_config_file(tmp_path):
+    # `dgcc node --config FILE --id N` on each host leaves no cluster dir: call, status, check
+    # and stop take the same file.
+    config = local_config(2, workload="smallbank", workload_options={"accounts": 100})
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(config.to_dict()))
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dgcc", "node", "--config", str(path), "--id", str(node)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=_env(),
+        )
+        for node in (0, 1)
+    ]
+    try:
+        wait_ready_lines(nodes, TIMEOUT_S)
+        by_file = ("--config", str(path))
+        called = _cli("call", "deposit_checking", '{"customer": 7, "amount": 5}', *by_file)
+        assert called.returncode == 0, called.stderr
+        assert json.loads(called.stdout)["status"] == "committed"
+        both = _cli("call", "balance", '{"customer": 7}', *by_file, "--dir", str(tmp_path))
+        assert both.returncode == 2 and "give --dir" in both.stderr and "not both" in both.stderr
+        status = _cli("cluster", "status", *by_file)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("yes") == 2, status.stdout
+        checked = _cli("cluster", "check", *by_file)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "cluster of 2 nodes (smallbank): consistent" in checked.stdout
+        stopped = _cli("cluster", "stop", *by_file)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "stopped 2 of 2 nodes" in stopped.stdout
+        for node in nodes:
+            assert node.wait(timeout=TIMEOUT_S) == 0
+        again = _cli("cluster", "stop", *by_file)
+        assert again.returncode == 1
+        assert "nodes [0, 1] did not answer (not running, or not reachable from here)" in (
+            again.stdout
+        )
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()

@@ -353,20 +353,29 @@ def test_a_node_of_a_2pc_cluster_is_refused_at_once(tmp_path, cli_error):
     assert not (run / "node1.log").exists()  # no node process was started
 
 
-def test_status_names_a_node_that_lost_its_peer_link(monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("protocol", ["dgcc", "occ"])
+def test_status_names_a_node_that_lost_its_peer_link(monkeypatch, capsys, protocol) -> None:
     """A node up and ready whose link to a peer failed (a crash, a frame it refused) stalls the
-    epochs it shares: status says so below the table and exits 1, as for a node down."""
+    epochs it shares, or (2PC, which runs no epochs) fails the calls that need the peer:
+    status says which below the table and exits 1, as for a node down."""
     from dgcc import cli_cluster
 
+    config = local_config(2, protocol=protocol)
     entries = [
         dict(node, host="127.0.0.1", port=7001 + node["id"], pid=100, ready=True, rows_held=4)
         for node in _quiet(5, down=1)
     ]
     monkeypatch.setattr(cli_cluster, "cluster_status", lambda config: entries)
-    assert cli_cluster._status(None) == 1
+    assert cli_cluster._status(config) == 1
     out = capsys.readouterr().out
     assert out.count("peers down") == 2, out
-    assert "node 0 lost its link to nodes [1]: the epochs they share wait until" in out
+    if protocol == "dgcc":
+        assert "node 0 lost its link to nodes [1]: the epochs they share wait until" in out
+    else:
+        assert "node 0 lost its link to nodes [1]: its calls that need them fail; a occ " in out
+        assert "restarts whole (dgcc cluster stop, then dgcc cluster start" in out
+    epochs_cells = {line.split("│")[5].strip() for line in out.splitlines() if "127.0.0.1" in line}
+    assert epochs_cells == ({"9"} if protocol == "dgcc" else {"-"}), out
     entries = [entry | {"peers_down": []} for entry in entries]
-    assert cli_cluster._status(None) == 0
+    assert cli_cluster._status(config) == 0
     assert "peers down" not in capsys.readouterr().out

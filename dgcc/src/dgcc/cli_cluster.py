@@ -30,9 +30,11 @@ from dgcc.errors import ConfigError, brief, make_dir
 from dgcc.local_cluster import (
     STATE_FILE,
     StopResult,
+    check_node_restart,
     log_size,
     logged_warnings,
     read_pids,
+    refuse_running,
     start_local,
     start_node,
     terminate_recorded,
@@ -62,6 +64,11 @@ CALL_TIMEOUT_S_MAX = 7 * 86400.0  # `call --timeout-s`: a week; sockets refuse ~
 CALL_UNKNOWN = 3  # `call`'s exit status when the call went out but no answer came back
 
 
+_CONFIG_HELP = (
+    "instead of --dir: the config file of nodes started by hand (dgcc node --config FILE)"
+)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``node`` and ``cluster`` to a ``dgcc`` sub-command set."""
     node = commands.add_parser("node", help="run one cluster node (one OS process)")
@@ -85,7 +92,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "procedure", help="the procedure's name (a wrong one is answered with the list of names)"
     )
     call.add_argument("params", nargs="?", default="{}", help='its params as JSON ({"k": 1})')
-    call.add_argument("--dir", type=Path, default=DIRECTORY_DEFAULT, help="the cluster's dir")
+    call.add_argument(
+        "--dir",
+        type=Path,
+        help=f"the cluster's dir, as cluster start made it ({DIRECTORY_DEFAULT})",
+    )
+    call.add_argument("--config", type=Path, help=_CONFIG_HELP)
     call.add_argument("--node", type=int, default=0, help="the node to call (0)")
     call.add_argument(
         "--timeout-s", type=float, default=30.0, help="wait this long for the answer (30)"
@@ -115,9 +127,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument(
             "--dir",
             type=Path,
-            default=DIRECTORY_DEFAULT,
             help=f"cluster state directory: config, pids, node logs ({DIRECTORY_DEFAULT})",
         )
+    for parser in (stop, status, check):
+        parser.add_argument("--config", type=Path, help=_CONFIG_HELP)
 
 
 def _add_start_flags(start: argparse.ArgumentParser) -> None:
@@ -264,10 +277,18 @@ def results_table(records: list[dict[str, Any]]) -> Any:
     """A rich table of cluster benchmark records."""
     from rich.table import Table
 
-    table = Table(title="dgcc cluster benchmark")
+    durable = any(record["config"].get("durable") for record in records)
+    table = Table(
+        title="dgcc cluster benchmark"
+        + (" (durable: every node logs, fsync on)" if durable else ""),
+        caption="aborts: calls answered ABORTED (the procedure's own rollbacks, and 2PC calls "
+        "that ran out of retries); cc aborts: 2PC attempts aborted by concurrency control, "
+        "retried",
+    )
     # "multi-node asked": the share of calls made to span nodes (the workload's own mix: "mix").
     columns = ("workload", "protocol", "nodes", "multi-node asked", "multi-node", "commits/s")
-    for column in (*columns, "p50 ms", "p99 ms", "msgs/commit", "bytes/commit", "node cpu", "viol"):
+    columns += ("aborts", "cc aborts", "p50 ms", "p99 ms", "msgs/commit", "bytes/commit")
+    for column in (*columns, "node cpu", "viol"):
         justify = "left" if column in ("workload", "protocol") else "right"
         table.add_column(column, justify=justify, overflow="fold")
     for record in records:
@@ -280,6 +301,8 @@ def results_table(records: list[dict[str, Any]]) -> Any:
             "mix" if asked is None else f"{asked:.0%}",
             f"{metrics['txn/multi_node_fraction']:.1%}",
             f"{metrics['txn/commits_per_s']:,.0f}",
+            f"{metrics['txn/abort_rate'] + metrics['txn/gave_up_rate']:.1%}",
+            f"{metrics['txn/cc_abort_rate']:.1%}",
             f"{metrics['txn/latency_ms_p50']:.1f}",
             f"{metrics['txn/latency_ms_p99']:.1f}",
             f"{metrics['net/messages_per_commit']:.3f}",
@@ -304,13 +327,32 @@ def dispatch(args: argparse.Namespace) -> int:
         return _node(args)
     if args.command == "bench":
         return bench_nodes(args)
+    starting = args.command == "cluster" and args.action == "start"  # (its --config: to start)
+    given_config = None if starting else args.config  # nodes started by hand, by dgcc node
+    if given_config is not None and args.dir is not None:
+        raise ConfigError("give --dir (a cluster that cluster start made) or --config, not both")
+    if args.dir is None:
+        args.dir = DIRECTORY_DEFAULT
     if args.command == "call":
         return _call(args)
     if args.action == "start":
         return _start(args)
     # Stop and status only reach the nodes: a user workload need not import here.
+    check_workload = args.action == "check"
+    if given_config is not None:  # nodes started by hand: no pids recorded, nothing to clean
+        config = load_config(given_config, check_workload=check_workload)
+        if args.action == "status":
+            return _status(config)
+        if args.action == "check":
+            return _check(config)
+        result = cluster_stop(config)
+        silent = sorted(set(range(len(config.nodes))) - set(result.by_request))
+        print(f"stopped {result.stopped} of {len(config.nodes)} nodes")
+        if silent:
+            print(f"nodes {silent} did not answer (not running, or not reachable from here)")
+        return 1 if silent else 0
     try:
-        config = _config_in(args.dir, check_workload=args.action == "check")
+        config = _config_in(args.dir, check_workload=check_workload)
     except ConfigError as error:
         damaged = args.action == "stop" and (args.dir / CONFIG_FILE).is_file()  # (not: none)
         recorded = len(read_pids(args.dir)) if damaged else 0
@@ -386,6 +428,7 @@ def _start(args: argparse.Namespace) -> int:
     if args.node is not None:
         given = ["--config"] * (args.config is not None) + given
         _refuse(given, "--node (the node restarts with the config of the cluster in --dir)")
+        check_node_restart(args.dir, args.node)  # refuse before saying it starts
         print(  # it may wait a while, for peers that are down too: say so first
             f"starting node {args.node}: it recovers its log, then rejoins its peers or "
             "joins their restart (it waits a while for peers that are down) ...",
@@ -396,6 +439,8 @@ def _start(args: argparse.Namespace) -> int:
         _print_warnings(args.dir, {args.node: start})
         print(f"node {args.node} started again (pid {process.pid}); config and logs in {args.dir}")
         return 0
+    if args.dir.is_dir():  # refused before anything says it starts (start_local checks again)
+        refuse_running(args.dir)
     earlier = args.dir / CONFIG_FILE
     if args.config is not None:
         _refuse(given, "--config (the config file holds every setting)")
@@ -409,6 +454,11 @@ def _start(args: argparse.Namespace) -> int:
                 "flags or --config start another)"
             ) from None
         print(f"restarting the cluster of {earlier} (flags or --config start another)")
+        if config.data_dir is None:
+            print(
+                "it runs without logging (no data_dir): every node loads its initial data "
+                "again, and what the earlier run committed is not kept"
+            )
     else:
         config = _flags_config(args)
     check_tpcc_placement(config)
@@ -517,9 +567,12 @@ def _call(args: argparse.Namespace) -> int:
         frame(("calls", ((1, args.procedure, params),)))
     except FrameError as error:  # (a name that is not text: the params are checked above)
         raise ConfigError(f"procedure {brief(args.procedure)} cannot be sent: {error}") from None
-    config = _config_in(args.dir, check_workload=False)  # the node checks the call
-    if not 0 <= args.node < len(config.nodes):
-        raise ConfigError(f"--node {args.node} is not a node of the cluster in {args.dir}")
+    if args.config is not None:
+        config, source = load_config(args.config, check_workload=False), str(args.config)
+    else:
+        config, source = _config_in(args.dir, check_workload=False), f"the cluster in {args.dir}"
+    if not 0 <= args.node < len(config.nodes):  # (the node checks the call itself)
+        raise ConfigError(f"--node {args.node} is not a node of {source}")
     node = config.nodes[args.node]
     secret = config.shared_secret()
     where = f"node {args.node} at {node.host}:{node.port}"
@@ -591,12 +644,14 @@ def _status(config: Any) -> int:
     from rich.table import Table
 
     from dgcc.bench import make_console
+    from dgcc.net.servers.cc import PROTOCOLS as TWO_PHASE_PROTOCOLS
 
     table = Table(title="dgcc cluster")
     columns = ("node", "address", "pid", "ready", "epochs", "rows held", "committed", "aborted")
     for column in (*columns, "failed calls"):
         table.add_column(column, overflow="fold")
     problems = []  # what is wrong, below the table: a reason must be read whole
+    epochs = config.protocol not in TWO_PHASE_PROTOCOLS  # (2PC nodes run no epochs)
     for entry in cluster_status(config):
         if "error" in entry and "ready" not in entry:
             address = config.nodes[entry["id"]]
@@ -607,17 +662,23 @@ def _status(config: Any) -> int:
             problems.append(f"node {entry['id']} {state}: {entry['error']}")
             continue
         down = entry.get("peers_down") or []
-        if down:  # its link to them failed (a crash, or a frame it refused): epochs stall
+        if down and epochs:  # its link to them failed (a crash, or a frame it refused)
             problems.append(
                 f"node {entry['id']} lost its link to nodes {down}: the epochs they share wait "
                 "until they rejoin (see the nodes' logs)"
+            )
+        elif down:
+            problems.append(
+                f"node {entry['id']} lost its link to nodes {down}: its calls that need them "
+                f"fail; a {config.protocol} cluster restarts whole (dgcc cluster stop, then "
+                "dgcc cluster start; see the nodes' logs)"
             )
         table.add_row(
             str(entry["id"]),
             f"{entry['host']}:{entry['port']}",
             str(entry["pid"]),
             ("peers down" if down else "yes") if entry["ready"] else "no",
-            str(entry["epochs_executed"]),
+            str(entry["epochs_executed"]) if epochs else "-",
             f"{entry['rows_held']:,}",
             f"{entry['txn/committed']:,.0f}",
             f"{entry['txn/aborted']:,.0f}",

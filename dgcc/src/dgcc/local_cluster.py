@@ -121,12 +121,7 @@ def start_local(
         if directory.exists() and not directory.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
         directory.mkdir(parents=True, exist_ok=True)
-        running = running_pids(directory)
-        if running:
-            raise ConfigError(
-                f"a cluster is already running in {str(directory)!r} (pids {running}); "
-                "stop it first"
-            )
+        refuse_running(directory)
         earlier = _Earlier.of(config, directory)
         config_path.write_text(json.dumps(config.to_dict(), indent=1))
     except OSError as error:
@@ -182,6 +177,16 @@ class _Earlier:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def refuse_running(directory: Path) -> None:
+    """Raise ConfigError if a cluster still runs in ``directory`` (starting another over it
+    would orphan its nodes)."""
+    running = running_pids(directory)
+    if running:
+        raise ConfigError(
+            f"a cluster is already running in {str(directory)!r} (pids {running}); stop it first"
+        )
+
+
 def start_node(
     directory: Path, node: int, *, ready_timeout_s: float = READY_TIMEOUT_S
 ) -> subprocess.Popen:
@@ -192,9 +197,27 @@ def start_node(
     ``cluster_state.json``.
 
     Raises:
+        ConfigError: what ``check_node_restart`` refuses, or the node exits or is not ready
+            within ``ready_timeout_s``.
+    """
+    pids = check_node_restart(directory, node)
+    log_starts = [log_size(directory, node)]
+    started: list[subprocess.Popen] = []
+    _spawn(directory, node, started)
+    process = started[0]
+    _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)
+    pids[node] = process.pid
+    _write_pids(directory, pids)
+    return process
+
+
+def check_node_restart(directory: Path, node: int) -> list[int]:
+    """The recorded pids of the cluster in ``directory``, if ``start_node`` may restart its
+    node ``node`` alone.
+
+    Raises:
         ConfigError: no cluster in ``directory``, ``node`` not one of its nodes or still
-            running, a cluster without ``data_dir`` or of a 2PC protocol (refused before
-            anything starts), or the node exits or is not ready within ``ready_timeout_s``.
+            running, or a cluster without ``data_dir`` or of a 2PC protocol.
     """
     config_path = directory / CONFIG_FILE
     if not config_path.exists():
@@ -222,14 +245,7 @@ def start_node(
             "running peers; restart the whole cluster (dgcc cluster stop, then dgcc cluster "
             "start: every node recovers from its log)"
         )
-    log_starts = [log_size(directory, node)]
-    started: list[subprocess.Popen] = []
-    _spawn(directory, node, started)
-    process = started[0]
-    _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)
-    pids[node] = process.pid
-    _write_pids(directory, pids)
-    return process
+    return pids
 
 
 def _node_args(directory: Path, node: int) -> list[str]:
