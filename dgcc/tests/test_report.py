@@ -114,6 +114,42 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown benchmark" in capsys.readouterr().err
 
 
+TABLE_SCRIPT = """
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=100)
+table = Table(title="runs")
+table.add_column("run")
+table.add_row("one")
+console.print(table)
+for n in range(3):
+    print(f"[summary] run={n}")
+for n in range(15):
+    print(f"scenario {n}: DistDGCC / rival = {n}.00x")
+console.print("wrote out/{name}.{json,md,png}")
+"""
+
+
+def test_the_table_shows_what_each_script_found_and_where_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It showed the first 4 raw summary lines, cut, and hid the results and the output files.
+    repo = _checkout(tmp_path, {"engine": TABLE_SCRIPT, "cluster": OK_SCRIPT})
+    logs = ["--log-dir", str(tmp_path / "logs")]
+    argv = ["report", "--repo", str(repo), "--only", "engine", "cluster", "--no-stitch", *logs]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "300")
+        assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "scenario 0: DistDGCC / rival = 0.00x" in out
+    assert "scenario 11: DistDGCC / rival = 11.00x" in out
+    assert "scenario 12:" not in out and "(+3 more result lines in " in out
+    assert "wrote out/engine.{json,md,png}" in out
+    assert "run=0" not in out  # its own results stand in for its summary lines
+    assert "name=cluster" in out  # a script that states none: its summary lines
+
+
 def test_a_relative_repo_runs_its_scripts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -186,8 +186,13 @@ def _workload_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_run_flags(parser: argparse.ArgumentParser, *, seconds_default: float) -> None:
-    parser.add_argument("--seconds", type=float, default=seconds_default, help="measured window")
-    parser.add_argument("--warmup-s", type=float, default=1.0, help="warm-up before it")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=seconds_default,
+        help=f"measured window ({seconds_default:g} s)",
+    )
+    parser.add_argument("--warmup-s", type=float, default=1.0, help="warm-up before it (1 s)")
     parser.add_argument(
         "--batch-size", type=int, default=None, help=f"requests in flight ({BATCH_SIZE_DEFAULT})"
     )

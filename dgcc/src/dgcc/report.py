@@ -48,8 +48,10 @@ SCRIPTS = (
 FULL_ARGS = {"protocols": ("--log",), "tpcc_soak": ("--shadow", "serial")}
 TIMEOUT_S_DEFAULT = 3 * 3600.0
 TAIL_LINES = 8
-SUMMARY_LINES = 4  # per script in the final table
+SUMMARY_LINES = 4  # per script in the final table, where it states no results of its own
+RESULT_LINES = 12  # the most lines of a script's own results in the final table
 SUMMARY_CHARS = 160
+_TABLE_BOTTOMS = ("└", "╰", "┗", "╘")  # a rich table's last line starts with one
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class ScriptResult:
     summary: tuple[str, ...]  # the script's ``[summary] key=value`` lines
     log: Path | None
     detail: str = ""
+    closing: tuple[str, ...] = ()  # what it printed after its last table (results, wrote ...)
 
 
 def repo_root() -> Path:
@@ -144,7 +147,15 @@ def _run_script(config: ReportConfig, name: str, log_dir: Path) -> ScriptResult:
     if status != "ok":
         detail += ": " + " | ".join(lines[-TAIL_LINES:])
         logger.error("%s %s (%s)", name, status, detail)
-    return ScriptResult(name, status, seconds, summary, log, detail)
+    return ScriptResult(name, status, seconds, summary, log, detail, _closing(lines))
+
+
+def _closing(lines: list[str]) -> tuple[str, ...]:
+    """The non-empty lines after the last table's bottom border (none without a table)."""
+    bottoms = [i for i, line in enumerate(lines) if line.lstrip().startswith(_TABLE_BOTTOMS)]
+    if not bottoms:
+        return ()
+    return tuple(line.strip() for line in lines[bottoms[-1] + 1 :] if line.strip())
 
 
 def _stitch(repo: Path) -> ScriptResult:
@@ -197,12 +208,23 @@ def run_report(
 
 
 def _summary_cell(result: ScriptResult) -> str:
-    """At most ``SUMMARY_LINES`` summary lines, each cut to ``SUMMARY_CHARS``; the log holds all."""
-    lines = [line.removeprefix("[summary] ") for line in result.summary]
+    """What a script found: the results it stated after its last table (up to
+    ``RESULT_LINES``), else its first ``SUMMARY_LINES`` summary lines; then where it wrote.
+    Each line is cut to ``SUMMARY_CHARS``; the log holds all."""
+    if result.status != "ok":
+        return result.detail or (str(result.log) if result.log else "")
+    closing = [line for line in result.closing if not line.startswith("[summary]")]
+    wrote = [line for line in closing if line.startswith(("wrote ", "rewrote "))]
+    stated = [line for line in closing if line not in wrote]
+    lines, most, what = stated, RESULT_LINES, "result"
+    if not stated:
+        lines = [line.removeprefix("[summary] ") for line in result.summary]
+        most, what = SUMMARY_LINES, "summary"
     shown = [line if len(line) <= SUMMARY_CHARS else line[:SUMMARY_CHARS] + "..." for line in lines]
-    text = "\n".join(shown[:SUMMARY_LINES])
-    if len(lines) > SUMMARY_LINES:
-        text += f"\n(+{len(lines) - SUMMARY_LINES} more summary lines in {result.log})"
+    text = "\n".join(shown[:most])
+    if len(lines) > most:
+        text += f"\n(+{len(lines) - most} more {what} lines in {result.log})"
+    text = "\n".join([text, *wrote]).strip()
     return text or result.detail or (str(result.log) if result.log else "")
 
 

@@ -530,10 +530,13 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
         "client/cpu_s_per_s": sum(r["cpu_s"] for r in results) / bench.seconds / bench.nodes,
         "txn/commits_per_node_cpu_s": counts["committed"] / max(1e-9, delta["timing_s/cpu"]),
     }
+    from dgcc.bench import git_commit, host_facts
+
     return {
         "config": asdict(bench) | {"workload_options": config.workload_options},
         "metrics": metrics,
-        "host": {"cpus": __import__("os").cpu_count(), "python": sys.version.split()[0]},
+        "host": host_facts(),
+        "git_commit": git_commit(),
     }
 
 

@@ -201,9 +201,9 @@ def plan_rejoin(node: int, log_end: int, states: Mapping[int, Mapping[str, Any]]
         peer: frozenset(range(restart, closed)) - {e for e, _ in state["inputs_from"]}
         for peer, state in states.items()
     }
+    again = f"re-executes {restart + 1}..{closed}" if closed > restart else "re-executes none"
     logger.info(
-        "node %d rejoins: log ends at epoch %d, recovers to %d, re-executes %d..%d",
-        *(node, log_end, restart, restart + 1, closed),
+        "node %d rejoins: log ends at epoch %d, recovers to %d, %s", node, log_end, restart, again
     )
     return RejoinPlan(
         restart=restart,
