@@ -288,7 +288,7 @@ def test_damage_before_the_last_segment_exits_2(
 
 
 def test_recover_a_cluster_node_directory_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--cluster CONFIG --node N``: one node's log replayed alone equals that node's state."""
     config = local_config(1, workload="tpcc", workload_options=TPCC, seed=SEED)
@@ -316,6 +316,9 @@ def test_recover_a_cluster_node_directory_alone(
     assert cli.main([*argv, "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["epoch"] == EPOCHS
+    assert record["replayed_epochs"] == EPOCHS - record["checkpoint_epoch"]
+    shown = capsys.readouterr().out  # labelled rows, as a single node's recovery shows them
+    assert "epochs replayed" in shown and "torn tail" in shown and f"wrote {out}" in shown
     assert 0 < record["replay_s"] < record["recovery_s"]
     assert 0 < record["load_checkpoint_s"] < record["recovery_s"]
     assert kept[0].db.dump() == log.db.dump()

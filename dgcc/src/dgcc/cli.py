@@ -471,21 +471,33 @@ def _recover_node(args: argparse.Namespace, console: Console) -> int:
         "node": args.node,
         "checkpoint_epoch": recovered.checkpoint_epoch,
         "epoch": recovered.epoch,
+        "replayed_epochs": recovered.epoch - recovered.checkpoint_epoch,
         "dropped": recovered.dropped,
         "load_checkpoint_s": recovered.timing_s["timing_s/load_checkpoint"],
         "replay_s": recovered.timing_s["timing_s/replay"],
         "recovery_s": time.perf_counter() - started_s,
     }
-    table = Table(title=f"dgcc recover node {args.node}: {args.directory}")
-    for column in ("what", "value"):
-        table.add_column(column)
-    for what, value in record.items():
-        table.add_row(what, f"{value:.3f} s" if what.endswith("_s") else str(value))
-    table.add_row("consistency", "not checked: a node holds only its partitions' share")
+    table = Table(title=f"dgcc recover node {args.node} of {args.cluster}: {args.directory}")
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    rows = (
+        ("workload", config.workload),
+        ("checkpoint epoch", str(record["checkpoint_epoch"])),
+        ("recovered epoch", str(record["epoch"])),
+        ("epochs replayed", str(record["replayed_epochs"])),
+        ("torn tail", "; ".join(record["dropped"]) or "none"),
+        ("load checkpoint", f"{record['load_checkpoint_s']:.3f} s"),
+        ("replay", f"{record['replay_s']:.3f} s"),
+        ("recovery time", f"{record['recovery_s']:.3f} s"),
+        ("consistency", "not checked: a node holds only its partitions' share"),
+    )
+    for what, value in rows:
+        table.add_row(what, value)
     console.print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        console.print(f"wrote {args.json}")
     return 0
 
 
