@@ -112,3 +112,20 @@ def test_plots_and_summary_table(tmp_path) -> None:
     assert all(path.stat().st_size > 1000 for path in paths)
     table = summary_table(history, [(0, 0.1), (5, 0.4)])
     assert table.row_count >= 6
+
+
+def test_the_summary_throughput_is_the_whole_runs_tokens_over_its_time() -> None:
+    # It averaged the per-step rates, so a short step counted as much as a long one: 1 s at
+    # 300 tokens/s and 9 s at 100 tokens/s showed 200 tokens/s; the run made 1200 in 10 s.
+    import io
+
+    from rich.console import Console
+
+    history = [
+        {"step": 1.0, "critic/score/mean": 0.5, "timing_s/step": 1.0, "perf/throughput": 300.0},
+        {"step": 2.0, "critic/score/mean": 0.5, "timing_s/step": 9.0, "perf/throughput": 100.0},
+    ]
+    console = Console(file=io.StringIO(), width=120)
+    console.print(summary_table(history, []))
+    line = next(x for x in console.file.getvalue().splitlines() if "perf/throughput" in x)
+    assert "whole run" in line and line.rstrip(" │").endswith("120"), line

@@ -125,9 +125,25 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
             cell = _mean_cell(steps, key, ".3f")
             if cell is not None:
                 table.add_row(f"{key} (mean)", cell)
-        throughput = _mean_cell(steps, "perf/throughput", ".0f") or "n/a"
-        table.add_row("perf/throughput (tokens/s)", throughput)
+        table.add_row("perf/throughput (tokens/s, whole run)", _overall_throughput(steps))
     return table
+
+
+def _overall_throughput(steps: list[dict[str, Any]]) -> str:
+    """Every step's tokens over every step's time (each step's tokens are its rate times its
+    time): a mean of the per-step rates would count a short step as much as a long one."""
+    pairs = [
+        (float(row["perf/throughput"]), float(row["timing_s/step"]))
+        for row in steps
+        if _is_number(row.get("perf/throughput")) and _is_number(row.get("timing_s/step"))
+    ]
+    finite = [(rate, step_s) for rate, step_s in pairs if math.isfinite(rate * step_s)]
+    seconds = sum(step_s for _, step_s in finite)
+    if not finite or not seconds > 0:
+        return "n/a"
+    cell = f"{sum(rate * step_s for rate, step_s in finite) / seconds:.0f}"
+    left_out = len(pairs) - len(finite)
+    return cell + (f" ({left_out} non-finite steps left out)" if left_out else "")
 
 
 def _is_number(value: Any) -> bool:
