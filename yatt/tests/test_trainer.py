@@ -129,3 +129,22 @@ def test_the_summary_throughput_is_the_whole_runs_tokens_over_its_time() -> None
     console.print(summary_table(history, []))
     line = next(x for x in console.file.getvalue().splitlines() if "perf/throughput" in x)
     assert "whole run" in line and line.rstrip(" │").endswith("120"), line
+
+
+def test_progress_is_logged_as_lines_where_no_bar_can_draw(caplog) -> None:
+    # With stderr in a file (a batch job) the bar drew nothing until the end.
+    import logging
+
+    from yatt.report import console, progress_bar
+
+    assert not console.is_terminal  # as under pytest, or with stderr redirected
+    with caplog.at_level(logging.INFO, logger="yatt.report"), progress_bar(4) as progress:
+        progress(1, 4, {"critic/score/mean": 0.2, "timing_s/step": 2.0})
+        progress(2, 4, {"critic/score/mean": 0.4, "timing_s/step": 4.0, "eval/accuracy": 0.5})
+        progress(3, 4, {"critic/score/mean": 0.6, "timing_s/step": 6.0})
+        progress(4, 4, {"critic/score/mean": 0.8, "timing_s/step": 8.0})
+    lines = [r.getMessage() for r in caplog.records if r.name == "yatt.report"]
+    assert len(lines) == 2, lines  # the first step, then not again within 30 s but the last
+    assert lines[0].startswith("step 1/4: reward 0.200, 2.00 s/step (last 1 steps), elapsed ")
+    assert lines[1].startswith("step 4/4: reward 0.500, 5.00 s/step (last 4 steps), acc 50.0%")
+    assert "eta 0:00:00" in lines[1]

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +49,10 @@ ProgressFn = Callable[[int, int, dict[str, float]], None]
 _METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl")  # an RL run's, an SFT run's
 
 
+PLAIN_PROGRESS_EVERY_S = 30.0  # a progress line at most this often where no bar can show
+_RECENT = 10  # steps the shown reward and step time average over
+
+
 @contextmanager
 def progress_bar(
     total_steps: int,
@@ -56,10 +61,49 @@ def progress_bar(
     metric: str = "critic/score/mean",
     label: str = "reward",
 ) -> Iterator[ProgressFn]:
-    """A progress callback showing step, `metric` as `label` (moving average over 10 steps),
-    step time and ETA."""
+    """A progress callback showing step, `metric` as `label` and step time (means over the last
+    10 steps), the latest held-out result, and ETA. Where stderr is no terminal (a log file, a
+    batch job), where a bar cannot draw, it logs the same as a line every
+    `PLAIN_PROGRESS_EVERY_S` seconds and at the last step."""
     if not enabled:
         yield lambda step, total, metrics: None
+        return
+    rewards: list[float] = []
+    step_times: list[float] = []
+    held_out = [""]
+
+    def note(metrics: dict[str, float]) -> tuple[float, float, str]:
+        rewards.append(metrics.get(metric, 0.0))
+        step_times.append(metrics.get("timing_s/step", 0.0))
+        if "eval/accuracy" in metrics:
+            held_out[0] = f"acc {100 * metrics['eval/accuracy']:.1f}%"
+        if "sft/heldout_loss" in metrics:
+            held_out[0] = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
+        return (
+            statistics.fmean(rewards[-_RECENT:]),
+            statistics.fmean(step_times[-_RECENT:]),
+            held_out[0],
+        )
+
+    if not console.is_terminal:
+        started_s, last_s = time.monotonic(), -math.inf
+
+        def log_line(step: int, total: int, metrics: dict[str, float]) -> None:
+            nonlocal last_s
+            reward, step_s, extra = note(metrics)
+            now_s = time.monotonic()
+            if now_s - last_s < PLAIN_PROGRESS_EVERY_S and step < total:
+                return
+            last_s = now_s
+            done = step - start_step
+            eta = (now_s - started_s) / done * (total - step) if done > 0 else math.nan
+            logger.info(
+                "step %d/%d: %s %.3f, %.2f s/step (last %d steps)%s, elapsed %s, eta %s",
+                step, total, label, reward, step_s, min(len(step_times), _RECENT),
+                f", {extra}" if extra else "", _clock(now_s - started_s), _clock(eta),
+            )  # fmt: skip
+
+        yield log_line
         return
     columns = (
         TextColumn("[bold]step {task.completed:>4.0f}/{task.total:.0f}"),
@@ -71,28 +115,24 @@ def progress_bar(
         TextColumn("eta"),
         TimeRemainingColumn(),
     )
-    rewards: list[float] = []
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(
             "train", total=total_steps, completed=start_step, reward=0.0, step_s=0.0, extra=""
         )
 
         def update(step: int, total: int, metrics: dict[str, float]) -> None:
-            rewards.append(metrics.get(metric, 0.0))
-            extra = ""
-            if "eval/accuracy" in metrics:
-                extra = f"acc {100 * metrics['eval/accuracy']:.1f}%"
-            if "sft/heldout_loss" in metrics:
-                extra = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
-            bar.update(
-                task,
-                completed=step,
-                reward=statistics.fmean(rewards[-10:]),
-                step_s=metrics.get("timing_s/step", 0.0),
-                extra=extra,
-            )
+            reward, step_s, extra = note(metrics)
+            bar.update(task, completed=step, reward=reward, step_s=step_s, extra=extra)
 
         yield update
+
+
+def _clock(seconds: float) -> str:
+    """`seconds` as h:mm:ss ("?" when unknown)."""
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]]) -> Table:
