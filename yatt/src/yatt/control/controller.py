@@ -197,7 +197,9 @@ class Controller(ABC):
         in flight (async) keep running; a resume samples their prompts again."""
         state = {"queues": [[draws, list(pending)] for draws, pending in self.queue_states()]}
         handle = self.cluster.ranks.handles[0]
-        return Path(handle.call("save_checkpoint", str(run_dir), done, state))
+        folder = Path(handle.call("save_checkpoint", str(run_dir), done, state))
+        logger.info("saved checkpoint %s", folder)  # (the rank's own line stays in its worker)
+        return folder
 
     def restore(self, checkpoint: Path, state: dict[str, Any]) -> int:
         """Take on a checkpoint of the controllers (`state`: its `load_control_state`): every
