@@ -90,3 +90,21 @@ def test_a_checkpoint_of_other_data_is_refused(straight, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"was written with data.seed \+ train.seed="):
         _run(tmp_path, f"checkpoint.resume={checkpoint}", "data.seed=99")
     assert not (tmp_path / "sft_metrics.jsonl").exists()
+
+
+def test_resuming_in_place_before_later_checkpoints_is_refused_before_saying_resumed(
+    straight, tmp_path, caplog
+) -> None:
+    # It logged "resumed SFT from ..." and then refused.
+    import logging
+
+    shutil.copytree(straight, tmp_path / "run")
+    older = tmp_path / "run" / "checkpoints" / "step_000002"
+    with caplog.at_level(logging.INFO, logger="yatt.sft"):
+        with pytest.raises(ConfigError, match=r"holds later ones \(step_000004\)"):
+            _run(tmp_path / "run", f"checkpoint.resume={older}")
+        assert not [r for r in caplog.records if "resumed SFT" in r.getMessage()]
+        shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000004")
+        _run(tmp_path / "run", f"checkpoint.resume={older}")
+    resumed = [r.getMessage() for r in caplog.records if "resumed SFT" in r.getMessage()]
+    assert resumed == [f"resumed SFT from {older} at step 2"]

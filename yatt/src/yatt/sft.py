@@ -182,6 +182,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     if in_place:
         drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
         truncate_metrics(run_dir / "sft_metrics.jsonl", done)
+    if resume:  # (said once nothing can refuse it any more)
+        logger.info("resumed SFT from %s at step %d", resume, done)
     save_config(config, run_dir)
     sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
     if config.logging.tensorboard:
@@ -263,5 +265,4 @@ def _resume(
         raise ConfigError(
             f"checkpoint.resume={checkpoint}: its SFT state does not fit this run: {detail}"
         ) from exc
-    logger.info("resumed SFT from %s at step %d", checkpoint, step)
     return step
