@@ -28,10 +28,15 @@ def data_file(tmp_path_factory):
 def sft_run(tmp_path_factory, data_file):
     run_dir = tmp_path_factory.mktemp("sft")
     argv = ["sft", "tiny_test", f"data.path={data_file}", "data.n_heldout=3", "eval.n=3",
-            "train.steps=2", f"optim.lr={LR}", "optim.schedule=linear",
+            "train.steps=2", f"optim.lr={LR}", "optim.schedule=linear", "logging.plots=true",
             "algo.micro_batch_size=4", f"logging.run_dir={run_dir}"]  # fmt: skip
     assert main(argv) == 0
     return run_dir
+
+
+def test_sft_writes_its_loss_plot_as_train_writes_its_plots(sft_run) -> None:
+    # logging.plots was ignored: only `yatt report` wrote loss.png.
+    assert (sft_run / "loss.png").stat().st_size > 1000
 
 
 def test_sft_logs_the_rate_each_step_used(sft_run) -> None:

@@ -202,12 +202,11 @@ def _resume_hint(stop: KeyboardInterrupt) -> str:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "train":
-        _train(args.config, args.overrides)
+    if args.command in ("train", "sft"):
+        with contextlib.suppress(_Done):  # a complete run met again: nothing to do, no error
+            (_train if args.command == "train" else _sft)(args.config, args.overrides)
     elif args.command == "eval":
         _eval(args.model, args.overrides)
-    elif args.command == "sft":
-        _sft(args.config, args.overrides)
     elif args.command == "models":
         from yatt.models import prepare_model
 
@@ -252,13 +251,14 @@ def _train(preset: str, overrides: list[str]):
         from yatt.control import fit_distributed
 
         with (
+            _complete_run_is_done(config),
             _noting_run_dir(config.logging.run_dir),
             progress_bar(config.train.steps, 0, config.logging.progress) as progress,
         ):
             result = fit_distributed(config, config.control, _stoppable(progress))
         _report(Path(config.logging.run_dir), plots=config.logging.plots)
         return result
-    with _noting_run_dir(config.logging.run_dir):
+    with _complete_run_is_done(config), _noting_run_dir(config.logging.run_dir):
         trainer = Trainer(config)
         with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
             result = trainer.fit(_stoppable(progress))
@@ -269,28 +269,42 @@ def _train(preset: str, overrides: list[str]):
 
 
 def _sft(preset: str, overrides: list[str]) -> None:
-    """Supervised warm start with a progress bar, then a summary table of its curve."""
+    """Supervised warm start with a progress bar, then the summary table of its curve and
+    its loss plot (`logging.plots`), from the run folder as `yatt train` makes them."""
     from yatt.config import load_config
-    from yatt.report import console, progress_bar, summary_table
+    from yatt.report import progress_bar
     from yatt.sft import run_sft
 
     config = _configured(load_config(preset, overrides))
-    rows: list[dict[str, float]] = []
-
-    def record(step: int, total: int, metrics: dict[str, float]) -> None:
-        rows.append({"step": step, **metrics})
-        bar(step, total, metrics)
-
     with (
+        _complete_run_is_done(config),
         _noting_run_dir(config.logging.run_dir),
         progress_bar(
             config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
         ) as bar,
     ):
-        folder = run_sft(config, progress=_stoppable(record))
-    table = summary_table(rows, [])
-    table.add_row("model", str(folder))
-    console.print(table)
+        folder = run_sft(config, progress=_stoppable(bar))
+    # From the run folder's metrics: a resumed run's summary covers all of it.
+    _report(folder.parent, plots=config.logging.plots)
+
+
+class _Done(Exception):
+    """A complete run met again (`_complete_run_is_done`): the command has nothing to do."""
+
+
+@contextlib.contextmanager
+def _complete_run_is_done(config) -> Iterator[None]:
+    """Rerunning a finished job's command with `checkpoint.resume=auto` (what a wrapper that
+    restarts preempted jobs does) is no error: `RunComplete` becomes one line, the run's
+    summary from its folder, and `_Done` (exit 0)."""
+    from yatt.errors import RunComplete
+
+    try:
+        yield
+    except RunComplete as complete:
+        logger.info("%s", complete)
+        _report(Path(complete.run_dir), plots=False)
+        raise _Done from None
 
 
 def _report(run_dir: Path, plots: bool) -> None:
