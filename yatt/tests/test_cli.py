@@ -203,3 +203,23 @@ def test_a_stop_signal_whose_raise_was_lost_stops_the_next_step() -> None:
     finally:
         cli._STOPS.clear()
     assert seen == [(1, 3, {})]
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_rerunning_a_finished_runs_command_with_resume_auto_is_no_error(
+    tmp_path, capsys, command
+) -> None:
+    # A wrapper that restarts preempted jobs reruns the same command: once the run had taken
+    # every step, that failed with exit 2 ("leaves nothing to train").
+    run_dir = tmp_path / "run"
+    argv = [command, "tiny_test", "train.steps=2", "checkpoint.every=1", "eval.at_end=false",
+            "checkpoint.resume=auto", f"logging.run_dir={run_dir}"]  # fmt: skip
+    assert main(argv) == 0
+    files = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint.resume=auto: the run in {run_dir} is complete" in err
+    assert "summary" in err  # the finished run's summary, read from its folder
+    assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == files
+    assert main([*argv, "train.steps=1"]) == 2  # fewer steps than it took: still refused

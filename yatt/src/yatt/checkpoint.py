@@ -25,7 +25,7 @@ import torch
 
 from yatt.common import read_metrics
 from yatt.config import Config, save_config
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, RunComplete
 
 __all__ = [
     "CONTROLLERS",
@@ -85,9 +85,16 @@ def resolve_resume(resume: str, run_dir: str | Path, steps: int) -> str:
 
     A checkpoint whose step is not below the run's `steps` (`train.steps`) is refused
     (ConfigError, before anything changes): the run would train nothing, yet a resume in place
-    first cuts its later metrics and checkpoints back to that step."""
+    first cuts its later metrics and checkpoints back to that step. With `auto` and the newest
+    checkpoint at `steps` the run is complete: RunComplete, which the CLI reports as done."""
     checkpoint = _named_checkpoint(resume, run_dir)
     if checkpoint and (step := checkpoint_step(Path(checkpoint))) >= steps:
+        if resume == RESUME_AUTO and step == steps:  # the same command, rerun after it ended
+            raise RunComplete(
+                f"checkpoint.resume=auto: the run in {run_dir} is complete ({checkpoint} is "
+                f"at its last step, train.steps={steps}): nothing to train",
+                str(run_dir),
+            )
         raise ConfigError(
             f"checkpoint.resume: {checkpoint} is at step {step}, and train.steps={steps} leaves "
             "nothing to train: raise train.steps to go on (nothing was changed)"

@@ -2,6 +2,7 @@
 
     YattError
      ├── ConfigError   bad config key/value/type (message names key, value, allowed)
+     │    └── RunComplete  checkpoint.resume=auto on a run that already took all its steps
      ├── DataError     bad dataset file or row (names file, line/row number, field)
      ├── ModelError    model folder missing/unloadable, unknown model name
      └── SamplingError the policy's logits hold a NaN or an infinity (a diverged policy)
@@ -9,7 +10,7 @@
 Messages are one line and name the bad value; entry points print them without a traceback.
 """
 
-__all__ = ["ConfigError", "DataError", "ModelError", "SamplingError", "YattError"]
+__all__ = ["ConfigError", "DataError", "ModelError", "RunComplete", "SamplingError", "YattError"]
 
 
 class YattError(Exception):
@@ -18,6 +19,21 @@ class YattError(Exception):
 
 class ConfigError(YattError):
     """A config key is unknown, or its value has the wrong type or is out of range."""
+
+
+class RunComplete(ConfigError):
+    """`checkpoint.resume=auto` found the run's newest checkpoint at its last step: nothing is
+    left to train (the CLI says so and exits 0, so rerunning a finished job's command is no
+    error; the Python API raises it, a ConfigError, as it raises for any run with no steps).
+
+    Args:
+        message: what was found, one line.
+        run_dir: the complete run's folder.
+    """
+
+    def __init__(self, message: str, run_dir: str) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
 
 
 class DataError(YattError):
