@@ -335,6 +335,7 @@ def test_fit_distributed_logs_the_evaluations(tmp_path):
     assert [accuracy for _, accuracy in result.evals] == [rows[0]["eval/accuracy"],
                                                           rows[2]["eval/accuracy"]]  # fmt: skip
     assert rows[0]["timing_s/eval"] > 0 and "timing_s/eval" not in rows[2]  # as the trainer's
+    assert rows[0]["eval/problems"] == rows[2]["eval/problems"] == config.eval.n
     assert "perf/idle_frac" in rows[2]
 
 

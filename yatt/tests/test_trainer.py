@@ -10,7 +10,7 @@ from yatt.models import tiny_model
 from yatt.report import summary_table, write_plots
 from yatt.roles.policy import lr_lambda
 from yatt.sft import heldout_loss, run_sft
-from yatt.trainer import PromptSampler
+from yatt.trainer import PromptSampler, Trainer
 
 
 def test_prompt_sampler_covers_each_epoch_and_resumes() -> None:
@@ -148,3 +148,26 @@ def test_progress_is_logged_as_lines_where_no_bar_can_draw(caplog) -> None:
     assert lines[0].startswith("step 1/4: reward 0.200, 2.00 s/step (last 1 steps), elapsed ")
     assert lines[1].startswith("step 4/4: reward 0.500, 5.00 s/step (last 4 steps), acc 50.0%")
     assert "eta 0:00:00" in lines[1]
+
+
+def test_the_summary_says_how_many_problems_each_evaluation_scored(tmp_path) -> None:
+    # eval.n_periodic scores fewer problems mid-run than eval.n at the end; the summary showed
+    # both accuracies alike.
+    import io
+
+    from rich.console import Console
+
+    from yatt.report import evals_of, load_history
+
+    config = load_config("tiny_test", ["train.steps=4", "eval.every=2", "eval.n_periodic=4",
+                                       "eval.n=8", "data.n_heldout=8", "eval.at_start=true",
+                                       f"logging.run_dir={tmp_path}"])  # fmt: skip
+    Trainer(config).fit()
+    history = load_history(tmp_path)
+    assert [(r["step"], r["eval/problems"]) for r in history if "eval/problems" in r] == [
+        (0, 8), (2, 4), (4, 8)]  # fmt: skip
+    console = Console(file=io.StringIO(), width=120)
+    console.print(summary_table(history, evals_of(history)))
+    shown = console.file.getvalue()
+    assert "held-out accuracy (first)" in shown and "@ step 0 on 8" in shown
+    assert "@ step 2 on 4" in shown and "held-out accuracy (last)" in shown, shown

@@ -147,10 +147,15 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
     table = Table(title="yatt run summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    if evals:
-        table.add_row("held-out accuracy (first)", f"{_percent(evals[0][1])} @ step {evals[0][0]}")
-        for step, accuracy in evals[1:]:
-            table.add_row("held-out accuracy", f"{_percent(accuracy)} @ step {step}")
+    problems = {  # how many problems each evaluation scored (rows that record it)
+        int(row["step"]): int(row["eval/problems"])
+        for row in history
+        if _is_number(row.get("eval/problems")) and _is_number(row.get("step"))
+    }
+    for index, (step, accuracy) in enumerate(evals):
+        which = " (first)" if index == 0 else " (last)" if index == len(evals) - 1 else ""
+        scored = f" on {problems[step]}" if step in problems else ""
+        table.add_row(f"held-out accuracy{which}", f"{_percent(accuracy)} @ step {step}{scored}")
     if steps:
         window = max(1, min(20, len(steps) // 4))
         for name, part in (("first", steps[:window]), ("last", steps[-window:])):

@@ -280,6 +280,7 @@ class Trainer:
                 n_examples = examples_due(cfg.eval, self.step, cfg.train.steps, out_of_time)
                 if n_examples:
                     metrics["eval/accuracy"] = self._evaluate(evaluate_engine, None, n_examples)
+                    metrics["eval/problems"] = len(self.heldout_set[:n_examples])
                     result.evals.append((self.step, metrics["eval/accuracy"]))
                 metrics_logger.log(self.step, metrics)
                 result.checkpoint = self._maybe_checkpoint(out_of_time) or result.checkpoint
@@ -468,6 +469,8 @@ class Trainer:
     def _evaluate(
         self, evaluate_engine: Any, metrics_logger: MetricsLogger | None, n_examples: int
     ) -> float:
+        """Held-out accuracy on the first `n_examples` problems; with `metrics_logger` its row
+        (`eval/accuracy`, `eval/problems`: how many were scored, `timing_s/eval`) is logged."""
         cfg = self.config.eval
         examples = self.heldout_set[:n_examples]
         if self._eval_engine is None:  # held-out accuracy is the trained (fp32) model's own
@@ -485,7 +488,12 @@ class Trainer:
         logger.info("step %d: held-out accuracy %.1f%% on %d (%.1f s)", self.step, 100 * accuracy,
                     len(examples), eval_s)  # fmt: skip
         if metrics_logger is not None:
-            metrics_logger.log(self.step, {"eval/accuracy": accuracy, "timing_s/eval": eval_s})
+            row = {
+                "eval/accuracy": accuracy,
+                "eval/problems": len(examples),
+                "timing_s/eval": eval_s,
+            }
+            metrics_logger.log(self.step, row)
         return accuracy
 
     def _open_sinks(self) -> MetricsLogger:

@@ -81,7 +81,7 @@ def add_idle_metrics(history: list[dict[str, float]], events: list, n_devices: i
 def evaluate_ranks(ranks: Any, n_examples: int, step: int) -> dict[str, float]:
     """Held-out accuracy of the policy on the first `n_examples` problems, each policy rank
     scoring its share with its own weights (no process gathers the problems or completions):
-    `eval/accuracy` and `timing_s/eval`.
+    `eval/accuracy`, `eval/problems` (how many were scored) and `timing_s/eval`.
 
     Raises ConfigError when there is no held-out problem to score."""
     start_s = time.perf_counter()
@@ -93,7 +93,7 @@ def evaluate_ranks(ranks: Any, n_examples: int, step: int) -> dict[str, float]:
     accuracy = correct / count
     logger.info("step %d: held-out accuracy %.1f%% on %d (%.1f s)", step, 100 * accuracy, count,
                 eval_s)  # fmt: skip
-    return {"eval/accuracy": accuracy, "timing_s/eval": eval_s}
+    return {"eval/accuracy": accuracy, "eval/problems": count, "timing_s/eval": eval_s}
 
 
 def start_eval(config: Config, ranks: Any, total: int, progress: Any, result: RunResult) -> None:
@@ -112,8 +112,12 @@ def step_eval(config: Config, ranks: Any, metrics: dict[str, float], step: int, 
     from yatt.evaluate import examples_due
 
     n_examples = examples_due(config.eval, step, total, out_of_time)
-    if n_examples:  # the accuracy only, as the trainer's rows (its seconds are logged)
-        metrics["eval/accuracy"] = evaluate_ranks(ranks, n_examples, step)["eval/accuracy"]
+    if n_examples:  # as the trainer's rows (the seconds are logged, not kept)
+        row = evaluate_ranks(ranks, n_examples, step)
+        metrics["eval/accuracy"], metrics["eval/problems"] = (
+            row["eval/accuracy"],
+            row["eval/problems"],
+        )
         result.evals.append((step, metrics["eval/accuracy"]))
 
 
