@@ -223,3 +223,14 @@ def test_rerunning_a_finished_runs_command_with_resume_auto_is_no_error(
     assert "summary" in err  # the finished run's summary, read from its folder
     assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == files
     assert main([*argv, "train.steps=1"]) == 2  # fewer steps than it took: still refused
+
+
+def test_debug_logging_shows_every_metric_of_every_step(tmp_path, capsys) -> None:
+    # logging.level=DEBUG added nothing to a run's log.
+    argv = ["train", "tiny_test", "train.steps=2", "logging.level=DEBUG",
+            f"logging.run_dir={tmp_path / 'run'}"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if " DEBUG yatt.common.metrics " in x]
+    assert [line.split(" step ")[1].split(":")[0] for line in lines] == ["0", "1", "2"], lines
+    assert "eval/accuracy=" in lines[0]  # the initial evaluation's row
+    assert "timing_s/step=" in lines[1] and "critic/score/mean=" in lines[1]

@@ -1,9 +1,12 @@
 """Metric sinks: a flat dict of floats per step to JSONL (always) and TensorBoard (optional)."""
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class JsonlSink:
@@ -58,6 +61,9 @@ class MetricsLogger:
         self.history.append({"step": float(step), **metrics})
         for sink in self.sinks:
             sink.write(step, metrics)
+        if logger.isEnabledFor(logging.DEBUG):  # logging.level=DEBUG: every metric, every step
+            shown = " ".join(f"{key}={value:.4g}" for key, value in sorted(metrics.items()))
+            logger.debug("step %d: %s", step, shown)
 
     def close(self) -> None:
         for sink in self.sinks:
