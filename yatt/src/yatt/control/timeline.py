@@ -103,13 +103,15 @@ def plot_timeline(spans: list[Span], n_devices: int, path: Path, title: str = "t
             label=None if phase in seen else phase,
         )
         seen.add(phase)
+    marks = list(marks)
     for time_s, text in marks:
         ax.axvline(time_s, color="black", linestyle="--", linewidth=0.8)
         ax.text(time_s, n_devices - 0.5, f" {text}", fontsize="small", va="bottom")
     timed = spans and max(s.end_s for s in spans) > min(s.start_s for s in spans)
     idle = idle_fractions(spans, n_devices) if timed else [1.0] * n_devices
     ax.set_yticks(range(n_devices), [f"dev {d} (idle {100 * f:.0f}%)" for d, f in enumerate(idle)])
-    ax.set(xlabel="seconds", title=title)
+    ax.set_xlabel("seconds")
+    ax.set_title(title, pad=16 if marks else 6)  # above the marks' labels
     ax.legend(fontsize="small", ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
