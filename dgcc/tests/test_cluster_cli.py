@@ -227,7 +227,8 @@ def test_bench_on_two_nodes(tmp_path):
     header = next(line for line in result.stdout.splitlines() if "commits/s" in line)
     assert "aborts" in header and "cc aborts" in header, result.stdout  # as in-process runs
     record = json.loads(out.read_text())
-    assert len(record["git_commit"]) == 40 and record["host"]["cpus"] == os.cpu_count()
+    assert record["host"]["cpus"] == os.cpu_count()
+    assert len(record["git_commit"]) == 40 or record["git_commit"] == "unknown"  # (no git)
     metrics = record["metrics"]
     assert metrics["txn/commits_per_s"] > 0
     assert 0.2 < metrics["txn/multi_node_fraction"] < 0.8

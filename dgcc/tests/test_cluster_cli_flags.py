@@ -374,6 +374,8 @@ def test_status_names_a_node_that_lost_its_peer_link(monkeypatch, capsys, protoc
     else:
         assert "node 0 lost its link to nodes [1]: its calls that need them fail; a occ " in out
         assert "restarts whole (dgcc cluster stop, then dgcc cluster start" in out
+        assert cli_cluster._status(config, by_file=True) == 1  # nodes started by hand
+        assert "then dgcc node --config FILE --id N on each host" in capsys.readouterr().out
     epochs_cells = {line.split("│")[5].strip() for line in out.splitlines() if "127.0.0.1" in line}
     assert epochs_cells == ({"9"} if protocol == "dgcc" else {"-"}), out
     entries = [entry | {"peers_down": []} for entry in entries]

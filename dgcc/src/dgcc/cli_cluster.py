@@ -54,6 +54,10 @@ logger = logging.getLogger(__name__)
 
 COMMANDS = ("node", "cluster", "call")  # what ``register`` adds; ``bench --nodes``: bench_nodes
 DIRECTORY_DEFAULT = Path(".dgcc_cluster")
+ABORTS_LEGEND = (
+    "aborts: calls answered ABORTED (procedure rollbacks, 2PC calls out of retries); "
+    "cc aborts: 2PC attempts aborted by concurrency control, then retried"
+)
 INFLIGHT_DEFAULT = 400  # calls in flight per node, `bench --nodes`
 # `cluster start` without --config (its epoch length, like `bench --nodes`'s, is loadgen's)
 NODES_DEFAULT = 2
@@ -241,6 +245,7 @@ def bench_nodes(args: argparse.Namespace) -> int:
             progress.update(task, completed=done_s + offset, description=phase)
 
         record = run_bench(bench, progress=report)
+    print(ABORTS_LEGEND)  # (above the table: what follows its border is read as results)
     console.print(results_table([record]))
     violations = record["violations"]
     for violation in violations[:20]:
@@ -278,13 +283,8 @@ def results_table(records: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     durable = any(record["config"].get("durable") for record in records)
-    table = Table(
-        title="dgcc cluster benchmark"
-        + (" (durable: every node logs, fsync on)" if durable else ""),
-        caption="aborts: calls answered ABORTED (the procedure's own rollbacks, and 2PC calls "
-        "that ran out of retries); cc aborts: 2PC attempts aborted by concurrency control, "
-        "retried",
-    )
+    title = "dgcc cluster benchmark" + (" (durable: every node logs, fsync on)" if durable else "")
+    table = Table(title=title)
     # "multi-node asked": the share of calls made to span nodes (the workload's own mix: "mix").
     columns = ("workload", "protocol", "nodes", "multi-node asked", "multi-node", "commits/s")
     columns += ("aborts", "cc aborts", "p50 ms", "p99 ms", "msgs/commit", "bytes/commit")
@@ -342,7 +342,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if given_config is not None:  # nodes started by hand: no pids recorded, nothing to clean
         config = load_config(given_config, check_workload=check_workload)
         if args.action == "status":
-            return _status(config)
+            return _status(config, by_file=True)
         if args.action == "check":
             return _check(config)
         result = cluster_stop(config)
@@ -640,7 +640,10 @@ def _check(config: Any) -> int:
     return 1 if violations else 0
 
 
-def _status(config: Any) -> int:
+def _status(config: Any, *, by_file: bool = False) -> int:
+    """``cluster status``: a table of the nodes and, below it, what is wrong (exit 1 then);
+    ``by_file``: the nodes were started by hand (``dgcc node --config``), not by ``cluster
+    start``, so the advice names restarting them that way."""
     from rich.table import Table
 
     from dgcc.bench import make_console
@@ -668,10 +671,15 @@ def _status(config: Any) -> int:
                 "until they rejoin (see the nodes' logs)"
             )
         elif down:
+            restart = (
+                "dgcc cluster stop --config FILE, then dgcc node --config FILE --id N on each host"
+                if by_file
+                else "dgcc cluster stop, then dgcc cluster start"
+            )
             problems.append(
                 f"node {entry['id']} lost its link to nodes {down}: its calls that need them "
-                f"fail; a {config.protocol} cluster restarts whole (dgcc cluster stop, then "
-                "dgcc cluster start; see the nodes' logs)"
+                f"fail; a {config.protocol} cluster restarts whole ({restart}; see the nodes' "
+                "logs)"
             )
         table.add_row(
             str(entry["id"]),
