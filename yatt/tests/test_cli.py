@@ -1,6 +1,7 @@
 """CLI: bad arguments, configs and model names print exactly one line on stderr and exit 2,
 without a traceback; `python -m yatt` behaves the same as a real process."""
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -223,6 +224,13 @@ def test_rerunning_a_finished_runs_command_with_resume_auto_is_no_error(
     assert "summary" in err  # the finished run's summary, read from its folder
     assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == files
     assert main([*argv, "train.steps=1"]) == 2  # fewer steps than it took: still refused
+    if command == "sft":  # stopped after its last checkpoint, before saving model/: said so
+        shutil.rmtree(run_dir / "model")
+        capsys.readouterr()
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert f"{run_dir} has no model/ folder (the run stopped before saving it)" in err
+        assert f"weights are in {run_dir / 'checkpoints' / 'step_000002'}/policy" in err
 
 
 def test_debug_logging_shows_every_metric_of_every_step(tmp_path, capsys) -> None:

@@ -244,10 +244,13 @@ def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
     _assert_close(weights, _inprocess_weights(config))
 
 
-def test_two_ranks_resume_from_a_checkpoint_as_the_run_went_on(ray_session, tmp_path):
+def test_two_ranks_resume_from_a_checkpoint_as_the_run_went_on(ray_session, tmp_path, caplog):
     """Two data-parallel policy ranks write a checkpoint at step 2 (rank 0's weights, optimizer
     and schedule, and both groups' data positions); the same workers, reset to the initial
-    model, restore it and finish step 3 with the uninterrupted run's weights."""
+    model, restore it and finish step 3 with the uninterrupted run's weights. The driver's log
+    names the checkpoint (the rank's own line stays in its worker)."""
+    import logging
+
     from yatt.checkpoint import load_control_state
 
     config = load_config("tiny_test", [*OVERRIDES, "train.steps=3", "checkpoint.every=2"])
@@ -256,7 +259,10 @@ def test_two_ranks_resume_from_a_checkpoint_as_the_run_went_on(ray_session, tmp_
     controller = ParallelController(config, control)
     controller.checkpoint_dir = tmp_path
     try:
-        controller.fit()
+        with caplog.at_level(logging.INFO, logger="yatt.control.controller"):
+            controller.fit()
+        saved = [r.getMessage() for r in caplog.records if r.name == "yatt.control.controller"]
+        assert saved == [f"saved checkpoint {tmp_path / 'checkpoints' / 'step_000002'}"]
         whole = controller.weights()
         controller.cluster.reset(config, control)  # back to the initial model, same processes
         resumed = ParallelController(config, control, controller.cluster)

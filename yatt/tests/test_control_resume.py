@@ -52,14 +52,14 @@ def _rows(run_dir) -> list[dict]:
 def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path, final_weights, mode, caplog):
     whole_dir, cut_dir = tmp_path / "whole", tmp_path / "cut"
     control = _control(replace_every=1) if mode == "adaptive" else _control(mode=mode)
-    with caplog.at_level(logging.INFO, logger="yatt.control.controller"):
+    with caplog.at_level(logging.INFO):
         fit_distributed(load_config("tiny_test", [*OVERRIDES, f"logging.run_dir={whole_dir}"]),
                         control)  # fmt: skip
     whole = dict(final_weights)
     assert [c.name for c in list_checkpoints(whole_dir)] == ["step_000002", "step_000004"]
-    saved = [r.getMessage() for r in caplog.records if r.name == "yatt.control.controller"]
-    for name in ("step_000002", "step_000004"):  # by the driver: a Ray rank's log stays its own
-        assert f"saved checkpoint {whole_dir / 'checkpoints' / name}" in saved, saved
+    saved = [r.getMessage() for r in caplog.records if r.getMessage().startswith("saved checkp")]
+    assert saved == [f"saved checkpoint {whole_dir / 'checkpoints' / name}"  # once each
+                     for name in ("step_000002", "step_000004")]  # fmt: skip
 
     # The run as a crash during step 4 leaves it: steps 1-3 logged, the checkpoint of step 2
     shutil.copytree(whole_dir, cut_dir)

@@ -131,7 +131,7 @@ def test_the_summary_throughput_is_the_whole_runs_tokens_over_its_time() -> None
     assert "whole run" in line and line.rstrip(" │").endswith("120"), line
 
 
-def test_progress_is_logged_as_lines_where_no_bar_can_draw(caplog) -> None:
+def test_progress_is_logged_as_lines_where_no_bar_can_draw(caplog, monkeypatch) -> None:
     # With stderr in a file (a batch job) the bar drew nothing until the end.
     import logging
 
@@ -148,6 +148,14 @@ def test_progress_is_logged_as_lines_where_no_bar_can_draw(caplog) -> None:
     assert lines[0].startswith("step 1/4: reward 0.200, 2.00 s/step (last 1 steps), elapsed ")
     assert lines[1].startswith("step 4/4: reward 0.500, 5.00 s/step (last 4 steps), acc 50.0%")
     assert "eta 0:00:00" in lines[1]
+    caplog.clear()  # a run resumed at step 900 of 1000: its earlier steps ran elsewhere
+    monkeypatch.setattr("yatt.report.PLAIN_PROGRESS_EVERY_S", 0.0)  # a line every step
+    with caplog.at_level(logging.INFO, logger="yatt.report"), progress_bar(1000) as progress:
+        progress(900, 1000, {"eval/accuracy": 0.5})  # the resume's row: no step time
+        progress(901, 1000, {"critic/score/mean": 0.2, "timing_s/step": 10.0})
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "yatt.report"][1:]
+    assert line.startswith("step 901/1000: reward 0.200, 10.00 s/step (last 1 steps), acc 50.0%")
+    assert line.endswith("eta 0:16:30"), line
 
 
 def test_the_summary_says_how_many_problems_each_evaluation_scored(tmp_path) -> None:

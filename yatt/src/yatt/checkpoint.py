@@ -94,6 +94,7 @@ def resolve_resume(resume: str, run_dir: str | Path, steps: int) -> str:
                 f"checkpoint.resume=auto: the run in {run_dir} is complete ({checkpoint} is "
                 f"at its last step, train.steps={steps}): nothing to train",
                 str(run_dir),
+                checkpoint,
             )
         raise ConfigError(
             f"checkpoint.resume: {checkpoint} is at step {step}, and train.steps={steps} leaves "

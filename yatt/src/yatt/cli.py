@@ -251,14 +251,14 @@ def _train(preset: str, overrides: list[str]):
         from yatt.control import fit_distributed
 
         with (
-            _complete_run_is_done(config),
+            _complete_run_is_done(final_model=True),
             _noting_run_dir(config.logging.run_dir),
             progress_bar(config.train.steps, 0, config.logging.progress) as progress,
         ):
             result = fit_distributed(config, config.control, _stoppable(progress))
         _report(Path(config.logging.run_dir), plots=config.logging.plots)
         return result
-    with _complete_run_is_done(config), _noting_run_dir(config.logging.run_dir):
+    with _complete_run_is_done(final_model=False), _noting_run_dir(config.logging.run_dir):
         trainer = Trainer(config)
         with progress_bar(config.train.steps, trainer.step, config.logging.progress) as progress:
             result = trainer.fit(_stoppable(progress))
@@ -277,7 +277,7 @@ def _sft(preset: str, overrides: list[str]) -> None:
 
     config = _configured(load_config(preset, overrides))
     with (
-        _complete_run_is_done(config),
+        _complete_run_is_done(final_model=True),
         _noting_run_dir(config.logging.run_dir),
         progress_bar(
             config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
@@ -293,16 +293,25 @@ class _Done(Exception):
 
 
 @contextlib.contextmanager
-def _complete_run_is_done(config) -> Iterator[None]:
+def _complete_run_is_done(final_model: bool) -> Iterator[None]:
     """Rerunning a finished job's command with `checkpoint.resume=auto` (what a wrapper that
     restarts preempted jobs does) is no error: `RunComplete` becomes one line, the run's
-    summary from its folder, and `_Done` (exit 0)."""
+    summary from its folder, and `_Done` (exit 0). Where the run ends by saving `model/`
+    (`final_model`: SFT, the distributed controllers) and that folder is missing (stopped
+    between its last checkpoint and the save), a warning says where the weights are."""
     from yatt.errors import RunComplete
 
     try:
         yield
     except RunComplete as complete:
         logger.info("%s", complete)
+        if final_model and not (Path(complete.run_dir) / "model").is_dir():
+            logger.warning(
+                "%s has no model/ folder (the run stopped before saving it): the trained "
+                "weights are in %s/policy",
+                complete.run_dir,
+                complete.checkpoint,
+            )
         _report(Path(complete.run_dir), plots=False)
         raise _Done from None
 

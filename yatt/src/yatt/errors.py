@@ -29,11 +29,12 @@ class RunComplete(ConfigError):
     Args:
         message: what was found, one line.
         run_dir: the complete run's folder.
+        checkpoint: its last checkpoint's folder.
     """
 
-    def __init__(self, message: str, run_dir: str) -> None:
+    def __init__(self, message: str, run_dir: str, checkpoint: str) -> None:
         super().__init__(message)
-        self.run_dir = run_dir
+        self.run_dir, self.checkpoint = run_dir, checkpoint
 
 
 class DataError(YattError):

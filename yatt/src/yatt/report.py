@@ -73,19 +73,22 @@ def progress_bar(
     held_out = [""]
 
     def note(metrics: dict[str, float]) -> tuple[float, float, str]:
-        rewards.append(metrics.get(metric, 0.0))
-        step_times.append(metrics.get("timing_s/step", 0.0))
+        """Take in a row (a step's; an evaluation-only row has no step time or reward)."""
+        if metric in metrics:
+            rewards.append(metrics[metric])
+        if "timing_s/step" in metrics:
+            step_times.append(metrics["timing_s/step"])
         if "eval/accuracy" in metrics:
             held_out[0] = f"acc {100 * metrics['eval/accuracy']:.1f}%"
         if "sft/heldout_loss" in metrics:
             held_out[0] = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
         return (
-            statistics.fmean(rewards[-_RECENT:]),
-            statistics.fmean(step_times[-_RECENT:]),
+            statistics.fmean(rewards[-_RECENT:]) if rewards else math.nan,
+            statistics.fmean(step_times[-_RECENT:]) if step_times else math.nan,
             held_out[0],
         )
 
-    if not console.is_terminal:
+    if not console.is_terminal and not console.is_jupyter:  # (a notebook draws the bar)
         started_s, last_s = time.monotonic(), -math.inf
 
         def log_line(step: int, total: int, metrics: dict[str, float]) -> None:
@@ -95,8 +98,9 @@ def progress_bar(
             if now_s - last_s < PLAIN_PROGRESS_EVERY_S and step < total:
                 return
             last_s = now_s
-            done = step - start_step
-            eta = (now_s - started_s) / done * (total - step) if done > 0 else math.nan
+            eta = step_s * (
+                total - step
+            )  # (recent steps: a resumed run's earlier ones ran elsewhere)
             logger.info(
                 "step %d/%d: %s %.3f, %.2f s/step (last %d steps)%s, elapsed %s, eta %s",
                 step, total, label, reward, step_s, min(len(step_times), _RECENT),
@@ -150,10 +154,12 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
     problems = {  # how many problems each evaluation scored (rows that record it)
         int(row["step"]): int(row["eval/problems"])
         for row in history
-        if _is_number(row.get("eval/problems")) and _is_number(row.get("step"))
+        if all(_is_number(row.get(k)) and math.isfinite(row[k]) for k in ("eval/problems", "step"))
     }
     for index, (step, accuracy) in enumerate(evals):
-        which = " (first)" if index == 0 else " (last)" if index == len(evals) - 1 else ""
+        which = ""
+        if len(evals) > 1:
+            which = " (first)" if index == 0 else " (last)" if index == len(evals) - 1 else ""
         scored = f" on {problems[step]}" if step in problems else ""
         table.add_row(f"held-out accuracy{which}", f"{_percent(accuracy)} @ step {step}{scored}")
     if steps:

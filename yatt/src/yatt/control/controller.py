@@ -202,7 +202,8 @@ class Controller(ABC):
         state = {"queues": [[draws, list(pending)] for draws, pending in self.queue_states()]}
         handle = self.cluster.ranks.handles[0]
         folder = Path(handle.call("save_checkpoint", str(run_dir), done, state))
-        logger.info("saved checkpoint %s", folder)  # (the rank's own line stays in its worker)
+        if self.control.backend != "inprocess":  # (else the rank logged it in this process)
+            logger.info("saved checkpoint %s", folder)  # a Ray rank's line stays in its worker
         return folder
 
     def restore(self, checkpoint: Path, state: dict[str, Any]) -> int:

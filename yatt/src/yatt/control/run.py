@@ -269,18 +269,18 @@ def _rewrite_metrics(config: Config, run_dir: Path, start_step: int,
                      ) -> None:  # fmt: skip
     """Rewrite metrics.jsonl with the per-device idle fractions (known only now), keeping a
     resumed run's earlier rows as written; add the fractions to TensorBoard too."""
-    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink, read_metrics
+    from yatt.common import JsonlSink, TensorBoardSink, read_metrics
 
     metrics_path = run_dir / "metrics.jsonl"
     staging = metrics_path.with_name(metrics_path.name + ".tmp")
     earlier = read_metrics(metrics_path)[0] if start_step else []
     kept = [line + b"\n" for line, row in earlier if row["step"] <= start_step]  # as written
     staging.write_bytes(b"".join(kept))
-    sink = MetricsLogger([JsonlSink(staging)])
+    sink = JsonlSink(staging)  # (not a MetricsLogger: the rows were logged when they came)
     for metrics in start_rows:
-        sink.log(0, metrics)
+        sink.write(0, metrics)
     for step, metrics in enumerate(history, start=start_step + 1):
-        sink.log(step, metrics)
+        sink.write(step, metrics)
     sink.close()
     staging.replace(metrics_path)
     if config.logging.tensorboard:
