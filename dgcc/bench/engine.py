@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     console = make_console()
     out_dir = args.out_dir or (
-        Path(tempfile.gettempdir()) / "dgcc_engine_quick" if args.quick else REPO / "docs/bench"
+        Path(tempfile.mkdtemp(prefix="dgcc_engine_")) if args.quick else REPO / "docs/bench"
     )
     seconds = args.seconds or (1.0 if args.quick else 10.0)
     rounds = 1 if args.quick else args.rounds
