@@ -81,6 +81,9 @@ def test_new_order_updates_stock_district_and_inserts_the_order(tpcc) -> None:
     assert result["total_cents"] == int(exact + Fraction(1, 2))
     assert result["lines"][0][4] == 98
     assert result["c_last"] == customer["c_last"]
+    # and what the spec's NewOrder screen echoes (clause 2.4.3.3)
+    assert (result["w_id"], result["d_id"], result["c_id"]) == (1, 3, 7)
+    assert (result["o_ol_cnt"], result["o_entry_d"]) == (2, DATE)
 
 
 def test_new_order_with_an_invalid_item_rolls_back_without_a_trace(tpcc) -> None:
@@ -131,6 +134,9 @@ def test_payment_by_id_to_a_remote_bad_credit_customer(tpcc) -> None:
     assert history["h_data"] == names
     assert outcome.result["c_balance"] == after["c_balance"]
     assert outcome.result["c_data"] == after["c_data"][:200]
+    shown = {k: outcome.result[k] for k in ("c_middle", "c_since", "c_credit_lim", "c_discount")}
+    assert shown == {k: customer[k] for k in shown}  # as the spec's Payment screen (2.5.3.4)
+    assert (outcome.result["h_amount"], outcome.result["h_date"]) == (12_345, DATE)
 
 
 @pytest.mark.parametrize(("count", "expected_c_id"), [(3, 7), (4, 7)])
@@ -171,6 +177,8 @@ def test_order_status_returns_the_customers_last_order(tpcc) -> None:
     by_id = _run(protocol, "order_status", w_id=1, d_id=3, c_id=7, c_last="")
     assert by_id.result["o_id"] == placed.result["o_id"] == 31
     assert by_id.result["o_carrier_id"] is None
+    assert by_id.result["c_middle"] == db["customer"].get((1, 3, 7))["c_middle"]
+    assert by_id.result["o_entry_d"] == DATE
     assert [line[1] for line in by_id.result["lines"]] == [11, 12]
     assert by_id.result["lines"][0][3] == db["order_line"].get((1, 3, 31, 1))["ol_amount"]
     by_name = _run(protocol, "order_status", w_id=1, d_id=3, c_id=0, c_last=c_last)

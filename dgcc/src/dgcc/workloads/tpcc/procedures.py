@@ -354,7 +354,12 @@ def _place_order(
         100_000_000
     )
     return {
+        "w_id": w,
+        "d_id": d,
+        "c_id": c,
         "o_id": o_id,
+        "o_ol_cnt": len(lines),
+        "o_entry_d": entry_d,
         "total_cents": total,
         "c_last": customer["c_last"],
         "c_credit": customer["c_credit"],
@@ -474,10 +479,16 @@ def _pay_customer(ctx: PieceContext, params: Mapping[str, Any], h_data: str) -> 
     result = {
         "c_id": pk[2],
         "c_first": row["c_first"],
+        "c_middle": row["c_middle"],
         "c_last": row["c_last"],
+        "c_since": row["c_since"],
         "c_credit": row["c_credit"],
+        "c_credit_lim": row["c_credit_lim"],
+        "c_discount": row["c_discount"],
         "c_balance": changes["c_balance"],
         "c_data": changes["c_data"][:200] if "c_data" in changes else "",
+        "h_amount": amount,
+        "h_date": params["h_date"],
     }
     ctx.update("customer", pk, changes)
     history = {
@@ -501,6 +512,7 @@ def _order_status(
     result: dict[str, Any] = {
         "c_id": pk[2],
         "c_first": row["c_first"],
+        "c_middle": row["c_middle"],
         "c_last": row["c_last"],
         "c_balance": row["c_balance"],
         "o_id": None,
