@@ -98,9 +98,8 @@ def progress_bar(
             if now_s - last_s < PLAIN_PROGRESS_EVERY_S and step < total:
                 return
             last_s = now_s
-            eta = step_s * (
-                total - step
-            )  # (recent steps: a resumed run's earlier ones ran elsewhere)
+            # From the recent steps: a resumed run's earlier ones ran in another process.
+            eta = step_s * (total - step)
             logger.info(
                 "step %d/%d: %s %.3f, %.2f s/step (last %d steps)%s, elapsed %s, eta %s",
                 step, total, label, reward, step_s, min(len(step_times), _RECENT),
@@ -156,10 +155,9 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
         for row in history
         if all(_is_number(row.get(k)) and math.isfinite(row[k]) for k in ("eval/problems", "step"))
     }
+    ends = {0: " (first)", len(evals) - 1: " (last)"} if len(evals) > 1 else {}
     for index, (step, accuracy) in enumerate(evals):
-        which = ""
-        if len(evals) > 1:
-            which = " (first)" if index == 0 else " (last)" if index == len(evals) - 1 else ""
+        which = ends.get(index, "")
         scored = f" on {problems[step]}" if step in problems else ""
         table.add_row(f"held-out accuracy{which}", f"{_percent(accuracy)} @ step {step}{scored}")
     if steps:

@@ -269,8 +269,8 @@ class Trainer:
         start_s = time.perf_counter()
         try:
             if cfg.eval.at_start and cfg.eval.n > 0 and self.step == 0:
-                accuracy = self._evaluate(evaluate_engine, metrics_logger, cfg.eval.n)
-                result.evals.append((0, accuracy))
+                row = self._evaluate(evaluate_engine, metrics_logger, cfg.eval.n)
+                result.evals.append((0, row["eval/accuracy"]))
             last_step = min(cfg.train.steps, until_step or cfg.train.steps)
             while self.step < last_step:
                 metrics = self.train_step()
@@ -278,9 +278,9 @@ class Trainer:
                 limit_s = cfg.train.time_limit_s
                 out_of_time = time_limit_reached(limit_s, start_s, self.step, cfg.train.steps)
                 n_examples = examples_due(cfg.eval, self.step, cfg.train.steps, out_of_time)
-                if n_examples:
-                    metrics["eval/accuracy"] = self._evaluate(evaluate_engine, None, n_examples)
-                    metrics["eval/problems"] = len(self.heldout_set[:n_examples])
+                if n_examples:  # its seconds are logged, not kept in the step's row
+                    row = self._evaluate(evaluate_engine, None, n_examples)
+                    metrics |= {k: v for k, v in row.items() if k != "timing_s/eval"}
                     result.evals.append((self.step, metrics["eval/accuracy"]))
                 metrics_logger.log(self.step, metrics)
                 result.checkpoint = self._maybe_checkpoint(out_of_time) or result.checkpoint
@@ -468,9 +468,10 @@ class Trainer:
 
     def _evaluate(
         self, evaluate_engine: Any, metrics_logger: MetricsLogger | None, n_examples: int
-    ) -> float:
-        """Held-out accuracy on the first `n_examples` problems; with `metrics_logger` its row
-        (`eval/accuracy`, `eval/problems`: how many were scored, `timing_s/eval`) is logged."""
+    ) -> dict[str, float]:
+        """Held-out accuracy on the first `n_examples` problems, as a row: `eval/accuracy`,
+        `eval/problems` (how many were scored) and `timing_s/eval`; logged to
+        `metrics_logger` when given."""
         cfg = self.config.eval
         examples = self.heldout_set[:n_examples]
         if self._eval_engine is None:  # held-out accuracy is the trained (fp32) model's own
@@ -487,14 +488,10 @@ class Trainer:
         eval_s = self.timer.pop().get("timing_s/eval", 0.0)
         logger.info("step %d: held-out accuracy %.1f%% on %d (%.1f s)", self.step, 100 * accuracy,
                     len(examples), eval_s)  # fmt: skip
+        row = {"eval/accuracy": accuracy, "eval/problems": len(examples), "timing_s/eval": eval_s}
         if metrics_logger is not None:
-            row = {
-                "eval/accuracy": accuracy,
-                "eval/problems": len(examples),
-                "timing_s/eval": eval_s,
-            }
             metrics_logger.log(self.step, row)
-        return accuracy
+        return row
 
     def _open_sinks(self) -> MetricsLogger:
         path = self.run_dir / "metrics.jsonl"

@@ -114,10 +114,7 @@ def step_eval(config: Config, ranks: Any, metrics: dict[str, float], step: int, 
     n_examples = examples_due(config.eval, step, total, out_of_time)
     if n_examples:  # as the trainer's rows (the seconds are logged, not kept)
         row = evaluate_ranks(ranks, n_examples, step)
-        metrics["eval/accuracy"], metrics["eval/problems"] = (
-            row["eval/accuracy"],
-            row["eval/problems"],
-        )
+        metrics |= {k: v for k, v in row.items() if k != "timing_s/eval"}
         result.evals.append((step, metrics["eval/accuracy"]))
 
 
