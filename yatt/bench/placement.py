@@ -39,6 +39,7 @@ import dataclasses
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -113,8 +114,9 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
     """Seconds of one decode step of the run's model on one pinned core (a step at batch b
     takes intercept + per_row * b, from batches 1 and `rows`), the Amdahl fractions of that
     step and of an update (`prompts` groups, `budget` response tokens) on a worker owning 2 cores
-    (threads) vs 1, and the model's fp32 weight bytes. Best of two runs each: the machine is
-    shared."""
+    (threads) vs 1, and the model's fp32 weight bytes. The median of three runs each: the
+    machine is shared, and a slow run at one width misranks the plans (a best of two once
+    measured an update on 2 cores 3.4x faster than on 1)."""
     import torch
 
     from yatt.control.config import ControlConfig
@@ -135,13 +137,16 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
         completions = engine.generate([prompt] * batch, params, seeds=list(range(batch)))
         return (time.perf_counter() - start_s) / max(len(c.token_ids) for c in completions)
 
+    def median3(measure) -> float:
+        return statistics.median(measure(seed) for seed in range(3))
+
     rows = prompts * config.rollout.n_samples
-    one = {"step1": min(step_s(1), step_s(1)), "step_rows": min(step_s(rows), step_s(rows))}
-    one["train"] = min(_timed_update(worker, budget, prompts, seed) for seed in (0, 1))
+    one = {"step1": median3(lambda _: step_s(1)), "step_rows": median3(lambda _: step_s(rows))}
+    one["train"] = median3(lambda seed: _timed_update(worker, budget, prompts, seed))
     worker.reset(config, control, ("policy", "sampler", "reward"), "c", Device("cpu", 0, 2))
     engine = worker.rollout.engine
-    two = {"step1": min(step_s(1), step_s(1))}
-    two["train"] = min(_timed_update(worker, budget, prompts, seed) for seed in (0, 1))
+    two = {"step1": median3(lambda _: step_s(1))}
+    two["train"] = median3(lambda seed: _timed_update(worker, budget, prompts, seed))
     os.sched_setaffinity(0, affinity)
     torch.set_num_threads(threads)
     per_row = max(one["step_rows"] - one["step1"], 0.0) / max(rows - 1, 1)
@@ -437,7 +442,7 @@ def _markdown(
         f'tokens at step {args.shift}. Ray, parallel controllers, 2 CPU "devices" (cores), '
         f"CPU mapping `{args.cpu_mapping}` ({mapping}); disaggregated runs are async "
         f"(staleness {args.staleness}), partial ones sample in sync (their sampler core also "
-        "trains). Calibration (best of 2): decode step on one core "
+        "trains). Calibration (median of 3): decode step on one core "
         f"{1000 * calib['decode_step_s']:.1f} ms + {1000 * calib['decode_row_s']:.2f} ms per "
         f"row; update of {args.prompts * args.samples} rows at the short budget "
         f"{calib['train_s_1']:.2f} s on 1 core, {calib['train_s_2']:.2f} s on 2 threads; "

@@ -226,6 +226,26 @@ def test_replanner_weighs_the_steps_left_and_waits_for_a_measured_step_after_a_m
     assert planner.decide(4, split, 7) is not None
 
 
+def test_replanner_acts_on_a_jump_in_the_response_budget_at_the_next_decision():
+    short = PhaseCosts(gen_s=0.1, reward_s=0.0, train_s=2.0, gen_floor_s=0.1)
+    long = PhaseCosts(gen_s=0.5, reward_s=0.0, train_s=3.0, gen_floor_s=3.0)
+    colocate, split = make_placement("colocate", 2), make_placement("disaggregated", 2, 1)
+    planner = Replanner(2, every_steps=1, move_cost_s=1.0)
+    for step in range(5):
+        planner.observe(short)
+        planner.observe_step(step, colocate, 1.2 + 0.1 * (step % 2))  # noise is smoothed
+        assert not planner.decide(step + 1, colocate, 20 - step).switch
+    assert planner.predict(colocate, 5) == pytest.approx(1.25, abs=0.02)
+    planner.observe(long)  # the first long step: no average with the short ones
+    planner.observe_step(5, colocate, 5.0)
+    assert planner.costs == long and planner.predict(colocate, 6) == 5.0
+    move = planner.decide(6, colocate, 14)
+    assert move.switch and move.chosen == split.label()
+    # a slower step within the regime is still averaged
+    planner.observe_step(6, colocate, 6.0)
+    assert planner.predict(colocate, 7) == pytest.approx(5.5)
+
+
 def test_threads_mapping_gives_each_role_one_multi_core_worker():
     wide = widen([Device("cpu", 2), Device("cpu", 3)])
     assert wide == Device("cpu", 2, 2) and wide.indices == (2, 3) and wide.name == "cpu:2-3"

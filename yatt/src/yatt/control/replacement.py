@@ -32,7 +32,10 @@ Every `every_steps` steps the `Replanner` compares the predicted step time of th
 with the best candidate; it moves when the time saved over the steps left (costs measured now
 are assumed to hold that long; a later shift is met by a later decision) exceeds the measured
 cost of moving (re-roling the workers and handing over weights and optimizer state).
-Each decision is logged with its numbers.
+Each decision is logged with its numbers. Costs and step times are smoothed over steps (an
+exponential average), except across a jump of `REGIME_SHIFT` or more: the newest step then
+replaces the average, so a jump in the response budget is met at the next decision, not after
+the average has caught up with it.
 """
 
 from __future__ import annotations
@@ -91,12 +94,27 @@ class PhaseCosts:
         """Seconds of one update on `devices`."""
         return self.train_s / speedup(self.train_parallel, devices)
 
+    def jumped_from(self, before: PhaseCosts) -> bool:
+        """Whether sampling or training costs `REGIME_SHIFT` times more or less than `before`:
+        the regime changed (the response budget jumped), and an average across the jump lags."""
+        sampling = (before.gen_floor_s + before.gen_s, self.gen_floor_s + self.gen_s)
+        return _jumped(*sampling) or _jumped(before.train_s, self.train_s)
+
     def blend(self, other: PhaseCosts, weight: float) -> PhaseCosts:
         """Exponential moving average: (1 - weight) * self + weight * other."""
         return PhaseCosts(**{
             item.name: (1 - weight) * getattr(self, item.name) + weight * getattr(other, item.name)
             for item in dataclasses.fields(self)
         })  # fmt: skip
+
+
+REGIME_SHIFT = 2.0
+
+
+def _jumped(before: float, now: float) -> bool:
+    """Whether `now` is at least `REGIME_SHIFT` times above or below `before`."""
+    low, high = sorted((before, now))
+    return high > REGIME_SHIFT * low
 
 
 def speedup(parallel: float, devices: int) -> float:
@@ -207,16 +225,23 @@ class Replanner:
         self.measured: dict[str, tuple[Placement, int, float]] = {}
 
     def observe(self, costs: PhaseCosts, move_cost_s: float | None = None) -> None:
-        """Feed one step's measured costs (and a measured move, when one just happened)."""
-        self.costs = costs if self.costs is None else self.costs.blend(costs, self.smoothing)
+        """Feed one step's measured costs (and a measured move, when one just happened). Costs
+        are smoothed over steps, except across a jump (`PhaseCosts.jumped_from`): then the
+        new step's costs replace the average at once."""
+        if self.costs is None or costs.jumped_from(self.costs):
+            self.costs = costs
+        else:
+            self.costs = self.costs.blend(costs, self.smoothing)
         if move_cost_s is not None:
             self.move_cost_s = move_cost_s
 
     def observe_step(self, step: int, plan: Placement, step_s: float) -> None:
-        """Feed the measured wall time of `step`, run on `plan`."""
+        """Feed the measured wall time of `step`, run on `plan` (smoothed as `observe` smooths
+        costs: a step `REGIME_SHIFT` times slower or faster than the average starts it anew)."""
         assert step_s >= 0 and math.isfinite(step_s), f"step_s={step_s}"
         last = self.measured.get(plan.label())
         fresh = last is not None and step - last[1] <= self.every_steps
+        fresh = fresh and not _jumped(last[2], step_s)
         smoothed = (1 - self.smoothing) * last[2] + self.smoothing * step_s if fresh else step_s
         self.measured[plan.label()] = (plan, step, smoothed)
 
