@@ -165,4 +165,4 @@ def test_answers_are_the_outcomes_in_wire_form():
     answers = assembler.answers()
     assert [status for status, _, _ in answers] == ["committed", "error", "error"]
     assert [_wire(answer) for answer in answers] == [_normal(o) for o in assembler.outcomes()]
-    assert answers[0][1] == {"read": [0], "incremented": [1], "counters": [(1, 1)]}
+    assert answers[0][1] == {"read": [(2, 0)], "incremented": [1], "counters": [(1, 1)]}

@@ -297,8 +297,8 @@ def _distinct_keys(zipf: ZipfianGenerator, count: int, records: int) -> list[int
     return keys
 
 
-def _read(key: int, ctx: PieceContext) -> int:
-    return ctx.get(TABLE, key)["counter"]
+def _read(key: int, ctx: PieceContext) -> tuple[int, int]:
+    return key, ctx.get(TABLE, key)["counter"]
 
 
 def _read_modify_write(key: int, field: str, ctx: PieceContext) -> tuple[int, int]:
@@ -325,7 +325,9 @@ _ABSENT = object()
 
 
 def _ycsb_result(outputs: dict[str, Any]) -> dict[str, Any]:
-    """Counters read and keys incremented (with new counters), in access order.
+    """Keys read (with their counters) and keys incremented (with their new counters), in
+    access order: ``{"read": [(key, counter)], "incremented": [key], "counters": [(key,
+    counter)]}``.
 
     Looked up by position: a protocol may fill ``outputs`` in any topological order, and a
     committed call has one output per position (``r<p>`` or ``w<p>``).
