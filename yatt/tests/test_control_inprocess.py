@@ -112,17 +112,28 @@ def test_length_schedule_changes_the_response_budget():
     assert max(lengths[:2]) <= 2 < lengths[2] <= 5
 
 
-def test_adaptive_controller_measures_its_decode_floor():
+def test_adaptive_controller_measures_its_decode_floor(monkeypatch):
     """`yatt train ... control.replace_every=K` gives no calibration: the re-placing controller
     times batch-1 decoding on its sampler (about one step per token, prefill included)."""
     config = load_config("tiny_test", OVERRIDES)
     controller = make_controller(config, _control(replace_every=1))
     try:
         assert 0 < controller.decode_step_s < 1.0
-        controller.fit()
-        # the planner's generation floor is that step time x the response budget (6 tokens)
+        observed = []
+        observe_step = controller.replanner.observe_step
+
+        def spy(step, *rest):
+            observed.append(step)
+            observe_step(step, *rest)
+
+        monkeypatch.setattr(controller.replanner, "observe_step", spy)
+        run = controller.fit()
+        # the planner's generation floor is that step time x the decode steps its gen calls
+        # ran (the whole 6-token budget here)
         floor_s = controller.replanner.costs.gen_floor_s
         assert floor_s == pytest.approx(6 * controller.decode_step_s)
+        # the first step (process warm-up) is not the planner's evidence; the later ones are
+        assert observed == list(range(1, len(run.history))) and len(run.history) > 1
     finally:
         controller.close()
 

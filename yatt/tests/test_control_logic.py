@@ -299,6 +299,20 @@ def test_costs_from_spans_count_a_multi_core_worker_once_with_its_speedup():
     assert costs_from_spans(ranks, 1).train_s == pytest.approx(4.1)
 
 
+def test_each_gen_call_takes_out_the_floor_of_the_decode_steps_it_ran():
+    # async: the last short step's spans hold its update and the sampling of the first long
+    # step (96 decode steps at 50 ms: a 4.8 s floor, not the 0.2 s of the step's own budget)
+    spans = [Span(1, "policy", "update_actor", 0.0, 1.5), Span(0, "sampler", "gen", 0.0, 5.0, 96)]
+    costs = costs_from_spans(spans, 1, gen_floor_s=0.2, decode_step_s=0.05)
+    assert costs.gen_floor_s == pytest.approx(4.8) and costs.gen_s == pytest.approx(0.2)
+    # where a call's decode steps are unknown, the step's floor stands in
+    unknown = costs_from_spans([Span(0, "sampler", "gen", 0.0, 5.0)], 1, gen_floor_s=0.2,
+                               decode_step_s=0.05)  # fmt: skip
+    assert unknown.gen_floor_s == pytest.approx(0.2) and unknown.gen_s == pytest.approx(4.8)
+    # and the rank records the decode steps of every gen call it makes
+    assert spans_from_events([(0, "sampler", "gen", 1.0, 2.0, 7)])[0].tokens == 7
+
+
 def test_reused_processes_prefer_policy_ranks_and_gpus_stay_put():
     backend = InProcessBackend()
     cpu = [backend.spawn(_Echo, Device("cpu", i), f"w{i}", i) for i in range(3)]

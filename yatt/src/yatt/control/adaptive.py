@@ -182,9 +182,10 @@ class AdaptiveController(Controller):
                 assert decision is not None, f"step {step}: a move without a decision"
                 move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
             costs = costs_from_spans(spans, 1, gen_floor_s=floor_s, sync_s=self.sync_s,
-                                     **self.parallel)  # fmt: skip
-            self.replanner.observe(costs, move_s)
-            if not move_s:  # a step right after a move refills the async pipeline: not typical
+                                     decode_step_s=self.decode_step_s, **self.parallel)  # fmt: skip
+            if step > start_step:  # a run's first step warms the processes up: not typical
+                self.replanner.observe(costs, move_s)
+            if step > start_step and not move_s:  # nor is a step that refills the pipeline
                 self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
             out_of_time = time_limit_reached(self.config.train.time_limit_s, run_start_s,
                                              step + 1, total)  # fmt: skip

@@ -242,15 +242,19 @@ class RankWorker:
         self.sampler, self.reward_service, self.owns_sampler = sampler, reward_service, owns_sampler
 
     @contextmanager
-    def _phase(self, role: str, phase: str) -> Iterator[None]:
-        start_s = time.time()
+    def _phase(self, role: str, phase: str) -> Iterator[list[int]]:
+        """Record the phase as one event per core; what the body appends to the list it gets
+        rides at the end of the event (a gen's decode steps: `timeline.Span.tokens`)."""
+        start_s, extra = time.time(), []
         try:
-            yield
+            yield extra
         finally:
             end_s = time.time()  # a multi-core worker's phase occupies each of its cores
-            self.events += [(index, role, phase, start_s, end_s) for index in self.device.indices]
+            self.events += [(index, role, phase, start_s, end_s, *extra)
+                            for index in self.device.indices]  # fmt: skip
 
-    def drain_events(self) -> list[tuple[int, str, str, float, float]]:
+    def drain_events(self) -> list[tuple]:
+        """The events since the last drain: (device, role, phase, start_s, end_s[, tokens])."""
         events, self.events = self.events, []
         return events
 
@@ -286,13 +290,14 @@ class RankWorker:
             )
         engine_logp = request.behaviour_logp and self._engine_logp_is_behaviour()
         start_s = time.perf_counter()
-        with self._phase("sampler", "gen"):
+        with self._phase("sampler", "gen") as decoded:
             examples = [self.train_set[i] for i in request.prompt_indices]
             batch = self.rollout.generate(
                 [self._prompt(i) for i in request.prompt_indices],
                 [e.reward_fields() for e in examples],
                 list(request.group_ids), list(request.seeds), sampler_logprobs=engine_logp,
             )  # fmt: skip
+            decoded.append(int(batch.response_lengths.max()))  # the call's decode steps
             features = make_features(request.seeds, self.control.payload_bytes)
         gen_s = time.perf_counter() - start_s
         if engine_logp:  # the sampling distribution is the trainer's: no second forward pass

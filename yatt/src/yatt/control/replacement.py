@@ -147,22 +147,29 @@ def predict_step_s(costs: PhaseCosts, placement: Placement, overlap: bool = True
 
 
 def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync_s: float = 0.0,
-                     swap_s: float = 0.0, gen_parallel: float = 0.0,
-                     train_parallel: float = 1.0) -> PhaseCosts:  # fmt: skip
+                     swap_s: float = 0.0, gen_parallel: float = 0.0, train_parallel: float = 1.0,
+                     decode_step_s: float = 0.0) -> PhaseCosts:  # fmt: skip
     """Per-step costs from timeline spans (any placement) as one-device work. A multi-core
     worker records one span per core with the same times (its width); its update counts
     duration x speedup(train_parallel, width), its sampling the duration beyond the sped-up
-    floor, on every core. Each gen call's share of the floor is taken out of the gen work."""
+    floor, on every core. Each gen call's floor is taken out of the gen work: `decode_step_s`
+    times the decode steps the call ran (`Span.tokens`) where both are known, else
+    `gen_floor_s`; the costs' floor is the mean over the calls. (An async run's spans of a step
+    hold the sampling of a later step, whose budget may differ: a floor from the step's own
+    budget would count a longer decode as work that divides over devices.)"""
     assert steps > 0, f"steps={steps}"
     widths: dict[tuple, int] = {}
     for span in spans:
-        key = (span.role, span.phase, span.start_s, span.end_s)
+        key = (span.role, span.phase, span.start_s, span.end_s, span.tokens)
         widths[key] = widths.get(key, 0) + 1
     work = {"gen": 0.0, "reward": 0.0, "update_actor": 0.0}
-    for (_, phase, start_s, end_s), width in widths.items():
+    floors: list[float] = []
+    for (_, phase, start_s, end_s, tokens), width in widths.items():
         seconds = end_s - start_s
         if phase == "gen":
-            floor_s = gen_floor_s / speedup(gen_parallel, width)
+            call_floor_s = decode_step_s * tokens if decode_step_s and tokens else gen_floor_s
+            floors.append(call_floor_s)
+            floor_s = call_floor_s / speedup(gen_parallel, width)
             work["gen"] += max(seconds - floor_s, 0.0) * width
         elif phase == "behaviour_logp":  # sampler-side work
             work["gen"] += seconds * width
@@ -174,8 +181,9 @@ def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync
     if swaps and not swap_s:  # measured offload/onload: seconds per step on each device
         n_swapping = len({span.device for span in swaps})
         swap_s = sum(span.end_s - span.start_s for span in swaps) / (steps * n_swapping * 2)
+    floor_s = sum(floors) / len(floors) if floors else gen_floor_s
     return PhaseCosts(work["gen"] / steps, work["reward"] / steps, work["update_actor"] / steps,
-                      sync_s, swap_s, gen_floor_s, gen_parallel, train_parallel)  # fmt: skip
+                      sync_s, swap_s, floor_s, gen_parallel, train_parallel)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """Per-device timelines: phase spans from real runs or the simulator, idle fraction, Gantt PNG.
 
-A span is (device, role, phase, start_s, end_s). Busy time of a device is the union of its
+A span is (device, role, phase, start_s, end_s[, tokens]). Busy time of a device is the union of its
 spans (colocated workers overlapping on one device count once); idle fraction = 1 - busy/window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +29,15 @@ PHASE_COLORS = {
 
 @dataclass(frozen=True)
 class Span:
-    """One phase of one role on one device, in seconds on a shared clock."""
+    """One phase of one role on one device, in seconds on a shared clock; a sampler's `gen`
+    also counts the decode steps it ran (`tokens`: its longest response; 0 where unknown)."""
 
     device: int
     role: str
     phase: str
     start_s: float
     end_s: float
+    tokens: int = 0
 
     def __post_init__(self) -> None:
         assert self.end_s >= self.start_s, f"span ends before it starts: {self}"
@@ -44,7 +47,8 @@ def spans_from_events(events: Iterable[tuple[int, str, str, float, float]]) -> l
     """Worker event tuples -> spans, with time shifted to start at 0."""
     spans = [Span(*event) for event in events]
     origin = min((s.start_s for s in spans), default=0.0)
-    return [Span(s.device, s.role, s.phase, s.start_s - origin, s.end_s - origin) for s in spans]
+    return [dataclasses.replace(s, start_s=s.start_s - origin, end_s=s.end_s - origin)
+            for s in spans]  # fmt: skip
 
 
 def _busy_s(intervals: list[tuple[float, float]]) -> float:
