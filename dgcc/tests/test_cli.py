@@ -98,6 +98,11 @@ def test_bench_config_validation() -> None:
         BenchConfig(workload="ycsb", protocol="nope")
     with pytest.raises(ConfigError, match="does not take"):
         BenchConfig(workload="ycsb", protocol="serial", protocol_options={"executors": 2})
+    # 2PL and OCC pass **options on to their base class: its options are the ones checked
+    for protocol in ("no_wait", "wait_die", "occ"):
+        with pytest.raises(ConfigError, match=r"'bogus'\]; it takes: inflight, record_history"):
+            BenchConfig(workload="ycsb", protocol=protocol, protocol_options={"bogus": 1})
+        BenchConfig(workload="ycsb", protocol=protocol, protocol_options={"inflight": 4})
 
 
 def test_run_benchmark_library_call() -> None:

@@ -134,6 +134,11 @@ def test_bad_config_is_rejected(tmp_path: Path) -> None:
         DurableConfig(tmp_path, mode="undo")
     with pytest.raises(ConfigError, match="'serial'"):
         DurableConfig(tmp_path, mode="dependency", protocol="serial")
+    for protocol in ("no_wait", "wait_die", "occ"):  # recovery would replay another history
+        with pytest.raises(ConfigError, match=f"mode 'command' needs a deterministic.*{protocol}"):
+            DurableConfig(tmp_path, mode="command", protocol=protocol)
+    with pytest.raises(ConfigError, match="unknown protocol 'nope'"):
+        DurableConfig(tmp_path, mode="command", protocol="nope")
     with pytest.raises(ConfigError, match="-1"):
         DurableConfig(tmp_path, checkpoint_every_epochs=-1)
     with pytest.raises(ConfigError, match="workload must be a name, got 3"):

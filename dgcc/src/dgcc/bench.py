@@ -32,6 +32,7 @@ from rich.console import Console
 from dgcc.api import Protocol, Status, TxnRequest
 from dgcc.errors import ConfigError
 from dgcc.protocols import get_protocol
+from dgcc.stats import percentile
 from dgcc.workloads import Workload, get_workload
 
 __all__ = [
@@ -56,7 +57,7 @@ class BenchConfig:
     """One benchmark run.
 
     Args:
-        workload: a name in ``WORKLOADS``.
+        workload: a name in ``WORKLOADS``, or ``package.module:Class`` (``get_workload``).
         protocol: a name in ``PROTOCOLS``.
         seconds: length of the measured window.
         warmup_s: length of the warm-up before it (not measured).
@@ -66,7 +67,8 @@ class BenchConfig:
         protocol_options: keyword options of the protocol (``executors`` ...).
 
     Raises:
-        ConfigError: a value out of range, or an option the workload or protocol does not take.
+        ConfigError: a value out of range, an unknown protocol, or an option the protocol does
+            not take (the workload and its options are checked when the run builds it).
     """
 
     workload: str
@@ -104,12 +106,27 @@ class BenchConfig:
         }
 
 
+def _keyword_options(target: type) -> set[str] | None:
+    """The keyword-only options ``target(...)`` takes: an ``__init__`` that takes ``**options``
+    passes them on to its base class's, so those count too; None if no class in the chain
+    names them (any option may then be meant)."""
+    accepted: set[str] = set()
+    for cls in target.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        accepted |= {p.name for p in parameters if p.kind is p.KEYWORD_ONLY}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return accepted
+    return None
+
+
 def _check_options(target: type, options: Mapping[str, Any], what: str) -> None:
-    """Reject keyword options ``target`` does not accept (unless it takes ``**options``)."""
-    parameters = inspect.signature(target).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+    """Reject keyword options ``target`` does not accept (see ``_keyword_options``)."""
+    accepted = _keyword_options(target)
+    if accepted is None:
         return
-    accepted = {name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY}
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise ConfigError(
@@ -247,8 +264,8 @@ class Runner:
             "txn/abort_rate": aborted / completed if completed else 0.0,
             "txn/gave_up": window.gave_up,
             "txn/gave_up_rate": window.gave_up / completed if completed else 0.0,
-            "txn/latency_ms_p50": _percentile(latencies, 0.50),
-            "txn/latency_ms_p99": _percentile(latencies, 0.99),
+            "txn/latency_ms_p50": percentile(latencies, 0.50),
+            "txn/latency_ms_p99": percentile(latencies, 0.99),
             "txn/batches": window.batches,
             "timing_s/window": window.elapsed_s,
             "timing_s/window_cpu": window.cpu_s,
@@ -262,12 +279,6 @@ class Runner:
         for key, value in sorted(window.protocol_stats.items()):
             metrics[key] = value
         return metrics
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
 def run_benchmark(

@@ -53,7 +53,9 @@ class DurableConfig:
     Args:
         directory: where the log segments, snapshots and manifest live (created if missing).
         mode: one of ``LOG_MODES``.
-        protocol: the protocol running each epoch (``dependency`` needs ``dgcc``).
+        protocol: the protocol running each epoch (``dependency`` needs ``dgcc``; ``command``
+            a deterministic one, whose epoch equals the requests run serially in batch order,
+            which is how recovery replays them).
         checkpoint_every_epochs: take a checkpoint after every this many epochs; 0 = never
             (besides the initial one written when the directory is new).
         fork_checkpoint: write checkpoints from a forked child without stopping epochs.
@@ -85,6 +87,12 @@ class DurableConfig:
             raise ConfigError(f"unknown logging mode {self.mode!r}; choose one of {LOG_MODES}")
         if self.mode == "dependency" and self.protocol != "dgcc":
             raise ConfigError(f"mode 'dependency' needs protocol 'dgcc', got {self.protocol!r}")
+        if self.mode == "command" and not get_protocol(self.protocol).deterministic:
+            raise ConfigError(
+                f"mode 'command' needs a deterministic protocol (recovery replays the logged "
+                f"requests serially in batch order, which {self.protocol!r} does not reproduce: "
+                "it may abort or reorder them); use mode 'value' with it"
+            )
         every = self.checkpoint_every_epochs
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ConfigError(f"checkpoint_every_epochs must be an int >= 0, got {every!r}")

@@ -41,6 +41,7 @@ from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
 from dgcc.local_cluster import check, last_log_line, spawn_into, start_local, wait_ready_lines
 from dgcc.net.wire import run_async
+from dgcc.stats import percentile
 from dgcc.workloads import get_workload
 from dgcc.workloads.tpcc.schema import MIX_STANDARD
 from dgcc.workloads.ycsb import ZipfianGenerator
@@ -344,7 +345,7 @@ class ClusterBenchConfig:
     """One cluster benchmark run.
 
     Args:
-        workload: ``tpcc``, ``ycsb`` or ``smallbank``.
+        workload: ``tpcc``, ``ycsb``, ``smallbank`` or ``package.module:Class``.
         nodes: node processes (one client process each).
         distributed_fraction: see ``request_pool``; None keeps the workload's own mix.
         workload_options: the workload's options (TPC-C ``warehouses`` is per node here, see
@@ -498,12 +499,6 @@ def _wait_until(when_s: float, progress, phase: str, since_s: float) -> None:
         time.sleep(min(left_s, 0.25))
 
 
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
-
-
 def _record(bench, config, results, before, after) -> dict[str, Any]:
     """The run's record. ``txn/abort_rate`` is the share of answered calls that logic-aborted;
     ``txn/gave_up_rate`` the share a 2PC node gave up on after its retries (not logic aborts)."""
@@ -519,8 +514,8 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
         "txn/gave_up": counts["gave_up"],
         "txn/cc_abort_rate": delta.get("txn/cc_aborts", 0) / max(1, delta.get("txn/attempts", 0)),
         "txn/errors": counts["error"],
-        "txn/latency_ms_p50": _percentile(latencies, 0.50),
-        "txn/latency_ms_p99": _percentile(latencies, 0.99),
+        "txn/latency_ms_p50": percentile(latencies, 0.50, float("nan")),
+        "txn/latency_ms_p99": percentile(latencies, 0.99, float("nan")),
         "txn/multi_node_fraction": delta["txn/multi_node"] / max(1, delta["txn/executed"]),
         "net/messages_per_commit": delta["net/peer_messages"] / committed,
         "net/bytes_per_commit": delta["net/peer_bytes"] / committed,

@@ -20,6 +20,7 @@ from typing import Any
 from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.errors import ConfigError
 from dgcc.pg.functions import ROLLBACK_SQLSTATE
+from dgcc.stats import percentile
 
 __all__ = ["CALLS", "call", "call_parameters", "run_closed_loop"]
 
@@ -118,12 +119,6 @@ async def _client(
                 window.aborted[outcome.reason.split(":")[0]] += 1
 
 
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
-
-
 async def _run(
     conninfo: str,
     stream: Iterator[TxnRequest],
@@ -172,8 +167,8 @@ def _metrics(
         "txn/aborted": aborted,
         "txn/retried": window.retried,
         "txn/abort_rate": aborted / completed if completed else 0.0,
-        "txn/latency_ms_p50": _percentile(latencies, 0.50),
-        "txn/latency_ms_p99": _percentile(latencies, 0.99),
+        "txn/latency_ms_p50": percentile(latencies, 0.50),
+        "txn/latency_ms_p99": percentile(latencies, 0.99),
         "timing_s/window": elapsed_s,
         "timing_s/client_cpu": client_cpu_s,
         "timing_s/server_cpu": server_cpu_s,
