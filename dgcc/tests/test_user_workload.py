@@ -92,3 +92,16 @@ def test_a_cluster_bench_checks_the_end_state_of_its_nodes(capsys, monkeypatch) 
     out = capsys.readouterr().out
     assert "violation: 40" in out  # every item's row, from both nodes
     assert "violations=1" in out
+
+
+def test_a_second_workload_under_a_taken_name_is_refused() -> None:
+    from dgcc.workloads import WORKLOADS, Workload, register_workload
+
+    builtin = type(get_workload("ycsb", records=10))
+
+    class Impostor(Workload):  # never instantiated: the name alone is refused
+        name = "ycsb"
+
+    with pytest.raises(ConfigError, match="workload name 'ycsb' is taken by YcsbWorkload"):
+        register_workload(Impostor)
+    assert WORKLOADS["ycsb"] is builtin and register_workload(builtin) is builtin

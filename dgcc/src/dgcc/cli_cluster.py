@@ -424,6 +424,8 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
+    from dgcc.net.servers.cc import PROTOCOLS as TWO_PHASE_PROTOCOLS  # (2PC: no rejoin)
+
     given = _config_flags_given(args)
     if args.node is not None:
         given = ["--config"] * (args.config is not None) + given
@@ -473,7 +475,7 @@ def _start(args: argparse.Namespace) -> int:
     for node, process in zip(config.nodes, cluster.processes, strict=True):
         print(f"node {node.id} listening on {node.host}:{node.port} (pid {process.pid})")
     print(f"config and logs in {args.dir}; stop with: dgcc cluster stop --dir {args.dir}")
-    if config.data_dir is not None and config.protocol in ("dgcc", "calvin"):
+    if config.data_dir is not None and config.protocol not in TWO_PHASE_PROTOCOLS:
         print(
             f"logging to {config.data_dir}; restart a stopped node with: "
             f"dgcc cluster start --dir {args.dir} --node ID"

@@ -1,4 +1,5 @@
-"""A DistDGCC cluster's config: its nodes, workload, protocol, epochs, logging and secret.
+"""A cluster's config (DistDGCC's, or a baseline protocol's): its nodes, workload, protocol,
+epochs, logging and secret.
 
 The config (TOML, or JSON by extension) names the nodes and their addresses, the workload and
 its options, the partition map, the epoch length (``epoch_ms`` and/or ``epoch_calls_max``),

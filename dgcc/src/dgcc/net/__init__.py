@@ -1,4 +1,5 @@
-"""The network layer of DistDGCC: wire format, node server, and client library."""
+"""The network layer of the cluster (every protocol's nodes): wire format, node server, and
+client library."""
 
 from dgcc.net.client import AsyncClient, Client, call_each_in_order
 from dgcc.net.wire import (

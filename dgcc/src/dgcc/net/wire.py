@@ -59,7 +59,6 @@ __all__ = [
 VERSION = 2  # 2: a restart announces (new directory, acked epoch)
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 FRAME_BODY_MAX = 2**32 - 1  # the most a frame's 4-byte header can announce
-ROLES = ("client", "node")
 _HEADER = struct.Struct(">I")
 T = TypeVar("T")
 

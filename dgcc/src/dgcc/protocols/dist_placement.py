@@ -19,7 +19,7 @@ from typing import Any
 from dgcc.api import TxnRequest
 from dgcc.errors import ConfigError
 from dgcc.storage import Database, Table
-from dgcc.workloads import Workload
+from dgcc.workloads import REPLICATED, Workload
 
 __all__ = [
     "NODES_MAX",
@@ -34,7 +34,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-REPLICATED = -1  # partition of a key every node holds (same value as the TPC-C workload's)
 NODES_MAX = 64
 SOLO_CHECK_EVERY = 32  # ``solo_route_checked``: one call in this many of each origin's batch
 

@@ -47,6 +47,7 @@ from dgcc.api import Piece, PieceContext, PlannedTxn, ProcedureRegistry, run_pie
 from dgcc.errors import DgccError
 from dgcc.storage import Database, Index, Table
 from dgcc.wal import dependency
+from dgcc.workloads import REPLICATED  # also a piece touching replicated data alone
 
 __all__ = [
     "REPLICATED",
@@ -60,7 +61,6 @@ __all__ = [
     "splittable",
 ]
 
-REPLICATED = -1  # a piece touching only replicated (read-only) data and no partition
 UNSPLITTABLE = -2  # a piece touching several partitions: this epoch cannot be split
 SEVERAL = -3  # a transaction whose pieces live in several partitions (logged per piece)
 

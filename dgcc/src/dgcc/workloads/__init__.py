@@ -21,6 +21,8 @@ from dgcc.api import Outcome, ProcedureRegistry, TxnRequest
 from dgcc.errors import ConfigError
 from dgcc.storage import Database
 
+REPLICATED = -1  # partition_of() of a read-only key every partition holds a copy of
+
 
 class Workload(ABC):
     """One benchmark: schema + data, procedures, request stream, invariant checks.
@@ -72,7 +74,8 @@ class Workload(ABC):
         del batch, outcomes
 
     def partition_of(self, key: Hashable, partitions: int) -> int:
-        """The partition owning a conflict key (used when the data is spread over nodes)."""
+        """The partition owning a conflict key (used when the data is spread over nodes), in
+        ``0..partitions-1``, or ``REPLICATED`` for a read-only key every partition holds."""
         raise NotImplementedError(
             f"{self.name} does not define partition_of(key, partitions), which places its rows "
             "on cluster nodes: implement it (and route_keys) to run it on a cluster"
@@ -123,7 +126,9 @@ class Workload(ABC):
     def route_partitions(
         self, procedure: str, params: Mapping[str, Any], partitions: int
     ) -> set[int] | None:
-        """A shortcut for ``route_keys``: the partitions (in ``0 .. partitions - 1``) it names.
+        """A shortcut for ``route_keys``: the partitions (in ``0 .. partitions - 1``) it names,
+        which must be those of its keys (calls are placed by this, while recovery's parallel
+        replay places the logged calls by ``route_keys``).
 
         For a workload whose calls name many keys (YCSB): no key tuples to build and hash.
         None (the default) means the router places ``route_keys`` instead. Bad parameters may
@@ -133,7 +138,10 @@ class Workload(ABC):
         return None
 
     def describe(self) -> dict[str, Any]:
-        """The options this instance was built with, for reports."""
+        """The options this instance was built with, every default included, for reports; a
+        log directory's recorded workload is matched by it, so a restart that spells the same
+        options differently (a default given or left out) is not refused (the default ``{}``
+        matches only the same spelling)."""
         return {}
 
 
@@ -223,6 +231,11 @@ WORKLOADS: dict[str, type[Workload]] = {}
 
 
 def register_workload(cls: type[Workload]) -> type[Workload]:
+    """Class decorator: ``cls`` under its ``name`` in ``WORKLOADS``; a second class under a
+    taken name is an error (re-registering the same class, as a reload does, is not)."""
+    taken = WORKLOADS.get(cls.name)
+    if taken is not None and taken.__qualname__ != cls.__qualname__:
+        raise ConfigError(f"workload name {cls.name!r} is taken by {taken.__qualname__}")
     WORKLOADS[cls.name] = cls
     return cls
 
@@ -282,4 +295,11 @@ def _load_builtin() -> None:
     from dgcc.workloads import smallbank, tpcc, ycsb  # noqa: F401 - imported to register
 
 
-__all__ = ["WORKLOADS", "Workload", "get_workload", "import_workload", "register_workload"]
+__all__ = [
+    "REPLICATED",
+    "WORKLOADS",
+    "Workload",
+    "get_workload",
+    "import_workload",
+    "register_workload",
+]

@@ -27,7 +27,7 @@ from typing import Any
 from dgcc.api import ProcedureRegistry, TxnRequest
 from dgcc.errors import ConfigError, brief
 from dgcc.storage import Database
-from dgcc.workloads import Workload, register_workload
+from dgcc.workloads import REPLICATED, Workload, register_workload
 from dgcc.workloads.tpcc.checks import check
 from dgcc.workloads.tpcc.generator import requests
 from dgcc.workloads.tpcc.loader import load
@@ -42,7 +42,6 @@ from dgcc.workloads.tpcc.schema import (
 
 __all__ = ["MIX_STANDARD", "PROCEDURES", "REPLICATED", "TpccConfig", "TpccWorkload"]
 
-REPLICATED = -1  # partition_of() for ITEM keys: every partition holds a full copy
 ORDER_LINES_MEAN = 10  # lines of a loaded order: 5..15, uniform
 TPCC_ROW_BYTES = 720  # a loaded row, measured (tracemalloc) over the whole initial database
 _SUPPLY_W_ID = operator.itemgetter(1)  # of an order line (i_id, supply_w_id, quantity)
