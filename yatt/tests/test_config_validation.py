@@ -436,3 +436,6 @@ def test_a_response_budget_must_leave_room_in_the_models_positions(tmp_path) -> 
     with pytest.raises(ConfigError, match=r"eval\.max_new_tokens asks for 64 new tokens, .* 64 "):
         check_budgets_fit_model(config, model, train=False)  # yatt eval
     check_budgets_fit_model(config, SimpleNamespace(config=SimpleNamespace()))  # no stated limit
+    # a controller checks the schedule of the ControlConfig it runs, not config.control's
+    with pytest.raises(ConfigError, match=r"control\.length_schedule asks for 80 new tokens"):
+        check_budgets_fit_model(config, model, length_schedule=("0:4", "3:80"))

@@ -238,6 +238,10 @@ def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
         controller.close()
     assert devices == ["cpu:0-1"] and last == processes
     assert run.workers["colocate(2)/rank0"]["allreduce_s"] == 0
+    # the driver's traffic counts as the other controllers count it (re-placement recorded 0),
+    # spares included: it never drops when a move parks a process
+    moved = [row["control/bytes_moved"] for row in run.history]
+    assert moved == sorted(moved) and run.bytes_moved >= moved[-1] > 0
     updates = [e for e in run.events if e[2] == "update_actor"]
     assert sorted(e[0] for e in updates) == [0, 0, 1, 1, 1]  # steps 0 and 2 on both cores, 1 on 1
     assert [h["control/move_s"] > 0 for h in run.history] == [False, True, True]

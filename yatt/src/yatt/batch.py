@@ -33,8 +33,8 @@ class RolloutBatch:
         prompt_width: P, the column where responses start.
         group_ids: (B,) long, rows sampled from the same prompt share an id.
         rewards: (B,) float sequence scores (after penalties), or None before scoring.
-        scores: (B,) float sequence scores before penalties, where a role keeps both (the
-            distributed controllers' metrics); None otherwise.
+        scores: (B,) float sequence scores before penalties, set where penalties apply (the
+            trainer and the distributed controllers keep both for their metrics); else None.
         old_logp, ref_logp, values, advantages, returns, token_rewards: (B, R) float or None.
         behaviour_logp: (B, R) float log-probs the sampler drew the tokens with, set only when
             its distribution differs from the trainer's (bf16 rollouts); None otherwise.

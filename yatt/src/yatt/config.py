@@ -48,7 +48,10 @@ __all__ = [
 ]
 
 PRESET_DIR = Path(__file__).parent / "configs"
-ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
+# Each algorithm (algo.name) and its advantage estimator (yatt.algos.advantages), for the
+# trainer and the distributed controllers alike (`AlgoConfig.estimator`).
+ESTIMATORS = {"grpo": "grpo", "ppo": "gae", "rloo": "rloo", "reinforce_pp": "reinforce_pp"}
+ALGOS = tuple(ESTIMATORS)
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 ROLLOUT_DTYPES = ("float32", "bfloat16")
@@ -331,6 +334,11 @@ class AlgoConfig:
         )
 
     @property
+    def estimator(self) -> str:
+        """The advantage estimator `algos.advantages.compute_advantages` runs for `name`."""
+        return ESTIMATORS[self.name]
+
+    @property
     def uses_critic(self) -> bool:
         return self.name == "ppo"
 
@@ -545,7 +553,7 @@ class Config:
                 f"rollout.max_new_tokens={self.rollout.max_new_tokens}: the penalty zone (the "
                 "last overlong_buffer tokens of the budget) must fit in it"
             )
-        if self.algo.name in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+        if self.algo.estimator in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
             raise ConfigError(
                 f"algo.name={self.algo.name} scores each completion against the others of its "
                 f"prompt's group, so rollout.n_samples={self.rollout.n_samples} would make every "
@@ -586,9 +594,10 @@ def check_controller_settings(config: Config, control: ControlConfig) -> None:
     call it for controllers built from the Python API (any backend), before any worker starts.
     """
     algo = config.algo
-    supported = f"algo.name in {list(GROUP_ESTIMATORS)}"
+    group_local = [name for name, estimator in ESTIMATORS.items() if estimator in GROUP_ESTIMATORS]
+    supported = f"algo.name in {group_local}"
     refused = [  # (unsupported, the setting as given, what the controllers support)
-        (algo.name not in GROUP_ESTIMATORS, f"algo.name={algo.name!r}", supported),
+        (algo.estimator not in GROUP_ESTIMATORS, f"algo.name={algo.name!r}", supported),
         (algo.kl_coef > 0 and control.replace_every > 0 and not config.model.lora_rank,
          f"algo.kl_coef={algo.kl_coef} with control.replace_every={control.replace_every}",
          "algo.kl_coef=0 under runtime re-placement (moves hand over no reference model), "

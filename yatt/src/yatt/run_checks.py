@@ -158,19 +158,24 @@ def check_no_control_settings(config: Config, command: str) -> None:
         raise ConfigError(f"{command} runs in one process and reads no control.* key: {changed}")
 
 
-def check_budgets_fit_model(config: Config, model: Any, *, train: bool = True) -> None:
+def check_budgets_fit_model(config: Config, model: Any, *, train: bool = True,
+                            length_schedule: Sequence[str] | None = None) -> None:  # fmt: skip
     """Refuse a response budget that leaves no room for a prompt in the model's positions
     (`max_position_embeddings`): a rotary model past it samples garbage, and the sampler's
     cache for it is wasted memory. Checked once the model is loaded: `rollout.max_new_tokens`
-    and the largest `control.length_schedule` budget with `train`, `eval.max_new_tokens` when
-    the run evaluates (always for `yatt eval`, which passes train=False)."""
+    and the largest budget of the length schedule the run uses (`length_schedule`, as a
+    controller's ControlConfig has it; default `config.control`'s) with `train`,
+    `eval.max_new_tokens` when the run evaluates (always for `yatt eval`, which passes
+    train=False)."""
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not isinstance(positions, int) or positions <= 0:
         return  # a model that states no limit
     budgets = {}
     if train:
         budgets["rollout.max_new_tokens"] = config.rollout.max_new_tokens
-        schedule = [int(item.partition(":")[2]) for item in config.control.length_schedule]
+        if length_schedule is None:
+            length_schedule = config.control.length_schedule
+        schedule = [int(item.partition(":")[2]) for item in length_schedule]
         if schedule:
             budgets["control.length_schedule"] = max(schedule)
     if not train or config.eval.enabled:

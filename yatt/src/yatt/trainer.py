@@ -11,7 +11,6 @@ new policy). Each step emits a flat metrics dict
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -62,7 +61,6 @@ from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
 __all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
 
 logger = logging.getLogger(__name__)
-_ESTIMATOR = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_pp", "ppo": "gae"}
 
 
 def configure_threads(torch_threads: int) -> int:
@@ -435,12 +433,10 @@ class Trainer:
             )  # fmt: skip
         batch.token_rewards = token_rewards
         batch.advantages, batch.returns = compute_advantages(
-            _ESTIMATOR[algo.name], rewards=batch.rewards, group_ids=batch.group_ids,
+            algo.estimator, rewards=batch.rewards, group_ids=batch.group_ids,
             values=batch.values, mask=batch.response_mask, gamma=algo.gamma, lam=algo.lam,
             norm_std=algo.norm_std, token_rewards=token_rewards,
         )  # fmt: skip
-        if batch.advantages.shape[1] == 1:  # grpo/rloo without mask give (B, 1)
-            batch.advantages = batch.advantages * batch.response_mask
 
     def _batch_metrics(self, batch: RolloutBatch, timings: dict[str, float]) -> dict[str, float]:
         lengths = batch.response_lengths
@@ -531,8 +527,3 @@ def _first_groups(batch: RolloutBatch, n_groups: int) -> RolloutBatch:
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
-
-
-def finite_metrics(metrics: dict[str, float]) -> bool:
-    """True when every metric is a finite number (used by tests and the progress line)."""
-    return all(math.isfinite(v) for v in metrics.values())

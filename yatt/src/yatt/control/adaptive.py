@@ -38,7 +38,7 @@ from yatt.control.controller import (
     step_eval,
 )
 from yatt.control.parallel import ParallelController, ParallelRank
-from yatt.control.placement import Placement, make_placement
+from yatt.control.placement import Placement
 from yatt.control.rank import peak_rss_mb
 from yatt.control.replacement import Decision, Replanner, costs_from_spans
 from yatt.control.timeline import Span
@@ -55,7 +55,8 @@ class AdaptiveController(Controller):
     the plan of the moment.
 
     `decode_step_s`: seconds of one decode step at batch 1 on one device (the generation floor
-    per token); the floor of a step is that times the step's response budget. None (as `yatt
+    per token); a gen call's floor is that times the decode steps it ran (the step's response
+    budget where a call's steps are unknown). None (as `yatt
     train` passes): a sampler worker of the first plan measures it on its devices before the
     run (`RankWorker.decode_step_s`), which is one device's where a worker owns one device
     (GPUs, `control.cpu_mapping=ranks`). `gen_parallel`, `train_parallel`: the Amdahl
@@ -192,6 +193,7 @@ class AdaptiveController(Controller):
             step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,
                       result)  # fmt: skip
             self._drain()  # the evaluation's spans: on the timeline, not in the planner's costs
+            metrics["control/bytes_moved"] = float(self.bytes_moved())
             metrics["control/step_end_s"] = time.time()
             history.append(metrics)
             if progress is not None:
@@ -205,6 +207,7 @@ class AdaptiveController(Controller):
             self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")
         result.workers, result.events = self._workers, self._spans
         result.driver_peak_rss_mb = peak_rss_mb()
+        result.bytes_moved = self.bytes_moved()
         add_idle_metrics(history, self._spans, self.plan.n_devices)
         return result
 
@@ -217,8 +220,3 @@ class AdaptiveController(Controller):
 
     def resume_queues(self, draws: int, shares: list[list[int]], step: int) -> None:
         self.controller.resume_queues(draws, shares, step)
-
-
-def initial_plan(control: ControlConfig, n_devices: int) -> Placement:
-    """The plan a run starts from."""
-    return make_placement(control.placement, n_devices, control.n_sampler)

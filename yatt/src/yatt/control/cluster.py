@@ -167,6 +167,7 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
         ranks = place("policy", ("policy",), "rank")
         samplers = place("sampler", ("sampler", "reward"), "sampler")
     else:
+        assert placement.kind == "partial", f"no workers for placement kind {placement.kind!r}"
         ranks = place("policy", ("policy",), "rank")
         samplers = place("sampler", ("sampler",), "sampler")
         rewards = place("reward", ("reward",), "reward")

@@ -232,8 +232,10 @@ class Controller(ABC):
         self.cluster.shutdown()
 
     def bytes_moved(self) -> int:
-        """Bytes the driver process sent to or received from workers so far."""
-        return sum(h.bytes_moved for h in self.cluster.all_handles())
+        """Bytes the driver process sent to or received from workers so far (the processes of
+        the cluster and its spares: under re-placement a process may be parked, or be handed
+        a new role, and keeps its count)."""
+        return sum(h.bytes_moved for h in self.cluster.all_handles() + self.cluster.spares)
 
     def save_policy(self, folder: Path) -> Path:
         """Rank 0 writes the trained policy (with the tokenizer) into `folder`."""

@@ -128,7 +128,7 @@ class ParallelRank(RankWorker):
         lap("gen")
         timings["timing_s/gen"] -= stats.score_s
         timings["timing_s/reward"] = stats.score_s
-        set_advantages(shard.batch, self.config.algo.name, self.config.algo.norm_std)
+        set_advantages(shard.batch, self.config.algo.estimator, self.config.algo.norm_std)
         lap("adv")
         actor = self.update(shard)
         lap("update_actor")

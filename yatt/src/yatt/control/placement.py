@@ -21,6 +21,9 @@ from yatt.errors import ConfigError
 
 __all__ = ["PLACEMENTS", "ROLES", "Placement", "candidate_placements", "make_placement"]
 
+# A new kind needs its device layout (make_placement), workers (cluster.build_cluster), cost
+# model (replacement.predict_step_s) and task graph (sim.step_tasks): each asserts it knows
+# the kind rather than treat an unknown one as partial.
 PLACEMENTS = ("colocate", "disaggregated", "partial")
 ROLES = ("sampler", "reward", "policy")
 
@@ -44,16 +47,6 @@ class Placement:
     @property
     def n_sampler(self) -> int:
         return len(self.devices["sampler"])
-
-    @property
-    def overlapped(self) -> bool:
-        """True when generation runs on devices that training does not need at the same time."""
-        return self.kind != "colocate"
-
-    @property
-    def offloads(self) -> bool:
-        """True when roles time-share devices and swap state between phases."""
-        return bool(set(self.devices["sampler"]) & set(self.devices["policy"]))
 
     def label(self) -> str:
         if self.kind == "colocate":
@@ -87,6 +80,7 @@ def make_placement(kind: str, n_devices: int, n_sampler: int = 0) -> Placement:
     sampler, rest = everything[:k], everything[k:]
     if kind == "disaggregated":
         return Placement(kind, n_devices, {"sampler": sampler, "reward": sampler, "policy": rest})
+    assert kind == "partial", f"no device layout for placement kind {kind!r}"
     return Placement(kind, n_devices, {"sampler": sampler, "reward": rest, "policy": everything})
 
 

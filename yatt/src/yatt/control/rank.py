@@ -168,7 +168,7 @@ class RankWorker:
         self.config, self.control = config, control
         if kept is None:
             model, self.tokenizer = build_model(config.model)
-            check_budgets_fit_model(config, model)
+            check_budgets_fit_model(config, model, length_schedule=control.length_schedule)
             model = model.to(self.device.torch_device()).eval()
             self.train_set, self.heldout_set = build_data(config.data)
             check_rows_have_answers(config, self.train_set, self.heldout_set)
@@ -544,8 +544,3 @@ class RankWorker:
             self.rollout.sync_weights(self.policy.model)  # a no-op where it samples the module
         elif weights is not None:
             self.rollout.engine.load_state_dict(weights)
-
-    def checksum(self) -> float:
-        """Sum of |w| over the policy's parameters (tests compare modes with it and `weights`)."""
-        assert self.policy is not None, f"{self.name} hosts no policy"
-        return float(sum(p.detach().double().abs().sum() for p in self.policy.model.parameters()))

@@ -142,6 +142,7 @@ def predict_step_s(costs: PhaseCosts, placement: Placement, overlap: bool = True
         rollout_s = costs.gen_on(k, reward=True)
         train_s = costs.train_on(n - k) + costs.sync_s
         return max(rollout_s, train_s) if overlap else rollout_s + train_s
+    assert placement.kind == "partial", f"no cost model for placement kind {placement.kind!r}"
     rollout_s = costs.gen_on(k) + costs.reward_s / (n - k)
     return rollout_s + costs.train_on(n) + costs.sync_s + costs.swap_s
 

@@ -8,7 +8,8 @@ times and idle fractions — the same quantities a real run reports — for any 
 
 `project_costs` scales costs measured on a few devices to N devices under weak scaling (the
 global batch grows with N): per-device work stays, weight sync and gradient all-reduce follow
-ring/tree formulas, and a move costs a respawn plus a weight hand-over.
+ring/tree formulas, and a move costs a fixed re-roling time (`respawn_s`: a GPU worker
+rebuilding its role's engine and model) plus a weight and optimizer-state hand-over.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def step_tasks(step: int, plan: Placement, costs: PhaseCosts, after: str = "") -
                  (f"reward{step}",) + (f"train{step - 1}",) * (step > 0)),
             Task(f"sync{step}", "sync", dev["policy"], costs.sync_s, (f"train{step}",)),
         ]  # fmt: skip
+    assert plan.kind == "partial", f"no task graph for placement kind {plan.kind!r}"
     return [
         Task(f"gen{step}", "gen", dev["sampler"], costs.gen_on(k), base + prev_sync),
         Task(f"reward{step}", "reward", dev["reward"], costs.reward_s / (n - k), (f"gen{step}",)),

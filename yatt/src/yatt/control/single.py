@@ -115,7 +115,7 @@ class SingleController(Controller):
         with _lap(timings, "adv"):
             whole = RolloutBatch.concat([s.batch for s in shards])
             features = torch.cat([s.features for s in shards])  # the global payload, held here
-            set_advantages(whole, self.config.algo.name, self.config.algo.norm_std)
+            set_advantages(whole, self.config.algo.estimator, self.config.algo.norm_std)
             parts = _split(whole, features, shards)
         with _lap(timings, "update_actor"):
             actor = self.cluster.ranks.call_each("update", [(p,) for p in parts])

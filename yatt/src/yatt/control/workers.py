@@ -345,7 +345,8 @@ def make_backend(name: str, devices: list[Device]) -> Backend:
 
 
 class WorkerGroup:
-    """The workers of one role, one per device index in `device_indices`."""
+    """The workers of one role (`role` names the group: rank, sampler or reward), one handle
+    per device (or per multi-core CPU worker)."""
 
     def __init__(self, role: str, handles: list[WorkerHandle]) -> None:
         assert handles, f"worker group {role} is empty"

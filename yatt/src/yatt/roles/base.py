@@ -1,7 +1,8 @@
-"""The small interface every role worker implements (a later issue wraps roles as Ray actors).
+"""The small interface every role worker implements (control/rank.py hosts roles in worker
+processes, in-process or as Ray actors).
 
 A role holds all its state explicitly (no globals), so it can move into another process: it
-exposes `state_dict`/`load_state_dict` for checkpoints and `name` for logs and metrics.
+exposes `state_dict`/`load_state_dict` for checkpoints; `name` names it in assertion messages.
 """
 
 from typing import Any

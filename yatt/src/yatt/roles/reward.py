@@ -1,7 +1,7 @@
 """Reward role: rule functions (and optionally a Bradley–Terry model) combined with weights.
 
 Scores are sequence-level floats (B,); shaping that depends on lengths (DAPO's overlong penalty)
-is applied by the trainer after scoring.
+is applied after scoring, by the trainer or by each controller group for its shard.
 """
 
 from __future__ import annotations
