@@ -271,7 +271,7 @@ def _data(settings: BenchSettings) -> tuple[list[Any], list[Any]]:
 
 def _prompt_order(settings: BenchSettings, n_train: int) -> list[int]:
     """Train-prompt indices in the order yatt's trainer draws them (data.seed + train.seed)."""
-    from yatt.trainer import PromptSampler
+    from yatt.data import PromptSampler
 
     sampler = PromptSampler(n_train, settings.seed + settings.seed)
     return sampler.take(settings.steps * settings.prompts_per_step)

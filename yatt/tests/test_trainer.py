@@ -6,11 +6,12 @@ import json
 import pytest
 
 from yatt.config import load_config
+from yatt.data import PromptSampler
 from yatt.models import tiny_model
 from yatt.report import summary_table, write_plots
 from yatt.roles.policy import lr_lambda
 from yatt.sft import heldout_loss, run_sft
-from yatt.trainer import PromptSampler, Trainer
+from yatt.trainer import Trainer
 
 
 def test_prompt_sampler_covers_each_epoch_and_resumes() -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "TASK_PROVIDES",
     "PromptDataset",
     "PromptExample",
+    "PromptSampler",
     "check_draw_order",
     "draw_order",
     "generate_task",
@@ -419,3 +420,38 @@ def check_draw_order(
                 f"its data position counts prompts drawn in that run's order; resume with the "
                 f"{settings} of the run that wrote it"
             )
+
+
+class PromptSampler:
+    """Walks a seeded permutation of the training prompts, reshuffling each data epoch."""
+
+    def __init__(self, n_prompts: int, seed: int) -> None:
+        assert n_prompts > 0, "no training prompts"
+        self.n_prompts = n_prompts
+        self.seed = seed
+        self.data_epoch = 0
+        self.position = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        import torch  # (this module loads without it)
+
+        generator = torch.Generator().manual_seed(self.seed * 7919 + self.data_epoch)
+        return torch.randperm(self.n_prompts, generator=generator).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            if self.position == self.n_prompts:
+                self.data_epoch, self.position = self.data_epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"data_epoch": self.data_epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.data_epoch, self.position = state["data_epoch"], state["position"]
+        self._order = self._permutation()

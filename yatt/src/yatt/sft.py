@@ -127,10 +127,11 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     """
     from yatt.builders import adapt_model, build_data, build_model
     from yatt.common import TensorBoardSink
+    from yatt.data import PromptSampler
     from yatt.evaluate import examples_due
     from yatt.models import save_checkpoint
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
-    from yatt.trainer import PromptSampler, configure_threads
+    from yatt.trainer import configure_threads
 
     check_training_dtype(config)
     check_no_control_settings(config, "yatt sft")

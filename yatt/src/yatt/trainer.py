@@ -39,7 +39,7 @@ from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
-from yatt.data import check_draw_order, draw_order
+from yatt.data import PromptSampler, check_draw_order, draw_order
 from yatt.errors import ConfigError
 from yatt.rewards import RewardError
 from yatt.roles.critic import CriticRole
@@ -58,7 +58,7 @@ from yatt.run_checks import (
 )
 from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
 
-__all__ = ["PromptSampler", "TrainResult", "Trainer", "configure_threads"]
+__all__ = ["TrainResult", "Trainer", "configure_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,39 +68,6 @@ def configure_threads(torch_threads: int) -> int:
     threads = torch_threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     return threads
-
-
-class PromptSampler:
-    """Walks a seeded permutation of the training prompts, reshuffling each data epoch."""
-
-    def __init__(self, n_prompts: int, seed: int) -> None:
-        assert n_prompts > 0, "no training prompts"
-        self.n_prompts = n_prompts
-        self.seed = seed
-        self.data_epoch = 0
-        self.position = 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 7919 + self.data_epoch)
-        return torch.randperm(self.n_prompts, generator=generator).tolist()
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        for _ in range(count):
-            if self.position == self.n_prompts:
-                self.data_epoch, self.position = self.data_epoch + 1, 0
-                self._order = self._permutation()
-            out.append(self._order[self.position])
-            self.position += 1
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"data_epoch": self.data_epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.data_epoch, self.position = state["data_epoch"], state["position"]
-        self._order = self._permutation()
 
 
 @dataclass

@@ -24,25 +24,15 @@ import logging
 import time
 from typing import Any
 
-from yatt.common.timers import time_limit_reached
 from yatt.config import Config
 from yatt.control.async_rollout import QueueState, deal_prompts
 from yatt.control.cluster import build_cluster
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import (
-    Controller,
-    RunResult,
-    add_idle_metrics,
-    add_perf_metrics,
-    start_eval,
-    step_eval,
-)
+from yatt.control.controller import Controller, RunResult
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement
-from yatt.control.rank import peak_rss_mb
 from yatt.control.replacement import Decision, Replanner, costs_from_spans
 from yatt.control.timeline import Span
-from yatt.run_checks import check_eval_data
 
 __all__ = ["AdaptiveController"]
 
@@ -89,6 +79,7 @@ class AdaptiveController(Controller):
         )
         self.sync_s = self._push_s()
         self.decisions: list[Decision] = []
+        self._last_move: tuple[Decision | None, float | None] = (None, None)
         self._spans: list[tuple[int, str, str, float, float]] = []
         self._workers: dict[str, dict[str, float]] = {}
 
@@ -148,68 +139,45 @@ class AdaptiveController(Controller):
         self._spans += [(d, "driver", "move", start_s, end_s) for d in range(plan.n_devices)]
         return end_s - start_s
 
-    def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0
-            ) -> RunResult:  # fmt: skip
-        """As `Controller.fit`, deciding before each step whether to move (held-out
+    def _before_step(self, step: int, total: int, result: RunResult) -> None:
+        """`Controller.fit`'s loop, deciding before each step whether to move (held-out
         evaluations and checkpoints run on the ranks of the plan of the moment, outside the
-        step times the planner sees). A resumed run starts on `control.placement` and the
-        planner measures afresh."""
-        check_eval_data(self.config)
-        total = steps or self.config.train.steps
-        result = RunResult(history=[])
-        history = result.history
-        run_start_s = time.perf_counter()
-        if start_step == 0:
-            start_eval(self.config, self.cluster.ranks, total, progress, result)
+        step times the planner sees: their spans are drained here, for the timeline alone). A
+        resumed run starts on `control.placement` and the planner measures afresh."""
         self._drain()
-        for step in range(start_step, total):
-            decision = self.replanner.decide(step, self.plan, total - step)
-            move_s = None
-            if decision is not None and decision.switch:
-                move_s = self._move(step, self.replanner.plan_for(decision))
-            if decision is not None:
-                self.decisions.append(decision)
-                result.decisions.append(decision.record())
-            self.controller._last_step = total - 1
-            step_start_s = time.perf_counter()
-            metrics = self.step(step)
-            add_perf_metrics(metrics, time.perf_counter() - step_start_s)
-            metrics["control/move_s"] = move_s or 0.0
-            metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
-            budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
-            spans = [Span(*event) for event in self._drain()]
-            floor_s = self.decode_step_s * budget
-            if move_s:  # the step after a move refills the pipeline: its excess is move cost
-                assert decision is not None, f"step {step}: a move without a decision"
-                move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
-            costs = costs_from_spans(spans, 1, gen_floor_s=floor_s, sync_s=self.sync_s,
-                                     decode_step_s=self.decode_step_s, **self.parallel)  # fmt: skip
-            if step > start_step:  # a run's first step warms the processes up: not typical
-                self.replanner.observe(costs, move_s)
-            if step > start_step and not move_s:  # nor is a step that refills the pipeline
-                self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
-            out_of_time = time_limit_reached(self.config.train.time_limit_s, run_start_s,
-                                             step + 1, total)  # fmt: skip
-            step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,
-                      result)  # fmt: skip
-            self._drain()  # the evaluation's spans: on the timeline, not in the planner's costs
-            metrics["control/bytes_moved"] = float(self.bytes_moved())
-            metrics["control/step_end_s"] = time.time()
-            history.append(metrics)
-            if progress is not None:
-                progress(step + 1, total, metrics)
-            self.maybe_checkpoint(step + 1, out_of_time)
-            self._drain()  # the checkpoint's spans, as the evaluation's
-            if out_of_time:
-                break  # steps generated ahead are dropped
-        result.wall_s = time.perf_counter() - run_start_s
+        decision = self.replanner.decide(step, self.plan, total - step)
+        move_s = None
+        if decision is not None and decision.switch:
+            move_s = self._move(step, self.replanner.plan_for(decision))
+        if decision is not None:
+            self.decisions.append(decision)
+            result.decisions.append(decision.record())
+        self._last_move = (decision, move_s)
+        self.controller.last_step = total - 1  # (a move makes a new ParallelController)
+
+    def _after_step(self, step: int, start_step: int, metrics: dict[str, float]) -> None:
+        decision, move_s = self._last_move
+        metrics["control/move_s"] = move_s or 0.0
+        metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
+        budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
+        spans = [Span(*event) for event in self._drain()]
+        if move_s:  # the step after a move refills the pipeline: its excess is move cost
+            assert decision is not None, f"step {step}: a move without a decision"
+            move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
+        costs = costs_from_spans(spans, 1, gen_floor_s=self.decode_step_s * budget,
+                                 sync_s=self.sync_s, decode_step_s=self.decode_step_s,
+                                 **self.parallel)  # fmt: skip
+        if step > start_step:  # a run's first step warms the processes up: not typical
+            self.replanner.observe(costs, move_s)
+        if step > start_step and not move_s:  # nor is a step that refills the pipeline
+            self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
+
+    def _collect(self, result: RunResult) -> None:
+        """Every plan's workers' stats (labelled by plan) and every span of the run."""
+        self._drain()
         for handle in self.cluster.all_handles():
             self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")
         result.workers, result.events = self._workers, self._spans
-        result.driver_peak_rss_mb = peak_rss_mb()
-        result.bytes_moved = self.bytes_moved()
-        add_idle_metrics(history, self._spans, self.plan.n_devices)
-        return result
 
     def step(self, step: int) -> dict[str, float]:
         """One step on the plan of the moment (`fit` decides the moves between steps)."""

@@ -34,6 +34,7 @@ from yatt.algos.advantages import group_all_equal
 from yatt.batch import RolloutBatch
 from yatt.control.shards import Shard, ShardRequest
 from yatt.control.workers import Future, wait_first
+from yatt.data import PromptSampler
 from yatt.errors import ConfigError
 
 __all__ = [
@@ -70,8 +71,6 @@ class ShardQueue:
 
     def __init__(self, n_prompts: int, seed: int, prompts_per_step: int, world: int,
                  rank: int) -> None:  # fmt: skip
-        from yatt.trainer import PromptSampler
-
         if prompts_per_step < 1 or prompts_per_step % world:
             raise ConfigError(
                 f"algo.prompts_per_step={prompts_per_step} must be a multiple of the "

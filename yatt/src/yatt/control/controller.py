@@ -149,7 +149,8 @@ class Controller(ABC):
         problems as `eval.*` asks (at start, every `eval.every` steps, at the end), and saving
         checkpoints every `checkpoint.every` steps into `checkpoint_dir`, as the single-process
         trainer does; `progress(step, total, metrics)` gets each step's row (and step 0's
-        evaluation row). `start_step` > 0 continues a run `restore` resumed."""
+        evaluation row). `start_step` > 0 continues a run `restore` resumed. Runtime
+        re-placement runs this loop too (`_before_step`, `_after_step`, `_collect`)."""
         check_eval_data(self.config)
         total = steps or self.config.train.steps
         result = RunResult(history=[])
@@ -157,9 +158,11 @@ class Controller(ABC):
         if start_step == 0:
             start_eval(self.config, self.cluster.ranks, total, progress, result)
         for step in range(start_step, total):
+            self._before_step(step, total, result)
             step_start_s = time.perf_counter()
             metrics = self.step(step)
             add_perf_metrics(metrics, time.perf_counter() - step_start_s)
+            self._after_step(step, start_step, metrics)
             out_of_time = time_limit_reached(self.config.train.time_limit_s, start_s, step + 1,
                                              total)  # fmt: skip
             step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,
@@ -173,15 +176,28 @@ class Controller(ABC):
             if out_of_time:
                 break  # steps generated ahead are dropped
         result.wall_s = time.perf_counter() - start_s
+        self._collect(result)
+        result.driver_peak_rss_mb = peak_rss_mb()
+        result.bytes_moved = self.bytes_moved()
+        add_idle_metrics(result.history, result.events, len(self.cluster.devices))
+        return result
+
+    def _before_step(self, step: int, total: int, result: RunResult) -> None:
+        """Before each step of `fit` (runtime re-placement decides and moves here)."""
+        del step, total, result  # nothing to do for a fixed placement
+
+    def _after_step(self, step: int, start_step: int, metrics: dict[str, float]) -> None:
+        """After each step of `fit`, before its evaluation and checkpoint (runtime
+        re-placement feeds its planner the step's costs here)."""
+        del step, start_step, metrics
+
+    def _collect(self, result: RunResult) -> None:
+        """At the end of `fit`: each worker's stats and every phase event into `result`."""
         handles = self.cluster.all_handles()
         for handle, stats in zip(handles, [h.submit("stats") for h in handles]):
             result.workers[handle.name] = stats.result()
         for handle in handles:
             result.events.extend(handle.call("drain_events"))
-        result.driver_peak_rss_mb = peak_rss_mb()
-        result.bytes_moved = self.bytes_moved()
-        add_idle_metrics(result.history, result.events, len(self.cluster.devices))
-        return result
 
     def maybe_checkpoint(self, done: int, out_of_time: bool = False) -> Path | None:
         """The checkpoint of `done` steps (with `checkpoint_dir` set), when `checkpoint.every`

@@ -206,14 +206,14 @@ class ParallelController(Controller):
                     )
                 )
         cluster.ranks.call_each("connect", connections)
-        self._last_step = config.train.steps - 1
+        self.last_step = config.train.steps - 1
 
     def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0):
-        self._last_step = (steps or self.config.train.steps) - 1
+        self.last_step = (steps or self.config.train.steps) - 1
         return super().fit(steps, progress, start_step)
 
     def step(self, step: int) -> dict[str, float]:
-        results = self.cluster.ranks.call_all("run_step", step, self._last_step)
+        results = self.cluster.ranks.call_all("run_step", step, self.last_step)
         return results[0]
 
     def queue_states(self) -> list[QueueState]:

@@ -61,11 +61,11 @@ class SingleController(Controller):
         self.groups = [make_group_rollout(config, control, self.n_ranks, rank, 0, self.staleness)
                        for rank in range(self.n_ranks)]  # fmt: skip
         self._inflight: dict[int, list[StepDispatch]] = {}
-        self._last_step = config.train.steps - 1
+        self.last_step = config.train.steps - 1
         self.first_step = 0  # the step a resumed run starts from (its weights' version)
 
     def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0):
-        self._last_step = (steps or self.config.train.steps) - 1
+        self.last_step = (steps or self.config.train.steps) - 1
         return super().fit(steps, progress, start_step)
 
     def _submit_gen(self, request: ShardRequest, version: int) -> Future:
@@ -90,7 +90,7 @@ class SingleController(Controller):
             group.collect(dispatch, self._submit_gen, self._score, time.perf_counter)
             for group, dispatch in zip(self.groups, self._inflight.pop(step))
         ]
-        self._dispatch(range(step + 1, min(step + self.staleness, self._last_step) + 1))
+        self._dispatch(range(step + 1, min(step + self.staleness, self.last_step) + 1))
         assert len(self._inflight) <= self.staleness, f"{len(self._inflight)} in flight"
         return [shard for shard, _ in collected], [stats for _, stats in collected]
 
