@@ -41,7 +41,7 @@ from dgcc.bench import at_least, make_console
 from dgcc.errors import DgccError
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench, summary_line
 from dgcc.net.servers import SERVERS
-from dgcc.net.servers.twopc import BACKOFF_S_MAX, BACKOFF_S_MIN, RETRIES_MAX
+from dgcc.net.servers.twopc import ATTEMPTS_MAX, BACKOFF_S_MAX, BACKOFF_S_MIN
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOLS = ("dgcc", "calvin", "no_wait", "wait_die", "occ")
@@ -247,7 +247,7 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         f"{facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
         f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}. "
         "2PL and OCC coordinate at the called node with two-phase commit and retry "
-        f"concurrency-control aborts, up to {RETRIES_MAX} attempts a call, after a random backoff "
+        f"concurrency-control aborts, up to {ATTEMPTS_MAX} attempts a call, after a random backoff "
         f"of up to {BACKOFF_S_MIN * 1000:g} ms doubling to {BACKOFF_S_MAX * 1000:g} ms; `cc "
         "aborts` is aborted attempts over all attempts (retries counted), `logic aborts` the "
         "share of calls the procedure itself rolled back (TPC-C's 1% invalid items), `gave up` "

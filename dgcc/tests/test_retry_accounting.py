@@ -1,6 +1,6 @@
 """Retries, give-ups and WAIT_DIE ages are counted and kept as documented.
 
-Goal: ``RETRIES_MAX`` of the 2PC servers is attempts in all (the first included) and the
+Goal: ``ATTEMPTS_MAX`` of the 2PC servers is attempts in all (the first included) and the
 counted retries are the attempts after the first, with a backoff before each and none after the
 last; the in-process protocols' ``retries_max`` is retries (``retries_max + 1`` attempts). A call
 given up after its retries is reported apart from logic aborts, by the 2PC node (``txn/gave_up``),
@@ -23,7 +23,7 @@ import pytest
 
 from dgcc import Status, TxnRequest, get_protocol
 from dgcc.api import Outcome, Piece, Procedure, ProcedureRegistry
-from dgcc.bench import RETRIES_MAX as BENCH_RESUBMISSIONS
+from dgcc.bench import RESUBMISSIONS_MAX as BENCH_RESUBMISSIONS
 from dgcc.bench import BenchConfig, Runner
 from dgcc.cluster import local_config
 from dgcc.net import AsyncClient, loadgen
@@ -39,7 +39,7 @@ LOGIC_ABORT = Outcome(Status.ABORTED, reason="insufficient funds")
 COMMITTED = Outcome(Status.COMMITTED, {"incremented": []})
 
 
-# -- item: RETRIES_MAX of the 2PC servers -----------------------------------------------------
+# -- item: ATTEMPTS_MAX of the 2PC servers -----------------------------------------------------
 
 
 @pytest.mark.parametrize("protocol", ["no_wait", "wait_die"])
@@ -47,10 +47,10 @@ def test_2pc_retries_max_is_attempts_and_the_retries_counted_are_the_ones_made(
     protocol: str, monkeypatch
 ) -> None:
     """Key 3 stays locked by an older branch: every attempt of a call on it aborts. With
-    RETRIES_MAX = 3 the call makes 3 attempts, 2 retries (2 backoffs), and is answered as a
+    ATTEMPTS_MAX = 3 the call makes 3 attempts, 2 retries (2 backoffs), and is answered as a
     give-up, counted under ``txn/gave_up``, not ``txn/aborted``. Before, the retries counted 3
     (one per cc abort, the last included) and a backoff was slept after the last attempt."""
-    monkeypatch.setattr(twopc, "RETRIES_MAX", 3)
+    monkeypatch.setattr(twopc, "ATTEMPTS_MAX", 3)
     config = local_config(2, workload="ycsb", workload_options={"records": 100},
                           protocol=protocol)  # fmt: skip
     nodes = [server_class(protocol)(config, node) for node in (0, 1)]

@@ -5,7 +5,7 @@ epoch, and its requests complete together, so a transaction's latency is the tim
 batch's admission to the batch's completion (plus earlier tries if it was retried). Logic
 aborts are outcomes and are not retried; an ABORTED outcome whose reason starts with ``retry``
 (a protocol asking to run again) is re-admitted at the head of the next batch (so it is older
-than every fresh request there), at most ``RETRIES_MAX`` times; one still asking after that is
+than every fresh request there), at most ``RESUBMISSIONS_MAX`` times; one still asking after that is
 a give-up, counted apart (``txn/gave_up``, ``txn/gave_up_rate``), so ``txn/aborted`` and
 ``txn/abort_rate`` count logic aborts only. Metrics use slash keys (``txn/commits_per_s``,
 ``timing_s/build_graph``); see ``summary_line``.
@@ -46,7 +46,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RETRIES_MAX = 10  # resubmissions of a call whose protocol gave up on it (after the first)
+RESUBMISSIONS_MAX = 10  # resubmissions of a call whose protocol gave up on it (after the first)
 BATCHES_MAX = 10_000_000  # bound on the batch loop; a window this long means a stuck clock
 
 ProgressFn = Callable[[str, float, float], None]  # (phase, done_s, total_s)
@@ -153,7 +153,7 @@ class _Window:
 
     committed: int = 0
     aborted: Counter[str] = field(default_factory=Counter)  # logic aborts, by reason
-    gave_up: int = 0  # still a concurrency-control give-up after RETRIES_MAX resubmissions
+    gave_up: int = 0  # still a concurrency-control give-up after RESUBMISSIONS_MAX resubmissions
     errors: Counter[str] = field(default_factory=Counter)
     retried: int = 0
     batches: int = 0
@@ -230,7 +230,7 @@ class Runner:
         window.run_batch_s += done_s - admitted_s
         latencies_ms = window.latencies_ms
         for (request, first_s, tries), outcome in zip(in_flight, outcomes):
-            if outcome.gave_up and tries < RETRIES_MAX:
+            if outcome.gave_up and tries < RESUBMISSIONS_MAX:
                 self._retries.append((request, first_s, tries + 1))
                 window.retried += 1
                 continue

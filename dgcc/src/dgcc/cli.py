@@ -60,20 +60,24 @@ __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 
-# CLI flag -> workload option; only flags the user sets are passed on.
+# CLI flag -> (type, help) of the workload option it sets; only flags the user sets are passed
+# on (the workload's own default applies otherwise).
 WORKLOAD_FLAGS = {
-    "warehouses": int,
-    "items": int,
-    "customers_per_district": int,
-    "orders_per_district": int,
-    "records": int,
-    "fields": int,
-    "ops_per_txn": int,
-    "read_ratio": float,
-    "theta": float,
-    "accounts": int,
-    "hot_accounts": int,
-    "hot_fraction": float,
+    "warehouses": (
+        int,
+        "tpcc: warehouses (on a cluster, bench --nodes or cluster start: per node)",
+    ),
+    "items": (int, "tpcc: ITEM rows (the spec's 100,000)"),
+    "customers_per_district": (int, "tpcc: customers per district (the spec's 3,000)"),
+    "orders_per_district": (int, "tpcc: initial orders per district (the spec's 3,000)"),
+    "records": (int, "ycsb: records"),
+    "fields": (int, "ycsb: fields per record"),
+    "ops_per_txn": (int, "ycsb: record accesses per transaction"),
+    "read_ratio": (float, "ycsb: share of accesses that only read (0..1)"),
+    "theta": (float, "ycsb: zipfian skew of the keys (0 = uniform, 0.99 = hot)"),
+    "accounts": (int, "smallbank: customers"),
+    "hot_accounts": (int, "smallbank: customers in the hotspot"),
+    "hot_fraction": (float, "smallbank: share of accesses to the hotspot (0..1)"),
 }
 
 
@@ -142,31 +146,10 @@ def _file_path(text: str) -> Path:
     return Path(text)
 
 
-# What each workload flag sets (the workload's own default when the flag is not given).
-WORKLOAD_FLAG_HELP = {
-    "warehouses": "tpcc: warehouses (on a cluster, bench --nodes or cluster start: per node)",
-    "items": "tpcc: ITEM rows (the spec's 100,000)",
-    "customers_per_district": "tpcc: customers per district (the spec's 3,000)",
-    "orders_per_district": "tpcc: initial orders per district (the spec's 3,000)",
-    "records": "ycsb: records",
-    "fields": "ycsb: fields per record",
-    "ops_per_txn": "ycsb: record accesses per transaction",
-    "read_ratio": "ycsb: share of accesses that only read (0..1)",
-    "theta": "ycsb: zipfian skew of the keys (0 = uniform, 0.99 = hot)",
-    "accounts": "smallbank: customers",
-    "hot_accounts": "smallbank: customers in the hotspot",
-    "hot_fraction": "smallbank: share of accesses to the hotspot (0..1)",
-}
-
-
 def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
-    for name, kind in WORKLOAD_FLAGS.items():
+    for name, (kind, text) in WORKLOAD_FLAGS.items():
         parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            type=kind,
-            default=None,
-            help=WORKLOAD_FLAG_HELP[name],
+            f"--{name.replace('_', '-')}", dest=name, type=kind, default=None, help=text
         )
     parser.add_argument(
         "-o",

@@ -18,7 +18,7 @@ replaces the epochs with one coroutine per client call:
   * A logic abort or procedure error ends the transaction; a concurrency-control abort (a lock
     conflict, a WAIT_DIE death, a failed OCC validation or a "no" vote) undoes every branch and
     restarts the transaction after a randomised exponential backoff, keeping its first-attempt
-    timestamp (WAIT_DIE's age), up to ``RETRIES_MAX`` attempts in all (the first included), after
+    timestamp (WAIT_DIE's age), up to ``ATTEMPTS_MAX`` attempts in all (the first included), after
     which it ends ABORTED with a ``retry:`` reason (a give-up, counted under ``txn/gave_up``, not
     ``txn/aborted``).
   * Commit: a transaction that ran only here commits locally; otherwise two-phase commit with
@@ -82,7 +82,7 @@ __all__ = ["TwoPhaseCommitNode"]
 
 logger = logging.getLogger(__name__)
 
-RETRIES_MAX = 1000  # attempts per transaction, the first included: at most 999 retries
+ATTEMPTS_MAX = 1000  # attempts per transaction, the first included: at most 999 retries
 BACKOFF_S_MIN = 0.0002  # first retry waits up to this long; doubling per retry
 BACKOFF_S_MAX = 0.002
 RPC_TIMEOUT_S = 120.0
@@ -464,12 +464,12 @@ class TwoPhaseCommitNode(Node):
         return runs
 
     async def _retry(self, seq: int, ts: Timestamp, request: TxnRequest) -> Outcome:
-        """Attempts until one commits or logic-aborts, at most ``RETRIES_MAX`` in all: the first,
+        """Attempts until one commits or logic-aborts, at most ``ATTEMPTS_MAX`` in all: the first,
         then a retry after each concurrency-control abort but the last (``txn/retries`` counts
         exactly those; a backoff comes before each retry, none after the last attempt). Each
         attempt plans afresh (reconnaissance). Past the budget: ABORTED with a ``retry:`` reason.
         """
-        for attempt in range(RETRIES_MAX):
+        for attempt in range(ATTEMPTS_MAX):
             if attempt:
                 self.stats["txn/retries"] += 1
                 backoff_s = min(BACKOFF_S_MAX, BACKOFF_S_MIN * 2 ** min(attempt - 1, 16))
@@ -488,7 +488,7 @@ class TwoPhaseCommitNode(Node):
                 return result
             self.stats["txn/cc_aborts"] += 1
             self.stats[f"cc_aborts/{result}"] = self.stats.get(f"cc_aborts/{result}", 0) + 1
-        reason = f"retry: {self.config.protocol} gave up after {RETRIES_MAX} attempts"
+        reason = f"retry: {self.config.protocol} gave up after {ATTEMPTS_MAX} attempts"
         return Outcome(Status.ABORTED, reason=reason)
 
     async def _attempt(
