@@ -590,19 +590,24 @@ def _reading(runs: dict, args) -> str:
     compared = ", ".join(
         f"{kind} {mine:.2f} vs {best_s:.2f} s" for kind, (mine, best_s) in pairs.items()
     )
+    beat_ceiling = _steady_s(adaptive) < ideal_s and faster
     under = (
         f" The re-placement run came in under that ceiling: its {' and '.join(faster)} steps "
         f"ran faster than the fastest static run's of that length ({compared}), so part of "
         "its measured gain is run-to-run variation, not the choice of plan; the ceiling "
         "bounds what the choice itself gives."
-        if _steady_s(adaptive) < ideal_s and faster
+        if beat_ceiling
         else ""
     )
+    # a gain beyond what the choice of plan can give is not evidence for the target
+    verdict = "not met"
+    if gain >= 0.15:
+        verdict = "not shown: the gain exceeds the ceiling" if beat_ceiling else "met"
     return (
         f"Reading (measured, after {args.warmup} warm-up steps): best static plan "
         f"{best['label']} {_steady_s(best):.1f} s; runtime re-placement "
-        f"{_steady_s(adaptive):.1f} s ({100 * gain:+.0f}%; target >= +15% "
-        f"{'met' if gain >= 0.15 else 'not met'}), its mean idle fraction {100 * idle:.0f}% "
+        f"{_steady_s(adaptive):.1f} s ({100 * gain:+.0f}%; target >= +15% {verdict}), its "
+        f"mean idle fraction {100 * idle:.0f}% "
         f"(target <= 10% {'met' if idle <= 0.10 else 'not met'}), {adaptive['moves']} move(s). "
         f"Fastest static plan per step: {best_short['label']} with short responses, "
         f"{best_long['label']} with long ones"

@@ -77,10 +77,13 @@ def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_sc
     assert f"({100 * gain:+.0f}%;" in reading, reading  # +23%, not the walls' +136%
     assert "after 2 warm-up steps" in reading
     assert "under that ceiling" not in reading  # 6.5 s against a 1 + 1 + 2 + 2 = 6 s ceiling
+    assert "target >= +15% met" in reading  # +23%, within what the choice of plan gives
     # a re-placement run whose steps beat every static run's is flagged as variation
     lucky = bench._summarise("runtime re-placement", _run([2, 1, 0.5, 0.5, 2, 2], 4, 0.1), 4, 2)
     reading = bench._reading(runs | {"adaptive": lucky}, args)
     assert "under that ceiling" in reading and "short 0.50 vs 1.00 s" in reading, reading
+    # and its gain is no evidence for the target, however large
+    assert "target >= +15% not shown: the gain exceeds the ceiling" in reading, reading
 
 
 def test_a_timed_update_runs_on_a_real_worker(bench_script):
