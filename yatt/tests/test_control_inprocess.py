@@ -132,6 +132,9 @@ def test_adaptive_controller_measures_its_decode_floor(monkeypatch):
         # ran (the whole 6-token budget here)
         floor_s = controller.replanner.costs.gen_floor_s
         assert floor_s == pytest.approx(6 * controller.decode_step_s)
+        # the sampler records each gen call's decode steps (the budget's 6 here) in its event
+        gens = [event for event in run.events if event[2] == "gen"]
+        assert gens and all(len(event) == 6 and event[5] == 6 for event in gens)
         # the first step (process warm-up) is not the planner's evidence; the later ones are
         assert observed == list(range(1, len(run.history))) and len(run.history) > 1
     finally:

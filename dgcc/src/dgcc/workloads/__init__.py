@@ -234,8 +234,11 @@ def register_workload(cls: type[Workload]) -> type[Workload]:
     """Class decorator: ``cls`` under its ``name`` in ``WORKLOADS``; a second class under a
     taken name is an error (re-registering the same class, as a reload does, is not)."""
     taken = WORKLOADS.get(cls.name)
-    if taken is not None and taken.__qualname__ != cls.__qualname__:
-        raise ConfigError(f"workload name {cls.name!r} is taken by {taken.__qualname__}")
+    where = (cls.__module__, cls.__qualname__)
+    if taken is not None and (taken.__module__, taken.__qualname__) != where:
+        raise ConfigError(
+            f"workload name {cls.name!r} is taken by {taken.__module__}.{taken.__qualname__}"
+        )
     WORKLOADS[cls.name] = cls
     return cls
 

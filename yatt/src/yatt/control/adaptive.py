@@ -1,7 +1,8 @@
 """Runtime re-placement in a real run: parallel controllers whose device split changes mid-run.
 
-Every step, the phase spans the workers recorded become measured costs (replacement.py) for the
-`Replanner`, and the step's wall time becomes the measured step time of the plan it ran on.
+Every step after the first, the phase spans the workers recorded become measured costs
+(replacement.py) for the `Replanner`, and the step's wall time becomes the measured step time
+of the plan it ran on.
 When it decides to move, the worker processes take on their roles in the new plan (no process
 is restarted; see build_cluster: policy ranks that stay ranks keep their state, idle spare
 processes stand by), and a kept rank hands its weights (and optimizer state, to ranks that are

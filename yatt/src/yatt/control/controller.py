@@ -39,7 +39,7 @@ class RunResult:
     history: list[dict[str, float]]
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out accuracy)
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
-    events: list[tuple[int, str, str, float, float]] = field(default_factory=list)
+    events: list[tuple] = field(default_factory=list)  # timeline.Span's fields
     driver_peak_rss_mb: float = 0.0
     bytes_moved: int = 0
     wall_s: float = 0.0
@@ -249,8 +249,9 @@ class Controller(ABC):
 
     def bytes_moved(self) -> int:
         """Bytes the driver process sent to or received from workers so far (the processes of
-        the cluster and its spares: under re-placement a process may be parked, or be handed
-        a new role, and keeps its count)."""
+        the cluster and its spares: under re-placement on CPU cores a process may be parked,
+        or be handed a new role, and keeps its count; a GPU process a move releases takes its
+        count along)."""
         return sum(h.bytes_moved for h in self.cluster.all_handles() + self.cluster.spares)
 
     def save_policy(self, folder: Path) -> Path:

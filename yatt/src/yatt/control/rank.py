@@ -136,7 +136,7 @@ class RankWorker:
         else:
             torch.set_num_threads(max(config.train.torch_threads, 1))
         self.device, self.roles, self.name = device, roles, name
-        self.events: list[tuple[int, str, str, float, float]] = []
+        self.events: list[tuple] = []  # (device, role, phase, start_s, end_s[, tokens])
         self.collective: Collective | None = None
         self.rank, self.world = 0, 1
         self.reset(config, control)

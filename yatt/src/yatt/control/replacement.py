@@ -95,10 +95,13 @@ class PhaseCosts:
         return self.train_s / speedup(self.train_parallel, devices)
 
     def jumped_from(self, before: PhaseCosts) -> bool:
-        """Whether sampling or training costs `REGIME_SHIFT` times more or less than `before`:
-        the regime changed (the response budget jumped), and an average across the jump lags."""
-        sampling = (before.gen_floor_s + before.gen_s, self.gen_floor_s + self.gen_s)
-        return _jumped(*sampling) or _jumped(before.train_s, self.train_s)
+        """Whether the decode floor (the decode steps the gen calls ran, or the budget where a
+        step holds none) or the training work is `REGIME_SHIFT` times or more above or below
+        `before`'s: the regime changed (the responses grew or shrank), and an average across
+        the jump lags. (The gen work beyond the floor is left out: an async step may hold no
+        gen call, or one that began in an earlier step.)"""
+        floors = (before.gen_floor_s, self.gen_floor_s)
+        return _jumped(*floors) or _jumped(before.train_s, self.train_s)
 
     def blend(self, other: PhaseCosts, weight: float) -> PhaseCosts:
         """Exponential moving average: (1 - weight) * self + weight * other."""
@@ -112,9 +115,9 @@ REGIME_SHIFT = 2.0
 
 
 def _jumped(before: float, now: float) -> bool:
-    """Whether `now` is at least `REGIME_SHIFT` times above or below `before`."""
+    """Whether `now` is at least `REGIME_SHIFT` times above or below `before` (two zeros: no)."""
     low, high = sorted((before, now))
-    return high > REGIME_SHIFT * low
+    return high > 0 and high >= REGIME_SHIFT * low
 
 
 def speedup(parallel: float, devices: int) -> float:
