@@ -27,6 +27,9 @@ def test_single_and_parallel_modes_agree_in_process():
     results = {}
     for mode in ("single", "parallel"):
         controller = make_controller(config, _control(mode=mode, payload_bytes=512))
+        # a single controller scores on its driver: its workers build no reward role
+        hosts_reward = [h.worker.reward is not None for h in controller.cluster.all_handles()]
+        assert hosts_reward == [mode == "parallel"] * len(hosts_reward), mode
         run = controller.fit()
         results[mode] = (run, controller.weights())
         controller.close()

@@ -2,6 +2,8 @@
 controller modes and every placement; the modes must produce identical weights and metrics.
 One Ray session per module; each placement's workers are spawned once and reset between modes."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -62,6 +64,9 @@ def _run_both(placement: str, payload_bytes: int = 0, **changes):
         single = SingleController(config, control, cluster)
         single_run, single_weights = single.fit(), single.weights()
         single_bytes = single_run.history[-1]["control/bytes_moved"]
+        # the same processes as parallel controllers: their reward roles now score (a single
+        # controller's workers build none: it scores on the driver)
+        control = dataclasses.replace(control, mode="parallel")
         cluster.reset(config, control)
         parallel = ParallelController(config, control, cluster)
         parallel_bytes_before = parallel.bytes_moved()

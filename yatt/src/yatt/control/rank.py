@@ -187,7 +187,10 @@ class RankWorker:
             assert kept is None or has_lora(model), "re-placement with a KL term needs LoRA"
             self.reference = self._build_reference(model)
         self.rollout = self._build_rollout(model) if "sampler" in self.roles else None
-        self.reward = make_reward_role(config, control) if "reward" in self.roles else None
+        # a single controller scores on its driver: its workers' reward roles would go unused
+        # (a reward model loaded on each of them for nothing)
+        scores = "reward" in self.roles and control.mode != "single"
+        self.reward = make_reward_role(config, control) if scores else None
         self.weights_version = 0
         self.sampler: Any = None  # handles used in parallel mode (None = this worker)
         self.reward_service: Any = None
