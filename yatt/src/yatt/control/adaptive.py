@@ -81,7 +81,7 @@ class AdaptiveController(Controller):
         self.sync_s = self._push_s()
         self.decisions: list[Decision] = []
         self._last_move: tuple[Decision | None, float | None] = (None, None)
-        self._spans: list[tuple[int, str, str, float, float]] = []
+        self._spans: list[tuple] = []  # timeline.Span's fields
         self._workers: dict[str, dict[str, float]] = {}
 
     def _drain(self) -> list[tuple[int, str, str, float, float]]:
@@ -160,17 +160,18 @@ class AdaptiveController(Controller):
         decision, move_s = self._last_move
         metrics["control/move_s"] = move_s or 0.0
         metrics["control/plan"] = float(self.replanner.candidates.index(self.plan))
+        spans = [Span(*event) for event in self._drain()]  # on the timeline either way
+        if step == start_step:
+            return  # a run's first step warms the processes up: no evidence for the planner
         budget = max_new_tokens_at(self.control, step, self.config.rollout.max_new_tokens)
-        spans = [Span(*event) for event in self._drain()]
         if move_s:  # the step after a move refills the pipeline: its excess is move cost
             assert decision is not None, f"step {step}: a move without a decision"
             move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
         costs = costs_from_spans(spans, 1, gen_floor_s=self.decode_step_s * budget,
                                  sync_s=self.sync_s, decode_step_s=self.decode_step_s,
                                  **self.parallel)  # fmt: skip
-        if step > start_step:  # a run's first step warms the processes up: not typical
-            self.replanner.observe(costs, move_s)
-        if step > start_step and not move_s:  # nor is a step that refills the pipeline
+        self.replanner.observe(costs, move_s)
+        if not move_s:  # a step that refills the pipeline after a move is not typical either
             self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])
 
     def _collect(self, result: RunResult) -> None:

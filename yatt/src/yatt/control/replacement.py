@@ -100,8 +100,8 @@ class PhaseCosts:
         `before`'s: the regime changed (the responses grew or shrank), and an average across
         the jump lags. (The gen work beyond the floor is left out: an async step may hold no
         gen call, or one that began in an earlier step.)"""
-        floors = (before.gen_floor_s, self.gen_floor_s)
-        return _jumped(*floors) or _jumped(before.train_s, self.train_s)
+        return any(_jumped(getattr(before, name), getattr(self, name))
+                   for name in ("gen_floor_s", "train_s"))  # fmt: skip
 
     def blend(self, other: PhaseCosts, weight: float) -> PhaseCosts:
         """Exponential moving average: (1 - weight) * self + weight * other."""
@@ -173,8 +173,8 @@ def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync
         if phase == "gen":
             call_floor_s = decode_step_s * tokens if decode_step_s and tokens else gen_floor_s
             floors.append(call_floor_s)
-            floor_s = call_floor_s / speedup(gen_parallel, width)
-            work["gen"] += max(seconds - floor_s, 0.0) * width
+            sped_up_floor_s = call_floor_s / speedup(gen_parallel, width)
+            work["gen"] += max(seconds - sped_up_floor_s, 0.0) * width
         elif phase == "behaviour_logp":  # sampler-side work
             work["gen"] += seconds * width
         elif phase == "update_actor":

@@ -43,7 +43,7 @@ class Span:
         assert self.end_s >= self.start_s, f"span ends before it starts: {self}"
 
 
-def spans_from_events(events: Iterable[tuple[int, str, str, float, float]]) -> list[Span]:
+def spans_from_events(events: Iterable[tuple]) -> list[Span]:
     """Worker event tuples -> spans, with time shifted to start at 0."""
     spans = [Span(*event) for event in events]
     origin = min((s.start_s for s in spans), default=0.0)
