@@ -22,8 +22,10 @@ with 96-token responses decoding on one core takes about as long as the update o
 overlapping them wins. Sampling ignores EOS (``rollout.ignore_eos``), so every plan decodes exactly
 the same budgets whatever the policy learns. Runs are interleaved ``--repeats`` times and the
 fastest of each plan is kept (the machine is shared). Reported: wall time, step time per phase,
-idle fraction per device (from the recorded phase spans; moves count as idle), the re-placement
-decisions with their reasons, a Gantt PNG. Simulated part: the phase costs measured in the
+idle fraction per device (from the recorded phase spans; moves count as idle), the share of the
+CPU time the hypervisor gave to other guests during each run (steal: a gain between runs that
+differ in it by 5 points or more is not counted), the re-placement decisions with their reasons,
+a Gantt PNG. Simulated part: the phase costs measured in the
 colocated run (per phase, as one-core work via the calibrated scaling fractions) drive the
 discrete-event simulator; it is checked against the measured static runs at 2 devices, then
 projects static-best vs re-placement to 8..1024 GPUs (weak scaling). Writes section "placement" of
@@ -44,10 +46,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 REWARD = ("yatt.control.workload:char_mix_reward",)
 PROJECT_DEVICES = (8, 32, 128, 512, 1024)
+# compared runs whose stolen CPU shares differ by this much did not run on the same machine
+STEAL_SPREAD_MAX = 0.05
 QUICK_PROJECT_DEVICES = (8, 32)
 
 
@@ -172,11 +177,26 @@ def planner_fractions(args: argparse.Namespace, calib: dict) -> dict[str, float]
     return {"gen_parallel": 0.0, "train_parallel": 1.0}
 
 
-def _summarise(label: str, run, shift: int, warmup: int) -> dict:
+def _fit(controller) -> tuple[Any, dict[int, float | None]]:
+    """`controller.fit()`, and the share of the machine's CPU time that the hypervisor gave
+    to other guests during each step (by logged step, from 1; `StealMeter`)."""
+    from yatt.common.hostfacts import StealMeter
+
+    meter, steal = StealMeter(), {}
+
+    def progress(step: int, total: int, metrics: dict) -> None:
+        steal[step] = meter.lap()
+
+    return controller.fit(progress=progress), steal
+
+
+def _summarise(label: str, run, shift: int, warmup: int, steal: dict[int, float | None]) -> dict:
     """A run's figures. The first `warmup` steps of every plan (process and allocator warm-up,
     the first weight push, an async pipeline filling) are left out of the compared time
     (`steady_s`: from the end of step `warmup - 1` to the end of the run, moves included) and
-    of the short steps' mean; `wall_s` is the whole run."""
+    of the short steps' mean; `wall_s` is the whole run. `steal`: each step's stolen share of
+    the CPU time (`_fit`); `steal` in the figures is their mean over the compared steps,
+    weighted by step time (None where the kernel does not count steal)."""
     from yatt.control.timeline import idle_fractions, spans_from_events
 
     spans = spans_from_events(run.events)
@@ -196,6 +216,8 @@ def _summarise(label: str, run, shift: int, warmup: int) -> dict:
         "moves": sum(h.get("control/move_s", 0) > 0 for h in run.history),
         "move_wall_s": sum(h.get("control/move_s", 0.0) for h in run.history),
         "step_ends": [h["control/step_end_s"] for h in run.history],
+        "steal": _time_weighted([(steal.get(i + 1), steps[i]) for i in range(warmup, len(steps))]),
+        "steal_steps": [steal.get(i + 1) for i in range(len(steps))],
         "events": run.events,
         "score_last": run.history[-1]["critic/score/mean"],
         "sync_s": sum(h.get("timing_s/update_weights", 0.0) for h in run.history) / len(steps),
@@ -209,6 +231,14 @@ def _summarise(label: str, run, shift: int, warmup: int) -> dict:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / max(len(values), 1)
+
+
+def _time_weighted(pairs: list[tuple[float | None, float]]) -> float | None:
+    """The mean of the values, weighted by their seconds; None when no value is known."""
+    known = [(value, seconds) for value, seconds in pairs if value is not None]
+    if not known:
+        return None
+    return sum(v * s for v, s in known) / max(sum(s for _, s in known), 1e-9)
 
 
 def _phase_means(run, shift: int) -> dict[str, float]:
@@ -230,10 +260,10 @@ def _run_static(args: argparse.Namespace, placement: str) -> dict:
 
     controller = ParallelController(_config(args), _control(args, placement))
     try:
-        run = controller.fit()
+        run, steal = _fit(controller)
     finally:
         controller.cluster.shutdown()
-    return _summarise(controller.cluster.placement.label(), run, args.shift, args.warmup)
+    return _summarise(controller.cluster.placement.label(), run, args.shift, args.warmup, steal)
 
 
 def _run_adaptive(args: argparse.Namespace, calib: dict) -> tuple[dict, list]:
@@ -244,10 +274,10 @@ def _run_adaptive(args: argparse.Namespace, calib: dict) -> tuple[dict, list]:
         **planner_fractions(args, calib),
     )  # fmt: skip
     try:
-        run = controller.fit()
+        run, steal = _fit(controller)
     finally:
         controller.close()
-    summary = _summarise("runtime re-placement", run, args.shift, args.warmup)
+    summary = _summarise("runtime re-placement", run, args.shift, args.warmup, steal)
     summary["move_cost_s"] = controller.replanner.move_cost_s
     return summary, controller.decisions
 
@@ -513,17 +543,28 @@ def _runs_table(runs: dict, warmup: int) -> list[str]:
         "the whole run's wall time beside it.",
         "",
         "| plan | s after warm-up | wall s | step s (short, after warm-up) | step s (long) |"
-        " response tokens (short/long) | idle dev0 | idle dev1 | moves |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " response tokens (short/long) | idle dev0 | idle dev1 | moves | CPU stolen |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {run['label']} | {_steady_s(run):.1f} | {run['wall_s']:.1f} | "
         f"{run['step_s_short']:.2f} | {run['step_s_long']:.2f} | "
         f"{run.get('tokens_short', 0):.1f} / {run.get('tokens_long', 0):.1f} | "
-        f"{100 * run['idle'][0]:.0f}% | {100 * run['idle'][1]:.0f}% | {run['moves']} |"
+        f"{100 * run['idle'][0]:.0f}% | {100 * run['idle'][1]:.0f}% | {run['moves']} | "
+        f"{_percent(run.get('steal'))} |"
         for run in runs.values()
     ]
+    lines += [
+        "",
+        "CPU stolen: the share of the machine's CPU time that its hypervisor gave to other "
+        "guests during the compared steps (`steal` in /proc/stat, weighted by step time); "
+        "a step run while it was high ran on a slower machine.",
+    ]
     return lines
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
 
 
 def _projection_table(rows: list[dict]) -> list[str]:
@@ -599,10 +640,16 @@ def _reading(runs: dict, args) -> str:
         if beat_ceiling
         else ""
     )
-    # a gain beyond what the choice of plan can give is not evidence for the target
+    # a gain beyond what the choice of plan can give is not evidence for the target, nor is
+    # one between runs of which the hypervisor took different shares of the CPU
+    spread = _steal_spread([adaptive, best, best_short, best_long])
     verdict = "not met"
     if gain >= 0.15:
-        verdict = "not shown: the gain exceeds the ceiling" if beat_ceiling else "met"
+        verdict = "met"
+        if beat_ceiling:
+            verdict = "not shown: the gain exceeds the ceiling"
+        elif spread >= STEAL_SPREAD_MAX:
+            verdict = f"not shown: the compared runs' stolen CPU time differs by {_percent(spread)}"
     return (
         f"Reading (measured, after {args.warmup} warm-up steps): best static plan "
         f"{best['label']} {_steady_s(best):.1f} s; runtime re-placement "
@@ -625,6 +672,26 @@ def _reading(runs: dict, args) -> str:
         + " Over any mix of these short and long steps, free moves would gain at most "
         f"{100 * (_mix_ceiling(static.values()) - 1):.0f}% over the best static plan for that mix."
         + under
+        + _steal_note(static, best, adaptive)
+    )
+
+
+def _steal_spread(runs: list[dict]) -> float:
+    """How far apart the stolen CPU shares of `runs` lie (0 where fewer than two recorded one)."""
+    shares = [run["steal"] for run in runs if run.get("steal") is not None]
+    return max(shares) - min(shares) if len(shares) > 1 else 0.0
+
+
+def _steal_note(static: dict, best: dict, adaptive: dict) -> str:
+    """How much CPU time the hypervisor took during the compared runs, when they recorded it."""
+    shares = [run.get("steal") for run in static.values()]
+    if adaptive.get("steal") is None or None in shares:
+        return ""  # a run stored before steal was recorded, or a kernel that does not count it
+    return (
+        f" The hypervisor took {_percent(adaptive['steal'])} of the machine's CPU time during "
+        f"the re-placement run's compared steps and {_percent(best['steal'])} during "
+        f"{best['label']}'s ({_percent(min(shares))} to {_percent(max(shares))} over the "
+        "static runs)."
     )
 
 

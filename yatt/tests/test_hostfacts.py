@@ -2,7 +2,7 @@
 
 import re
 
-from yatt.common.hostfacts import cpu_model, describe, git_commit, host_facts
+from yatt.common.hostfacts import StealMeter, cpu_model, describe, git_commit, host_facts
 
 
 def test_host_facts_name_the_machine_versions_and_commit():
@@ -29,3 +29,23 @@ def test_describe_says_what_a_run_stored_and_nothing_it_did_not():
     assert f"commit {facts['git_commit']}" in text and "load average" in text
     assert describe({"git_commit": "abc1234"}) == " Host: commit abc1234."
     assert describe(None) == describe({}) == ""  # a run stored before the facts were
+
+
+def test_steal_meter_reads_the_share_of_cpu_time_the_hypervisor_took(tmp_path):
+    stat = tmp_path / "stat"
+    #                user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3\n")
+    meter = StealMeter(stat)
+    stat.write_text("cpu  160 0 70 900 0 0 0 70 0 0\ncpu0 1 2 3\n")
+    assert meter.lap() == 20 / 200  # 20 of the 200 ticks since the first reading
+    assert meter.lap() is None  # no tick since the last reading
+    stat.write_text("cpu  1 2 3\n")  # a kernel without the steal field
+    assert meter.lap() is None
+    assert StealMeter(tmp_path / "absent").lap() is None
+
+
+def test_steal_meter_reads_this_machine():
+    meter = StealMeter()
+    sum(range(3_000_000))  # let some ticks pass
+    share = meter.lap()
+    assert share is None or 0.0 <= share <= 1.0

@@ -62,15 +62,15 @@ def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_sc
     bench = bench_script("placement")
     args = SimpleNamespace(steps=6, shift=4, warmup=2)
     # static: a slow start, then 1 s short and 3 s long steps
-    static = bench._summarise("colocate(2)", _run([9, 5, 1, 1, 3, 3]), 4, 2)
+    static = bench._summarise("colocate(2)", _run([9, 5, 1, 1, 3, 3]), 4, 2, {})
     assert static["steady_s"] == 1 + 1 + 3 + 3
     assert static["step_s_short"] == 1.0 and static["step_s_long"] == 3.0
     assert static["wall_s"] == 22
     # re-placement: a faster start, a 0.5 s move before the first long step, then 2 s steps
-    moved = bench._summarise("runtime re-placement", _run([2, 1, 1, 1, 2, 2], 4, 0.5), 4, 2)
+    moved = bench._summarise("runtime re-placement", _run([2, 1, 1, 1, 2, 2], 4, 0.5), 4, 2, {})
     assert moved["steady_s"] == 1 + 1 + 0.5 + 2 + 2 and moved["moves"] == 1
     # a second static plan, as fast over the run: 2 s short and long steps
-    other = bench._summarise("disaggregated(sampler=1/2)", _run([9, 5, 2, 2, 2, 2]), 4, 2)
+    other = bench._summarise("disaggregated(sampler=1/2)", _run([9, 5, 2, 2, 2, 2]), 4, 2, {})
     runs = {"colocate": static, "disaggregated": other}
     reading = bench._reading(runs | {"adaptive": moved}, args)
     gain = static["steady_s"] / moved["steady_s"] - 1
@@ -79,11 +79,51 @@ def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_sc
     assert "under that ceiling" not in reading  # 6.5 s against a 1 + 1 + 2 + 2 = 6 s ceiling
     assert "target >= +15% met" in reading  # +23%, within what the choice of plan gives
     # a re-placement run whose steps beat every static run's is flagged as variation
-    lucky = bench._summarise("runtime re-placement", _run([2, 1, 0.5, 0.5, 2, 2], 4, 0.1), 4, 2)
+    lucky = bench._summarise("runtime re-placement", _run([2, 1, 0.5, 0.5, 2, 2], 4, 0.1), 4, 2, {})
     reading = bench._reading(runs | {"adaptive": lucky}, args)
     assert "under that ceiling" in reading and "short 0.50 vs 1.00 s" in reading, reading
     # and its gain is no evidence for the target, however large
     assert "target >= +15% not shown: the gain exceeds the ceiling" in reading, reading
+    assert "hypervisor" not in reading  # these runs recorded no steal
+
+
+def test_the_cpu_time_the_hypervisor_took_is_weighted_by_step_and_reported(bench_script):
+    bench = bench_script("placement")
+    args = SimpleNamespace(steps=6, shift=4, warmup=2)
+    # steal by logged step (from 1); the 2 warm-up steps' shares are left out of the mean
+    steal = {1: 0.9, 2: 0.9, 3: 0.1, 4: 0.1, 5: 0.5, 6: 0.5}
+    static = bench._summarise("colocate(2)", _run([9, 5, 1, 1, 3, 3]), 4, 2, steal)
+    assert abs(static["steal"] - (0.1 + 0.1 + 0.5 * 3 + 0.5 * 3) / 8) < 1e-9, static["steal"]
+    assert static["steal_steps"] == [0.9, 0.9, 0.1, 0.1, 0.5, 0.5]
+    unknown = bench._summarise("disaggregated(sampler=1/2)", _run([9, 5, 2, 2, 2, 2]), 4, 2,
+                               {3: None, 4: None})  # fmt: skip
+    assert unknown["steal"] is None  # a kernel that does not count steal
+    moved = bench._summarise("runtime re-placement", _run([2, 1, 1, 1, 2, 2], 4, 0.5), 4, 2,
+                             dict.fromkeys(range(1, 7), 0.02))  # fmt: skip
+    table = "\n".join(bench._runs_table({"colocate": static, "adaptive": moved}, 2))
+    assert "| 0 | 40% |" in table and "| 1 | 2% |" in table, table
+    other = bench._summarise("disaggregated(sampler=1/2)", _run([9, 5, 2, 2, 2, 2]), 4, 2,
+                             dict.fromkeys(range(1, 7), 0.4))  # fmt: skip
+    runs = {"colocate": static, "disaggregated": other, "adaptive": moved}
+    reading = bench._reading(runs, args)
+    assert "took 2% of the machine's CPU time during the re-placement run" in reading, reading
+    assert "40% during colocate(2)'s (40% to 40% over the static runs)" in reading, reading
+    # +23% at 2% stolen against 40% stolen is no evidence for the target
+    assert "target >= +15% not shown: the compared runs' stolen CPU time differs by 38%" in (
+        reading
+    ), reading
+    # within 5 points of each other, the runs are compared
+    even = dict.fromkeys(range(1, 7), 0.05)
+    runs_even = {
+        "colocate": bench._summarise("colocate(2)", _run([9, 5, 1, 1, 3, 3]), 4, 2, even),
+        "disaggregated": bench._summarise(
+            "disaggregated(sampler=1/2)", _run([9, 5, 2, 2, 2, 2]), 4, 2, even
+        ),
+        "adaptive": moved,
+    }
+    assert "target >= +15% met" in bench._reading(runs_even, args)
+    # a static run without the figure: no comparison is claimed
+    assert "hypervisor" not in bench._reading(runs | {"disaggregated": unknown}, args)
 
 
 def test_a_timed_update_runs_on_a_real_worker(bench_script):

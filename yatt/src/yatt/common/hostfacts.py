@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_model", "describe", "git_commit", "host_facts"]
+__all__ = ["StealMeter", "cpu_model", "describe", "git_commit", "host_facts"]
 
 _REPO = Path(__file__).resolve().parents[4]  # yatt/src/yatt/common -> the repository
 
@@ -62,6 +62,39 @@ def host_facts() -> dict[str, Any]:
         "git_commit": git_commit(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _cpu_ticks(path: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(stolen, all) clock ticks of the machine's CPUs since boot, from the first line of
+    ``/proc/stat`` (user nice system idle iowait irq softirq steal ...; guest time is already
+    inside user); None where there is no such file or it has no steal field."""
+    try:
+        fields = path.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(f) for f in fields[1:9]]
+    return ticks[7], sum(ticks)
+
+
+class StealMeter:
+    """The share of this machine's CPU time that its hypervisor gave to other guests
+    ("steal" in ``/proc/stat``) between readings. On a shared virtual machine a burst of
+    steal slows whatever runs then, so a bench records it beside each measured window: two
+    runs compared at different steal are not compared on the same machine. ``lap`` returns
+    the share since the previous reading (None where the kernel does not count steal)."""
+
+    def __init__(self, path: Path = Path("/proc/stat")) -> None:
+        self._path = path
+        self._last = _cpu_ticks(path)
+
+    def lap(self) -> float | None:
+        now = _cpu_ticks(self._path)
+        last, self._last = self._last, now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return (now[0] - last[0]) / (now[1] - last[1])
 
 
 def describe(host: dict[str, Any] | None) -> str:
