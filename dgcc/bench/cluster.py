@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -72,6 +73,19 @@ def host() -> dict[str, Any]:
     }
 
 
+def load_note(facts: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """How busy the host was: its 1-minute load average at the start and, where the runs
+    counted it, the range of the share of their windows' CPU time the hypervisor took."""
+    note = f"1-minute load average {facts['load_average_1m_at_start']:.1f} at the start"
+    stolen = [r["metrics"].get("host/cpu_stolen", math.nan) for r in records]
+    stolen = [share for share in stolen if not math.isnan(share)]
+    if stolen:
+        low, high = f"{min(stolen):.0%}", f"{max(stolen):.0%}"
+        took = low if low == high else f"{low} to {high}"
+        note += f"; the hypervisor took {took} of the CPU time of the measured windows"
+    return note
+
+
 def _paired(records: list[dict[str, Any]], metric: str) -> list[float]:
     """Per scaling round: 2-node over 1-node ``metric``."""
     ratios = []
@@ -103,8 +117,8 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         "",
         f"Real node processes on loopback, one closed-loop client process per node with "
         f"{args.inflight} calls in flight, {args.warmup_s:g} s warm-up then a {args.seconds:g} s "
-        f"window; {facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
-        f"{facts['load_average_1m_at_start']:.1f} at the start), event loop "
+        f"window; {facts['cpus']} CPUs shared by nodes and clients "
+        f"({load_note(facts, records)}), event loop "
         f"{'uvloop' if facts.get('uvloop') else 'asyncio'}; commit {facts['git_commit']}, "
         "`python -O dgcc/bench/cluster.py`. "
         "`std` = the workload's own mix (TPC-C: 1% remote supply per line, 15% remote paying "

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cluster import host  # dgcc/bench/cluster.py, next to this script
+from cluster import host, load_note  # dgcc/bench/cluster.py, next to this script
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -244,8 +244,8 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         f"(one rule for all: a protocol's sweep at a point stops once {SWEEP_PATIENCE} runs in "
         f"a row fall below {SWEEP_DROP:.0%} of its best so far, past its peak)"
         f"{_rerun_text(args.repeats)}. "
-        f"{facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
-        f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}. "
+        f"{facts['cpus']} CPUs shared by nodes and clients ({load_note(facts, records)}), "
+        f"commit {facts['git_commit']}. "
         "2PL and OCC coordinate at the called node with two-phase commit and retry "
         f"concurrency-control aborts, up to {ATTEMPTS_MAX} attempts a call, after a random backoff "
         f"of up to {BACKOFF_S_MIN * 1000:g} ms doubling to {BACKOFF_S_MAX * 1000:g} ms; `cc "

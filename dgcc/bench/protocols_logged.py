@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import protocols  # dgcc/bench/protocols.py, next to this script: scenarios, data, run configs
-from cluster import host  # dgcc/bench/cluster.py, next to this script
+from cluster import host, load_note  # dgcc/bench/cluster.py, next to this script
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -197,6 +197,7 @@ def markdown(
     pairs: dict[Key, dict[str, list[dict[str, Any]]]], facts: dict[str, Any], how: str
 ) -> str:
     first = next(iter(pairs.values()))
+    runs = [run for pair in pairs.values() for side in pair.values() for run in side]
     seconds, rounds = first["logged"][0]["config"]["seconds"], len(first["logged"])
     lines = [
         "## Logging overhead of every protocol (`dgcc/bench/protocols_logged.py`)",
@@ -221,8 +222,8 @@ def markdown(
         "before voting yes and the commit decision before sending commit; a one-node "
         "transaction forces one commit record with its images, releasing its locks first; "
         "records are grouped (one write and one fsync per flush, as many records as are "
-        f"ready). {facts['cpus']} CPUs shared by nodes and clients (1-minute load average "
-        f"{facts['load_average_1m_at_start']:.1f} at the start), commit {facts['git_commit']}.",
+        f"ready). {facts['cpus']} CPUs shared by nodes and clients "
+        f"({load_note(facts, runs)}), commit {facts['git_commit']}.",
         "",
         "| scenario | protocol | inflight no log / logged | commits/s no log | commits/s logged "
         "| overhead | overhead round by round "

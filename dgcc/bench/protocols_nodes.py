@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import protocols  # dgcc/bench/protocols.py, next to this script: scenarios, data, the rule
-from cluster import host  # dgcc/bench/cluster.py, next to this script
+from cluster import host, load_note  # dgcc/bench/cluster.py, next to this script
 from rich.console import Console
 from rich.table import Table
 
@@ -140,8 +140,7 @@ def markdown(best: dict[Key, dict[str, Any]], ran: list[str], facts: dict, args)
         + "Every process shares this host's "
         f"{facts['cpus']} CPUs, so more nodes bring no more CPU: the columns show what "
         "distribution costs each protocol, not scale-out. Commit "
-        f"{facts['git_commit']}, 1-minute load average {facts['load_average_1m_at_start']:.1f} "
-        "at the start.",
+        f"{facts['git_commit']}; {load_note(facts, list(best.values()))}.",
         "",
         "With 1 node no value crosses nodes, so the Calvin node runs DistDGCC's own schedule "
         "(it builds its lock graph only for epochs where values cross): there the two run the "

@@ -56,8 +56,21 @@ def test_table_and_plot(bench: ModuleType, tmp_path: Path) -> None:
         "| tpcc-1wh | 1 | 900 (100) | 600 (100) | 300 (100) | 1.50x (calvin) |",
         "| tpcc-1wh | 2 | 600 (100) | 300 (100) | 50 (100) | 2.00x (calvin) |",
     ]
+    assert "1-minute load average 0.5 at the start." in text  # the runs counted no steal
     bench.plot(_best(), ran, tmp_path / "nodes.png")
     assert (tmp_path / "nodes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_says_how_much_cpu_time_the_hypervisor_took(bench: ModuleType) -> None:
+    args = argparse.Namespace(nodes=(1, 2), warmup_s=1.0, seconds=3.0, inflight=[25], repeats=1)
+    best = _best()
+    for share, record in zip((0.02, 0.07, 0.04), best.values(), strict=False):
+        record["metrics"]["host/cpu_stolen"] = share
+    text = bench.markdown(best, ["dgcc", "calvin", "wait_die"], FACTS, args)
+    assert (
+        "1-minute load average 0.5 at the start; the hypervisor took 2% to 7% of the CPU time "
+        "of the measured windows." in text
+    ), text
 
 
 @pytest.mark.parametrize("text", ["", "0,2", "x"])

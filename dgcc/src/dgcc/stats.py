@@ -1,8 +1,11 @@
-"""Latency statistics shared by the in-process, cluster and PostgreSQL benchmarks."""
+"""Statistics shared by the in-process, cluster and PostgreSQL benchmarks: latency
+percentiles, and the host's CPU ticks that tell how much of a window a hypervisor took."""
 
 from __future__ import annotations
 
-__all__ = ["percentile"]
+from pathlib import Path
+
+__all__ = ["host_ticks", "percentile"]
 
 
 def percentile(sorted_values: list[float], fraction: float, empty: float = 0.0) -> float:
@@ -11,3 +14,17 @@ def percentile(sorted_values: list[float], fraction: float, empty: float = 0.0) 
     if not sorted_values:
         return empty
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+
+
+def host_ticks(stat: Path = Path("/proc/stat")) -> dict[str, float]:
+    """This machine's CPU clock ticks since boot: ``host/ticks`` in all and ``host/stolen_ticks``
+    (steal: ticks its CPUs wanted to run while the hypervisor ran other guests), from the first
+    line of ``/proc/stat``; empty where that file or its steal field is missing."""
+    try:
+        head = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return {}
+    if head[:1] != ["cpu"] or len(head) < 9 or not all(t.isdigit() for t in head[1:9]):
+        return {}
+    ticks = [int(field) for field in head[1:9]]
+    return {"host/ticks": float(sum(ticks)), "host/stolen_ticks": float(ticks[7])}

@@ -41,7 +41,7 @@ from dgcc.cluster import ClusterConfig, load_config, local_config
 from dgcc.errors import ConfigError
 from dgcc.local_cluster import check, last_log_line, spawn_into, start_local, wait_ready_lines
 from dgcc.net.wire import run_async
-from dgcc.stats import percentile
+from dgcc.stats import host_ticks, percentile
 from dgcc.workloads import get_workload
 from dgcc.workloads.tpcc.schema import MIX_STANDARD
 from dgcc.workloads.ycsb import ZipfianGenerator
@@ -398,7 +398,7 @@ class ClusterBenchConfig:
 def _snapshot(config: ClusterConfig) -> dict[str, float]:
     from dgcc.local_cluster import status
 
-    total: dict[str, float] = {}
+    total: dict[str, float] = host_ticks()  # (the host's, once: not summed over nodes)
     for entry in status(config, timeout_s=30):
         if "error" in entry and "ready" not in entry:
             raise ConfigError(f"node {entry['id']} is down: {entry['error']}")
@@ -524,6 +524,12 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
         "node/wait_values_s_per_s": delta["timing_s/wait_values"] / bench.seconds / bench.nodes,
         "client/cpu_s_per_s": sum(r["cpu_s"] for r in results) / bench.seconds / bench.nodes,
         "txn/commits_per_node_cpu_s": counts["committed"] / max(1e-9, delta["timing_s/cpu"]),
+        # the share of the window's CPU time the hypervisor gave other guests (NaN: not counted)
+        "host/cpu_stolen": (
+            delta["host/stolen_ticks"] / delta["host/ticks"]
+            if "host/ticks" in before and delta.get("host/ticks", 0) > 0
+            else float("nan")
+        ),
     }
     from dgcc.bench import git_commit, host_facts
 
