@@ -1,6 +1,7 @@
 """The controllers on the in-process backend (one device, no Ray): both modes agree, the
 distributed entry point writes its outputs, and bad splits are refused."""
 
+import dataclasses
 import json
 import sys
 
@@ -9,6 +10,8 @@ import torch
 
 from yatt.config import load_config
 from yatt.control import ControlConfig, fit_distributed, make_controller
+from yatt.control.config import driver_scores
+from yatt.control.run import recorded_config
 from yatt.errors import ConfigError
 
 OVERRIDES = ["train.steps=2", "algo.prompts_per_step=2", "rollout.n_samples=4", "optim.lr=1e-3",
@@ -59,6 +62,60 @@ def test_single_and_parallel_modes_agree_in_process():
     assert 0 < row["control/sampler_gen_s"] <= row["timing_s/gen"]
     rate = row["control/gen_tokens"] / row["control/sampler_gen_s"]
     assert row["perf/gen_tokens_per_s"] == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("placement", ["colocate", "disaggregated"])
+def test_a_reward_model_scores_on_the_workers_in_both_modes(tmp_path, placement):
+    """A single controller scores rule rewards on its driver, but not a reward model: that runs
+    where the placement puts the reward role (verl's reward-model worker group), not on the
+    driver's CPU; both modes then score and train alike."""
+    from yatt.heads import ScalarHeadModel
+    from yatt.models import tiny_model
+
+    backbone, tokenizer = tiny_model(seed=5)
+    ScalarHeadModel.from_causal_lm(backbone).save(tmp_path / "rm", tokenizer)
+    config = load_config("tiny_test", [*OVERRIDES, f"reward.model_path={tmp_path / 'rm'}"])
+    split = {"n_devices": 2, "n_sampler": 1} if placement == "disaggregated" else {}
+    results = {}
+    for mode in ("single", "parallel"):
+        controller = make_controller(config, _control(mode=mode, placement=placement, **split))
+        assert controller.cluster.reward_for(0).worker.reward is not None, mode
+        if mode == "single":
+            assert controller.reward is None  # the driver loaded no reward model
+        run = controller.fit()
+        results[mode] = (run.history[-1], controller.weights())
+        controller.close()
+    (single, single_w), (parallel, parallel_w) = results["single"], results["parallel"]
+    assert single["reward/reward_model/mean"] == parallel["reward/reward_model/mean"]
+    assert single["critic/score/max"] > single["critic/score/min"]  # real, varying scores
+    assert all(torch.equal(single_w[k], parallel_w[k]) for k in single_w)
+
+
+def test_who_scores_in_each_mode():
+    """The driver scores only a single controller's rule rewards. Runtime re-placement runs
+    parallel controllers whatever control.mode says, so its workers score (they once built no
+    reward role under mode=single and the run failed at its first reward)."""
+    config = load_config("tiny_test", OVERRIDES)
+    assert driver_scores(config, _control(mode="single"))
+    assert not driver_scores(config, _control(mode="parallel"))
+    model = dataclasses.replace(config, reward=dataclasses.replace(config.reward, model_path="rm"))
+    assert not driver_scores(model, _control(mode="single"))
+    adaptive = make_controller(config, _control(mode="single", replace_every=1))
+    try:
+        assert adaptive.fit().history[-1]["critic/score/mean"] >= 0
+    finally:
+        adaptive.close()
+
+
+def test_a_run_folder_records_the_ray_controller_that_ran():
+    """fit_distributed's config.yaml names the Ray ControlConfig a Python caller passed, not
+    the config's default; an in-process one is no loadable config (control.json names it)."""
+    config = load_config("tiny_test", OVERRIDES)
+    ray_control = ControlConfig(backend="ray", n_devices=2, device_kind="cpu",
+                                placement="disaggregated", n_sampler=1)  # fmt: skip
+    recorded = recorded_config(config, ray_control)
+    assert recorded.control == ray_control and recorded.model == config.model
+    assert recorded_config(config, _control()) is config
 
 
 def test_the_overlong_penalty_shapes_rewards_alike_in_both_modes():

@@ -187,6 +187,15 @@ def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
     return budget
 
 
+def driver_scores(config, control: ControlConfig) -> bool:
+    """Whether the driver scores the rollouts: a single controller does with rule rewards, as
+    verl's reward manager does; a reward model runs on the reward workers in every mode (on
+    the devices the placement gives the reward role, as verl's reward-model worker group).
+    Runtime re-placement runs parallel controllers whatever `control.mode` says."""
+    single = control.mode == "single" and not control.replace_every
+    return single and not config.reward.model_path
+
+
 def make_reward_role(config, control: ControlConfig):
     """The RewardRole of `config.reward` plus `control.extra_rewards`."""
     from yatt.roles.reward import RewardRole

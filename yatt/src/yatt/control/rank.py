@@ -23,7 +23,7 @@ import torch
 
 from yatt.algos.kl import kl_mean
 from yatt.config import Config
-from yatt.control.config import ControlConfig, make_reward_role
+from yatt.control.config import ControlConfig, driver_scores, make_reward_role
 from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
@@ -187,9 +187,7 @@ class RankWorker:
             assert kept is None or has_lora(model), "re-placement with a KL term needs LoRA"
             self.reference = self._build_reference(model)
         self.rollout = self._build_rollout(model) if "sampler" in self.roles else None
-        # a single controller scores on its driver: its workers' reward roles would go unused
-        # (a reward model loaded on each of them for nothing)
-        scores = "reward" in self.roles and control.mode != "single"
+        scores = "reward" in self.roles and not driver_scores(config, control)
         self.reward = make_reward_role(config, control) if scores else None
         self.weights_version = 0
         self.sampler: Any = None  # handles used in parallel mode (None = this worker)

@@ -3,6 +3,7 @@ JSONL, a per-device timeline PNG and the controller's memory and data-movement n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -105,7 +106,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         if claim.previous:  # logging.overwrite: the rewards work before the previous run goes
             _try_rewards_once(config)
         claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
-        save_config(config, run_dir)
+        save_config(recorded_config(config, control), run_dir)
         warn_if_nothing_kept(config)
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
@@ -129,7 +130,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         n_devices = len(controller.cluster.devices)
         if config.checkpoint.at_end:
             saved = controller.save_policy(run_dir / MODEL_FOLDER)
-            save_config(config, saved / "config.yaml")
+            save_config(recorded_config(config, control), saved / "config.yaml")
             logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
     finally:
         controller.close()
@@ -146,6 +147,16 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         result.bytes_moved,
     )
     return result
+
+
+def recorded_config(config: Config, control: ControlConfig) -> Config:
+    """The config a run folder records: with the Ray controllers, the `control` that ran (a
+    Python caller may pass one apart from `config.control`). An in-process ControlConfig is
+    no config a run could load (`control.*` settings need control.backend=ray), so the folder
+    keeps `config` as given and `control.json` names the controller."""
+    if control.backend != "ray":
+        return config
+    return dataclasses.replace(config, control=control)
 
 
 def settings_label(control: ControlConfig, n_devices: int) -> str:

@@ -1,6 +1,7 @@
 """Single controller (verl's HybridFlow driver): one process moves all the data.
 
-The driver plans the step, collects every shard from the samplers and scores it (over-dispatch,
+The driver plans the step, collects every shard from the samplers and scores it (rule rewards
+on the driver; a reward model on the reward workers, each shard sent there and back; over-dispatch,
 aborts and DAPO refills run here, per data-parallel group, as in async_rollout.py),
 concatenates them into the global batch (with every sample's features), computes advantages
 on it, splits it back and sends each policy rank its shard, then relays weights from rank 0 to
@@ -27,7 +28,7 @@ from yatt.control.async_rollout import (
     reward_means,
 )
 from yatt.control.cluster import Cluster, build_cluster
-from yatt.control.config import ControlConfig, make_reward_role
+from yatt.control.config import ControlConfig, driver_scores, make_reward_role
 from yatt.control.controller import Controller
 from yatt.control.rank import effective_staleness, sample_version
 from yatt.control.shards import (
@@ -54,7 +55,7 @@ class SingleController(Controller):
 
     def __init__(self, config: Config, control: ControlConfig, cluster: Cluster | None = None):
         super().__init__(config, control, cluster or build_cluster(config, control))
-        self.reward = make_reward_role(config, control)
+        self.reward = make_reward_role(config, control) if driver_scores(config, control) else None
         self.n_ranks = len(self.cluster.ranks)
         separate = self.cluster.samplers is not None
         self.staleness = effective_staleness(control) if separate else 0
@@ -72,6 +73,8 @@ class SingleController(Controller):
         return self.cluster.sampler_for(request.rank).submit("generate", request, version)
 
     def _score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.reward is None:  # a reward model, on its workers' devices
+            return self.cluster.reward_for(shard.rank).call("score", shard)
         rewards, metrics = self.reward.score(shard.batch)  # on the driver, as verl's manager
         return rewards, self.reward.summable_metrics(metrics)
 
