@@ -51,8 +51,9 @@ def _cell(mode: str, groups: int, payloads: list[int], steps: int) -> list[dict]
     from yatt.control.parallel import ParallelController, ParallelRank
     from yatt.control.rank import peak_rss_mb
     from yatt.control.single import SingleController
+    from yatt.control.workers import init_ray
 
-    ray.init(num_cpus=groups, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_ray(groups)
     config = load_config(
         None,
         [*OVERRIDES, f"train.steps={steps}", f"algo.prompts_per_step={PROMPTS_PER_GROUP * groups}"],

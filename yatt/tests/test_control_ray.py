@@ -12,6 +12,7 @@ from yatt.control.cluster import build_cluster
 from yatt.control.config import ControlConfig
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.single import SingleController
+from yatt.control.workers import init_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ray = pytest.importorskip("ray")
@@ -35,7 +36,7 @@ REWARD = ("yatt.control.workload:char_mix_reward",)
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_ray(2)
     yield
     ray.shutdown()
 

@@ -261,6 +261,31 @@ class InProcessBackend(Backend):
         return _LocalHandle(cls(*args), device, name)
 
 
+class _QuietAuthDefault(logging.Filter):
+    """Drops Ray's note that token authentication is on by default, printed at every start of
+    a local instance; the setting itself stays as Ray chose it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this")
+
+
+def init_ray(num_cpus: int, num_gpus: int = 0) -> None:
+    """Start a local Ray instance for this process's workers: no dashboard, the workers' output
+    kept out of the driver's, the driver's logging left as it is, less Ray's note on its
+    default token authentication (which stays on)."""
+    import ray
+
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _QuietAuthDefault) for f in auth_log.filters):
+        auth_log.addFilter(_QuietAuthDefault())
+    try:
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)  # fmt: skip
+    except BaseException:  # Ctrl-C mid-start: stop the processes it started so far
+        ray.shutdown()
+        raise
+
+
 class RayBackend(Backend):
     """Workers are Ray actors on the bundles of one placement group (one bundle per device)."""
 
@@ -271,18 +296,7 @@ class RayBackend(Backend):
         from ray.util.placement_group import placement_group
 
         if not ray.is_initialized():
-            n_gpus = sum(d.kind == "cuda" for d in devices)
-            try:
-                ray.init(
-                    num_cpus=len(devices),
-                    num_gpus=n_gpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-            except BaseException:  # Ctrl-C mid-start: stop the processes it started so far
-                ray.shutdown()
-                raise
+            init_ray(len(devices), sum(d.kind == "cuda" for d in devices))
         self.devices = devices
         self.group = placement_group([d.ray_bundle() for d in devices], strategy="PACK")
         ray.get(self.group.ready(), timeout=120)
