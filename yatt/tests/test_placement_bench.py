@@ -87,6 +87,22 @@ def test_warm_up_steps_are_left_out_of_the_comparison_and_moves_are_not(bench_sc
     assert "hypervisor" not in reading  # these runs recorded no steal
 
 
+def test_each_logged_step_gets_the_steal_of_its_window(bench_script, monkeypatch):
+    import yatt.common.hostfacts as hostfacts
+
+    bench = bench_script("placement")
+    laps = iter([0.1, 0.2, 0.3])
+    monkeypatch.setattr(hostfacts.StealMeter, "lap", lambda self: next(laps))
+
+    class Controller:
+        def fit(self, progress):
+            for step in range(1, 4):  # Controller.fit's progress: logged steps from 1
+                progress(step, 3, {})
+            return "run"
+
+    assert bench._fit(Controller()) == ("run", {1: 0.1, 2: 0.2, 3: 0.3})
+
+
 def test_the_cpu_time_the_hypervisor_took_is_weighted_by_step_and_reported(bench_script):
     bench = bench_script("placement")
     args = SimpleNamespace(steps=6, shift=4, warmup=2)
@@ -109,7 +125,7 @@ def test_the_cpu_time_the_hypervisor_took_is_weighted_by_step_and_reported(bench
     assert "took 2% of the machine's CPU time during the re-placement run" in reading, reading
     assert "40% during colocate(2)'s (40% to 40% over the static runs)" in reading, reading
     # +23% at 2% stolen against 40% stolen is no evidence for the target
-    assert "target >= +15% not shown: the compared runs' stolen CPU time differs by 38%" in (
+    assert "target >= +15% not shown: the compared runs' stolen CPU time differs by 38 points" in (
         reading
     ), reading
     # within 5 points of each other, the runs are compared

@@ -72,7 +72,7 @@ def _cpu_ticks(path: Path = Path("/proc/stat")) -> tuple[int, int] | None:
         fields = path.read_text().split("\n", 1)[0].split()
     except OSError:
         return None
-    if len(fields) < 9 or fields[0] != "cpu":
+    if len(fields) < 9 or fields[0] != "cpu" or not all(f.isdigit() for f in fields[1:9]):
         return None
     ticks = [int(f) for f in fields[1:9]]
     return ticks[7], sum(ticks)
