@@ -41,6 +41,21 @@ def ray_session():
     ray.shutdown()
 
 
+def test_cpu_workers_keep_the_memory_a_step_frees(ray_session):
+    """Ray's processes start with the malloc settings that keep freed memory for reuse; the
+    driver's own environment is left as it was (its later children do not inherit them)."""
+    import os
+
+    from yatt.control.workers import CPU_WORKER_MALLOC
+
+    @ray.remote(num_cpus=0)
+    def malloc_settings() -> dict:
+        return {key: os.environ.get(key) for key in CPU_WORKER_MALLOC}
+
+    assert ray.get(malloc_settings.remote()) == CPU_WORKER_MALLOC
+    assert not set(CPU_WORKER_MALLOC) & set(os.environ)
+
+
 # A final held-out eval (each policy rank scores its share of the problems), judged by a user's
 # function by import path: length parity, on which a random tiny model gets a mix of 0 and 1.
 EVAL = ["data.n_heldout=6", "eval.n=6", "eval.at_start=false", "eval.at_end=true",

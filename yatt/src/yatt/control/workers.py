@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -269,21 +270,36 @@ class _QuietAuthDefault(logging.Filter):
         return not record.getMessage().startswith("Token authentication is enabled for this")
 
 
+# glibc malloc settings of CPU workers (read at process start): serve allocations below 4 GiB
+# from the heap and never trim it, so the memory a step frees is reused by the next. With the
+# defaults every allocation above 32 MiB is fresh pages from the kernel, handed back on free:
+# a 135M-parameter CPU update then faults about 300k pages in again each step (0.5 s of kernel
+# time, 10-20% of the update on one core); kept, none, for about 0.7 GiB more resident memory.
+CPU_WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**34)}
+
+
 def init_ray(num_cpus: int, num_gpus: int = 0) -> None:
     """Start a local Ray instance for this process's workers: no dashboard, the workers' output
     kept out of the driver's, the driver's logging left as it is, less Ray's note on its
-    default token authentication (which stays on)."""
+    default token authentication (which stays on). Without GPUs, Ray's processes start with
+    `CPU_WORKER_MALLOC` (unless the environment sets those variables; this process's own
+    environment is left as it was)."""
     import ray
 
     auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _QuietAuthDefault) for f in auth_log.filters):
         auth_log.addFilter(_QuietAuthDefault())
+    added = [] if num_gpus else [key for key in CPU_WORKER_MALLOC if key not in os.environ]
+    os.environ.update({key: CPU_WORKER_MALLOC[key] for key in added})
     try:
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)  # fmt: skip
     except BaseException:  # Ctrl-C mid-start: stop the processes it started so far
         ray.shutdown()
         raise
+    finally:  # the started processes have them; later children of this one do not
+        for key in added:
+            del os.environ[key]
 
 
 class RayBackend(Backend):
