@@ -14,13 +14,17 @@ models ranks: the decode floor does not divide, an update splits its rows). ``--
 LoRA adapters instead of the weights (all-reduce and weight sync move the adapters alone).
 Disaggregated runs are async with bounded staleness ``--staleness`` (generation of step t+1
 overlaps training of step t on the other core); partial colocation samples in sync (its sampler
-core also trains). The model is SmolLM2-135M (``--quick``: a tiny random-init one). On a CPU its
-small-batch decode is memory-bandwidth bound and a 135M-parameter update is partly so: neither runs
-twice as fast on 2 cores (the calibration measures both). The default workload is shaped for a
-flip: with 4-token responses the step is nearly all update, which colocation runs on both cores;
-with 96-token responses decoding on one core takes about as long as the update on the other, and
-overlapping them wins. Sampling ignores EOS (``rollout.ignore_eos``), so every plan decodes exactly
-the same budgets whatever the policy learns. Runs are interleaved ``--repeats`` times and the
+core also trains). The model is SmolLM2-135M (``--quick``: a tiny random-init one). The script
+runs itself again with the Ray CPU workers' malloc settings when it lacks them, so that its
+calibration times the update its workers run. On a CPU its small-batch decode is
+memory-bandwidth bound and a 135M-parameter update is partly so: neither runs twice as fast on 2
+cores (the calibration measures both). The default workload was shaped for a flip: with 4-token
+responses the step is nearly all update, which colocation runs on both cores; with 96-token
+responses decoding on one core takes about as long as the update on the other, and overlapping
+them wins. (Since the workers keep their freed memory, a one-core update no longer faults its
+memory in each step, and on the 2-core host disaggregated wins the short steps too.) Sampling
+ignores EOS (``rollout.ignore_eos``), so every plan decodes exactly the same budgets whatever the
+policy learns. Runs are interleaved ``--repeats`` times and the
 fastest of each plan is kept (the machine is shared). Reported: wall time, step time per phase,
 idle fraction per device (from the recorded phase spans; moves count as idle), the share of the
 CPU time the hypervisor gave to other guests during each run (steal: a gain between runs that
@@ -722,6 +726,17 @@ def _mix_ceiling(static) -> float:
     return max(ratios)
 
 
+def _missing_worker_malloc(environ) -> dict[str, str]:
+    """The Ray CPU workers' malloc settings (`CPU_WORKER_MALLOC`) that `environ` lacks. The
+    calibration times an update in this process for the workers it stands for, which keep
+    their freed memory: without the same settings it measures a slower one-core update (each
+    step faulting its memory in again) and the planner mispredicts plans that train on one
+    core. glibc reads them at process start, so the script runs itself again with them."""
+    from yatt.control.workers import CPU_WORKER_MALLOC
+
+    return {k: v for k, v in CPU_WORKER_MALLOC.items() if environ.get(k) != v}
+
+
 def _suffix(args: argparse.Namespace) -> str:
     """What ``--tag`` appends to the JSON section's and the files' names."""
     return f"_{args.tag}" if args.tag else ""
@@ -823,6 +838,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shift {args.shift} must leave short and long steps in 1..{args.steps}")
     if not 1 <= args.warmup < args.shift:
         parser.error(f"--warmup {args.warmup} must be in 1..{args.shift - 1} (before the jump)")
+    missing = _missing_worker_malloc(os.environ)
+    if argv is None and missing:  # run as a script: again, as the workers run
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **missing})
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)
