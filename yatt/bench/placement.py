@@ -566,8 +566,7 @@ def _runs_table(runs: dict, warmup: int) -> list[str]:
         "",
         "CPU stolen: the share of the machine's CPU time that its hypervisor gave to other "
         "guests during the compared steps (`steal` in /proc/stat, weighted by each step's "
-        "window); "
-        "a step run while it was high ran on a slower machine.",
+        "window); a step run while it was high ran on a slower machine.",
     ]
     return lines
 
@@ -653,14 +652,13 @@ def _reading(runs: dict, args) -> str:
     # a gain beyond what the choice of plan can give is not evidence for the target, nor is
     # one between runs of which the hypervisor took different shares of the CPU (the runs
     # compared: re-placement, the best static plan and the ceiling's per-length bests)
-    spread = _steal_spread([adaptive, best, best_short, best_long])
+    points = round(100 * _steal_spread([adaptive, best, best_short, best_long]))
     verdict = "not met"
     if gain >= 0.15:
         verdict = "met"
         if beat_ceiling:
             verdict = "not shown: the gain exceeds the ceiling"
-        elif round(100 * spread) >= STEAL_SPREAD_POINTS:
-            points = round(100 * spread)
+        elif points >= STEAL_SPREAD_POINTS:
             verdict = f"not shown: the compared runs' stolen CPU time differs by {points} points"
     return (
         f"Reading (measured, after {args.warmup} warm-up steps): best static plan "
