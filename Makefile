@@ -52,6 +52,7 @@ bench: install
 	$(PY) yatt/bench/lora.py --threads 1
 	$(PY) yatt/bench/controllers.py
 	$(PY) yatt/bench/placement.py
+	$(PY) yatt/bench/placement_ceiling.py
 	$(PY) yatt/bench/trl_compare.py --steps 30 --threads 2
 	$(PY) tools/stitch_benchmarks.py
 

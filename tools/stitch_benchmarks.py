@@ -28,6 +28,7 @@ ORDER = [
     "yatt_demo",
     "yatt_control_controllers",
     "yatt_control_placement",
+    "yatt_placement_ceiling",
 ]
 OPTIONAL = {"yatt_gpu", "yatt_demo"}  # written only where a GPU, or the demo's timing, ran
 HEADER = """# Benchmarks

@@ -105,19 +105,22 @@ def _control(args: argparse.Namespace, placement: str, replace_every: int = 0):
     )
 
 
-def _timed_update(worker, budget: int, prompts: int, seed: int) -> float:
-    """Seconds of one policy update on a freshly sampled batch of `prompts` groups."""
+def timed_phases(worker, budget: int, prompts: int, seed: int) -> tuple[float, float]:
+    """Seconds of sampling a batch of `prompts` groups with `budget` response tokens, and of
+    one policy update on it."""
     from yatt.control.shards import ShardRequest, set_advantages
 
     rows = prompts * worker.config.rollout.n_samples
     indices = tuple(range(prompts))
     request = ShardRequest(0, seed, indices, indices, tuple(range(seed, seed + rows)), budget)
+    start_s = time.perf_counter()
     shard = worker.generate(request, worker.weights_version)
+    gen_s = time.perf_counter() - start_s
     shard.batch.rewards, _ = worker.score(shard)
     set_advantages(shard.batch, "grpo", True)
     start_s = time.perf_counter()
     worker.update(shard)
-    return time.perf_counter() - start_s
+    return gen_s, time.perf_counter() - start_s
 
 
 def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, float]:
@@ -152,11 +155,11 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
 
     rows = prompts * config.rollout.n_samples
     one = {"step1": median3(lambda _: step_s(1)), "step_rows": median3(lambda _: step_s(rows))}
-    one["train"] = median3(lambda seed: _timed_update(worker, budget, prompts, seed))
+    one["train"] = median3(lambda seed: timed_phases(worker, budget, prompts, seed)[1])
     worker.reset(config, control, ("policy", "sampler", "reward"), "c", Device("cpu", 0, 2))
     engine = worker.rollout.engine
     two = {"step1": median3(lambda _: step_s(1))}
-    two["train"] = median3(lambda seed: _timed_update(worker, budget, prompts, seed))
+    two["train"] = median3(lambda seed: timed_phases(worker, budget, prompts, seed)[1])
     os.sched_setaffinity(0, affinity)
     torch.set_num_threads(threads)
     per_row = max(one["step_rows"] - one["step1"], 0.0) / max(rows - 1, 1)
@@ -623,6 +626,7 @@ def _reading(runs: dict, args) -> str:
     gain = _steady_s(best) / _steady_s(adaptive) - 1
     idle = sum(adaptive["idle"]) / len(adaptive["idle"])
     flips = best_short["label"] != best_long["label"]
+    plan_steps = [(run["step_s_short"], run["step_s_long"]) for run in static.values()]
     ideal_s = best_short["step_s_short"] * (args.shift - args.warmup)
     ideal_s += best_long["step_s_long"] * (args.steps - args.shift)
     noise = (
@@ -680,7 +684,7 @@ def _reading(runs: dict, args) -> str:
         f"instant, would take about {ideal_s:.0f} s ({100 * (_steady_s(best) / ideal_s - 1):+.0f}%"
         " over the best static plan)."
         + " Over any mix of these short and long steps, free moves would gain at most "
-        f"{100 * (_mix_ceiling(static.values()) - 1):.0f}% over the best static plan for that mix."
+        f"{100 * (mix_ceiling(plan_steps) - 1):.0f}% over the best static plan for that mix."
         + under
         + _steal_note(static, best, adaptive)
     )
@@ -710,11 +714,12 @@ def _steady_s(run: dict) -> float:
     return run.get("steady_s", run["wall_s"])
 
 
-def _mix_ceiling(static) -> float:
+def mix_ceiling(pairs: list[tuple[float, float]]) -> float:
     """The most a free, instant re-placement could gain over the best static plan for any mix
-    of the measured short and long steps: max over the short-step fraction w of
-    min_plan(w * short + (1 - w) * long) / (w * min short + (1 - w) * min long)."""
-    pairs = [(run["step_s_short"], run["step_s_long"]) for run in static]
+    of short and long steps, from each plan's (short step s, long step s): max over the
+    short-step fraction w of min_plan(w * short + (1 - w) * long) / (w * min short + (1 - w) *
+    min long)."""
+    pairs = list(pairs)
     best_short, best_long = min(a for a, _ in pairs), min(b for _, b in pairs)
     ratios = []
     for percent in range(101):

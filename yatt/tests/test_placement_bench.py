@@ -34,12 +34,8 @@ def test_shift_sweep_gains_only_where_the_best_plan_flips_inside_the_run(bench_s
 
 def test_mix_ceiling_is_one_without_a_flip_and_bounds_free_moves_with_one(bench_script):
     bench = bench_script("placement")
-    dominated = [{"step_s_short": 1.0, "step_s_long": 5.0},
-                 {"step_s_short": 2.0, "step_s_long": 6.0}]  # fmt: skip
-    assert bench._mix_ceiling(dominated) == 1.0
-    flipping = [{"step_s_short": 1.0, "step_s_long": 7.0},
-                {"step_s_short": 2.0, "step_s_long": 5.0}]  # fmt: skip
-    ceiling = bench._mix_ceiling(flipping)
+    assert bench.mix_ceiling([(1.0, 5.0), (2.0, 6.0)]) == 1.0  # one plan wins both
+    ceiling = bench.mix_ceiling([(1.0, 7.0), (2.0, 5.0)])
     # the worst mix for static plans is where they tie: w + 7(1 - w) = 2w + 5(1 - w), w = 2/3
     tie = 2 / 3
     expected = (tie * 1 + (1 - tie) * 7) / (tie * 1 + (1 - tie) * 5)
@@ -154,7 +150,8 @@ def test_a_timed_update_runs_on_a_real_worker(bench_script):
     config = load_config("tiny_test", ["rollout.n_samples=2"])
     control = ControlConfig(n_devices=1, device_kind="cpu", extra_rewards=bench.REWARD)
     worker = RankWorker(config, control, Device("cpu", 0), ("policy", "sampler", "reward"), "c")
-    assert bench._timed_update(worker, budget=4, prompts=1, seed=0) > 0
+    gen_s, update_s = bench.timed_phases(worker, budget=4, prompts=1, seed=0)
+    assert gen_s > 0 and update_s > 0
 
 
 def test_the_planner_models_ranks_as_data_parallel_and_threads_as_calibrated(bench_script):
