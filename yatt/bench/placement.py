@@ -22,7 +22,9 @@ cores (the calibration measures both). The default workload was shaped for a fli
 responses the step is nearly all update, which colocation runs on both cores; with 96-token
 responses decoding on one core takes about as long as the update on the other, and overlapping
 them wins. (Since the workers keep their freed memory, a one-core update no longer faults its
-memory in each step, and on the 2-core host disaggregated wins the short steps too.) Sampling
+memory in each step, and on the 2-core host disaggregated wins the short steps too;
+``placement_ceiling.py`` measures, before such a run, which workload shapes could flip on a
+machine and by how much.) Sampling
 ignores EOS (``rollout.ignore_eos``), so every plan decodes exactly the same budgets whatever the
 policy learns. Runs are interleaved ``--repeats`` times and the
 fastest of each plan is kept (the machine is shared). Reported: wall time, step time per phase,
