@@ -477,3 +477,31 @@ def test_a_batch_scorers_declared_counts_add_up_over_every_scoring_call(tmp_path
             assert row["row_counter/rows"] == row["control/scored_rows"] > 0, mode
             assert row["reward/row_counter/mean"] == pytest.approx(0.5)
             assert "row_counter/other" not in row  # undeclared: ranks could disagree on it
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reused"),
+    [([], True), (["model.lora_rank=4", "algo.kl_coef=0.1"], True), (["algo.kl_coef=0.1"], False)],
+    ids=["full", "lora-kl", "full-kl"],
+)
+def test_new_roles_keep_the_processs_module_unless_a_reference_is_copied_from_it(overrides, reused):
+    """A process that takes on other roles in a move keeps its module (the move's hand-over
+    sets its weights; no load from disk), freed of a former policy's gradients; it loads the
+    model afresh under another config, or where a KL reference must be a copy of the initial
+    weights (without LoRA; with LoRA the reference is the base with the adapters off)."""
+    from yatt.control.devices import Device
+    from yatt.control.rank import RankWorker
+
+    config = load_config("tiny_test", ["rollout.n_samples=2", *overrides])
+    control = ControlConfig(n_devices=1, device_kind="cpu")
+    worker = RankWorker(config, control, Device("cpu", 0), ("policy", "sampler", "reward"), "c")
+    module = worker.model
+    for param in module.parameters():
+        param.grad = torch.ones_like(param) if param.requires_grad else None
+    worker.reset(config, control, ("sampler", "reward"), "sampler0")
+    assert (worker.model is module) == reused
+    assert worker.policy is None and worker.rollout is not None
+    assert all(param.grad is None for param in worker.model.parameters())
+    other = load_config("tiny_test", ["rollout.n_samples=2", "data.seed=1", *overrides])
+    worker.reset(other, control, ("policy",), "rank0")
+    assert worker.model is not module and worker.rollout is None

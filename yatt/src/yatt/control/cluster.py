@@ -9,9 +9,10 @@ Data-parallel group r uses sampler `r % n_samplers` (and the reward service besi
 lowest such rank owns the sampler and pushes weights to it.
 A runtime re-placement builds the new plan's cluster from the old one: worker processes take
 on their new roles in place (process group joined anew; a CPU process may re-pin itself to
-other cores; a policy rank that stays one keeps its model and optimizer), so a move costs a
-state hand-over, not process start-ups: CPU processes the new plan does not need are parked as
-spares, and a re-placing CPU cluster starts with one process per core.
+other cores; a policy rank that stays one keeps its model and optimizer, the others their
+module), so a move costs a state hand-over, not process start-ups or model loads: CPU processes
+the new plan does not need are parked as spares, and a re-placing CPU cluster starts with one
+process per core.
 """
 
 from __future__ import annotations

@@ -149,12 +149,16 @@ class RankWorker:
         re-pins itself) instead and leaves its process group (a runtime re-placement reuses
         worker processes; `init_collective` joins anew). A policy rank that stays one keeps its
         policy (model, optimizer and schedule: every data-parallel rank holds the same), so a
-        move hands state only to processes that were not policy ranks."""
+        move hands state only to processes that were not policy ranks; the others keep their
+        module where the config is the same (`_module_to_reuse`)."""
         from yatt.builders import build_data, build_model
 
         kept = getattr(self, "policy", None)
         if not roles or "policy" not in roles or config != self.config:
             kept = None
+        reused = self._module_to_reuse(config) if roles and kept is None else None
+        # the old roles go before the new ones are built (no two sets held at once)
+        self.policy = self.rollout = self.reference = self.reward = None
         if device is not None and device != self.device:
             assert device.kind == self.device.kind == "cpu", f"{self.device.name} -> {device.name}"
             self.device = device
@@ -166,15 +170,21 @@ class RankWorker:
             self.collective, self.rank, self.world = None, 0, 1
             self.roles, self.name = roles, name or self.name
         self.config, self.control = config, control
-        if kept is None:
+        if kept is not None:
+            model = kept.model
+        elif reused is not None:
+            model = reused.to(self.device.torch_device()).eval()
+            for param in model.parameters():  # a former policy's gradients
+                param.grad = None
+            check_budgets_fit_model(config, model, length_schedule=control.length_schedule)
+        else:
             model, self.tokenizer = build_model(config.model)
             check_budgets_fit_model(config, model, length_schedule=control.length_schedule)
             model = model.to(self.device.torch_device()).eval()
             self.train_set, self.heldout_set = build_data(config.data)
             check_rows_have_answers(config, self.train_set, self.heldout_set)
             self._rendered: dict[int, str] = {}
-        else:
-            model = kept.model
+        self.model = model
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
         self._eval_engine: Any = None  # greedy decoding with the policy's own weights
         self.holds_state = kept is not None
@@ -196,6 +206,18 @@ class RankWorker:
         self.first_step = 0
 
     # ------------------------------------------------------------------ set-up
+
+    def _module_to_reuse(self, config: Config) -> torch.nn.Module | None:
+        """The module this process holds, for new roles under the same `config`, so a move does
+        not load the model again (a hand-over then sets its weights: `import_state`); None
+        where it must be loaded afresh: another config, or a KL reference to copy from it (the
+        copy must hold the initial weights; with LoRA the reference is the base itself)."""
+        model = getattr(self, "model", None)
+        if model is None or config != self.config:
+            return None
+        if config.algo.uses_reference and not has_lora(model):
+            return None
+        return model
 
     def _build_policy(self, model: torch.nn.Module) -> Any:
         from yatt.roles.policy import PolicyRole
