@@ -157,13 +157,14 @@ def measure(args: argparse.Namespace, samples: int, progress) -> dict:
 def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: float | None) -> str:
     stolen = "not counted" if steal is None else f"{100 * steal:.0f}%"
     model = f"LoRA adapters of rank {args.lora_rank}" if args.lora_rank else "full weights"
+    malloc = "without" if _missing_worker_malloc(os.environ) else "with"
     lines = [
         "### Where re-placement could pay on this machine (`yatt/bench/placement_ceiling.py`)",
         "",
         f"Model `{args.model}`, {model}, one prompt per step with the placement bench's "
         f"data and reward, sampling that ignores EOS; the median of {args.repeats} run(s) after a "
-        f"warm-up, in one process pinned to core 0 (1 thread) or cores 0-1 (2 threads), with the "
-        f"Ray CPU workers' malloc settings. Host: {host['cpus']} CPUs ({host['processor']}), "
+        f"warm-up, in one process pinned to core 0 (1 thread) or cores 0-1 (2 threads), {malloc} "
+        f"the Ray CPU workers' malloc settings. Host: {host['cpus']} CPUs ({host['processor']}), "
         f"torch {host['torch']}, commit {host['git_commit']}; the hypervisor took {stolen} of "
         "the CPU time while it ran. Each plan's step is modelled from the phases: colocate = "
         "sample, then update, on both cores; disaggregated = the slower of load + sample on one "

@@ -64,7 +64,9 @@ def test_a_short_budget_not_below_the_long_one_makes_no_pair(survey):
     assert [(row["short"], row["long"]) for row in rows] == [(1, 96)]
 
 
-def test_a_quick_survey_writes_its_section_json_and_plot(survey, tmp_path):
+def test_a_quick_survey_writes_its_section_json_and_plot(survey, tmp_path, monkeypatch):
+    for key in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(key, raising=False)  # main(argv) does not run itself again
     assert survey.main(["--quick", "--out-dir", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "yatt_placement_ceiling.json").read_text())
     assert [shape["samples"] for shape in record["shapes"]] == [2]
@@ -74,4 +76,5 @@ def test_a_quick_survey_writes_its_section_json_and_plot(survey, tmp_path):
     assert len(record["ceilings"]) == 1
     section = (tmp_path / "yatt_placement_ceiling.md").read_text()
     assert "| 2 | 1 | 8 |" in section and "Highest ceiling" in section
+    assert "without the Ray CPU workers' malloc settings" in section  # (not run as a script)
     assert (tmp_path / "yatt_placement_ceiling.png").stat().st_size > 0
