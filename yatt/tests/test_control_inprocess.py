@@ -480,15 +480,18 @@ def test_a_batch_scorers_declared_counts_add_up_over_every_scoring_call(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("overrides", "reused"),
+    ("overrides", "fresh_policy_reuses"),
     [([], True), (["model.lora_rank=4", "algo.kl_coef=0.1"], True), (["algo.kl_coef=0.1"], False)],
     ids=["full", "lora-kl", "full-kl"],
 )
-def test_new_roles_keep_the_processs_module_unless_a_reference_is_copied_from_it(overrides, reused):
+def test_new_roles_keep_the_processs_module_unless_a_reference_is_copied_from_it(
+    overrides, fresh_policy_reuses
+):
     """A process that takes on other roles in a move keeps its module (the move's hand-over
     sets its weights; no load from disk), freed of a former policy's gradients; it loads the
-    model afresh under another config, or where a KL reference must be a copy of the initial
-    weights (without LoRA; with LoRA the reference is the base with the adapters off)."""
+    model afresh under another config, or for a new policy rank whose KL reference must be a
+    copy of the initial weights (without LoRA; with LoRA the reference is the base with the
+    adapters off). A reward-only worker holds no module."""
     from yatt.control.devices import Device
     from yatt.control.rank import RankWorker
 
@@ -499,9 +502,12 @@ def test_new_roles_keep_the_processs_module_unless_a_reference_is_copied_from_it
     for param in module.parameters():
         param.grad = torch.ones_like(param) if param.requires_grad else None
     worker.reset(config, control, ("sampler", "reward"), "sampler0")
-    assert (worker.model is module) == reused
-    assert worker.policy is None and worker.rollout is not None
+    assert worker.model is module and worker.policy is None and worker.rollout is not None
     assert all(param.grad is None for param in worker.model.parameters())
+    worker.reset(config, control, ("policy",), "rank1")  # a new policy rank
+    assert (worker.model is module) == fresh_policy_reuses and worker.rollout is None
     other = load_config("tiny_test", ["rollout.n_samples=2", "data.seed=1", *overrides])
-    worker.reset(other, control, ("policy",), "rank0")
-    assert worker.model is not module and worker.rollout is None
+    worker.reset(other, control, ("policy",), "rank1")
+    assert worker.model is not module
+    worker.reset(other, control, ("reward",), "reward0")
+    assert worker.model is None

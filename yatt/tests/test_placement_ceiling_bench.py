@@ -2,6 +2,7 @@
 ceilings on synthetic phase costs, and a quick run on a real worker."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,7 @@ def test_a_short_budget_not_below_the_long_one_makes_no_pair(survey):
     assert [(row["short"], row["long"]) for row in rows] == [(1, 96)]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="compares one core with two")
 def test_a_quick_survey_writes_its_section_json_and_plot(survey, tmp_path, monkeypatch):
     for key in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
         monkeypatch.delenv(key, raising=False)  # main(argv) does not run itself again

@@ -149,16 +149,17 @@ class RankWorker:
         re-pins itself) instead and leaves its process group (a runtime re-placement reuses
         worker processes; `init_collective` joins anew). A policy rank that stays one keeps its
         policy (model, optimizer and schedule: every data-parallel rank holds the same), so a
-        move hands state only to processes that were not policy ranks; the others keep their
-        module where the config is the same (`_module_to_reuse`)."""
+        move hands state only to processes that were not policy ranks. With `roles` and the
+        same config, the others keep their module and the weights it holds
+        (`_module_to_reuse`): a move's hand-over (`import_state`) then sets them."""
         from yatt.builders import build_data, build_model
 
         kept = getattr(self, "policy", None)
         if not roles or "policy" not in roles or config != self.config:
             kept = None
-        reused = self._module_to_reuse(config) if roles and kept is None else None
-        # the old roles go before the new ones are built (no two sets held at once)
-        self.policy = self.rollout = self.reference = self.reward = None
+        reused = self._module_to_reuse(config, roles) if roles and kept is None else None
+        # the old roles and module go before the new ones are built (no two held at once)
+        self.policy = self.rollout = self.reference = self.reward = self.model = None
         if device is not None and device != self.device:
             assert device.kind == self.device.kind == "cpu", f"{self.device.name} -> {device.name}"
             self.device = device
@@ -184,7 +185,8 @@ class RankWorker:
             self.train_set, self.heldout_set = build_data(config.data)
             check_rows_have_answers(config, self.train_set, self.heldout_set)
             self._rendered: dict[int, str] = {}
-        self.model = model
+        # kept for later roles (`_module_to_reuse`) where a role holds it, or while parked
+        self.model = model if not self.roles or {"policy", "sampler"} & set(self.roles) else None
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
         self._eval_engine: Any = None  # greedy decoding with the policy's own weights
         self.holds_state = kept is not None
@@ -207,15 +209,16 @@ class RankWorker:
 
     # ------------------------------------------------------------------ set-up
 
-    def _module_to_reuse(self, config: Config) -> torch.nn.Module | None:
-        """The module this process holds, for new roles under the same `config`, so a move does
-        not load the model again (a hand-over then sets its weights: `import_state`); None
-        where it must be loaded afresh: another config, or a KL reference to copy from it (the
-        copy must hold the initial weights; with LoRA the reference is the base itself)."""
+    def _module_to_reuse(self, config: Config, roles: tuple[str, ...]) -> torch.nn.Module | None:
+        """The module this process holds, for new `roles` under the same `config`, so a move
+        does not load the model again (a hand-over then sets its weights: `import_state`);
+        None where it must be loaded afresh: another config, or a new policy rank's KL
+        reference to copy from it (the copy must hold the initial weights; with LoRA the
+        reference is the base itself)."""
         model = getattr(self, "model", None)
         if model is None or config != self.config:
             return None
-        if config.algo.uses_reference and not has_lora(model):
+        if "policy" in roles and config.algo.uses_reference and not has_lora(model):
             return None
         return model
 
