@@ -731,7 +731,7 @@ def mix_ceiling(pairs: list[tuple[float, float]]) -> float:
     return max(ratios)
 
 
-def _missing_worker_malloc(environ) -> dict[str, str]:
+def missing_worker_malloc(environ) -> dict[str, str]:
     """The Ray CPU workers' malloc settings (`CPU_WORKER_MALLOC`) that `environ` lacks. The
     calibration times an update in this process for the workers it stands for, which keep
     their freed memory: without the same settings it measures a slower one-core update (each
@@ -740,6 +740,14 @@ def _missing_worker_malloc(environ) -> dict[str, str]:
     from yatt.control.workers import CPU_WORKER_MALLOC
 
     return {k: v for k, v in CPU_WORKER_MALLOC.items() if environ.get(k) != v}
+
+
+def run_as_the_workers(argv: list[str] | None) -> None:
+    """Run this script again with `missing_worker_malloc`'s settings when it was started as
+    a script (`argv` None) without them; a `main(argv)` call goes on as it is."""
+    missing = missing_worker_malloc(os.environ)
+    if argv is None and missing:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **missing})
 
 
 def _suffix(args: argparse.Namespace) -> str:
@@ -843,9 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shift {args.shift} must leave short and long steps in 1..{args.steps}")
     if not 1 <= args.warmup < args.shift:
         parser.error(f"--warmup {args.warmup} must be in 1..{args.shift - 1} (before the jump)")
-    missing = _missing_worker_malloc(os.environ)
-    if argv is None and missing:  # run as a script: again, as the workers run
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **missing})
+    run_as_the_workers(argv)
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.quick else REPO / "docs/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)

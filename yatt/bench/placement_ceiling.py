@@ -40,8 +40,9 @@ from pathlib import Path
 from placement import (  # yatt/bench/placement.py
     REWARD,
     _config,
-    _missing_worker_malloc,
+    missing_worker_malloc,
     mix_ceiling,
+    run_as_the_workers,
     timed_phases,
 )
 
@@ -157,7 +158,7 @@ def measure(args: argparse.Namespace, samples: int, progress) -> dict:
 def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: float | None) -> str:
     stolen = "not counted" if steal is None else f"{100 * steal:.0f}%"
     model = f"LoRA adapters of rank {args.lora_rank}" if args.lora_rank else "full weights"
-    malloc = "without" if _missing_worker_malloc(os.environ) else "with"
+    malloc = "without" if missing_worker_malloc(os.environ) else "with"
     lines = [
         "### Where re-placement could pay on this machine (`yatt/bench/placement_ceiling.py`)",
         "",
@@ -266,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs 2 CPU cores (it compares one core with two)")
     if args.lora_rank < 0 or args.repeats < 1:
         parser.error("--lora-rank must be >= 0 and --repeats >= 1")
-    missing = _missing_worker_malloc(os.environ)
-    if argv is None and missing:  # run as a script: again, as the Ray CPU workers run
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **missing})
+    run_as_the_workers(argv)
     from rich.progress import Progress
 
     from yatt.common.hostfacts import StealMeter, host_facts

@@ -167,10 +167,10 @@ def test_the_calibration_runs_with_the_workers_malloc_settings(bench_script):
     from yatt.control.workers import CPU_WORKER_MALLOC
 
     bench = bench_script("placement")
-    assert bench._missing_worker_malloc({}) == CPU_WORKER_MALLOC
-    assert bench._missing_worker_malloc(dict(CPU_WORKER_MALLOC)) == {}
+    assert bench.missing_worker_malloc({}) == CPU_WORKER_MALLOC
+    assert bench.missing_worker_malloc(dict(CPU_WORKER_MALLOC)) == {}
     other = dict(CPU_WORKER_MALLOC, MALLOC_MMAP_THRESHOLD_="1")  # not the workers' value
-    assert bench._missing_worker_malloc(other) == {"MALLOC_MMAP_THRESHOLD_": str(2**32)}
+    assert bench.missing_worker_malloc(other) == {"MALLOC_MMAP_THRESHOLD_": str(2**32)}
 
 
 def test_a_tagged_workload_names_its_files_and_refuses_bad_tags(bench_script, capsys):

@@ -173,18 +173,16 @@ class RankWorker:
         self.config, self.control = config, control
         if kept is not None:
             model = kept.model
-        elif reused is not None:
+        else:
+            if reused is None:
+                reused, self.tokenizer = build_model(config.model)
+                self.train_set, self.heldout_set = build_data(config.data)
+                check_rows_have_answers(config, self.train_set, self.heldout_set)
+                self._rendered: dict[int, str] = {}
+            check_budgets_fit_model(config, reused, length_schedule=control.length_schedule)
             model = reused.to(self.device.torch_device()).eval()
             for param in model.parameters():  # a former policy's gradients
                 param.grad = None
-            check_budgets_fit_model(config, model, length_schedule=control.length_schedule)
-        else:
-            model, self.tokenizer = build_model(config.model)
-            check_budgets_fit_model(config, model, length_schedule=control.length_schedule)
-            model = model.to(self.device.torch_device()).eval()
-            self.train_set, self.heldout_set = build_data(config.data)
-            check_rows_have_answers(config, self.train_set, self.heldout_set)
-            self._rendered: dict[int, str] = {}
         # kept for later roles (`_module_to_reuse`) where a role holds it, or while parked
         self.model = model if not self.roles or {"policy", "sampler"} & set(self.roles) else None
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
@@ -193,8 +191,8 @@ class RankWorker:
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
             self.policy.collective = self.collective
-        self.reference = None  # the initial policy, for the KL loss term: a frozen copy, or
-        # with LoRA the policy's module with its adapters off (a kept policy's too)
+        # the reference, the initial policy for the KL loss term: a frozen copy, or with LoRA
+        # the policy's module with its adapters off (a kept policy's too)
         if self.policy is not None and config.algo.uses_reference:
             assert kept is None or has_lora(model), "re-placement with a KL term needs LoRA"
             self.reference = self._build_reference(model)
