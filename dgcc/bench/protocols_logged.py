@@ -194,8 +194,12 @@ def table(pairs: dict[Key, dict[str, list[dict[str, Any]]]]) -> Table:
 
 
 def markdown(
-    pairs: dict[Key, dict[str, list[dict[str, Any]]]], facts: dict[str, Any], how: str
+    pairs: dict[Key, dict[str, list[dict[str, Any]]]],
+    facts: dict[str, Any],
+    how: str,
+    swept: list[int],
 ) -> str:
+    """The section; ``swept``: the calls-in-flight values the logged sweeps tried."""
     first = next(iter(pairs.values()))
     runs = [run for pair in pairs.values() for side in pair.values() for run in side]
     seconds, rounds = first["logged"][0]["config"]["seconds"], len(first["logged"])
@@ -206,7 +210,8 @@ def markdown(
         "on loopback, one closed-loop client process per node, 10% of transactions forced to "
         f"span both nodes, a {seconds:g} s window). With the log on every node writes its own "
         "directory with fsync on, and a call is answered only once it is durable. First each "
-        "protocol's logged runs swept calls in flight afresh (25, 100, 400, 800, stopping once "
+        f"protocol's logged runs swept calls in flight afresh ({', '.join(map(str, swept))}, "
+        "stopping once "
         f"{protocols.SWEEP_PATIENCE} runs in a row fell below {protocols.SWEEP_DROP:.0%} of the "
         "best so far, the protocols bench's rule), since a log moves each protocol's best "
         f"differently. Then, in each of {rounds} round{'s' * (rounds > 1)}, every protocol ran "
@@ -303,7 +308,8 @@ def write(
     (out_dir / "protocols_logged.json").write_text(
         json.dumps({"host": facts, "pairs": entries}, indent=1, sort_keys=True) + "\n"
     )
-    (out_dir / "protocols_logged.md").write_text(markdown(pairs, facts, how))
+    swept = sorted({calls for sweep in sweeps.values() for calls, _ in sweep["sweep"]})
+    (out_dir / "protocols_logged.md").write_text(markdown(pairs, facts, how, swept))
     plot(pairs, out_dir / "protocols_logged.png")
 
 

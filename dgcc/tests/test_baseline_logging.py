@@ -225,6 +225,7 @@ def test_logged_bench_section_shows_the_median_of_paired_rounds(tmp_path: Path) 
     sweeps = {("tpcc-1wh", "dgcc"): {"sweep": [(400, 800.0)]}}
     bench.write(pairs, sweeps, facts, tmp_path, "given")
     text = (tmp_path / "protocols_logged.md").read_text()
+    assert "swept calls in flight afresh (400, stopping once" in text  # what the sweeps tried
     # medians 1000 / 800 (overhead 20%; rounds 20%, 50%, 31%) and 450 / 200 (56%)
     assert "| tpcc-1wh | dgcc | 400 / 400 | 1,000 | 800 | 20% | 20% to 50% |" in text
     assert "| tpcc-1wh | occ | 25 / 25 | 450 | 200 | 56% | 33% to 75% |" in text
