@@ -511,3 +511,29 @@ def test_new_roles_keep_the_processs_module_unless_a_reference_is_copied_from_it
     assert worker.model is not module
     worker.reset(other, control, ("reward",), "reward0")
     assert worker.model is None
+
+
+def test_a_reward_only_worker_loads_no_policy_weights_until_a_move_gives_it_a_sampler(
+    monkeypatch,
+):
+    """A reward service alone (partial placement's reward processes, which share devices with
+    policy ranks) neither loads the policy model nor holds it, and still scores; a move that
+    makes it a sampler loads the model then."""
+    import yatt.builders
+    from yatt.control.devices import Device
+    from yatt.control.rank import RankWorker
+    from yatt.control.shards import ShardRequest
+
+    config = load_config("tiny_test", ["rollout.n_samples=2"])
+    control = ControlConfig(n_devices=1, device_kind="cpu")
+    sampler = RankWorker(config, control, Device("cpu", 0), ("sampler",), "sampler0")
+    shard = sampler.generate(ShardRequest(0, 0, (0,), (0,), (0, 1), 4), sampler.weights_version)
+    loads = []
+    build_model = yatt.builders.build_model
+    monkeypatch.setattr(yatt.builders, "build_model", lambda *a: loads.append(a) or build_model(*a))
+    worker = RankWorker(config, control, Device("cpu", 0), ("reward",), "reward0")
+    assert loads == [] and worker.model is None and worker.rollout is None
+    rewards, _ = worker.score(shard)
+    assert rewards.shape == (2,)
+    worker.reset(config, control, ("sampler", "reward"), "sampler1")
+    assert len(loads) == 1 and worker.model is not None and worker.rollout is not None

@@ -171,8 +171,14 @@ class RankWorker:
             self.collective, self.rank, self.world = None, 0, 1
             self.roles, self.name = roles, name or self.name
         self.config, self.control = config, control
+        # a policy or sampler holds the module, and a parked process keeps it for later roles
+        holds_module = not self.roles or bool({"policy", "sampler"} & set(self.roles))
         if kept is not None:
             model = kept.model
+        elif not holds_module:
+            # a reward service alone loads no policy weights (on a GPU they would sit beside
+            # a policy rank's); a move that gives it a module's role loads the model then
+            model = None
         else:
             if reused is None:
                 reused, self.tokenizer = build_model(config.model)
@@ -183,8 +189,7 @@ class RankWorker:
             model = reused.to(self.device.torch_device()).eval()
             for param in model.parameters():  # a former policy's gradients
                 param.grad = None
-        # kept for later roles (`_module_to_reuse`) where a role holds it, or while parked
-        self.model = model if not self.roles or {"policy", "sampler"} & set(self.roles) else None
+        self.model = model  # kept for later roles (`_module_to_reuse`)
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
         self._eval_engine: Any = None  # greedy decoding with the policy's own weights
         self.holds_state = kept is not None
