@@ -354,7 +354,7 @@ def test_new_order_lines_are_checked_exactly(lines: list) -> None:
     params = {"w_id": 1, "d_id": 1, "c_id": 1, "lines": lines, "entry_d": DATE}
     if valid:
         pieces = scale.plan_new_order(params, view)
-        assert len(pieces) == 2 + len({(line[1], line[0]) for line in lines})
+        assert len(pieces) == 2 + len({line[1] for line in lines})  # a stock piece a warehouse
     else:
         with pytest.raises(BadParams):
             scale.plan_new_order(params, None)  # type: ignore[arg-type]

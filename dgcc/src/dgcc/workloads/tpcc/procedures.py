@@ -1,9 +1,11 @@
 """The five TPC-C transactions (clause 2.4-2.8) as stored procedures split into pieces.
 
 Every piece touches one conflict key (see ``schema.create_tables``), except NewOrder's item check
-and StockLevel's stock read, which only *read* several keys. Columns that no transaction ever
-changes (W_TAX, W_NAME, D_NAME, C_LAST, C_FIRST, ORDER_LINE.OL_I_ID of an existing order) may be
-read at plan time from the batch-start view: they are equal at every point of the batch.
+and StockLevel's stock read, which only *read* several keys, and NewOrder's stock pieces, one
+per supply warehouse, each writing that warehouse's stock records of the order. Columns that
+no transaction ever changes (W_TAX, W_NAME, D_NAME, C_LAST, C_FIRST, ORDER_LINE.OL_I_ID of an
+existing order) may be read at plan time from the batch-start view: they are equal at every
+point of the batch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ STOCK_LEVEL_ORDERS = 20
 C_DATA_CHARS = 500
 H_AMOUNT_MAX = 10**12  # cents; the spec's payments are 1.00..5,000.00
 _DIST_COLUMNS = tuple(f"s_dist_{d:02d}" for d in range(1, DISTRICTS_PER_WAREHOUSE + 1))
-_STOCK_PIECE_NAMES = tuple(f"stock_{k}" for k in range(LINES_MAX))  # a NewOrder's k-th record
+# a NewOrder's stock piece of its k-th supply warehouse (in the order the lines name them)
+_STOCK_PIECE_NAMES = tuple(f"stock_{k}" for k in range(LINES_MAX))
 _ITEM_FIELDS = operator.itemgetter("i_price", "i_name", "i_data")  # what NewOrder reads of ITEM
 
 
@@ -244,10 +247,14 @@ class _Scale:
 def _new_order_pieces(
     w: int, d: int, c: int, lines: list[tuple[int, int, int]], w_tax: int, entry_d: int
 ) -> list[Piece]:
-    """Item check (may abort, before any write), one piece per stock record, then the order.
+    """Item check (may abort, before any write), one piece per supply warehouse updating its
+    stock records, then the order.
 
-    Built column-wise (``zip``) where it can: a NewOrder is half of the mix and plans ~10
-    lines, so its per-line Python steps are a visible share of a node's CPU.
+    A stock piece covers every record of its warehouse (one partition, so one node runs it):
+    a piece per record cost a Piece, a scheduling step and an output each, about a tenth of a
+    node's CPU at TPC-C's 10 lines an order, and ordered nothing more (the order piece waits
+    for all of them, and two records of one warehouse never split across nodes). Built
+    column-wise (``zip``) where it can: a NewOrder is half of the mix.
     """
     item_ids, supplies, quantities = zip(*lines)
     keys = list(zip(supplies, item_ids))  # its stock records, (supply_w, i_id) per line
@@ -258,6 +265,13 @@ def _new_order_pieces(
         stock_lines = {}
         for key, quantity in zip(keys, quantities):
             stock_lines[key] = (*stock_lines.get(key, ()), quantity)
+    groups: dict[int, list[tuple[tuple[int, int], Sequence[int]]]]  # supply_w -> its records
+    if supplies.count(w) == len(supplies):  # every line local (the common case)
+        groups = {w: list(stock_lines.items())}
+    else:
+        groups = {}
+        for key, key_quantities in stock_lines.items():
+            groups.setdefault(key[0], []).append((key, key_quantities))
 
     def items(ctx: PieceContext) -> list[tuple[int, str, str]]:
         rows = list(map(ctx.getter("item"), item_ids))
@@ -266,21 +280,24 @@ def _new_order_pieces(
         return list(map(_ITEM_FIELDS, rows))
 
     dist_column = _DIST_COLUMNS[d - 1]
-    names = _STOCK_PIECE_NAMES[: len(stock_lines)]
+    names = _STOCK_PIECE_NAMES[: len(groups)]
     pieces = [Piece("items", items, (ITEM_KEY,), may_abort=True)]
     pieces += [
         Piece(
             name,
-            partial(_stock_update, key, key_quantities, dist_column, int(key[0] != w)),
+            partial(_stock_update, group, dist_column, int(supply_w != w)),
             (),
-            (("stock", key[0], key[1]),),  # not ("stock", *key): no list built per key
+            tuple([("stock", supply_w, i_id) for (_, i_id), _ in group]),
         )
-        for name, (key, key_quantities) in zip(names, stock_lines.items())
+        for name, (supply_w, group) in zip(names, groups.items())
     ]
+    group_keys = [[key for key, _ in group] for group in groups.values()]
 
     def order(ctx: PieceContext) -> dict[str, Any]:
         item_rows = ctx.input("items")
-        stock_rows = dict(zip(stock_lines, map(ctx.input, names)))
+        stock_rows: dict[tuple[int, int], tuple[str, str, list[int]]] = {}
+        for name, records in zip(names, group_keys):
+            stock_rows.update(zip(records, ctx.input(name)))
         return _place_order(ctx, w, d, c, lines, item_rows, stock_rows, w_tax, entry_d)
 
     pieces.append(Piece("order", order, (), (("district", w, d),), ("items", *names)))
@@ -288,32 +305,35 @@ def _new_order_pieces(
 
 
 def _stock_update(
-    key: tuple[int, int],
-    quantities: Sequence[int],
+    group: list[tuple[tuple[int, int], Sequence[int]]],
     dist_column: str,
     remote: int,
     ctx: PieceContext,
-) -> tuple[str, str, list[int]]:
-    """One stock record's piece of a NewOrder (bound with ``partial``, cheaper than a closure):
-    ``key`` is the record's (supply_w, i_id), ``remote`` 1 when that is not the home warehouse.
-    """
-    row = ctx.get("stock", key)
-    level, after_levels = row["s_quantity"], []
-    for quantity in quantities:
-        level = level - quantity if level - quantity >= 10 else level - quantity + 91
-        after_levels.append(level)
-    count = len(quantities)
-    ctx.update(
-        "stock",
-        key,
-        {
-            "s_quantity": level,
-            "s_ytd": row["s_ytd"] + sum(quantities),
-            "s_order_cnt": row["s_order_cnt"] + count,
-            "s_remote_cnt": row["s_remote_cnt"] + remote * count,
-        },
-    )
-    return row[dist_column], row["s_data"], after_levels
+) -> list[tuple[str, str, list[int]]]:
+    """A NewOrder's stock piece of one supply warehouse (bound with ``partial``, cheaper than
+    a closure): ``group`` holds each of its records' key (supply_w, i_id) with the quantities
+    of the lines naming it; ``remote`` is 1 when that is not the home warehouse. Per record,
+    in ``group``'s order: its S_DIST_xx, S_DATA and stock level after each line."""
+    get, update = ctx.getter("stock"), ctx.updater("stock")
+    out = []
+    for key, quantities in group:
+        row = get(key)
+        level, after_levels = row["s_quantity"], []
+        for quantity in quantities:
+            level = level - quantity if level - quantity >= 10 else level - quantity + 91
+            after_levels.append(level)
+        count = len(quantities)
+        update(
+            key,
+            {
+                "s_quantity": level,
+                "s_ytd": row["s_ytd"] + sum(quantities),
+                "s_order_cnt": row["s_order_cnt"] + count,
+                "s_remote_cnt": row["s_remote_cnt"] + remote * count,
+            },
+        )
+        out.append((row[dist_column], row["s_data"], after_levels))
+    return out
 
 
 def _place_order(
