@@ -537,3 +537,5 @@ def test_a_reward_only_worker_loads_no_policy_weights_until_a_move_gives_it_a_sa
     assert rewards.shape == (2,)
     worker.reset(config, control, ("sampler", "reward"), "sampler1")
     assert len(loads) == 1 and worker.model is not None and worker.rollout is not None
+    request = ShardRequest(0, 1, (1,), (1,), (2, 3), 4)  # tokenizer and prompts loaded too
+    assert worker.score(worker.generate(request, worker.weights_version))[0].shape == (2,)

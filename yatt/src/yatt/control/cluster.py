@@ -10,7 +10,8 @@ lowest such rank owns the sampler and pushes weights to it.
 A runtime re-placement builds the new plan's cluster from the old one: worker processes take
 on their new roles in place (process group joined anew; a CPU process may re-pin itself to
 other cores; a policy rank that stays one keeps its model and optimizer, the others their
-module), so a move costs a state hand-over, not process start-ups or model loads: CPU processes
+module), so a move costs a state hand-over, not process start-ups or model loads (except for a
+former reward service alone, which holds no policy module and loads it): CPU processes
 the new plan does not need are parked as spares, and a re-placing CPU cluster starts with one
 process per core.
 """

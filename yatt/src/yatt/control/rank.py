@@ -151,7 +151,8 @@ class RankWorker:
         policy (model, optimizer and schedule: every data-parallel rank holds the same), so a
         move hands state only to processes that were not policy ranks. With `roles` and the
         same config, the others keep their module and the weights it holds
-        (`_module_to_reuse`): a move's hand-over (`import_state`) then sets them."""
+        (`_module_to_reuse`): a move's hand-over (`import_state`) then sets them. A reward
+        service alone holds no module, so one given a policy or sampler role loads the model."""
         from yatt.builders import build_data, build_model
 
         kept = getattr(self, "policy", None)
@@ -171,7 +172,7 @@ class RankWorker:
             self.collective, self.rank, self.world = None, 0, 1
             self.roles, self.name = roles, name or self.name
         self.config, self.control = config, control
-        # a policy or sampler holds the module, and a parked process keeps it for later roles
+        # a policy or sampler holds the module, and a fresh spare (no roles) keeps it for later
         holds_module = not self.roles or bool({"policy", "sampler"} & set(self.roles))
         if kept is not None:
             model = kept.model

@@ -1,8 +1,8 @@
 """The five TPC-C transactions (clause 2.4-2.8) as stored procedures split into pieces.
 
-Every piece touches one conflict key (see ``schema.create_tables``), except NewOrder's item check
-and StockLevel's stock read, which only *read* several keys, and NewOrder's stock pieces, one
-per supply warehouse, each writing that warehouse's stock records of the order. Columns that
+Every piece touches one conflict key (see ``schema.create_tables``), except StockLevel's stock
+read, which only *reads* several keys, and NewOrder's stock pieces, one per supply warehouse,
+each writing that warehouse's stock records of the order. Columns that
 no transaction ever changes (W_TAX, W_NAME, D_NAME, C_LAST, C_FIRST, ORDER_LINE.OL_I_ID of an
 existing order) may be read at plan time from the batch-start view: they are equal at every
 point of the batch.
@@ -251,10 +251,11 @@ def _new_order_pieces(
     stock records, then the order.
 
     A stock piece covers every record of its warehouse (one partition, so one node runs it):
-    a piece per record cost a Piece, a scheduling step and an output each, about a tenth of a
-    node's CPU at TPC-C's 10 lines an order, and ordered nothing more (the order piece waits
-    for all of them, and two records of one warehouse never split across nodes). Built
-    column-wise (``zip``) where it can: a NewOrder is half of the mix.
+    a piece per record cost a Piece, a scheduling step and an output each (20k TPC-C calls on
+    the single-process engine took a fifth to a third more CPU that way), for little ordering
+    gained: the order piece waits for all of them anyway (a later access to one record now
+    follows the whole piece, which only a later conflict on another of its records could
+    notice). Built column-wise (``zip``) where it can: a NewOrder is half of the mix.
     """
     item_ids, supplies, quantities = zip(*lines)
     keys = list(zip(supplies, item_ids))  # its stock records, (supply_w, i_id) per line
@@ -295,7 +296,7 @@ def _new_order_pieces(
 
     def order(ctx: PieceContext) -> dict[str, Any]:
         item_rows = ctx.input("items")
-        stock_rows: dict[tuple[int, int], tuple[str, str, list[int]]] = {}
+        stock_rows: dict[tuple[int, int], Sequence[Any]] = {}  # (dist, data, levels) each
         for name, records in zip(names, group_keys):
             stock_rows.update(zip(records, ctx.input(name)))
         return _place_order(ctx, w, d, c, lines, item_rows, stock_rows, w_tax, entry_d)
@@ -343,7 +344,7 @@ def _place_order(
     c: int,
     lines: list[tuple[int, int, int]],
     item_rows: list[tuple[int, str, str]],
-    stock_rows: dict[tuple[int, int], tuple[str, str, list[int]]],
+    stock_rows: dict[tuple[int, int], Sequence[Any]],
     w_tax: int,
     entry_d: int,
 ) -> dict[str, Any]:
@@ -395,7 +396,7 @@ def _insert_order_lines(
     order_pk: tuple[int, int, int],
     lines: list[tuple[int, int, int]],
     item_rows: list[tuple[int, str, str]],
-    stock_rows: dict[tuple[int, int], tuple[str, str, list[int]]],
+    stock_rows: dict[tuple[int, int], Sequence[Any]],
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Insert the order's lines; returns the client's per-line results and the amount sum.
 
