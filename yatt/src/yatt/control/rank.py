@@ -158,7 +158,11 @@ class RankWorker:
         kept = getattr(self, "policy", None)
         if not roles or "policy" not in roles or config != self.config:
             kept = None
-        reused = self._module_to_reuse(config, roles) if roles and kept is None else None
+        # a policy or sampler holds the module, and a fresh spare (no roles) keeps it for later
+        held_by = roles or self.roles
+        holds_module = not held_by or bool({"policy", "sampler"} & set(held_by))
+        reuse = roles and kept is None and holds_module
+        reused = self._module_to_reuse(config, roles) if reuse else None
         # the old roles and module go before the new ones are built (no two held at once)
         self.policy = self.rollout = self.reference = self.reward = self.model = None
         if device is not None and device != self.device:
@@ -172,8 +176,6 @@ class RankWorker:
             self.collective, self.rank, self.world = None, 0, 1
             self.roles, self.name = roles, name or self.name
         self.config, self.control = config, control
-        # a policy or sampler holds the module, and a fresh spare (no roles) keeps it for later
-        holds_module = not self.roles or bool({"policy", "sampler"} & set(self.roles))
         if kept is not None:
             model = kept.model
         elif not holds_module:

@@ -2,10 +2,9 @@
 
 Every piece touches one conflict key (see ``schema.create_tables``), except StockLevel's stock
 read, which only *reads* several keys, and NewOrder's stock pieces, one per supply warehouse,
-each writing that warehouse's stock records of the order. Columns that
-no transaction ever changes (W_TAX, W_NAME, D_NAME, C_LAST, C_FIRST, ORDER_LINE.OL_I_ID of an
-existing order) may be read at plan time from the batch-start view: they are equal at every
-point of the batch.
+each writing that warehouse's stock records of the order. Columns that no transaction ever
+changes (W_TAX, W_NAME, D_NAME, C_LAST, C_FIRST, ORDER_LINE.OL_I_ID of an existing order) may be
+read at plan time from the batch-start view: they are equal at every point of the batch.
 """
 
 from __future__ import annotations
