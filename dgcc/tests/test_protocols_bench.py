@@ -7,6 +7,7 @@ from the script file; the numbers are made up so that each check has one right a
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +62,43 @@ def test_sweep_table_has_every_fraction_and_ratio(bench: ModuleType) -> None:
     assert rows[2].endswith("| 4.00x (calvin) | 2.00x (calvin) |")
     assert not any(line.startswith("| ycsb-uniform") for line in lines)
     assert bench.sweep_markdown(_records(bench), (0.1,)) == []  # nothing swept
+
+
+def test_headroom_sets_dgccs_local_rate_over_each_fractions_best_baseline(
+    bench: ModuleType,
+) -> None:
+    records = _records(bench) + [
+        _record("tpcc-1wh", p, 0.0, 100, rate)
+        for p, rate in {"dgcc": 1200, "calvin": 1250, "no_wait": 500, "wait_die": 500}.items()
+    ]
+    records.append(_record("tpcc-1wh", "occ", 0.0, 100, 400))
+    lines = bench.sweep_markdown(records, (0.0, 0.1, 0.2, 0.5))
+    (headroom,) = [line for line in lines if line.startswith("- tpcc-1wh")]
+    assert "DistDGCC ran 1,200 commits/s" in headroom
+    # 1200 over Calvin's 400, 300 and 200; the 0% point itself is not a bound
+    assert "3.00x calvin's rate at 10%, 4.00x calvin's rate at 20%, 6.00x calvin's" in headroom
+    assert "at 0%" not in headroom
+    assert bench.headroom_markdown(_records(bench), ["tpcc-1wh"], (0.1, 0.2)) == []  # no 0%
+
+
+def test_from_json_writes_the_report_of_a_saved_run_again(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    records = _records(bench)
+    table_metrics = ("abort_rate", "latency_ms_p50", "latency_ms_p99", "multi_node_fraction")
+    for record in records:
+        record["config"] |= {"warmup_s": 1.0, "seconds": 5.0}
+        record["metrics"] |= {f"txn/{name}": 0.1 for name in table_metrics}
+        record["metrics"]["node/cpu_s_per_s"] = 0.9
+    saved = tmp_path / "protocols.json"
+    host = {"cpus": 2, "git_commit": "abc", "load_average_1m_at_start": 0.5}
+    saved.write_text(json.dumps({"host": host, "records": records}))
+    assert bench.main(["--from-json", str(saved), "--out-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "protocols.md").read_text()
+    assert "100, 400 calls in flight" in text and "| 10% |" in text and "| 50% |" in text
+    assert (tmp_path / "out" / "protocols.png").read_bytes()[:4] == b"\x89PNG"
+    saved.write_text("{}")
+    assert bench.main(["--from-json", str(saved)]) == 2  # one line names the file
 
 
 def test_plot_writes_a_png_with_the_sweep(bench: ModuleType, tmp_path: Path) -> None:
