@@ -12,9 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from yatt.algos.losses import aggregate_loss
 from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.models import tiny_model
+from yatt.roles._forward import response_logits, trim_columns
 from yatt.roles.policy import PolicyRole, compute_logprobs
 
 PROMPT_WIDTH, RESPONSE_WIDTH = 6, 5
@@ -119,6 +121,30 @@ def test_micro_batching_and_prefix_sharing_do_not_change_gradients(base_model) -
         PolicyRole(model, algo=algo, optim=OptimConfig(lr=1e-3, schedule="constant"),
                    total_updates=10, shared_prefix=shared).update(batch)  # fmt: skip
         _assert_close(_grads(model), _grads(reference), atol=1e-7)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_the_entropy_bonus_is_the_sampled_distributions_entropy_aggregated_as_the_loss(
+    base_model, agg: str
+) -> None:
+    """With zero advantages and no KL only the entropy bonus moves the weights: its gradient
+    is that of -coef x the loss mode's aggregate of the entropy of softmax(logits / T), the
+    distribution the sampler draws from (micro-batched, over the whole batch's normaliser)."""
+    batch = _batch([0.0] * 8)
+    coef, temperature = 0.1, 0.7
+    model = copy.deepcopy(base_model)
+    algo = AlgoConfig(micro_batch_size=3, entropy_coef=coef, loss_agg=agg)
+    optim = OptimConfig(lr=1e-3, schedule="constant", grad_clip=0.0)  # the raw gradient
+    PolicyRole(model, algo=algo, optim=optim, total_updates=10, temperature=temperature,
+               shared_prefix=False).update(batch)  # fmt: skip
+    expected = copy.deepcopy(base_model)
+    ids, attention, mask, width = trim_columns(
+        batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
+    )
+    logits = response_logits(expected, ids, attention, width).double() / temperature
+    entropy = torch.distributions.Categorical(logits=logits).entropy()  # (B, R)
+    (-coef * aggregate_loss(entropy, mask, agg)).backward()
+    _assert_close(_grads(model), _grads(expected), atol=1e-9)
 
 
 def test_logprobs_match_with_and_without_prefix_sharing(base_model) -> None:

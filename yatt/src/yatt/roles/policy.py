@@ -23,7 +23,12 @@ from torch import Tensor
 from torch.autograd.graph import increment_version
 
 from yatt.algos.kl import kl_loss
-from yatt.algos.losses import loss_normalizer, policy_loss, truncated_is_weights
+from yatt.algos.losses import (
+    aggregate_loss,
+    loss_normalizer,
+    policy_loss,
+    truncated_is_weights,
+)
 from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.roles._forward import (
@@ -258,7 +263,10 @@ class PolicyRole(Role):
                 agg=self.algo.loss_agg, normalizer=normalizer,
             )  # fmt: skip
         if self.algo.entropy_coef != 0:
-            loss = loss - self.algo.entropy_coef * _entropy_term(logits, mask, normalizer)
+            entropy = _entropy_with_grad(logits, self.temperature)
+            loss = loss - self.algo.entropy_coef * aggregate_loss(
+                entropy, mask, self.algo.loss_agg, normalizer=normalizer, norm_len=self.norm_len
+            )
         loss.backward()
         return metrics
 
@@ -279,11 +287,15 @@ class PolicyRole(Role):
         return save_checkpoint(self.model, tokenizer, folder)
 
 
-def _entropy_term(logits: Tensor, mask: Tensor, normalizer: float) -> Tensor:
-    """Summed masked entropy / normaliser, with gradient (only built when entropy_coef != 0)."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)  # (B, R)
-    return (entropy * mask).sum() / normalizer
+def _entropy_with_grad(logits: Tensor, temperature: float) -> Tensor:
+    """Per-token entropy (B, R) of the distribution the sampler draws from, softmax(logits /
+    temperature), the one the log-probs score, with gradient (only built when entropy_coef
+    != 0); the loss aggregates it as it does the policy-gradient term."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
 
 
 def _logits(
