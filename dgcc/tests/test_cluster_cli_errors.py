@@ -289,6 +289,40 @@ def test_a_call_sent_but_not_answered_exits_3_as_unknown(tmp_path, capsys, hang_
                         "(look at its effect before calling again)")  # fmt: skip
 
 
+def _node_that_answers(server: socket.socket, result: object) -> None:
+    """Accept one client, shake hands, and answer its one call COMMITTED with ``result``."""
+    import msgpack
+
+    conn, _ = server.accept()
+    with conn:
+        conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
+        _recv_frame(conn)  # the client's hello
+        conn.sendall(frame(("ready", 0)))
+        calls = msgpack.unpackb(_recv_frame(conn), use_list=False)[1]
+        conn.sendall(frame(("results", ((calls[0][0], "committed", result, None),))))
+
+
+def test_a_call_result_with_keys_json_cannot_take_prints_them_as_reprs(tmp_path, capsys):
+    # msgpack carries a procedure's map with tuple keys; json.dumps refuses such keys
+    result = {(1, 2): "pair", "rows": [{(3,): b"raw"}], 7: None}
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), [])
+        node = threading.Thread(target=_node_that_answers, args=(server, result))
+        node.start()
+        code = main(["call", "balance", '{"customer": 1}', "--dir", str(tmp_path)])
+        node.join(WAIT_S)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert json.loads(out) == {
+        "status": "committed",
+        "result": {"(1, 2)": "pair", "rows": [{"(3,)": "b'raw'"}], "7": None},
+        "reason": None,
+    }
+
+
 def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):
     config = local_config(1)
     node = _fake_node(children, tmp_path, 0)

@@ -223,6 +223,30 @@ def test_async_client_matches_batched_results_and_fails_callbacks_on_loss():
     assert in_flight == [0]
 
 
+def test_a_call_msgpack_cannot_carry_fails_alone_and_the_client_stays_usable():
+    """Sent in the same loop turn as good calls and a status request: only it fails, with a
+    FrameError naming the procedure; the others are answered, and so are later calls."""
+    batches: list[int] = []
+
+    async def go() -> tuple[list, object]:
+        server = await asyncio.start_server(functools.partial(_fake_node, batches), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, await AsyncClient.connect("127.0.0.1", port) as client:
+            first = await asyncio.gather(
+                client.call("p", {"i": 1}),
+                client.call("big", {"i": 2**70}),  # beyond 64 bits
+                client.call("p", {"i": 3}),
+                return_exceptions=True,
+            )
+            later = await client.call("p", {"i": 4}, timeout_s=10)
+        return first, later
+
+    (one, bad, three), later = asyncio.run(go())
+    assert isinstance(bad, FrameError) and "'big' cannot be sent" in str(bad)
+    assert [one.result["echo"]["i"], three.result["echo"]["i"]] == [1, 3]
+    assert later.result["echo"]["i"] == 4
+
+
 @pytest.mark.parametrize("workload_name", ["tpcc", "ycsb", "smallbank"])
 def test_route_keys_name_every_node_a_call_touches(workload_name):
     options = {

@@ -162,6 +162,31 @@ def test_a_bad_frame_from_a_peer_counts_as_that_peer_lost(data, problem, caplog)
     assert f"node 0: peer 1 sent a bad frame: {problem}" in caplog.text, caplog.text
 
 
+def test_a_bad_report_that_came_before_its_epoch_closed_counts_as_that_peer_lost(caplog):
+    """A report can overtake this node's closing of its epoch; it is kept and read once the
+    epoch closes. A garbled one then ends that peer's link, as on arrival, and the node runs
+    on (it used to stop the node)."""
+    config = local_config(2, **YCSB)
+    caplog.set_level(logging.WARNING, logger="dgcc.net.epochs")
+
+    async def go() -> tuple[dict, bool]:
+        first, second = _Losing(config, 0), Node(config, 1)
+        await asyncio.gather(first.start(), second.start())
+        try:
+            second._out[0].write(frame(("report", 0, 1, ("garbled",))))  # node 0: epoch 0 open
+            async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
+                client.submit("ycsb_txn", {"keys": [7], "rmw": [True]}, lambda outcome: None)
+                await asyncio.wait_for(first.lost.wait(), WAIT_S)  # once epoch 0 closed
+            return first.status(), first.stopped.is_set()
+        finally:
+            for node in (first, second):
+                node.stop()
+
+    status, stopped = asyncio.run(go())
+    assert status["peers_down"] == [1] and not stopped
+    assert "node 0: peer 1 sent a bad frame: bad 'report' message from peer 1" in caplog.text
+
+
 def test_ill_shaped_calls_are_answered_alone_and_the_connection_kept():
     config = local_config(1, **YCSB)
     bad = {
@@ -517,3 +542,40 @@ def test_a_client_frame_over_the_limit_is_refused_and_said_so(blocking):
     error = asyncio.run(go())
     assert isinstance(error, FrameRefused), repr(error)
     assert "exceeds the limit of 2048" in str(error), error
+
+
+def test_a_node_whose_log_cannot_be_written_stops_and_says_why(tmp_path, monkeypatch):
+    """The disk fails under a logging node: the call in that epoch is never answered as
+    committed, the node stops at once (not at its next epoch, which an idle node never
+    reaches), and ``run_node`` raises, so ``dgcc node`` exits non-zero with the reason."""
+    import errno
+
+    import dgcc.wal.writer as writer_module
+    from dgcc.net import ConnectionLost
+    from dgcc.net.node import NodeFailed, run_node
+
+    config = local_config(1, **YCSB, data_dir=str(tmp_path))
+
+    def full_disk(fd: int, data: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def go() -> tuple[Any, BaseException | None]:
+        started = asyncio.get_running_loop().create_future()
+        running = asyncio.create_task(run_node(config, 0, started.set_result))
+        await asyncio.wait_for(asyncio.shield(started), WAIT_S)
+        monkeypatch.setattr(writer_module, "write_all", full_disk)
+        async with await AsyncClient.connect("127.0.0.1", config.nodes[0].port) as client:
+            answer = await asyncio.gather(
+                client.call("ycsb_txn", {"keys": [7], "rmw": [True]}, timeout_s=WAIT_S),
+                return_exceptions=True,
+            )
+        try:
+            await asyncio.wait_for(running, WAIT_S)
+        except NodeFailed as error:
+            return answer[0], error
+        return answer[0], None
+
+    answer, error = asyncio.run(go())
+    assert isinstance(answer, ConnectionLost), answer  # never "committed"
+    assert isinstance(error, NodeFailed), error
+    assert "node 0 stopped: writing its log failed" in str(error) and "No space" in str(error)

@@ -140,6 +140,47 @@ def test_writer_appends_rolls_and_truncates(tmp_path: Path) -> None:
     assert [decode_payload(block) for block in scan.blocks] == [3, 4]
 
 
+def test_short_writes_are_continued_and_a_failed_write_fails_the_log_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``os.write`` may write part of what it is given (a full disk, a signal): the writer
+    writes the rest. A write that fails reaches ``on_failed`` at once, ``wait``, and every
+    later ``start``: the file may end in part of a block, which no block may follow."""
+    import errno
+    import os
+
+    import dgcc.wal.writer as writer_module
+
+    budget, real_write = {"bytes": 10**9}, os.write
+
+    def stingy_write(fd: int, data) -> int:  # at most 7 bytes a call, up to the budget
+        if budget["bytes"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        count = real_write(fd, bytes(data[: min(7, budget["bytes"])]))
+        budget["bytes"] -= count
+        return count
+
+    monkeypatch.setattr(writer_module.os, "write", stingy_write)
+    writer = WalWriter(tmp_path, 1)
+    durable, failed = [], []
+    for epoch in (1, 2):
+        writer.start(epoch, encode_block(BlockKind.COMMAND, epoch, "x" * 50), durable.append)
+        writer.wait()
+    assert durable == [1, 2] and writer.bytes_written > 100
+    budget["bytes"] = 30  # the disk fills up in the middle of epoch 3's block
+    writer.start(3, encode_block(BlockKind.COMMAND, 3, "y" * 50), durable.append, failed.append)
+    with pytest.raises(OSError, match="No space"):
+        writer.wait()
+    assert durable == [1, 2] and [error.errno for error in failed] == [errno.ENOSPC]
+    budget["bytes"] = 10**9  # space again: the torn block still ends the file
+    with pytest.raises(OSError, match="failed an earlier write"):
+        writer.start(4, encode_block(BlockKind.COMMAND, 4, 4))
+    monkeypatch.undo()
+    scan = scan_bytes((tmp_path / "wal-000000000001.log").read_bytes())
+    assert [decode_payload(block) for block in scan.blocks] == ["x" * 50, "x" * 50]
+    assert scan.problem is not None and scan.intact_after is None  # a torn tail: dropped
+
+
 def test_writer_rejects_out_of_order_epoch(tmp_path: Path) -> None:
     writer = WalWriter(tmp_path, 1)
     with pytest.raises(AssertionError, match="expected 1"):

@@ -594,9 +594,24 @@ def _call(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return CALL_UNKNOWN
-    answer = {"status": outcome.status.value, "result": outcome.result, "reason": outcome.reason}
+    result = _json_keys(outcome.result)
+    answer = {"status": outcome.status.value, "result": result, "reason": outcome.reason}
     print(json.dumps(answer, default=repr))
     return {"committed": 0, "aborted": 1}.get(outcome.status.value, 2)
+
+
+def _json_keys(value: Any) -> Any:
+    """``value`` with every map key JSON cannot take (a tuple, bytes ...) written as its repr:
+    msgpack carries such keys, and ``json.dumps``'s ``default`` never sees keys."""
+    if isinstance(value, dict):
+        plain = (str, int, float, bool, type(None))
+        return {
+            key if isinstance(key, plain) else repr(key): _json_keys(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_json_keys(item) for item in value]
+    return value
 
 
 def _call_params(text: str) -> dict[str, Any]:

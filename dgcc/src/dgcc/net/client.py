@@ -96,10 +96,24 @@ class AsyncClient:
     def _flush(self) -> None:
         calls, self._calls = self._calls, []
         for start in range(0, len(calls), CALLS_PER_FRAME_MAX):
-            self._frames.append(frame(("calls", calls[start : start + CALLS_PER_FRAME_MAX])))
+            chunk = calls[start : start + CALLS_PER_FRAME_MAX]
+            try:
+                self._frames.append(frame(("calls", chunk)))
+            except FrameError:  # a call msgpack cannot carry, or too big: it fails alone
+                self._frames += filter(None, map(self._frame_alone, chunk))
         data, self._frames = b"".join(self._frames), []
         if not self._writer.is_closing():
             self._writer.write(data)
+
+    def _frame_alone(self, call: tuple[int, str, dict]) -> bytes | None:
+        """One call's frame, or None after failing the call with the reason it has none."""
+        try:
+            return frame(("calls", [call]))
+        except FrameError as error:
+            callback = self._callbacks.pop(call[0], None)
+            if callback is not None:
+                callback(FrameError(f"call {call[1]!r} cannot be sent: {error}"))
+            return None
 
     @classmethod
     async def connect(
@@ -182,7 +196,8 @@ class AsyncClient:
         done: Callable[[Outcome | NetError], None],
     ) -> int:
         """Send ``procedure(params)``; ``done`` gets its outcome once committed (or the
-        ``ConnectionLost`` that ended the wait). Returns the call id.
+        ``ConnectionLost`` that ended the wait, or a ``FrameError`` when the params cannot be
+        sent: a value msgpack cannot carry, too many bytes). Returns the call id.
 
         Raises:
             ConnectionLost: the connection is already closed.
@@ -202,6 +217,8 @@ class AsyncClient:
         Raises:
             CallTimeout: no outcome within ``timeout_s`` (default 30 s).
             ConnectionLost: the connection closed before the outcome came.
+            FrameError: the call cannot be sent (its params hold a value msgpack cannot
+                carry, or encode to more than a frame holds); the connection stays usable.
         """
         future = asyncio.get_running_loop().create_future()
 

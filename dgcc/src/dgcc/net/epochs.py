@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from dgcc.protocols.dist_placement import Router
 
 __all__ = ["CALLS_WAITING_MAX", "EpochPipeline", "check_inputs", "peer_body"]
+
+logger = logging.getLogger(__name__)
 
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch (so per batch)
 _STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
@@ -120,7 +123,11 @@ class EpochPipeline:
         for peer, body in bodies.items():
             self._send(peer, ("inputs", epoch, self.id, body))
         for peer, report in self._early_reports.pop(epoch, ()):
-            self._on_report(epoch, peer, report)
+            try:
+                self._on_report(epoch, peer, report)
+            except FrameError as error:  # the peer's fault: its link ends, as on arrival
+                logger.warning("node %d: peer %d sent a bad frame: %s", self.id, peer, error)
+                self._peer_lost(peer)  # type: ignore[attr-defined]
         self._wake.set()
 
     def _peer_inputs(self, batch: list[TxnRequest]) -> dict[int, tuple]:

@@ -56,7 +56,7 @@ from dgcc.wal.node_log import LoggedEpochRun, node_directory, node_durability
 from dgcc.wal.rejoin import RejoinError, RejoinPlan
 from dgcc.workloads import get_workload
 
-__all__ = ["Node", "run_node"]
+__all__ = ["Node", "NodeFailed", "run_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,10 @@ CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
 PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
+
+
+class NodeFailed(DgccError):
+    """A node stopped itself on a fault (a task failed, its log could not be written)."""
 
 
 class Node(EpochPipeline):
@@ -95,6 +99,8 @@ class Node(EpochPipeline):
             self.db, self.epoch_run = self.workload.schema(), self.logged_epoch_run
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
+        self.failure: str | None = None  # why the node stopped itself, if it did
+        self._client_writers: set[asyncio.StreamWriter] = set()  # closed by ``stop``
         self._wake = asyncio.Event()  # any peer message or closed epoch
         self._collector_wake = asyncio.Event()  # calls, peer inputs or execution progress
         self._out: dict[int, asyncio.StreamWriter] = {}
@@ -159,6 +165,7 @@ class Node(EpochPipeline):
         if self.durability is not None:
             self.durability.broadcast = self._send_durable
             self.durability.announce = self._send_restart
+            self.durability.failed = self._log_failed
             recovered = await self.durability.recover(
                 self.registry,
                 self.router,
@@ -183,6 +190,16 @@ class Node(EpochPipeline):
             logger.error(
                 "node %d: task %s failed", self.id, task.get_name(), exc_info=task.exception()
             )
+            self._fail(f"its {task.get_name()} task failed: {task.exception()!r}")
+
+    def _log_failed(self, error: OSError) -> None:
+        """The log could not write an epoch's block: its clients can never be answered."""
+        logger.error("node %d: writing the log failed: %s", self.id, error)
+        self._fail(f"writing its log failed: {error}")
+
+    def _fail(self, why: str) -> None:
+        if not self.stopped.is_set():
+            self.failure = self.failure or f"node {self.id} stopped: {why}"
             self.stop()
 
     def stop(self) -> None:
@@ -190,8 +207,8 @@ class Node(EpochPipeline):
             task.cancel()
         if self._server is not None:
             self._server.close()
-        for writer in self._out.values():
-            writer.close()
+        for writer in [*self._out.values(), *self._client_writers]:
+            writer.close()  # (what is buffered still leaves: the answer to a stop request)
         if self.durability is not None:
             self.durability.close()
         self.release_dir()
@@ -261,6 +278,7 @@ class Node(EpochPipeline):
                 await self._serve_peer(reader, peer)
             else:
                 self.stats["net/client_connections"] += 1
+                self._client_writers.add(writer)
                 await self._serve_client(reader, ClientLink(writer, peer_name))
         except (FrameError, HandshakeError, TimeoutError) as error:
             self.stats["net/rejected_connections"] += 1
@@ -275,7 +293,7 @@ class Node(EpochPipeline):
                 logger.warning("node %d: closing connection from %s: %s", self.id, peer_name, error)
             if not writer.is_closing():
                 writer.write(frame(("error", str(error)[:200])))
-        except (ConnectionLost, ConnectionError) as error:
+        except (ConnectionLost, OSError) as error:  # (OSError: reset, unreachable host ...)
             # A client leaving is routine; a peer leaving stalls the epochs (until stop).
             peer_lost = role == "node" and not self.stopped.is_set()
             logger.debug("node %d: %s connection %s ended: %s", self.id, role, peer_name, error)
@@ -286,6 +304,7 @@ class Node(EpochPipeline):
         finally:
             if role == "node" and self._peer_readers.get(peer) is reader:
                 del self._peer_readers[peer]  # ended: the peer may connect again
+            self._client_writers.discard(writer)
             writer.close()
 
     async def _handshake(
@@ -506,7 +525,7 @@ class Node(EpochPipeline):
         for peer, writer in list(self._out.items()):
             try:
                 await writer.drain()
-            except ConnectionError:
+            except OSError:  # reset, refused; on a real network also timed out, unreachable
                 self._peer_lost(peer)
 
     def _peer_lost(self, peer: int) -> None:
@@ -611,3 +630,5 @@ async def run_node(
     await node.stopped.wait()
     collector.cancel()
     await asyncio.sleep(0)  # let the stop answer leave the socket
+    if node.failure is not None:
+        raise NodeFailed(node.failure)

@@ -152,7 +152,7 @@ async def read_frame(reader: asyncio.StreamReader, frame_bytes_max: int) -> tupl
         if length > frame_bytes_max:
             raise FrameError(f"frame of {length} bytes exceeds the limit of {frame_bytes_max}")
         body = await reader.readexactly(length)
-    except (asyncio.IncompleteReadError, ConnectionError) as error:
+    except (asyncio.IncompleteReadError, OSError) as error:  # (reset, timed out, unreachable)
         raise ConnectionLost(f"connection closed: {type(error).__name__}") from None
     return decode(body)
 

@@ -25,7 +25,7 @@ from dgcc.errors import ConfigError, DgccError
 from dgcc.storage import Database
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import BlockKind, WalCorrupt, decode_payload, encode_block, scan_bytes
-from dgcc.wal.writer import fsync_dir
+from dgcc.wal.writer import fsync_dir, write_all
 
 __all__ = [
     "ACKED_RECORD",
@@ -61,10 +61,10 @@ def _write_file(path: Path, data: bytes, crash_name: str | None = None) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         half = len(data) // 2
-        os.write(fd, data[:half])
+        write_all(fd, data[:half])
         if crash_name is not None:
             crashpoint(crash_name)
-        os.write(fd, data[half:])
+        write_all(fd, data[half:])
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -296,15 +296,21 @@ class NodeLog:
             self._cluster_durable = min(self.epoch, cluster_durable)
         self._unpublished: int | None = None  # a written snapshot waiting for that
 
-    def record(self, run: LoggedEpochRun, on_durable: Callable[[int], None]) -> int:
+    def record(
+        self,
+        run: LoggedEpochRun,
+        on_durable: Callable[[int], None],
+        on_failed: Callable[[OSError], None] | None = None,
+    ) -> int:
         """Start writing the next epoch's block; ``on_durable(epoch)`` runs (on the writer's
-        thread) once it is on disk. Returns the epoch."""
+        thread) once it is on disk, ``on_failed(error)`` if the write fails. Returns the
+        epoch."""
         epoch = self.epoch + 1
         if epoch <= self.logged:  # a rejoining node re-ran it: its block is on disk already
             self.epoch = epoch
             return epoch
         block = encode_block(BlockKind.NODE, epoch, record_node_epoch(run, self._cluster_durable))
-        self.writer.start(epoch, block, on_durable)
+        self.writer.start(epoch, block, on_durable, on_failed)
         self.epoch = epoch
         self._maybe_checkpoint()
         return epoch
@@ -345,10 +351,15 @@ class NodeLog:
         """Wait for the block and the checkpoint in flight, close the log, and record the
         newest epoch durable on every node (``ACKED``): no later block records it, and a
         restart must not take a log that lost it (its clients may have been answered) for
-        one that stopped before it."""
-        self.writer.wait()
+        one that stopped before it. After a failed write (reported as it happened: the
+        node stopped on it) only the file is closed."""
+        try:
+            self.writer.close()
+        except OSError as error:
+            logger.warning("log of %s closed after a failed write: %s", self.directory, error)
+            self.checkpointer.poll(wait=True)  # (its snapshot is not published)
+            return
         self._snapshot_done(self.checkpointer.poll(wait=True))
-        self.writer.close()
         if self._cluster_durable > read_acked(self.directory):
             write_acked(self.directory, self._cluster_durable)
 
@@ -377,6 +388,7 @@ class NodeDurability:
         self.checkpoint_every_epochs = checkpoint_every_epochs
         self.log: NodeLog | None = None
         self.broadcast: Callable[[int], None] = lambda epoch: None  # set by the node
+        self.failed: Callable[[OSError], None] = lambda error: None  # (a block's write failed)
         # "restarting, my log ends at epoch E (new: the directory holds no log yet), and it
         # records epoch A as durable on every node"
         self.announce: Callable[[int, bool, int], None] = lambda epoch, new, acked: None
@@ -542,7 +554,11 @@ class NodeDurability:
         """Start the group commit of the epoch ``run`` just finished."""
         assert self.log is not None and self._loop is not None, "recover first"
         loop = self._loop
-        self.log.record(run, lambda epoch: loop.call_soon_threadsafe(self._durable_here, epoch))
+        self.log.record(
+            run,
+            lambda epoch: loop.call_soon_threadsafe(self._durable_here, epoch),
+            lambda error: loop.call_soon_threadsafe(self.failed, error),
+        )
 
     def _durable_here(self, epoch: int) -> None:
         self.broadcast(epoch)

@@ -12,6 +12,7 @@ or removing a file is followed by an fsync of the directory, so the name itself 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import WalCorrupt
 
-__all__ = ["WalWriter", "fsync_dir", "list_segments", "segment_name"]
+__all__ = ["WalWriter", "fsync_dir", "list_segments", "segment_name", "write_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,23 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes | memoryview) -> int:
+    """Write every byte of ``data`` to ``fd`` (``os.write`` may write fewer, e.g. on a full
+    disk, whose next write then raises); returns how many.
+
+    Raises:
+        OSError: a write failed, or wrote nothing (``ENOSPC``).
+    """
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        written = os.write(fd, view[done:])
+        if written <= 0:
+            raise OSError(errno.ENOSPC, f"wrote {done} of {len(view)} bytes, then nothing")
+        done += written
+    return done
+
+
 class WalWriter:
     """Appends epoch blocks to the current segment, one in flight at a time.
 
@@ -76,6 +94,9 @@ class WalWriter:
         self._fd: int | None = None
         self._flight: threading.Thread | None = None
         self._error: OSError | None = None
+        # A failed write may leave part of its block in the file: nothing may follow it there
+        # (recovery would find intact blocks after a damaged one), so it fails every later call.
+        self._failed: OSError | None = None
         segments = list_segments(directory)
         if segments:
             self._open(segments[-1][1], create=False)
@@ -93,41 +114,64 @@ class WalWriter:
         self.wait()
 
     def start(
-        self, epoch: int, block: bytes, on_durable: Callable[[int], None] | None = None
+        self,
+        epoch: int,
+        block: bytes,
+        on_durable: Callable[[int], None] | None = None,
+        on_failed: Callable[[OSError], None] | None = None,
     ) -> None:
         """Begin writing ``epoch``'s block in the background; ``wait`` before acknowledging.
 
         Args:
             on_durable: called with ``epoch`` on the writer's thread once the block is on
                 disk (e.g. ``loop.call_soon_threadsafe`` to wake an event loop).
+            on_failed: called with the error on the writer's thread if the write or fsync
+                fails (the next ``start`` or ``wait`` raises it too), so a caller waiting
+                for ``on_durable`` learns it at once.
+
+        Raises:
+            OSError: an earlier write failed (the log may end in part of its block).
         """
         assert epoch == self.next_epoch, f"appending epoch {epoch}, expected {self.next_epoch}"
         assert self._fd is not None, "writer is closed"
         self.wait()
-        args = (epoch, block, on_durable)
+        args = (epoch, block, on_durable, on_failed)
         self._flight = threading.Thread(target=self._write, args=args, daemon=True)
         self.next_epoch = epoch + 1
         self._flight.start()
 
     def wait(self) -> None:
-        """Block until the in-flight block (if any) is durable."""
-        if self._flight is None:
-            return
-        self._flight.join()
-        self._flight = None
+        """Block until the in-flight block (if any) is durable.
+
+        Raises:
+            OSError: this block's write or fsync failed, or an earlier one did.
+        """
+        if self._flight is not None:
+            self._flight.join()
+            self._flight = None
         if self._error is not None:
+            self._failed = self._failed or self._error
             error, self._error = self._error, None
             raise error
+        if self._failed is not None:
+            raise OSError(
+                self._failed.errno, f"the log failed an earlier write: {self._failed}"
+            ) from self._failed
 
-    def _write(self, epoch: int, block: bytes, on_durable: Callable[[int], None] | None) -> None:
+    def _write(
+        self,
+        epoch: int,
+        block: bytes,
+        on_durable: Callable[[int], None] | None,
+        on_failed: Callable[[OSError], None] | None,
+    ) -> None:
         fd = self._fd
         assert fd is not None
         try:
             half = len(block) // 2
-            written = os.write(fd, block[:half])
+            written = write_all(fd, block[:half])
             crashpoint("wal.mid_write")
-            written += os.write(fd, block[half:])
-            assert written == len(block), f"short write: {written} of {len(block)} bytes"
+            written += write_all(fd, block[half:])
             crashpoint("wal.before_fsync")
             if self.sync:
                 os.fsync(fd)
@@ -136,6 +180,8 @@ class WalWriter:
             self.bytes_written += written
         except OSError as error:  # re-raised by ``wait`` in the caller's thread
             self._error = error
+            if on_failed is not None:
+                on_failed(error)
             return
         if on_durable is not None:
             on_durable(epoch)
@@ -169,10 +215,14 @@ class WalWriter:
         return removed
 
     def close(self) -> None:
-        self.wait()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Wait for the block in flight, then close the file (closed after a failed write
+        too, whose error ``wait`` raises)."""
+        try:
+            self.wait()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def _open(self, path: Path, *, create: bool) -> None:
         self.close()
