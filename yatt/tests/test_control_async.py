@@ -123,6 +123,44 @@ def test_a_replacement_hands_over_every_pending_prompt_to_the_new_groups():
     assert sorted(accounted) == sorted(ShardQueue(10_000, 3, 8, 1, 0).take(total))
 
 
+@pytest.mark.parametrize("in_a_worker", [False, True])
+def test_a_failing_reward_names_the_data_row_its_sample_came_from(in_a_worker):
+    """As the single-process trainer does: "row r is a sample of data.jsonl:L" (the reward
+    raised here, or in a worker process, whose error carries it as its cause)."""
+    from yatt.errors import WorkerError
+    from yatt.rewards import RewardError
+
+    queue = ShardQueue(10_000, seed=3, prompts_per_step=4, world=1, rank=0)
+    rollout = GroupRollout(queue, N_SAMPLES, seed=1, over_dispatch=0.0, dynamic=False,
+                           max_refills=0, budget=lambda step: 0, behaviour_logp=False,
+                           source_of=lambda index: f"data.jsonl:{index + 1}")  # fmt: skip
+
+    def score(shard: Shard) -> tuple:
+        error = RewardError("reward 'f' raised KeyError on row 5", 5)
+        if not in_a_worker:
+            raise error
+        raise WorkerError(f"reward0: {error}") from error
+
+    dispatch = rollout.dispatch(0, 0, lambda request, version: call_now(_fake_shard, request))
+    prompt = dispatch.calls[0][0].prompt_indices[5 // N_SAMPLES]
+    named = rf"on row 5 \(row 5 is a sample of data.jsonl:{prompt + 1}\)"
+    with pytest.raises(RewardError, match=named):
+        rollout.collect(dispatch, lambda request, version: None, score, lambda: 0.0)
+
+
+def test_every_request_carries_its_steps_resolved_response_budget():
+    """Before the schedule's first entry a step's budget is rollout.max_new_tokens, sent as
+    such: a sampler keeps the last budget it got, which (steps sampled ahead, refills) may be
+    a later step's."""
+    from yatt.control.async_rollout import make_group_rollout
+
+    config = load_config("tiny_test", ["rollout.max_new_tokens=16"])
+    control = ControlConfig(length_schedule=("10:64",))
+    rollout = make_group_rollout(config, control, world=1, rank=0, first_step=0, staleness=1)
+    budgets = {step: rollout._request(step, 0, [0]).max_new_tokens for step in (7, 8, 9, 20)}
+    assert budgets == {7: 16, 8: 16, 9: 64, 20: 64}  # step index 9 is logged step 10
+
+
 def test_reclaimed_prompts_go_to_the_front_of_the_queue():
     queue = ShardQueue(100, seed=0, prompts_per_step=2, world=1, rank=0)
     rollout = GroupRollout(queue, N_SAMPLES, seed=1, over_dispatch=1.0, dynamic=False,

@@ -262,6 +262,21 @@ def test_threads_mapping_gives_each_role_one_multi_core_worker():
     assert role_devices(partial, gpus, "threads")["policy"] == gpus  # GPUs stay ranks
 
 
+def test_re_placement_moves_only_to_plans_whose_ranks_split_the_prompts_evenly():
+    """A move to a plan with 3 policy ranks and 8 prompts a step would fail mid-run (the
+    shard queues need a multiple): such plans are no candidates."""
+    from yatt.config import load_config
+    from yatt.control.cluster import plans_that_fit
+
+    config = load_config("tiny_test", ["algo.prompts_per_step=8"])
+    gpus = [Device("cuda", i) for i in range(4)]
+    fit, unfit = plans_that_fit(config, ControlConfig(), gpus)
+    assert [plan.label() for plan in unfit] == ["disaggregated(sampler=1/4)"]
+    assert len(fit) + 1 == len(candidate_placements(4))
+    cpus = [Device("cpu", i) for i in range(4)]  # threads: a role is one worker, one rank
+    assert plans_that_fit(config, ControlConfig(cpu_mapping="threads"), cpus)[1] == []
+
+
 def test_amdahl_fractions_round_trip_and_shape_the_cost_model():
     assert speedup(1.0, 4) == pytest.approx(4.0) and speedup(0.0, 4) == pytest.approx(1.0)
     assert amdahl_fraction(3.0, 3.0 / speedup(0.6, 2), 2) == pytest.approx(0.6)

@@ -97,6 +97,24 @@ def test_eval_of_a_checkpoint_uses_its_saved_config(tmp_path, data_file, capsys)
     assert f"on 2 held-out {data_file} problems" in capsys.readouterr().out
 
 
+def test_eval_takes_the_model_of_a_run_whose_controller_settings_needed_lora(
+    tmp_path, data_file, capsys
+) -> None:
+    """A Ray run with LoRA, a KL term and runtime re-placement is valid; its saved model holds
+    merged weights, which eval loads without adapters. The run's control section is not
+    eval's (without LoRA it would be refused: no reference model to hand over in a move)."""
+    checkpoint = tmp_path / "step_000001"
+    save_checkpoint(*tiny_model(seed=0), checkpoint / "policy")
+    trained = load_config("tiny_test", [
+        f"data.path={data_file}", "data.n_heldout=4", "eval.n=4", "model.lora_rank=8",
+        "algo.kl_coef=0.01", "control.backend=ray", "control.n_devices=2",
+        "control.replace_every=2",
+    ])  # fmt: skip
+    save_config(trained, checkpoint)
+    assert main(["eval", str(checkpoint)]) == 0, capsys.readouterr().err
+    assert f"on 4 held-out {data_file} problems" in capsys.readouterr().out
+
+
 def test_sft_refuses_control_settings_it_would_ignore(tmp_path, capsys) -> None:
     run_dir = tmp_path / "sft"
     argv = ["sft", "tiny_test", "control.backend=ray", f"logging.run_dir={run_dir}"]

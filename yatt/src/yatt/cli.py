@@ -403,9 +403,10 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
         logger.info("eval: using the default config (no config.yaml in %s)", model)
         return load_config(None, [*given, *overrides]), ""
     logger.info("eval: using the run's config %s (overrides win over it)", saved)
-    config = load_config(str(saved), [*given, *overrides])
+    # (its control section is for training: one that needs LoRA, say, would refuse the merge)
+    config = load_config(str(saved), [*given, *overrides], defaults_for=("control",))
     try:
-        run = load_config(str(saved), given).data
+        run = load_config(str(saved), given, defaults_for=("control",)).data
     except ConfigError:  # a saved setting a later version refuses, which `overrides` fixed
         run = config.data
     if config.eval.n == 0 and not any(o.split("=")[0].strip() == "eval.n" for o in overrides):

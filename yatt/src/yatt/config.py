@@ -840,13 +840,21 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     return result
 
 
-def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    preset: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    defaults_for: tuple[str, ...] = (),
+) -> Config:
     """Defaults, then `preset` (a name in configs/ or a YAML path), then dotted overrides.
+    `defaults_for`: sections whose preset values are left out (their defaults stand, before
+    the overrides): `yatt eval` runs no controllers, so a run's `control` section is not its.
 
     Raises:
         ConfigError: unknown preset/key, unparsable YAML, wrong type or out-of-range value.
     """
     values = _read_preset(preset) if preset else {}
+    values = {key: value for key, value in values.items() if key not in defaults_for}
     values = apply_overrides(values, list(overrides))
     return _build(Config, values, "")
 

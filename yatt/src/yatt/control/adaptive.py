@@ -27,7 +27,7 @@ from typing import Any
 
 from yatt.config import Config
 from yatt.control.async_rollout import QueueState, deal_prompts
-from yatt.control.cluster import build_cluster
+from yatt.control.cluster import build_cluster, plans_that_fit
 from yatt.control.config import ControlConfig, max_new_tokens_at
 from yatt.control.controller import Controller, RunResult
 from yatt.control.parallel import ParallelController, ParallelRank
@@ -75,8 +75,20 @@ class AdaptiveController(Controller):
         self.plan: Placement = self.cluster.placement
         self.controller = ParallelController(config, control, self.cluster)
         overlap = control.async_staleness > 0
+        candidates, unfit = plans_that_fit(config, control, self.cluster.devices)
+        if unfit:
+            logger.info(
+                "re-placement: algo.prompts_per_step=%d does not divide over the policy ranks "
+                "of %s; they are not candidates",
+                config.algo.prompts_per_step,
+                ", ".join(plan.label() for plan in unfit),
+            )
         self.replanner = Replanner(
-            self.plan.n_devices, control.replace_every, self._handover_s(), overlap=overlap
+            self.plan.n_devices,
+            control.replace_every,
+            self._handover_s(),
+            candidates=candidates,
+            overlap=overlap,
         )
         self.sync_s = self._push_s()
         self.decisions: list[Decision] = []

@@ -35,7 +35,8 @@ from yatt.batch import RolloutBatch
 from yatt.control.shards import Shard, ShardRequest
 from yatt.control.workers import Future, wait_first
 from yatt.data import PromptSampler
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, WorkerError
+from yatt.rewards import RewardError
 
 __all__ = [
     "GROUP_STRIDE",
@@ -198,21 +199,25 @@ class GroupRollout:
     """Dispatch and collection for data-parallel group `queue.rank` (see the module docstring).
 
     need: groups per step; n_samples: rows per group; over_dispatch: r; dynamic: DAPO filter;
-    max_refills: refill rounds allowed per step; budget: step -> response budget (0 = default);
+    max_refills: refill rounds allowed per step; budget: step -> response budget (0: the
+    sampler's last);
     behaviour_logp: ask samplers for the behaviour log-probs (async runs); shaping: (batch,
     step) -> (B,) terms added to the scores to make the rewards (DAPO's overlong penalty), or
-    None; the batch keeps the scores too (`RolloutBatch.scores`).
+    None; the batch keeps the scores too (`RolloutBatch.scores`); source_of: prompt index ->
+    where it came from (a file and line), named when a reward fails on one of its samples.
     """
 
     def __init__(self, queue: ShardQueue, n_samples: int, seed: int, over_dispatch: float,
                  dynamic: bool, max_refills: int, budget: Callable[[int], int],
-                 behaviour_logp: bool, shaping: Shaping | None = None) -> None:  # fmt: skip
+                 behaviour_logp: bool, shaping: Shaping | None = None,
+                 source_of: Callable[[int], str] | None = None) -> None:  # fmt: skip
         self.queue, self.need = queue, queue.per_group
         self.n_samples, self.seed = n_samples, seed
         self.over_dispatch, self.dynamic = over_dispatch, dynamic
         self.max_refills = max_refills if dynamic else 0
         self.budget, self.behaviour_logp = budget, behaviour_logp
         self.shaping = shaping
+        self.source_of = source_of or (lambda index: f"train prompt {index}")
 
     def _extra(self, groups: int) -> int:
         return math.ceil(groups * (1 + self.over_dispatch) - 1e-9)
@@ -247,6 +252,24 @@ class GroupRollout:
             max_new_tokens=self.budget(step), behaviour_logp=self.behaviour_logp,
         )  # fmt: skip
 
+    def _scored(self, score: Score, shard: Shard, request: ShardRequest
+                ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+        """``score(shard)``; a reward that fails (here or in a worker) names the data row of
+        the prompt the failing sample came from, as the single-process trainer does."""
+        try:
+            return score(shard)
+        except (RewardError, WorkerError) as error:
+            failed = error if isinstance(error, RewardError) else error.__cause__
+            if not isinstance(failed, RewardError):
+                raise
+            prompts = request.prompt_indices
+            if failed.row is None or not 0 <= failed.row // self.n_samples < len(prompts):
+                where = "samples of " + ", ".join(map(self.source_of, prompts))
+            else:
+                where = f"row {failed.row} is a sample of "
+                where += self.source_of(prompts[failed.row // self.n_samples])
+            raise RewardError(f"{error} ({where})", failed.row) from error
+
     def dispatch(self, step: int, version: int, submit: Submit) -> StepDispatch:
         """Submit the first wave of `step`: ceil(need * (1 + r)) groups."""
         dispatch = StepDispatch(step, version, [], 0)
@@ -269,7 +292,7 @@ class GroupRollout:
             stats.gen_tokens += float(shard.batch.response_mask.sum())
             stats.gen_s += shard.gen_s
             start_s = clock()
-            scores, reward_metrics = score(shard)
+            scores, reward_metrics = self._scored(score, shard, request)
             stats.score_s += clock() - start_s
             stats.add_reward_metrics(reward_metrics, shard.batch.size)
             shard.batch.scores = scores
@@ -407,6 +430,10 @@ def make_group_rollout(config, control, world: int, rank: int, first_step: int,
     return GroupRollout(
         queue, config.rollout.n_samples, config.train.seed, control.over_dispatch,
         algo.dynamic_sampling, algo.max_refill_batches,
-        lambda step: max_new_tokens_at(control, step, 0), behaviour_logp=staleness > 0,
+        # The resolved budget, never 0 ("keep"): a sampler keeps the last budget it was
+        # given, which may be a later step's when steps are sampled ahead or refilled.
+        lambda step: max_new_tokens_at(control, step, config.rollout.max_new_tokens),
+        behaviour_logp=staleness > 0,
         shaping=overlong if algo.overlong_buffer > 0 else None,
+        source_of=lambda index: train_set[index].source or f"train prompt {index}",
     )  # fmt: skip

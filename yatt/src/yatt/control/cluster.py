@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from yatt.config import Config, check_controller_settings
 from yatt.control.config import ControlConfig
 from yatt.control.devices import Device, discover_devices, widen
-from yatt.control.placement import Placement, make_placement
+from yatt.control.placement import Placement, candidate_placements, make_placement
 from yatt.control.rank import RankWorker
 from yatt.control.workers import Backend, Future, WorkerGroup, WorkerHandle, make_backend
 from yatt.errors import ConfigError
 
-__all__ = ["Cluster", "build_cluster", "role_devices"]
+__all__ = ["Cluster", "build_cluster", "plans_that_fit", "role_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,19 @@ def role_devices(placement: Placement, devices: list[Device], cpu_mapping: str
     if cpu_mapping == "threads" and devices[0].kind == "cpu":
         on = {role: [widen(group)] for role, group in on.items()}
     return on
+
+
+def plans_that_fit(config: Config, control: ControlConfig, devices: list[Device]
+                   ) -> tuple[list[Placement], list[Placement]]:  # fmt: skip
+    """The plans runtime re-placement may move to on `devices`, and those it may not: a plan
+    fits when `algo.prompts_per_step` divides evenly over its policy ranks (one data-parallel
+    group each), as `build_cluster` requires of a run's first plan."""
+    fit: list[Placement] = []
+    unfit: list[Placement] = []
+    for plan in candidate_placements(len(devices)):
+        n_ranks = len(role_devices(plan, devices, control.cpu_mapping)["policy"])
+        (unfit if config.algo.prompts_per_step % n_ranks else fit).append(plan)
+    return fit, unfit
 
 
 def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankWorker,
