@@ -441,3 +441,84 @@ def test_a_node_keeps_serving_after_a_plan_raises(
     ], outcomes
     assert "ycsb_div.plan raised ZeroDivisionError" in outcomes[0].reason
     assert [status["peers_down"] for status in statuses] == [[], []]
+
+
+def test_dependency_replay_of_an_epoch_with_a_raising_piece_equals_the_live_run() -> None:
+    """Which pieces of a failing transaction run depends on the order: live, one executor runs
+    the oldest ready piece first, so the raising piece ``r`` (it waits on the write of key 1)
+    fails the call before its independent piece ``c`` runs. A replay, with any worker count,
+    runs such an epoch in that order (a FIFO walk ran ``c`` first: a write live never made)."""
+    from dgcc.protocols.dgcc import DgccProtocol
+    from dgcc.wal import dependency
+
+    def write_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def run(ctx: PieceContext) -> None:
+            ctx.update("kv", 1, {"v": 5})
+
+        return [Piece("w", run, writes=(("kv", 1),))]
+
+    def failing_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def read(ctx: PieceContext) -> None:
+            raise RuntimeError(f"bug reading {ctx.get('kv', 1)}")
+
+        def write(ctx: PieceContext) -> None:
+            ctx.update("kv", 2, {"v": 99})
+
+        return [Piece("r", read, reads=(("kv", 1),)), Piece("c", write, writes=(("kv", 2),))]
+
+    registry = ProcedureRegistry(
+        [Procedure("w", {}, write_plan), Procedure("failing", {}, failing_plan)]
+    )
+    batch = [TxnRequest("w", {}), TxnRequest("failing", {})]
+    live, seen = _db(), []
+    protocol = DgccProtocol(live, registry)
+    protocol.graph_sink = lambda txns, graph: seen.append((txns, graph))
+    outcomes = protocol.run_batch(batch)
+    assert [outcome.status for outcome in outcomes] == [Status.COMMITTED, Status.ERROR]
+    payload = dependency.record_epoch(batch, *seen[0])
+    assert payload["errors"] == [1]
+    for workers in (1, 2, 3):
+        replayed = _db()
+        dependency.replay_epoch(replayed, registry, payload, workers=workers)
+        assert replayed["kv"].rows == live["kv"].rows, workers
+    assert live["kv"].rows[2] == {"v": 0}  # c never ran live
+
+
+def test_occ_validates_the_reads_a_raising_piece_saw_before_failing_its_call() -> None:
+    """``both`` keeps keys 1 and 2 equal; ``check`` reads them in two pieces and raises when
+    they differ, which no serial order lets happen. OCC interleaves the calls: a ``check``
+    that saw one key before and one after a ``both`` raised on a view no order had, and used
+    to end ERROR at once; it is validated as a logic abort is, and restarts."""
+    from dgcc.protocols.occ import OccProtocol
+
+    def both_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def bump(key: int) -> Piece:
+            def run(ctx: PieceContext) -> None:
+                ctx.update("kv", key, {"v": ctx.get("kv", key)["v"] + 1})
+
+            return Piece(f"k{key}", run, reads=(("kv", key),), writes=(("kv", key),))
+
+        return [bump(1), bump(2)]
+
+    def check_plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def first(ctx: PieceContext) -> int:
+            return ctx.get("kv", 1)["v"]
+
+        def second(ctx: PieceContext) -> None:
+            seen = (ctx.input("first"), ctx.get("kv", 2)["v"])
+            if seen[0] != seen[1]:
+                raise RuntimeError(f"keys 1 and 2 differ: {seen}")
+
+        return [
+            Piece("first", first, reads=(("kv", 1),)),
+            Piece("second", second, reads=(("kv", 2),), after=("first",)),
+        ]
+
+    registry = ProcedureRegistry(
+        [Procedure("both", {}, both_plan), Procedure("check", {}, check_plan)]
+    )
+    batch = [TxnRequest("both" if i % 2 else "check", {}) for i in range(200)]
+    db = _db()
+    outcomes = OccProtocol(db, registry, seed=3, inflight=16).run_batch(batch)
+    assert [o.reason for o in outcomes if o.status is Status.ERROR] == []
+    assert db["kv"].rows[1] == db["kv"].rows[2] == {"v": 100}

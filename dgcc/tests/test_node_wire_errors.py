@@ -313,20 +313,46 @@ def test_frame_refuses_a_body_its_header_cannot_announce(monkeypatch):
         frame(("calls", "x" * 10))
 
 
+class _Writer:
+    """A client link's writer: keeps what is written; its transport holds ``buffered`` bytes
+    the client has not read yet."""
+
+    def __init__(self, buffered: int = 0) -> None:
+        self.data = b""
+        self.transport = self
+        self.buffered, self.aborted = buffered, False
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_client_that_stops_reading_its_answers_is_closed(caplog):
+    from dgcc.net.calls import ANSWERS_BUFFERED_MAX, ClientLink
+
+    writer = _Writer(buffered=ANSWERS_BUFFERED_MAX)
+    link = ClientLink(writer, "slow")  # type: ignore[arg-type]
+    link._results = [(1, "committed", 7, "")]
+    link._flush()
+    assert not writer.aborted  # at the limit: kept
+    writer.buffered += 1
+    link._results = [(2, "committed", 7, "")]
+    link._flush()
+    assert writer.aborted and "closing client slow" in caplog.text
+
+
 def test_a_result_msgpack_cannot_carry_loses_only_that_result():
     # A procedure's result with an int beyond 64 bits: its call is answered with its status,
     # no result and a reason; the other answers in the frame go out as they are.
     from dgcc.net.calls import ClientLink
-
-    class _Writer:
-        def __init__(self) -> None:
-            self.data = b""
-
-        def is_closing(self) -> bool:
-            return False
-
-        def write(self, data: bytes) -> None:
-            self.data += data
 
     writer = _Writer()
     link = ClientLink(writer, "test")  # type: ignore[arg-type]

@@ -89,3 +89,44 @@ def test_a_lost_coordinators_unvoted_branch_is_aborted_and_frees_its_keys(protoc
 
     outcome = asyncio.run(go())
     assert outcome.status is Status.COMMITTED, outcome  # key 81 is free again
+
+
+def test_a_branch_its_coordinator_aborts_while_it_waits_ends_and_holds_nothing() -> None:
+    """WAIT_DIE: an older branch waits for key 81, held by a younger one; its coordinator
+    gives up on it (a timeout) and sends abort. The waiting piece used to wake, take the lock
+    again and run for a branch nothing would ever end (key 81 locked for good). Now it ends
+    when it stops waiting; an abort that comes before the branch's pieces refuses them."""
+    config, nodes = _cluster("wait_die")
+
+    async def go():
+        await asyncio.gather(*(node.start() for node in nodes))
+        try:
+            participant = nodes[1]
+            request = TxnRequest("ycsb_txn", {"keys": [81], "rmw": [True]})
+            now = time.time_ns()
+            young, old = (0, 10**6, 0, 0), (0, 10**6 + 1, 0, 0)
+            kind, _ = await participant._run_pieces(young, (now, 0, 10**6), request, [0], {})
+            assert kind == "ok"  # the young branch holds key 81
+            waiting = asyncio.create_task(
+                participant._run_pieces(old, (now - 10**9, 0, 10**6 + 1), request, [0], {})
+            )
+            await _until(lambda: old in participant._branches, "the old branch to wait")
+            await participant._answer(0, 10**6, ("abort", old))  # its coordinator gave up
+            participant._end(young, commit=False)  # key 81 is released: the old one wakes
+            woke = await asyncio.wait_for(waiting, WAIT_S)
+            early = (0, 10**6 + 2, 0, 0)
+            await participant._answer(0, 10**6 + 1, ("abort", early))  # before its pieces
+            refused = await participant._run_pieces(early, (now, 0, 1), request, [0], {})
+            async with await AsyncClient.connect("127.0.0.1", config.nodes[1].port) as client:
+                outcome = await client.call("ycsb_txn", {"keys": [81], "rmw": [True]},
+                                            timeout_s=WAIT_S)  # fmt: skip
+            return woke, refused, outcome, dict(participant._branches)
+        finally:
+            for node in nodes:
+                node.stop()
+
+    woke, refused, outcome, branches = asyncio.run(go())
+    assert woke == ("error", "aborted by its coordinator")
+    assert refused == ("error", "aborted by its coordinator")
+    assert branches == {}
+    assert outcome.status is Status.COMMITTED, outcome  # key 81 is free

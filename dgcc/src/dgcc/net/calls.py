@@ -5,6 +5,7 @@ call id closes the connection, since no answer could reach its caller)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from dgcc.api import Outcome
@@ -14,6 +15,11 @@ from dgcc.net.wire import FrameError, frame, unencodable
 __all__ = ["RESULTS_PER_FRAME_MAX", "ClientLink", "call_problem"]
 
 RESULTS_PER_FRAME_MAX = 1000  # keeps a results frame far below any sane frame limit
+# Answers written but not yet taken by the client (the socket's buffers full): a client that
+# stops reading while its calls go on committing would otherwise grow the node without bound.
+ANSWERS_BUFFERED_MAX = 64 * 2**20
+
+logger = logging.getLogger(__name__)
 
 
 class ClientLink:
@@ -55,8 +61,18 @@ class ClientLink:
             except FrameError:  # a result msgpack cannot carry: that call alone fails
                 self._frames.extend(frame(("results", [_sendable(entry)])) for entry in chunk)
         data, self._frames = b"".join(self._frames), []
-        if not self.writer.is_closing():  # a client that died mid-call just loses its answers
-            self.writer.write(data)
+        if self.writer.is_closing():  # a client that died mid-call just loses its answers
+            return
+        self.writer.write(data)
+        buffered = self.writer.transport.get_write_buffer_size()
+        if buffered > ANSWERS_BUFFERED_MAX:  # it stopped reading: its later answers are lost
+            logger.warning(
+                "closing client %s: %d bytes of answers wait for it to read them (at most %d)",
+                self.name,
+                buffered,
+                ANSWERS_BUFFERED_MAX,
+            )
+            self.writer.transport.abort()
 
 
 def _sendable(entry: tuple) -> tuple:

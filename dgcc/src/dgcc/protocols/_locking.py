@@ -263,8 +263,10 @@ class InterleavedProtocol(Protocol):
         run_piece(attempt.ctx, txn, piece)
         attempt.next_piece += 1
         if txn.abort_reason is not None or txn.error is not None:
-            if txn.error is None and (cause := self.check_abort(attempt)) is not None:
-                return self._cc_abort(attempt, cause)  # decided on a view no order had
+            # A logic abort or a raising piece decided on a view no order had (OCC's stale
+            # reads) restarts: only one a serial order gives may end the call.
+            if (cause := self.check_abort(attempt)) is not None:
+                return self._cc_abort(attempt, cause)
             if txn.error is None and self.record_history:  # on the reads the abort rests on
                 ts = attempt.ts
                 self.history.append(

@@ -261,9 +261,10 @@ def replay_epoch(
             the same state; real parallelism comes from ``parallel``'s processes). One worker
             runs the transactions in log order (a topological order of the logged graph:
             every edge points forward), redoing those with a replay entry point and running
-            the needed pieces of the others, with no in-degree bookkeeping; an epoch with a
-            procedure error is walked by in-degree as at run time, since which pieces of a
-            failing transaction ran depends on the order.
+            the needed pieces of the others, with no in-degree bookkeeping. An epoch with a
+            procedure error runs every piece in piece order, whatever ``workers`` says: which
+            pieces of a failing transaction ran depends on the order, and the logging engine
+            runs its epochs in that order (one executor, oldest ready piece first).
 
     Raises:
         DgccError: the re-planned transactions do not match the log, or one now aborts.
@@ -291,7 +292,14 @@ def replay_epoch(
                 )
         return ran
     txns = plan_replayed(db, registry, payload, chosen)
-    ran = _run_by_in_degree(_jobs(db, payload, chosen, txns), successor_lists(payload), workers)
+    jobs = _jobs(db, payload, chosen, txns)
+    if errors:  # as the epoch ran (every edge points forward: piece order is topological)
+        for job in jobs:
+            if job is not None:
+                run_piece(*job)
+        ran = sum(job is not None for job in jobs)
+    else:
+        ran = _run_by_in_degree(jobs, successor_lists(payload), workers)
     diverged = [
         slot
         for slot, txn in zip(chosen, txns, strict=True)

@@ -86,6 +86,7 @@ ATTEMPTS_MAX = 1000  # attempts per transaction, the first included: at most 999
 BACKOFF_S_MIN = 0.0002  # first retry waits up to this long; doubling per retry
 BACKOFF_S_MAX = 0.002
 RPC_TIMEOUT_S = 120.0
+ABORTED_EARLY_MAX = 4096  # aborts of branches not (yet) here, remembered
 
 
 class PeerLost(ConnectionError):
@@ -112,7 +113,12 @@ class TwoPhaseCommitNode(Node):
         self._replies: dict[int, asyncio.Future] = {}
         self._awaiting: dict[int, set[int]] = {}  # peer -> ids of requests awaiting its reply
         self._running: set[BranchId] = set()  # branches whose pieces run now
-        self._orphaned: set[BranchId] = set()  # ... whose coordinator was lost meanwhile
+        # ... whose coordinator was lost or aborted them meanwhile (why): ended once they stop
+        self._orphaned: dict[BranchId, str] = {}
+        # branches aborted before their pieces came (a request overtaken, or held while this
+        # node recovers): refused when they come. Bounded: an abort of a finished branch
+        # adds one that nothing takes.
+        self._aborted_early: dict[BranchId, None] = {}
         self._request_ids = itertools.count()
         self._seq = itertools.count()  # the calls clients made here
         self._forwarded_seq = itertools.count(-1, -1)  # calls other nodes forwarded here
@@ -223,8 +229,8 @@ class TwoPhaseCommitNode(Node):
         orphans = [b for b, branch in self._branches.items()
                    if b[0] == peer and not branch.prepared]  # fmt: skip
         for branch_id in orphans:
-            if branch_id in self._running:
-                self._orphaned.add(branch_id)  # aborted when its pieces stop running
+            if branch_id in self._running:  # aborted when its pieces stop running
+                self._orphaned[branch_id] = f"node {peer} (the coordinator) is lost"
             else:
                 self._end(branch_id, commit=False)
         if orphans:
@@ -263,9 +269,19 @@ class TwoPhaseCommitNode(Node):
             )
         elif op == "prepare":
             result = await self._prepare_logged(branch_id)
+        elif op == "abort" and branch_id in self._running:
+            # Its pieces run (one may wait for a lock): ended once they stop, or the waiting
+            # piece would take its locks again for a branch nothing ends.
+            self._orphaned[branch_id] = "aborted by its coordinator"
+            result = True
         elif op in ("commit", "abort"):
             logic = op == "abort" and len(body) > 2 and body[2] is True
-            result = self._end(branch_id, commit=op == "commit", logic=logic) is not None
+            ended = self._end(branch_id, commit=op == "commit", logic=logic)
+            if ended is None and op == "abort":
+                self._aborted_early[branch_id] = None
+                if len(self._aborted_early) > ABORTED_EARLY_MAX:
+                    del self._aborted_early[next(iter(self._aborted_early))]
+            result = ended is not None
         elif op == "decided":  # a restarting peer asks which of its branches in doubt committed
             await self.ready.wait()
             decided = self.wal.decided if self.wal is not None else set()
@@ -316,15 +332,18 @@ class TwoPhaseCommitNode(Node):
         """
         if branch_id[0] in self._down:  # its coordinator is lost: it will never decide
             return ("error", f"node {branch_id[0]} (the coordinator) is lost")
+        if branch_id in self._aborted_early:  # its abort overtook it
+            del self._aborted_early[branch_id]
+            return ("error", "aborted by its coordinator")
         self._running.add(branch_id)
         try:
             result = await self._run_branch(branch_id, ts, call, indices, inputs)
         finally:
             self._running.discard(branch_id)
-        if branch_id in self._orphaned:  # its coordinator was lost while it ran
-            self._orphaned.discard(branch_id)
+        why = self._orphaned.pop(branch_id, None)
+        if why is not None:  # its coordinator was lost, or aborted it, while it ran
             self._end(branch_id, commit=False)
-            return ("error", f"node {branch_id[0]} (the coordinator) is lost")
+            return ("error", why)
         return result
 
     async def _run_branch(
@@ -517,7 +536,8 @@ class TwoPhaseCommitNode(Node):
                     where = f"the inputs of its pieces on node {node}"
                     result = ("error", f"{planned.procedure.name}: {where} cannot be sent ({why})")
             kind, value = result
-            if kind == "aborted" and self.config.protocol == "occ":  # on a valid view only
+            if kind in ("aborted", "error") and self.config.protocol == "occ":  # valid views
+                # only: a logic abort or a raising piece may rest on stale reads
                 try:  # OCC's reads may be stale: the participants validate them (a vote)
                     votes = await asyncio.gather(*(self._vote(branch_id, n) for n in touched))
                 except (PeerLost, TimeoutError) as error:
