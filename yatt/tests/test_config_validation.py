@@ -89,8 +89,10 @@ def test_non_finite_values_in_a_config_file_are_refused(tmp_path) -> None:
 
 
 def test_valid_float_edges_load() -> None:
+    # (greedy sampling under a group estimator is refused: see the group estimators' test)
     overrides = ["rollout.temperature=0", "algo.clip_low=1", "algo.overlong_penalty=0",
-                 "algo.entropy_coef=0", "reward.weights=[-0.5]"]  # fmt: skip
+                 "algo.entropy_coef=0", "reward.weights=[-0.5]",
+                 "algo.name=reinforce_pp"]  # fmt: skip
     config = load_config("tiny_test", overrides)
     assert (config.rollout.temperature, config.reward.weights) == (0.0, (-0.5,))
 
@@ -328,6 +330,9 @@ def test_group_estimators_need_two_samples_per_prompt(algo: str) -> None:
     assert f"algo.name={algo}" in message and "rollout.n_samples=1" in message
     config = load_config("tiny_test", ["algo.name=reinforce_pp", "rollout.n_samples=1"])
     assert config.rollout.n_samples == 1
+    # greedy sampling makes a group's completions one completion: no signal either
+    message = _error([f"algo.name={algo}", "rollout.temperature=0"])
+    assert "rollout.temperature=0 (greedy)" in message and "every advantage would be 0" in message
 
 
 def test_log_level_is_checked_and_applied(monkeypatch) -> None:

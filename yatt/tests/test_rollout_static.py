@@ -8,6 +8,8 @@ exercises the HF-forward fallback. Tests marked `gpu` replay the step as a CUDA 
 skipped where no CUDA device is present (the only skips allowed here).
 """
 
+import copy
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -110,6 +112,106 @@ def test_llama_family_uses_yatt_decoder_and_others_fall_back_to_hf():
         RolloutEngine(gpt2, tokenizer, static=True)
     llama, llama_tokenizer = tiny_model("llama", seed=0)
     assert isinstance(RolloutEngine(llama, llama_tokenizer)._forward, DecoderForward)
+
+
+def _gpt2(tokenizer) -> GPT2LMHeadModel:
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_the_hf_forward_masks_under_eager_attention_too():
+    """Eager attention adds the mask to the scores: a boolean one would mask nothing (padding
+    and later prompt tokens seen). The engine's log-probs equal HF generate's, on a ragged
+    batch, under eager as under SDPA."""
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer("smollm2")
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    prompts = _prompts(tokenizer)
+    for implementation in ("sdpa", "eager"):
+        model = _gpt2(tokenizer)
+        model.set_attn_implementation(implementation)
+        ours = RolloutEngine(model, tokenizer).generate(prompts, params)
+        reference = HFGenerateEngine(model, tokenizer).generate(prompts, params)
+        assert _tokens(ours) == _tokens(reference), implementation
+        for mine, theirs in zip(ours, reference):
+            assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-5), implementation
+
+
+def test_the_hf_backend_ignores_the_checkpoints_own_sampling_settings(model_and_tokenizer):
+    """A checkpoint's generation_config may ship a repetition penalty, min_p ...: HF generate
+    would apply them where a call leaves them unset, so the hf backend would sample from a
+    distribution the trainer's log-probs never see. Its greedy log-probs equal yatt's."""
+    model, tokenizer = model_and_tokenizer
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    prompts = _prompts(tokenizer)
+    expected = RolloutEngine(model, tokenizer).generate(prompts, params)
+    shipped = model.generation_config
+    model.generation_config = copy.deepcopy(shipped)
+    model.generation_config.repetition_penalty = 3.0
+    model.generation_config.no_repeat_ngram_size = 2
+    try:
+        got = HFGenerateEngine(model, tokenizer).generate(prompts, params)
+        assert model.generation_config.repetition_penalty == 3.0  # the model's, kept
+    finally:
+        model.generation_config = shipped
+    assert _tokens(got) == _tokens(expected)
+    for mine, theirs in zip(got, expected):
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+
+
+def test_a_sliding_window_the_batch_outgrows_is_refused_not_ignored():
+    """The engine's mask over the cache is a full causal one: right while every row fits in
+    the window, wrong past it, so a batch spanning more positions is a one-line error."""
+    from types import SimpleNamespace
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from yatt.config import load_config
+    from yatt.run_checks import check_budgets_fit_model
+
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer("smollm2")
+    prompts = _prompts(tokenizer)[:3]  # at most 10 tokens
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    for window in (64, 12):
+        config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                               max_position_embeddings=128, sliding_window=window)  # fmt: skip
+        torch.manual_seed(0)
+        model = MistralForCausalLM(config).eval()
+        engine = RolloutEngine(model, tokenizer)
+        assert isinstance(engine._forward, HFForward)
+        if window == 64:  # 18 positions fit: the engine samples what HF generate samples
+            reference = HFGenerateEngine(model, tokenizer).generate(prompts, params)
+            assert _tokens(engine.generate(prompts, params)) == _tokens(reference)
+        else:
+            with pytest.raises(ConfigError, match="sliding window of 12 tokens, and this batch"):
+                engine.generate(prompts, params)
+    run = load_config("tiny_test", ["rollout.max_new_tokens=12", "eval.n=0"])
+    with pytest.raises(ConfigError, match="attends within a sliding window of 12 tokens"):
+        check_budgets_fit_model(run, SimpleNamespace(config=config))  # refused up front
+
+
+def test_a_llama_with_mlp_biases_runs_on_hf_forward_and_matches_it():
+    """yatt's fused decoder has no MLP biases: such a model goes to HF's forward."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer("smollm2")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=128, mlp_bias=True,
+                         initializer_range=0.2)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    engine = RolloutEngine(model, tokenizer)
+    assert isinstance(engine._forward, HFForward)
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    reference = HFGenerateEngine(model, tokenizer).generate(_prompts(tokenizer), params)
+    for mine, theirs in zip(engine.generate(_prompts(tokenizer), params), reference):
+        assert mine.token_ids == theirs.token_ids
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
 
 
 def test_bad_static_settings_raise_config_error(model_and_tokenizer):

@@ -115,6 +115,38 @@ def test_eval_takes_the_model_of_a_run_whose_controller_settings_needed_lora(
     assert f"on 4 held-out {data_file} problems" in capsys.readouterr().out
 
 
+def test_eval_ends_completions_at_the_runs_stop_strings(tmp_path, data_file, monkeypatch):
+    """Held-out completions stop where training's did (rollout.stop): running on past a stop
+    string, a completion could score an answer made up after it."""
+    import yatt.evaluate
+
+    seen = []
+    real = yatt.evaluate.evaluate_engine
+
+    def recording(engine, tokenizer, examples, **kwargs):
+        return real(_Recorder(engine, seen), tokenizer, examples, **kwargs)
+
+    monkeypatch.setattr(yatt.evaluate, "evaluate_engine", recording)
+    checkpoint = tmp_path / "step_000001"
+    save_checkpoint(*tiny_model(seed=0), checkpoint / "policy")
+    trained = load_config("tiny_test", [f"data.path={data_file}", "data.n_heldout=2",
+                                        "eval.n=2", 'rollout.stop=["</answer>"]'])  # fmt: skip
+    save_config(trained, checkpoint)
+    assert main(["eval", str(checkpoint)]) == 0
+    assert seen and all(stop == ("</answer>",) for stop in seen)
+
+
+class _Recorder:
+    """An engine that notes the stop strings of each request, then generates."""
+
+    def __init__(self, engine, seen: list) -> None:
+        self.engine, self.seen = engine, seen
+
+    def generate(self, prompt_ids, params, *args):
+        self.seen.append(params.stop)
+        return self.engine.generate(prompt_ids, params, *args)
+
+
 def test_sft_refuses_control_settings_it_would_ignore(tmp_path, capsys) -> None:
     run_dir = tmp_path / "sft"
     argv = ["sft", "tiny_test", "control.backend=ray", f"logging.run_dir={run_dir}"]

@@ -369,6 +369,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     accuracy, _ = evaluate_engine(
         engine, tokenizer, heldout[: config.eval.n], batch_size=config.eval.batch_size,
         max_new_tokens=config.eval.max_new_tokens, reward_fn=config.eval.reward_fn,
+        stop=config.rollout.stop,
         use_chat_template=config.data.use_chat_template,
     )  # fmt: skip
     kind = f"problems of a split unlike the run's ({unlike})" if unlike else "problems"

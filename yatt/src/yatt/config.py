@@ -559,6 +559,12 @@ class Config:
                 f"prompt's group, so rollout.n_samples={self.rollout.n_samples} would make every "
                 "advantage 0; set rollout.n_samples >= 2 (or use reinforce_pp or ppo)"
             )
+        if self.algo.estimator in GROUP_ESTIMATORS and self.rollout.temperature == 0:
+            raise ConfigError(
+                f"algo.name={self.algo.name} scores each completion against the others of its "
+                "prompt's group, and rollout.temperature=0 (greedy) makes them all the same "
+                "completion, so every advantage would be 0; set rollout.temperature > 0"
+            )
 
 
 def _require_ray_for_control(control: ControlConfig) -> None:

@@ -40,8 +40,11 @@ def evaluate_engine(
     reward_fn: str = "math_answer",
     use_chat_template: bool = True,
     numbers: Sequence[int] | None = None,
+    stop: Sequence[str] = (),
 ) -> tuple[float, list[dict[str, Any]]]:
-    """(accuracy in [0, 1], one record per example) for greedy completions of `examples`.
+    """(accuracy in [0, 1], one record per example) for greedy completions of `examples`,
+    each ending where training's do (`stop`: the run's `rollout.stop` strings; a completion
+    that ran on past one could score an answer made up after it).
 
     `numbers`: each example's position in the whole held-out set, for error messages (a data-
     parallel rank scores every world-th one); by default 0, 1, 2, ...
@@ -55,7 +58,9 @@ def evaluate_engine(
     if not examples:
         raise ConfigError("nothing to evaluate: no held-out examples (data.n_heldout=0?)")
     score_fn = get_reward_fn(reward_fn, scorers=False)  # called row by row
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, greedy=True)
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=0.0, greedy=True, stop=tuple(stop)
+    )
     records: list[dict[str, Any]] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]

@@ -180,9 +180,20 @@ def check_budgets_fit_model(config: Config, model: Any, *, train: bool = True,
             budgets["control.length_schedule"] = max(schedule)
     if not train or config.eval.enabled:
         budgets["eval.max_new_tokens"] = config.eval.max_new_tokens
+    window = None
+    if config.rollout.backend == "yatt" and hasattr(model.config, "get_text_config"):
+        from yatt.rollout.forward import sliding_window
+
+        window = sliding_window(model.config)
     for key, budget in budgets.items():
         if budget >= positions:
             raise ConfigError(
                 f"{key} asks for {budget} new tokens, but the model ({config.model.path}) has "
                 f"{positions} positions (max_position_embeddings) for prompt and response"
+            )
+        if window is not None and budget >= window:
+            raise ConfigError(
+                f"{key} asks for {budget} new tokens, but the model ({config.model.path}) "
+                f"attends within a sliding window of {window} tokens, which yatt's rollout "
+                "engine does not apply; use rollout.backend=hf or a smaller budget"
             )

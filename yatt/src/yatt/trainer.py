@@ -446,6 +446,7 @@ class Trainer:
             accuracy, _ = evaluate_engine(
                 self._eval_engine, self.tokenizer, examples, batch_size=cfg.batch_size,
                 max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn,
+                stop=self.config.rollout.stop,
                 use_chat_template=self.config.data.use_chat_template,
             )  # fmt: skip
         eval_s = self.timer.pop().get("timing_s/eval", 0.0)

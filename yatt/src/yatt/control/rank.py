@@ -385,6 +385,7 @@ class RankWorker:
                 self._eval_engine, self.tokenizer, [self.heldout_set[i] for i in numbers],
                 batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                 reward_fn=cfg.reward_fn, use_chat_template=self.config.data.use_chat_template,
+                stop=self.config.rollout.stop,
                 numbers=numbers,
             )  # fmt: skip
         return sum(record["correct"] for record in records), len(records)

@@ -101,6 +101,8 @@ class LlamaDecoder:
             return False
         if config.model_type == "mistral" and getattr(config, "sliding_window", None):
             return False
+        if getattr(config, "mlp_bias", False):  # its fused MLP has no biases
+            return False
         rope = getattr(config, "rope_parameters", None) or {}
         return getattr(config, "hidden_act", "silu") == "silu" and (
             rope.get("rope_type", "default") in _ROPE_TYPES

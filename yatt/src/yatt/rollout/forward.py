@@ -12,10 +12,11 @@ import torch
 from torch.func import functional_call
 from transformers import PreTrainedModel
 
+from yatt.errors import ConfigError
 from yatt.rollout.decoder import LlamaDecoder, StaticCache
 from yatt.rollout.kv import make_cache
 
-__all__ = ["DecoderForward", "HFForward", "make_forward"]
+__all__ = ["DecoderForward", "HFForward", "make_forward", "sliding_window"]
 
 
 class DecoderForward:
@@ -59,8 +60,24 @@ class HFForward:
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x names the cache argument `cache`; older 5.x `past_key_values`.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # HF takes a 4D mask as given; only SDPA reads a boolean one as "may attend" (eager
+        # attention adds the mask to the scores: True/False would mask nothing).
+        implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        self._additive = None if implementation == "sdpa" else (dtype or model_dtype)
+        self._window = sliding_window(model.config)
 
     def prepare(self, capacity: int, device: torch.device) -> None:
+        """Raises ConfigError where a row could span more positions than the model's sliding
+        window: the engine's mask over the cache is a full causal one, which equals the
+        window's only while every row fits in it."""
+        if self._window is not None and capacity > self._window:
+            raise ConfigError(
+                f"{self.model.config.model_type} attends within a sliding window of "
+                f"{self._window} tokens, and this batch's prompt plus response budget spans "
+                f"{capacity}: yatt's rollout engine masks the whole prefix; use "
+                "rollout.backend=hf (HF generate applies the window), or shorter prompts or "
+                "rollout.max_new_tokens"
+            )
         self._weights = self._cast.current() if self._cast is not None else None
 
     def new_cache(self, batch_size: int, capacity: int, device: torch.device):
@@ -70,6 +87,12 @@ class HFForward:
     def forward(self, inputs: dict, cache) -> torch.Tensor:
         """One model call (with cast weights swapped in if set); next-token logits (B, V)."""
         inputs = inputs | {self._cache_kwarg: cache, "use_cache": True, "logits_to_keep": 1}
+        if self._additive is not None:  # 0 where a query may attend, the dtype's min elsewhere
+            allowed = inputs["attention_mask"]
+            additive = torch.zeros(allowed.shape, dtype=self._additive, device=allowed.device)
+            inputs["attention_mask"] = additive.masked_fill_(
+                ~allowed, torch.finfo(self._additive).min
+            )
         if self._weights is None:
             return self.model(**inputs).logits[:, -1, :]
         return functional_call(self.model, self._weights, (), inputs).logits[:, -1, :]
@@ -77,6 +100,21 @@ class HFForward:
     @staticmethod
     def select(cache, rows: torch.Tensor) -> None:
         cache.batch_select_indices(rows)
+
+
+def sliding_window(config) -> int | None:
+    """The sliding window (tokens) some or all of a model's layers attend within, else None
+    (Mistral's `sliding_window`; Gemma's and Qwen's where `layer_types` names sliding layers)."""
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None  # (Qwen2 keeps a window in its config with use_sliding_window off)
+    if layer_types is None and getattr(text, "use_sliding_window", True) is False:
+        return None
+    return int(window)
 
 
 def make_forward(

@@ -8,7 +8,7 @@ batch reproducible, not each row on its own.
 import logging
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from yatt.errors import ConfigError
 from yatt.rollout.engine import (
@@ -58,6 +58,10 @@ class HFGenerateEngine(EngineBase):
         eos_ids = eos_token_ids(self.model, self.tokenizer)
         was_training = self.model.training
         self.model.eval()
+        # HF fills every setting a call leaves unset from the model's generation_config: a
+        # checkpoint's repetition_penalty, min_p, no_repeat_ngram_size ... would reshape the
+        # distribution the trainer never sees. The call's settings alone apply.
+        shipped, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
             with torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
                 if seeds is not None:
@@ -72,6 +76,7 @@ class HFGenerateEngine(EngineBase):
                 raise
             raise non_finite_logits(None) from exc
         finally:
+            self.model.generation_config = shipped
             self.model.train(was_training)
         generated = out.sequences[:, input_ids.shape[1] :]  # (B, n <= N)
         # scores[t] (B, V) holds the processed logits of step t: the sampling distribution.
