@@ -200,6 +200,22 @@ def test_train_reward_failure_names_the_data_line(tmp_path):
     _one_line(exc_info)
 
 
+def test_a_prompt_too_long_for_the_models_positions_names_the_data_line(tmp_path):
+    """The tiny model has 1024 positions: a prompt of about 1100 tokens cannot fit with any
+    budget (a rotary model would sample garbage past them, an absolute one fail its lookup)."""
+    path = tmp_path / "d.jsonl"
+    long = "What is " + " + ".join(["1"] * 600) + "?"
+    path.write_text(json.dumps({"prompt": long, "answer": "600"}) + "\n")
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", [*TINY, f"data.path={path}", "data.n_heldout=0",
+                                       "algo.prompts_per_step=1",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    trainer = Trainer(config, model=model, tokenizer=tokenizer)
+    named = rf"needs \d+ positions; the model has 1024 .*{path}:1\)$"
+    with pytest.raises(ConfigError, match=named):
+        trainer.train_step()
+
+
 def test_fresh_run_into_a_used_folder_is_refused(finished_run):
     before = sorted(p.name for p in finished_run.rglob("*"))
     config = load_config("tiny_test", [*TINY, f"logging.run_dir={finished_run}"])

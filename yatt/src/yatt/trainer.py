@@ -47,6 +47,7 @@ from yatt.roles.policy import PolicyRole
 from yatt.roles.reference import ReferenceRole
 from yatt.roles.reward import RewardRole
 from yatt.roles.rollout import RolloutRole
+from yatt.rollout.engine import PromptTooLong
 from yatt.run_checks import (
     check_budgets_fit_model,
     check_eval_data,
@@ -304,10 +305,13 @@ class Trainer:
         self._sampled = indices  # for naming a prompt's source when its reward fails
         examples = [self.train_set[i] for i in indices]
         rows = [e.reward_fields() for e in examples]
-        return self.rollout.generate(
-            [self.prompt_texts[i] for i in indices], rows,
-            [group_base + k for k in range(len(indices))], seeds,
-        )  # fmt: skip
+        try:
+            return self.rollout.generate(
+                [self.prompt_texts[i] for i in indices], rows,
+                [group_base + k for k in range(len(indices))], seeds,
+            )  # fmt: skip
+        except PromptTooLong as exc:  # name the data row, not the engine's request row
+            raise ConfigError(f"{exc} ({self._failed_prompt(exc.row)})") from exc
 
     def _gen_and_score(self) -> tuple[RolloutBatch, dict[str, float]]:
         """gen + reward phases; with dynamic sampling, drop all-equal groups and refill.

@@ -28,6 +28,7 @@ from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
 from yatt.data import draw_order
+from yatt.errors import ConfigError
 from yatt.lora import (
     check_same_base,
     has_lora,
@@ -35,6 +36,7 @@ from yatt.lora import (
     read_adapters,
     trained_state,
 )
+from yatt.rollout.engine import PromptTooLong
 from yatt.run_checks import check_budgets_fit_model, check_rows_have_answers
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
@@ -324,11 +326,16 @@ class RankWorker:
         start_s = time.perf_counter()
         with self._phase("sampler", "gen") as decoded:
             examples = [self.train_set[i] for i in request.prompt_indices]
-            batch = self.rollout.generate(
-                [self._prompt(i) for i in request.prompt_indices],
-                [e.reward_fields() for e in examples],
-                list(request.group_ids), list(request.seeds), sampler_logprobs=engine_logp,
-            )  # fmt: skip
+            try:
+                batch = self.rollout.generate(
+                    [self._prompt(i) for i in request.prompt_indices],
+                    [e.reward_fields() for e in examples],
+                    list(request.group_ids), list(request.seeds), sampler_logprobs=engine_logp,
+                )  # fmt: skip
+            except PromptTooLong as exc:  # name the data row, not the engine's request row
+                index = request.prompt_indices[exc.row // self.config.rollout.n_samples]
+                source = self.train_set[index].source or f"train prompt {index}"
+                raise ConfigError(f"{exc} (a sample of {source})") from exc
             decoded.append(int(batch.response_lengths.max()))  # the call's decode steps
             features = make_features(request.seeds, self.control.payload_bytes)
         gen_s = time.perf_counter() - start_s

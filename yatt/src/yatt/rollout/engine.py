@@ -12,6 +12,7 @@ colocated trainer that updates it is seen by the next `generate`.
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -23,7 +24,7 @@ from yatt.rollout.kv import PromptLayout
 from yatt.rollout.sampling import SamplingParams, check_logprob, draw_uniforms, sample_next
 from yatt.rollout.static import decode_static
 
-__all__ = ["Completion", "RolloutEngine", "eos_token_ids"]
+__all__ = ["Completion", "PromptTooLong", "RolloutEngine", "eos_token_ids", "model_positions"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +171,12 @@ class RolloutEngine(EngineBase):
             seeds: one seed per prompt; row i's sample depends only on seeds[i], its prompt and
                 the weights. None draws seeds from torch's global generator.
         Raises:
-            ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
+            ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids);
+                PromptTooLong: a prompt plus the budget needs more positions than the model has.
             SamplingError: the policy's logits held a NaN or an infinity at some decode step
                 (found when the step's tokens are read back, every `sync_every` steps).
         """
-        _check_request(prompt_ids, seeds)
+        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model))
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         was_training = self.model.training
@@ -343,7 +345,31 @@ def _completes_stop(
     return any(stop in tail for stop in stops)
 
 
-def _check_request(prompt_ids: list[list[int]], seeds: list[int] | None) -> None:
+class PromptTooLong(ConfigError):
+    """A prompt plus the response budget needs more positions than the model has; `row` is
+    the prompt's index in the request (a caller names where it came from)."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+def model_positions(model: Any) -> int | None:
+    """The positions the model has for prompt and response (`max_position_embeddings`), or
+    None where its config states none."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    positions = getattr(config, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and positions > 0 else None
+
+
+def _check_request(
+    prompt_ids: list[list[int]],
+    seeds: list[int] | None,
+    max_new_tokens: int = 0,
+    positions: int | None = None,
+) -> None:
     if not prompt_ids:
         raise ConfigError("generate needs at least one prompt, got an empty list")
     for i, ids in enumerate(prompt_ids):
@@ -351,3 +377,13 @@ def _check_request(prompt_ids: list[list[int]], seeds: list[int] | None) -> None
             raise ConfigError(f"prompt {i} is empty; every prompt needs at least one token")
     if seeds is not None and len(seeds) != len(prompt_ids):
         raise ConfigError(f"got {len(seeds)} seeds for {len(prompt_ids)} prompts; need one each")
+    # Past its positions a rotary model samples garbage and an absolute one fails its lookup.
+    if positions is not None and max(map(len, prompt_ids)) + max_new_tokens > positions:
+        row = next(i for i, ids in enumerate(prompt_ids) if len(ids) + max_new_tokens > positions)
+        tokens = len(prompt_ids[row])
+        raise PromptTooLong(
+            f"prompt {row} has {tokens} tokens, and with a response budget of {max_new_tokens} "
+            f"needs {tokens + max_new_tokens} positions; the model has {positions} "
+            "(max_position_embeddings): shorten the prompt or the budget",
+            row,
+        )

@@ -19,6 +19,7 @@ from yatt.rollout.engine import (
     _pad_token_id,
     _Row,
     eos_token_ids,
+    model_positions,
 )
 from yatt.rollout.sampling import SamplingParams, non_finite_logits
 
@@ -51,7 +52,7 @@ class HFGenerateEngine(EngineBase):
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
             SamplingError: the policy's logits held a NaN or an infinity.
         """
-        _check_request(prompt_ids, seeds)
+        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model))
         if params.ignore_eos:
             raise ConfigError("ignore_eos needs the yatt or vllm rollout backend, not hf")
         input_ids, attention_mask = self._left_pad(prompt_ids)

@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from yatt.errors import ConfigError
-from yatt.rollout.engine import Completion, EngineBase, _check_request
+from yatt.rollout.engine import Completion, EngineBase, _check_request, model_positions
 from yatt.rollout.sampling import SamplingParams, check_logprob
 
 __all__ = ["VLLMEngine"]
@@ -80,7 +80,7 @@ class VLLMEngine(EngineBase):
         Raises:
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
         """
-        _check_request(prompt_ids, seeds)
+        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model))
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
