@@ -167,6 +167,7 @@ def test_json_infinity_and_nan_fail_when_loaded(tmp_path):
         ("{}", "holds no list of pids"),
         ('{"pids": "abc"}', "holds no list of pids"),
         ('{"pids": [-1]}', "holds no list of pids"),
+        ('{"pids": [1099511627776]}', "holds no list of pids"),  # beyond any pid: damage
     ],
 )
 def test_a_bad_state_file_is_one_line_error(tmp_path, text, message, cli_error):
@@ -321,6 +322,47 @@ def test_a_call_result_with_keys_json_cannot_take_prints_them_as_reprs(tmp_path,
         "result": {"(1, 2)": "pair", "rows": [{"(3,)": "b'raw'"}], "7": None},
         "reason": None,
     }
+
+
+def _another_clusters_node(server: socket.socket, pid: int, asked: list[str]) -> None:
+    """Accept one client and answer its requests as a node of another cluster (pid ``pid``)
+    would; note each request's kind in ``asked``."""
+    import msgpack
+
+    conn, _ = server.accept()
+    with conn:
+        conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
+        _recv_frame(conn)  # the client's hello
+        conn.sendall(frame(("ready", 0)))
+        while data := _recv_frame(conn):
+            kind, request_id = msgpack.unpackb(data, use_list=False)[:2]
+            asked.append(kind)
+            body = {"id": 0, "pid": pid, "host": "127.0.0.1", "port": server.getsockname()[1],
+                    "ready": True, "peers_down": (), "epochs_executed": 0, "rows_held": 0,
+                    "txn/committed": 0, "txn/aborted": 0, "txn/error": 0}  # fmt: skip
+            conn.sendall(frame((kind, request_id, body if kind == "status" else True)))
+
+
+@pytest.mark.parametrize("action", ["stop", "status"])
+def test_a_port_another_cluster_took_is_not_this_folders_node(tmp_path, capsys, action):
+    """The folder records pid 4241 for node 0; what answers on its port is pid 4242 (another
+    cluster that got the port after this one stopped): stop leaves it alone, status says so."""
+    asked: list[str] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), [4241])
+        node = threading.Thread(target=_another_clusters_node, args=(server, 4242, asked))
+        node.start()
+        code = main(["cluster", action, "--dir", str(tmp_path)])
+        node.join(WAIT_S)
+    out = capsys.readouterr().out
+    assert "stop" not in asked, asked
+    if action == "stop":
+        assert "left pids [4242] alone" in out, out
+    else:
+        assert code == 1 and "answers from pid 4242, which is not the process this folder" in out
 
 
 def test_start_refuses_a_directory_whose_cluster_runs(tmp_path, children):

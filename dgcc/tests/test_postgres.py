@@ -137,6 +137,15 @@ def test_functions_match_dgcc_serial_executor(server: tuple[PgServer, TpccWorklo
         assert check_consistency(connection) == []
         connection.execute("UPDATE warehouse SET w_ytd = w_ytd + 1 WHERE w_id = 1")
         assert check_consistency(connection) == ["condition 1: W_YTD = sum(D_YTD) fails for 1 rows"]
+        connection.execute("UPDATE warehouse SET w_ytd = w_ytd - 1 WHERE w_id = 1")
+        # a NewOrder that lost its NEW_ORDER row: the newest one of district (1, 1) goes
+        connection.execute(
+            "DELETE FROM new_order WHERE no_w_id = 1 AND no_d_id = 1 AND no_o_id = "
+            "(SELECT max(no_o_id) FROM new_order WHERE no_w_id = 1 AND no_d_id = 1)"
+        )
+        assert check_consistency(connection) == [
+            "condition 2: D_NEXT_O_ID - 1 = max(O_ID) = max(NO_O_ID) fails for 1 rows"
+        ]
 
 
 def test_server_cpu_is_counted(server: tuple[PgServer, TpccWorkload]) -> None:

@@ -93,6 +93,25 @@ def test_a_hanging_script_times_out(tmp_path: Path) -> None:
     assert result.status == "timeout"
 
 
+def test_a_script_stopped_on_timeout_cleans_up_what_it_started(tmp_path: Path) -> None:
+    """As Ctrl-C would: a bench script's clusters and servers stop in its cleanup (a SIGKILL
+    left them running, holding ports and the CPU the next script measures on)."""
+    marker = tmp_path / "cleaned"
+    cleaning = f"""
+    import time
+    try:
+        time.sleep(30)
+    finally:
+        open({str(marker)!r}, "w").close()
+    """
+    repo = _checkout(tmp_path, {"engine": cleaning})
+    config = ReportConfig(
+        repo=repo, only=("engine",), stitch=False, timeout_s=1.0, log_dir=tmp_path / "logs"
+    )
+    (result,) = run_report(config)
+    assert result.status == "timeout" and marker.exists()
+
+
 def test_bad_config_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'nope'"):
         ReportConfig(repo=repo_root(), only=("nope",))

@@ -364,7 +364,7 @@ def dispatch(args: argparse.Namespace) -> int:
         print(_stop_summary(result, recorded))
         return _stopped(args.dir, result)
     if args.action == "status":
-        return _status(config)
+        return _status(config, recorded=read_pids(args.dir))
     if args.action == "check":
         return _check(config)
     result = cluster_stop(config, directory=args.dir)
@@ -657,10 +657,11 @@ def _check(config: Any) -> int:
     return 1 if violations else 0
 
 
-def _status(config: Any, *, by_file: bool = False) -> int:
+def _status(config: Any, *, by_file: bool = False, recorded: list[int] | None = None) -> int:
     """``cluster status``: a table of the nodes and, below it, what is wrong (exit 1 then);
     ``by_file``: the nodes were started by hand (``dgcc node --config``), not by ``cluster
-    start``, so the advice names restarting them that way."""
+    start``, so the advice names restarting them that way; ``recorded``: the pids a cluster
+    folder's state file holds, to tell its nodes from another cluster's on the same ports."""
     from rich.table import Table
 
     from dgcc.bench import make_console
@@ -681,6 +682,13 @@ def _status(config: Any, *, by_file: bool = False) -> int:
             table.add_row(*cells, "-", "-", "-", "-", "-")
             problems.append(f"node {entry['id']} {state}: {entry['error']}")
             continue
+        node = entry["id"]
+        if recorded is not None and (node >= len(recorded) or entry["pid"] != recorded[node]):
+            problems.append(
+                f"node {node}'s address {entry['host']}:{entry['port']} answers from pid "
+                f"{entry['pid']}, which is not the process this folder started (another "
+                "cluster took the port?)"
+            )
         down = entry.get("peers_down") or []
         if down and epochs:  # its link to them failed (a crash, or a frame it refused)
             problems.append(

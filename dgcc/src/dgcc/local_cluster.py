@@ -14,6 +14,7 @@ program.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -55,6 +56,7 @@ READY_TIMEOUT_S = 120.0
 FAIL_GRACE_S = 2.0  # how long the other nodes may take to fail too, once one failed to start
 STATE_FILE = "cluster_state.json"  # the pids of a cluster folder's running nodes
 LOG_TAIL_BYTES = 4096  # how much of a node's log is read for its last error line
+PID_MAX = 2**22  # Linux pid_max can be no larger; a recorded pid beyond it is damage
 
 
 @dataclass
@@ -329,7 +331,9 @@ def read_pids(directory: Path) -> list[int]:
             "runs there"
         ) from None
     pids = state.get("pids") if isinstance(state, dict) else None
-    if not isinstance(pids, list) or not all(type(pid) is int and pid >= 0 for pid in pids):
+    if not isinstance(pids, list) or not all(
+        type(pid) is int and 0 <= pid <= PID_MAX for pid in pids
+    ):
         raise ConfigError(
             f"cluster state {str(path)!r} holds no list of pids (got {brief(state)}); "
             "remove it if no cluster runs there"
@@ -578,27 +582,35 @@ def stop(
 ) -> StopResult:
     """Ask every node to stop; SIGTERM the recorded processes of nodes that cannot be reached.
 
-    With ``directory``, an unreachable node's pid from its state file is signalled only if
-    the process is that node of that cluster, and ``stop`` waits up to ``timeout_s`` for it
-    to exit.
+    With ``directory``, a node that answers is asked to stop only if its process is the one
+    the state file records for it (another cluster may listen on a port this one used), and an
+    unreachable node's recorded pid is signalled only if the process is that node of that
+    cluster; ``stop`` waits up to ``timeout_s`` for it to exit.
     """
     from dgcc.net.client import Client
     from dgcc.net.wire import NetError
 
-    by_request, unreachable = [], []
+    recorded = read_pids(directory) if directory is not None else None
+    by_request, unreachable, not_ours = [], [], []
     for node in config.nodes:
         try:
             with Client(
                 node.host, node.port, secret=config.shared_secret(), timeout_s=timeout_s
             ) as c:
+                if recorded is not None:
+                    pid = c.status().get("pid")
+                    if node.id >= len(recorded) or pid != recorded[node.id]:
+                        not_ours.append(pid)  # not this folder's node: left alone
+                        continue
                 c.stop_node()
                 by_request.append(node.id)
         except (OSError, NetError) as error:
             logger.debug("node %d not reachable for stop: %s", node.id, error)
             unreachable.append(node.id)
     if directory is None or not unreachable:
-        return StopResult(by_request=tuple(by_request))
-    return terminate_recorded(directory, unreachable, timeout_s, tuple(by_request))
+        return StopResult(by_request=tuple(by_request), not_ours=tuple(not_ours))
+    result = terminate_recorded(directory, unreachable, timeout_s, tuple(by_request))
+    return dataclasses.replace(result, not_ours=(*not_ours, *result.not_ours))
 
 
 def terminate_recorded(

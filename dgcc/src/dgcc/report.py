@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ SCRIPTS = (
 FULL_ARGS = {"protocols": ("--log",), "tpcc_soak": ("--shadow", "serial")}
 TIMEOUT_S_DEFAULT = 3 * 3600.0
 TAIL_LINES = 8
+CLEANUP_S = 60.0  # a stopped script's time to stop what it started
 SUMMARY_LINES = 4  # per script in the final table, where it states no results of its own
 RESULT_LINES = 12  # the most lines of a script's own results in the final table
 SUMMARY_CHARS = 160
@@ -128,19 +130,19 @@ def _run_script(config: ReportConfig, name: str, log_dir: Path) -> ScriptResult:
     log = log_dir / f"{name}.log"
     started_s = time.perf_counter()
     with log.open("w") as output:
+        process = subprocess.Popen(
+            command, cwd=config.repo, stdout=output, stderr=subprocess.STDOUT
+        )
         try:
-            completed = subprocess.run(
-                command,
-                cwd=config.repo,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                timeout=config.timeout_s,
-                check=False,
-            )
-            status = "ok" if completed.returncode == 0 else "failed"
-            detail = "" if status == "ok" else f"exit status {completed.returncode}"
+            code = process.wait(timeout=config.timeout_s)
+            status = "ok" if code == 0 else "failed"
+            detail = "" if status == "ok" else f"exit status {code}"
         except subprocess.TimeoutExpired:
+            _interrupt(process)
             status, detail = "timeout", f"no result after {config.timeout_s:g} s"
+        except BaseException:  # Ctrl-C or SIGTERM here: the script stops its processes first
+            _interrupt(process)
+            raise
     seconds = time.perf_counter() - started_s
     lines = log.read_text(errors="replace").splitlines()
     summary = tuple(line for line in lines if line.startswith("[summary]"))
@@ -148,6 +150,19 @@ def _run_script(config: ReportConfig, name: str, log_dir: Path) -> ScriptResult:
         detail += ": " + " | ".join(lines[-TAIL_LINES:])
         logger.error("%s %s (%s)", name, status, detail)
     return ScriptResult(name, status, seconds, summary, log, detail, _closing(lines))
+
+
+def _interrupt(process: subprocess.Popen) -> None:
+    """Stop a bench script as Ctrl-C does, so that its cleanup stops the node processes and
+    servers it started (they run in sessions of their own: a SIGKILL of the script left them
+    running, holding their ports and the CPU the next script measures on); SIGKILL it if
+    that takes longer than ``CLEANUP_S``."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=CLEANUP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _closing(lines: list[str]) -> tuple[str, ...]:

@@ -136,8 +136,9 @@ CONSISTENCY_SQL = {
     "2: D_NEXT_O_ID - 1 = max(O_ID) = max(NO_O_ID)": """SELECT count(*) FROM district
         WHERE d_next_o_id - 1 <> (SELECT max(o_id) FROM orders WHERE o_w_id = d_w_id
                                   AND o_d_id = d_id)
-           OR d_next_o_id - 1 < coalesce((SELECT max(no_o_id) FROM new_order
-                                          WHERE no_w_id = d_w_id AND no_d_id = d_id), 0)""",
+           OR d_next_o_id - 1 <> coalesce((SELECT max(no_o_id) FROM new_order
+                                           WHERE no_w_id = d_w_id AND no_d_id = d_id),
+                                          d_next_o_id - 1)""",
     "3: max(NO_O_ID) - min(NO_O_ID) + 1 = count(NEW_ORDER)": """SELECT count(*) FROM (
         SELECT max(no_o_id) - min(no_o_id) + 1 AS span, count(*) AS rows FROM new_order
         GROUP BY no_w_id, no_d_id) AS districts WHERE span <> rows""",

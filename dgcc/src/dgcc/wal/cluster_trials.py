@@ -23,6 +23,7 @@ import dataclasses
 import os
 import random
 import signal
+import subprocess
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -254,8 +255,9 @@ def verify_restart(
         with _crashpoint_for_children("recovery.mid_replay"):
             try:
                 start_local(config, data_dir.parent / "restart_crash", ready_timeout_s=60)
-            except ConfigError:
-                pass
+            except ConfigError as error:  # the crash point, not a timeout or a port clash
+                if f"(exit {CRASH_EXIT_CODE})" not in str(error):
+                    raise DrillFailure(f"the armed restart failed otherwise: {error}") from None
             else:
                 raise DrillFailure("nodes armed to crash in recovery started anyway")
     cluster = start_local(config, data_dir.parent / "restart", ready_timeout_s=READY_TIMEOUT_S)
@@ -322,7 +324,11 @@ def crash_point_trial(root: Path, point: str, drill: ClusterDrill, *, hit: int =
         cluster = start_local(drill.config(data_dir), root / "run", ready_timeout_s=READY_TIMEOUT_S)
     requests = drill.requests(drill.seed)
     answered = asyncio.run(drive(cluster, requests, None, lambda: None))
-    codes = [process.wait(timeout=60) for process in cluster.processes]
+    try:
+        codes = [process.wait(timeout=60) for process in cluster.processes]
+    except subprocess.TimeoutExpired:
+        _kill_all(cluster, 0)
+        raise DrillFailure(f"a node ran on past {point}:{hit} for 60 s after its calls") from None
     _kill_all(cluster, 0)
     if CRASH_EXIT_CODE not in codes:
         raise DrillFailure(f"no node died at {point}:{hit}; exit codes {codes}")
