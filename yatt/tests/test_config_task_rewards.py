@@ -141,3 +141,12 @@ def test_a_file_row_without_the_answer_a_reward_grades_against_is_refused_up_fro
                                            f"logging.run_dir={tmp_path}/r"])  # fmt: skip
     with pytest.raises(DataError, match=re.escape(message)):
         Trainer(everywhere)  # before any step
+    # math_answer compares numbers: an answer that reads as none is refused as early
+    path.write_text(
+        "".join(json.dumps(row) + "\n" for row in [*rows, {"prompt": "Length?", "answer": "5 cm"}])
+    )
+    with pytest.raises(DataError, match=re.escape(
+        f"{path}:21: reward.fns='math_answer' compares numbers, and this row's reference "
+        "answer '5 cm' is not a number (math_boxed compares text too)"
+    )):  # fmt: skip
+        check_rows_have_answers(config, list(load_prompts(path)), [])

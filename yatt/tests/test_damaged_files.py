@@ -184,15 +184,21 @@ def test_an_eval_reward_that_returns_no_number_is_refused(
     assert _one_line(exc_info) == f"eval reward '{module}:score' {problem}"
 
 
-def test_train_reward_failure_names_the_data_line(tmp_path):
-    # (A row without any answer is refused when the data loads: test_config_task_rewards.)
+def test_train_reward_failure_names_the_data_line(tmp_path, monkeypatch):
+    # (A row without an answer, or one math_answer cannot read as a number, is refused when
+    # the data loads: test_config_task_rewards.) A reward of the user's fails on a row's field.
     path = tmp_path / "d.jsonl"
     path.write_text(
-        '{"prompt": "What is 1 + 1?", "answer": "two"}\n'
-        '{"prompt": "What is 2 + 2?", "answer": "four"}\n'
+        '{"prompt": "What is 1 + 1?", "answer": "2", "unit": "two"}\n'
+        '{"prompt": "What is 2 + 2?", "answer": "4", "unit": "four"}\n'
     )
+    (tmp_path / "unit_reward.py").write_text(
+        "def reward(prompt, completion, *, unit, **fields):\n    return float(unit)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     model, tokenizer = tiny_model(seed=0)
     config = load_config("tiny_test", [*TINY, f"data.path={path}", "data.n_heldout=0",
+                                       "reward.fns=[unit_reward:reward]",
                                        f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
     trainer = Trainer(config, model=model, tokenizer=tokenizer)
     with pytest.raises(RewardError, match=rf"row \d is a sample of {path}:[12]\)$") as exc_info:

@@ -5,6 +5,8 @@ logits; check that bad names and folders raise ModelError naming them. The slow 
 real SmolLM2 once (cached in ~/.cache/yatt/models) and check it answers a simple sum.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -52,6 +54,25 @@ def test_bad_names_and_folders_raise_model_error(tmp_path):
         load_tokenizer(tmp_path / "empty")
     with pytest.raises(ConfigError, match="'gpt2'"):
         tiny_model("gpt2")
+
+
+def test_a_prepared_folder_replaces_an_incomplete_one_and_yields_to_a_complete_one(tmp_path):
+    from yatt.models import _install
+
+    def folder(name: str, files: tuple[str, ...]) -> Path:
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text(name)
+        return tmp_path / name
+
+    complete = ("config.json", "model.safetensors")
+    target = folder("smollm2", ("config.json",))  # its weights were deleted by hand
+    _install(folder(".staging1", complete), target)
+    assert (target / "model.safetensors").read_text() == ".staging1"
+    _install(folder(".staging2", complete), target)  # another process finished first
+    assert (target / "model.safetensors").read_text() == ".staging1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".staging2", "smollm2"]  # (removed
+    # by prepare_model's cleanup, as every staging folder is)
 
 
 @pytest.mark.slow

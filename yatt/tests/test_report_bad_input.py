@@ -164,6 +164,18 @@ def test_plots_leave_out_nan_and_infinite_values(tmp_path) -> None:
     assert all(path.stat().st_size > 1000 for path in paths)
 
 
+def test_a_plot_that_cannot_be_written_is_one_warning_and_the_report_stands(
+    tmp_path, capsys, caplog
+) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(_step_row(step, 0.5)) + "\n" for step in (1, 2))
+    )
+    (tmp_path / "rewards.png").mkdir()  # a name the plot cannot be written under
+    assert main(["report", str(tmp_path)]) == 0
+    assert "could not write" in caplog.text and "rewards.png" in caplog.text
+    assert (tmp_path / "timing.png").stat().st_size > 1000  # the other plot is written
+
+
 def test_a_non_finite_step_is_one_line(tmp_path, capsys) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": NaN, "critic/score/mean": 0.5}\n')
     assert main(["report", str(tmp_path), "--no-plots"]) == 2

@@ -34,6 +34,10 @@ from yatt.rewards.math import extract_boxed, extract_last_number, math_answer, m
         ("The answer is \u22125", "5", 0.0),
         ("The answer is 3/4", "3/4", 1.0),  # a fraction is one number
         ("The answer is 3/4", "4", 0.0),
+        ("The answer is 3/4.", "3/4", 1.0),  # ending a sentence too
+        ("so 1/2.5", "2.5", 1.0),  # not a fraction: a decimal follows
+        ("It is 0.5", r"\frac{1}{2}", 1.0),  # a LaTeX reference answer
+        ("About 50", "50%", 1.0),
     ],
 )
 def test_math_answer_cases(completion, answer, expected):
@@ -54,8 +58,11 @@ def test_math_boxed_cases():
     assert math_boxed("q", "1234", answer="1234") == 0.0
     assert math_boxed("q", r"\boxed{5}", answer="6") == 0.0
     for boxed, answer in ((r"\frac{1}{2}", "1/2"), (r"\dfrac{3}{4}", "0.75"), (r"\text{42}", 42),
-                          (r"42\%", "42"), ("{5}", "5"), ("\u22125", -5)):  # fmt: skip
+                          (r"42\%", "42"), ("{5}", "5"), ("\u22125", -5), (r"\$5", 5),
+                          ("1{,}000", 1000), (r"1\,000", 1000), ("x = 5", 5),
+                          (r"5\text{ cm}", 5), (r"3\mathrm{kg}", "3")):  # fmt: skip
         assert math_boxed("q", rf"so \boxed{{{boxed}}}", answer=answer) == 1.0, boxed
+    assert math_boxed("q", r"\boxed{1,2}", answer="12") == 0.0  # two answers, not twelve
 
 
 def test_format_reward_is_opt_in_and_configurable():

@@ -27,6 +27,9 @@ from yatt.rollout import RolloutEngine, SamplingParams
         ("Score: -2", 0.0),
         ("no number", None),
         ("Score: 3/0", None),
+        ("**Score:** 8", 0.8),  # markdown emphasis
+        ("**Score**: 8/10", 0.8),
+        ("__Score__ = 5", 0.5),
     ],
 )
 def test_parse_score(reply, expected):

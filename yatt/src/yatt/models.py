@@ -108,16 +108,26 @@ def prepare_model(name: str = "smollm2", cache_dir: Path | None = None) -> Path:
         model.load_state_dict(gguf_model.state_dict())
         model.generation_config = gguf_model.generation_config
         save_checkpoint(model, tokenizer, staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            # Another process finished first (the rename target exists and is not empty).
-            if not _is_complete(target):
-                raise
+        _install(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     assert _is_complete(target), f"prepared folder {target} is incomplete"
     return target
+
+
+def _install(staging: Path, target: Path) -> None:
+    """Move a prepared folder into place (a rename: readers see all of it or nothing). A
+    complete folder already there is another process's, finished first; an incomplete one
+    (files deleted by hand) is replaced, or no later run could ever prepare the model."""
+    try:
+        os.rename(staging, target)
+    except OSError:  # the target exists and is not empty
+        if _is_complete(target):
+            return
+        stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
+        os.rename(target, stale / target.name)
+        shutil.rmtree(stale, ignore_errors=True)
+        os.rename(staging, target)
 
 
 def _resolve(path_or_name: str | Path, marker: str = "config.json") -> Path:

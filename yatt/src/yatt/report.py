@@ -310,11 +310,16 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
         for row in history
     ]  # fmt: skip
     if any("sft/loss" in row for row in history):
-        return [plot_sft_loss(history, run_dir / "loss.png")]
-    return [
-        plot_rewards(history, run_dir / "rewards.png"),
-        plot_timings(history, run_dir / "timing.png"),
-    ]
+        plots = [(plot_sft_loss, "loss.png")]
+    else:
+        plots = [(plot_rewards, "rewards.png"), (plot_timings, "timing.png")]
+    written = []
+    for plot, name in plots:
+        try:
+            written.append(plot(history, run_dir / name))
+        except OSError as error:  # a read-only or full folder: the report was shown anyway
+            logger.warning("could not write %s: %s", run_dir / name, error.strerror or error)
+    return written
 
 
 def _run_folder(run_dir: Path) -> Path:

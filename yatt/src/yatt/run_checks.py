@@ -15,6 +15,7 @@ from yatt.config import Config
 from yatt.data import TASK_PROVIDES
 from yatt.errors import ConfigError, DataError
 from yatt.rewards import NEED_MEANINGS, NEEDS_ANSWER, REWARD_NEEDS
+from yatt.rewards.math import answer_value
 
 __all__ = [
     "check_budgets_fit_model",
@@ -94,6 +95,14 @@ def check_rows_have_answers(
                     f"{row.source or config.data.path}: {key}={name!r} grades each row against "
                     f"its 'answer' field, which this row lacks ({fix})"
                 )
+            if name == "math_answer":  # compares numbers: an answer must read as one
+                try:
+                    answer_value(row.answer)
+                except ValueError as error:
+                    raise DataError(
+                        f"{row.source or config.data.path}: {key}={name!r} compares numbers, "
+                        f"and this row's {error} (math_boxed compares text too)"
+                    ) from None
 
 
 def try_rewards_once(combined: Any, prompt: str, example: Any) -> None:

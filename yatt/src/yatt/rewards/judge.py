@@ -22,7 +22,10 @@ DEFAULT_TEMPLATE = (
     "Reply with one line in the form 'Score: N/10'."
 )
 
-_SCORE = re.compile(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?", re.IGNORECASE)
+# (Markdown emphasis may sit around the word or the colon: "**Score:** 8", "**Score**: 8".)
+_SCORE = re.compile(
+    r"score[\s*_]*[:=]?[\s*_]*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?", re.IGNORECASE
+)
 _FRACTION = re.compile(r"(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
 
 

@@ -9,6 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 __all__ = [
+    "answer_value",
     "extract_boxed",
     "extract_last_number",
     "format_reward",
@@ -19,16 +20,23 @@ __all__ = [
 
 # A sign counts only when no digit precedes it, so "10-3" reads as 10 and 3, not 10 and -3; a
 # fraction a/b is one number ("3/4" is 3/4, not 4).
+# (A denominator ends at a digit or a decimal point with a digit after it: "1/2.5" is not a
+# fraction, "3/4." ending a sentence is.)
 _NUMBER = re.compile(
-    r"(?:(?<![\d])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+(?![\d.]))?|(?:(?<![\d])-)?\.\d+"
+    r"(?:(?<![\d])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+(?!\d|\.\d))?|(?:(?<![\d])-)?\.\d+"
 )
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
 _MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})  # the minus sign, an en dash
 _ONLY_A_NUMBER = r"\s*-?\d[\d,]*(?:\.\d+)?\s*\.?\s*"
 
 
 def _to_fraction(text: str) -> Fraction | None:
     """Exact value of a number written with optional sign, thousands commas, decimals, or a/b."""
-    cleaned = text.translate(_MINUS).strip().replace(",", "").replace("$", "").rstrip(".")
+    cleaned = text.translate(_MINUS).strip().replace("$", "").rstrip(".")
+    if "," in cleaned:  # thousands separators only: "1,2" is a list of two, not 12
+        if not _THOUSANDS.fullmatch(cleaned):
+            return None
+        cleaned = cleaned.replace(",", "")
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
@@ -41,10 +49,18 @@ def extract_last_number(text: str) -> Fraction | None:
     return _to_fraction(matches[-1]) if matches else None
 
 
-def _reference(answer: Any) -> Fraction:
+def answer_value(answer: Any) -> Fraction:
+    """The numeric value of a reference answer: a number as `_to_fraction` reads one, or one
+    in LaTeX or with a percent sign as `math_boxed` normalises it ("\\frac{1}{2}", "50%").
+
+    Raises:
+        ValueError: no answer, or one that is not a number.
+    """
     if answer is None:
         raise ValueError("needs an 'answer' field, got None")
     value = _to_fraction(str(answer))
+    if value is None:
+        value = _to_fraction(_normalise(str(answer)))
     if value is None:
         raise ValueError(f"reference answer {answer!r} is not a number")
     return value
@@ -52,7 +68,7 @@ def _reference(answer: Any) -> Fraction:
 
 def math_answer(prompt: str, completion: str, *, answer: Any = None, **_fields: Any) -> float:
     """1.0 if the last number in the completion equals the numeric reference answer, else 0.0."""
-    reference = _reference(answer)
+    reference = answer_value(answer)
     return 1.0 if extract_last_number(completion) == reference else 0.0
 
 
@@ -73,10 +89,16 @@ def extract_boxed(text: str) -> str | None:
 
 
 def _normalise(text: str) -> str:
-    """Boxed or reference text as a plain string: no spaces or $, the minus sign as -, LaTeX
-    \\frac{a}{b} as a/b, \\text{...} unwrapped, no percent sign, no enclosing braces."""
-    text = re.sub(r"\s+|\$", "", text.translate(_MINUS)).rstrip(".")
+    """Boxed or reference text as a plain string: no spaces, $ or \\$, the minus sign as -,
+    LaTeX thousands spacing ({,} \\, \\!) read, a leading "x =" dropped, \\frac{a}{b} as a/b,
+    a \\text or \\mathrm unit after a number dropped and other \\text{...} unwrapped, no percent
+    sign, no enclosing braces."""
+    text = re.sub(r"\s+|\\?\$", "", text.translate(_MINUS)).rstrip(".")
+    text = text.replace("{,}", ",").replace("\\!", "").replace("\\,", "")  # 1{,}000, 1\,000
+    text = re.sub(r"^[A-Za-z]\w*=(?=.)", "", text)  # "x = 5": the value
     text = re.sub(r"\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", r"\1/\2", text)
+    # a unit after a number ("5\text{ cm}", "3\mathrm{kg}"): the number
+    text = re.sub(r"^(-?[\d.,/]+)\\(?:text|mathrm)\{[^{}]*\}$", r"\1", text)
     text = re.sub(r"\\text\{([^{}]*)\}", r"\1", text)
     text = re.sub(r"\\?%$", "", text)
     while text.startswith("{") and text.endswith("}"):
