@@ -11,6 +11,7 @@ on a port already in use.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,14 +257,36 @@ def _recv_frame(conn: socket.socket) -> bytes:
     return conn.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
 
 
+def _against_a_fake_node(
+    tmp_path: Path, serve: Any, argv: list[str], pids: list[int] | None = None
+) -> tuple[int, int]:
+    """``dgcc *argv --dir tmp_path`` against a one-node cluster folder whose node is
+    ``serve(server)`` on a thread (``pids``: its state file's); (exit status, the port)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), pids or [])
+        node = threading.Thread(target=serve, args=(server,))
+        node.start()
+        code = main([*argv, "--dir", str(tmp_path)])
+        node.join(WAIT_S)
+    return code, port
+
+
+def _handshake(conn: socket.socket) -> None:
+    """A node's side of a client's handshake (no secret)."""
+    conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
+    _recv_frame(conn)  # the client's hello
+    conn.sendall(frame(("ready", 0)))
+
+
 def _node_that_never_answers(server: socket.socket, hang_up: bool) -> None:
     """Accept one client, shake hands, take its call, then hang up or say nothing until the
     client leaves."""
     conn, _ = server.accept()
     with conn:
-        conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
-        _recv_frame(conn)  # the client's hello
-        conn.sendall(frame(("ready", 0)))
+        _handshake(conn)
         _recv_frame(conn)  # the call
         if not hang_up:
             conn.recv(1)  # returns once the client gave up and closed its end
@@ -271,16 +295,9 @@ def _node_that_never_answers(server: socket.socket, hang_up: bool) -> None:
 @pytest.mark.parametrize("hang_up", [False, True])
 def test_a_call_sent_but_not_answered_exits_3_as_unknown(tmp_path, capsys, hang_up):
     # The node may still commit such a call: a user who read "error" would call it again.
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), [])
-        node = threading.Thread(target=_node_that_never_answers, args=(server, hang_up))
-        node.start()
-        code = main(["call", "balance", '{"customer": 1}', "--dir", str(tmp_path),
-                     "--timeout-s", "0.5"])  # fmt: skip
-        node.join(WAIT_S)
+    serve = functools.partial(_node_that_never_answers, hang_up=hang_up)
+    argv = ["call", "balance", '{"customer": 1}', "--timeout-s", "0.5"]
+    code, port = _against_a_fake_node(tmp_path, serve, argv)
     err = capsys.readouterr().err.strip()
     assert code == 3, err
     assert len(err.splitlines()) == 1, err
@@ -296,9 +313,7 @@ def _node_that_answers(server: socket.socket, result: object) -> None:
 
     conn, _ = server.accept()
     with conn:
-        conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
-        _recv_frame(conn)  # the client's hello
-        conn.sendall(frame(("ready", 0)))
+        _handshake(conn)
         calls = msgpack.unpackb(_recv_frame(conn), use_list=False)[1]
         conn.sendall(frame(("results", ((calls[0][0], "committed", result, None),))))
 
@@ -306,15 +321,8 @@ def _node_that_answers(server: socket.socket, result: object) -> None:
 def test_a_call_result_with_keys_json_cannot_take_prints_them_as_reprs(tmp_path, capsys):
     # msgpack carries a procedure's map with tuple keys; json.dumps refuses such keys
     result = {(1, 2): "pair", "rows": [{(3,): b"raw"}], 7: None}
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), [])
-        node = threading.Thread(target=_node_that_answers, args=(server, result))
-        node.start()
-        code = main(["call", "balance", '{"customer": 1}', "--dir", str(tmp_path)])
-        node.join(WAIT_S)
+    serve = functools.partial(_node_that_answers, result=result)
+    code, _ = _against_a_fake_node(tmp_path, serve, ["call", "balance", '{"customer": 1}'])
     out = capsys.readouterr().out
     assert code == 0, out
     assert json.loads(out) == {
@@ -331,9 +339,7 @@ def _another_clusters_node(server: socket.socket, pid: int, asked: list[str]) ->
 
     conn, _ = server.accept()
     with conn:
-        conn.sendall(frame(("hello", VERSION, 0, b"nonce")))
-        _recv_frame(conn)  # the client's hello
-        conn.sendall(frame(("ready", 0)))
+        _handshake(conn)
         while data := _recv_frame(conn):
             kind, request_id = msgpack.unpackb(data, use_list=False)[:2]
             asked.append(kind)
@@ -348,15 +354,8 @@ def test_a_port_another_cluster_took_is_not_this_folders_node(tmp_path, capsys, 
     """The folder records pid 4241 for node 0; what answers on its port is pid 4242 (another
     cluster that got the port after this one stopped): stop leaves it alone, status says so."""
     asked: list[str] = []
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        _write_cluster(tmp_path, _config(nodes=[NODE | {"port": port}]), [4241])
-        node = threading.Thread(target=_another_clusters_node, args=(server, 4242, asked))
-        node.start()
-        code = main(["cluster", action, "--dir", str(tmp_path)])
-        node.join(WAIT_S)
+    serve = functools.partial(_another_clusters_node, pid=4242, asked=asked)
+    code, _ = _against_a_fake_node(tmp_path, serve, ["cluster", action], pids=[4241])
     out = capsys.readouterr().out
     assert "stop" not in asked, asked
     if action == "stop":
