@@ -71,7 +71,15 @@ def chosen(records: list[dict[str, Any]], node_counts: Sequence[int]) -> dict[Ke
                 r.get("repeat", 0): r["metrics"]["txn/commits_per_s"]
                 for r in protocols.runs_at(runs, record)
             }
-            best[(scenario, nodes, protocol)] = record | {"sweep": tried, "rounds": rounds}
+            rerun = sorted(
+                {r["config"]["inflight"] for r in runs
+                 if r.get("repeat", 0) and protocols._same_point(r, record, "inflight")}
+            )  # fmt: skip
+            best[(scenario, nodes, protocol)] = record | {
+                "sweep": tried,
+                "rounds": rounds,
+                "rerun": rerun,
+            }
     return best
 
 
@@ -151,6 +159,15 @@ def markdown(best: dict[Key, dict[str, Any]], ran: list[str], facts: dict, args)
         "|---|---:|" + "---:|" * (len(ran) + 1),
     ]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(best, ran)]
+    flags = []
+    for (scenario, nodes, _), record in best.items():
+        rerun = set(record.get("rerun", [record["config"]["inflight"]]))  # (older runs: its own)
+        tried = [tuple(pair) for pair in record.get("sweep", ())]
+        why = protocols.understated(record, tried, rerun)
+        if why is not None:
+            flags.append(f"- {scenario}, {nodes} nodes: {why}.")
+    if flags:
+        lines += ["", *flags]
     lines += ["", "![protocols vs nodes](protocols_nodes.png)", ""]
     return "\n".join(lines)
 
