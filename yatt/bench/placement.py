@@ -363,7 +363,9 @@ def _simulate(args, runs: dict, calib: dict, move_s: float) -> dict:
     half = args.shift
     colocate = runs["colocate"]
     fractions, step_s = planner_fractions(args, calib), calib["decode_step_s"]
-    short = _measured_costs(colocate, 1, half, step_s * args.short, fractions)
+    # (steady steps only: the first `warmup` ones, left out of every comparison, pay process
+    # and allocator warm-up and the first weight push)
+    short = _measured_costs(colocate, args.warmup, half, step_s * args.short, fractions)
     long = _measured_costs(colocate, half, args.steps, step_s * args.long, fractions)
     # the push as the synchronous partial run times it (its sampler is idle then; an async
     # disaggregated push also waits for the sampler's generation in flight)

@@ -211,3 +211,18 @@ def test_a_checkpoint_of_another_model_is_refused_before_the_folder_changes(
         fit_distributed(config, _control())
     assert "\n" not in str(info.value)
     assert later.is_dir() and (run_dir / "metrics.jsonl").read_text() == rows  # untouched
+
+
+def test_at_end_leaves_a_checkpoint_at_the_last_step_so_a_rerun_finds_the_run_complete(
+    tmp_path,
+):
+    """As the trainer does: with checkpoint.at_end, the last step has a checkpoint even where
+    checkpoint.every does not divide it (the controllers saved only every-th steps: a rerun
+    with resume=auto resumed at step 2 and trained steps 3-5 again, changing model/)."""
+    from yatt.checkpoint import checkpoint_step
+
+    steps = ["train.steps=5", "checkpoint.at_end=true", f"logging.run_dir={tmp_path / 'r'}"]
+    config = load_config("tiny_test", [*OVERRIDES, *steps])
+    fit_distributed(config, _control())
+    saved = [checkpoint_step(folder) for folder in list_checkpoints(tmp_path / "r")]
+    assert saved == [2, 4, 5]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from yatt.checkpoint import checkpoint_due
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config
 from yatt.control.async_rollout import QueueState, deal_prompts, prompts_due
@@ -200,11 +201,12 @@ class Controller(ABC):
             result.events.extend(handle.call("drain_events"))
 
     def maybe_checkpoint(self, done: int, out_of_time: bool = False) -> Path | None:
-        """The checkpoint of `done` steps (with `checkpoint_dir` set), when `checkpoint.every`
-        divides it or `train.time_limit_s` stops the run there (so `checkpoint.resume=auto`
-        goes on). The final policy is `fit_distributed`'s `model/` (`checkpoint.at_end`)."""
-        every = self.config.checkpoint.every
-        if self.checkpoint_dir is None or not every or (done % every and not out_of_time):
+        """The checkpoint of `done` steps (with `checkpoint_dir` set) when the trainer's rule
+        (`checkpoint_due`) has one there: `checkpoint.every` divides it, or it is the last step
+        with `checkpoint.at_end`, or `train.time_limit_s` stops the run there with either set.
+        So a rerun with `checkpoint.resume=auto` finds a finished run complete, and a stopped
+        one goes on. (`fit_distributed` also writes the final policy to `model/`.)"""
+        if self.checkpoint_dir is None or not checkpoint_due(self.config, done, out_of_time):
             return None
         return self.save_checkpoint(self.checkpoint_dir, done)
 
