@@ -80,3 +80,27 @@ def test_a_future_passed_as_an_argument_arrives_as_its_result():
     source = backend.spawn(_Holder, Device("cpu", 0), "source", 2.0)
     target = backend.spawn(_Holder, Device("cpu", 1), "target", 0.0)
     assert target.call("take", source.submit("export")) == 6.0
+
+
+def test_tied_weights_are_packed_sent_and_counted_once():
+    """A tied model's state dict names its embedding twice (embed_tokens, lm_head): packed,
+    it is one array, which pickling (as a transfer does) carries once, and the receiver loads
+    both names from it."""
+    from yatt.models import tiny_model
+
+    model, _ = tiny_model(seed=0)
+    state = model.state_dict()
+    embed, head = state["model.embed_tokens.weight"], state["lm_head.weight"]
+    assert embed.data_ptr() == head.data_ptr()  # tied
+    packed = pack(state)
+    assert packed["model.embed_tokens.weight"] is packed["lm_head.weight"]
+    whole = sum(t.numel() * t.element_size() for t in state.values())
+    assert payload_nbytes(packed) < whole - embed.numel() * embed.element_size() + 10_000
+    untied = {key: value.clone() for key, value in state.items()}
+    assert len(pickle.dumps(packed, protocol=5)) < 0.7 * len(pickle.dumps(pack(untied), protocol=5))
+    copy, _ = tiny_model(seed=1)
+    copy.load_state_dict(unpack(pickle.loads(pickle.dumps(packed, protocol=5))))
+    assert (
+        torch.equal(copy.lm_head.weight, head)
+        and copy.lm_head.weight is copy.model.embed_tokens.weight
+    )

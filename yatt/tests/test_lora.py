@@ -274,7 +274,9 @@ def test_controllers_train_adapters_alike_in_both_modes_and_push_only_them():
     _, full_w, full_push = _controllers(False, "parallel")
     adapter_bytes = sum(v.numel() * 4 for v in single_w.values())
     assert adapter_bytes <= lora_push < 1.1 * adapter_bytes  # (plus the tensors' names)
-    assert full_push >= sum(v.numel() * 4 for v in full_w.values()) > 100 * lora_push
+    # (the tiny model ties its LM head to the embedding: one tensor, pushed once)
+    pushed = sum(v.numel() * 4 for k, v in full_w.items() if k != "lm_head.weight")
+    assert full_push >= pushed > 100 * lora_push
 
 
 def test_sft_with_adapters_lowers_the_loss_and_saves_them_merged(tmp_path):

@@ -40,18 +40,24 @@ class PackedTensor:
         return int(self.array.nbytes)
 
 
-def pack(state: Any) -> Any:
+def pack(state: Any, _packed: dict[tuple, PackedTensor] | None = None) -> Any:
     """`state` with every tensor replaced by a PackedTensor (no copy for contiguous host
-    tensors)."""
+    tensors). Tensors that are one tensor (tied weights: a model's input embedding and its
+    LM head) become one PackedTensor object, which a transfer pickles, and so sends, once."""
+    packed = {} if _packed is None else _packed
     if isinstance(state, torch.Tensor):
+        key = (state.device, state.data_ptr(), state.dtype, tuple(state.shape), state.stride())
+        if state.numel() and key in packed:
+            return packed[key]
         tensor = state.detach().to("cpu").contiguous()
         view = _VIEWS.get(tensor.dtype)
         array = (tensor.view(view) if view is not None else tensor).numpy()
-        return PackedTensor(array, tensor.dtype)
+        packed[key] = PackedTensor(array, tensor.dtype)
+        return packed[key]
     if isinstance(state, dict):
-        return {key: pack(value) for key, value in state.items()}
+        return {key: pack(value, packed) for key, value in state.items()}
     if isinstance(state, list | tuple):
-        return type(state)(pack(value) for value in state)
+        return type(state)(pack(value, packed) for value in state)
     return state
 
 

@@ -49,22 +49,30 @@ BACKENDS = ("inprocess", "ray")
 MAX_WORKERS_PER_DEVICE = 8
 
 
-def payload_nbytes(value: Any) -> int:
-    """Bytes of the tensors, texts and numbers inside `value` (what a transfer must carry)."""
+def payload_nbytes(value: Any, _counted: set[int] | None = None) -> int:
+    """Bytes of the tensors, texts and numbers inside `value` (what a transfer must carry); a
+    PackedTensor that appears twice (tied weights, see `pack`) travels, and counts, once."""
+    counted = set() if _counted is None else _counted
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, PackedTensor):
+        if id(value) in counted:
+            return 0
+        counted.add(id(value))
         return value.nbytes
     if isinstance(value, str | bytes):
         return len(value)
     if isinstance(value, int | float | bool) or value is None:
         return 8
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(payload_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+        fields = dataclasses.fields(value)
+        return sum(payload_nbytes(getattr(value, f.name), counted) for f in fields)
     if isinstance(value, dict):
-        return sum(payload_nbytes(k) + payload_nbytes(v) for k, v in value.items())
+        return sum(
+            payload_nbytes(k, counted) + payload_nbytes(v, counted) for k, v in value.items()
+        )
     if isinstance(value, list | tuple):
-        return sum(payload_nbytes(v) for v in value)
+        return sum(payload_nbytes(v, counted) for v in value)
     return 0
 
 
