@@ -162,8 +162,7 @@ def overtaken(rates: dict[int, float], runs: dict[int, list[float]]) -> list[int
     came within ``NEAR_BEST`` of the best median of the rerun points (``runs``: inflight ->
     every run's commits/s there), or beat it: when a rerun point's median falls below them,
     they must be rerun too, or the protocol would stand at a point below others it ran."""
-    medians = [sorted(rates_at)[(len(rates_at) - 1) // 2] for rates_at in runs.values()]
-    best = max(medians, default=0.0)
+    best = max(map(_lower_median, runs.values()), default=0.0)
     return [p for p, rate in rates.items() if p not in runs and rate >= NEAR_BEST * best]
 
 
@@ -184,6 +183,21 @@ def understated(
         f"{rate:,.0f}, a point that was not rerun: it may be understated there, and the ratio "
         "overstated"
     )
+
+
+def sweep_of(
+    records: list[dict[str, Any]], record: dict[str, Any]
+) -> tuple[list[tuple[int, float]], set[int]]:
+    """The (inflight, commits/s) pairs of the sweep ``record``'s point ran, and the inflight
+    values whose runs were repeated."""
+    same = [r for r in records if _same_point(r, record, "inflight")]
+    tried = [(r["config"]["inflight"], r["metrics"]["txn/commits_per_s"]) for r in same
+             if not r.get("repeat", 0)]  # fmt: skip
+    return tried, {r["config"]["inflight"] for r in same if r.get("repeat", 0)}
+
+
+def _lower_median(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2]  # the lower middle of an even count
 
 
 def runs_at(records: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -345,11 +359,7 @@ def understated_markdown(records: list[dict[str, Any]], fractions: tuple[float, 
     lines = []
     for fraction in fractions:
         for (scenario, _), record in best_by_protocol(records, fraction).items():
-            same = [r for r in records if _same_point(r, record, "inflight")]
-            tried = [(r["config"]["inflight"], r["metrics"]["txn/commits_per_s"]) for r in same
-                     if not r.get("repeat", 0)]  # fmt: skip
-            rerun = {r["config"]["inflight"] for r in same if r.get("repeat", 0)}
-            why = understated(record, tried, rerun)
+            why = understated(record, *sweep_of(records, record))
             if why is not None:
                 lines.append(f"- {scenario} at {fraction:.0%} distributed: {why}.")
     return ["", *lines] if lines else []
@@ -434,9 +444,10 @@ def headroom_markdown(
         bounds = []
         for fraction in fractions:
             best = best_by_protocol(records, fraction)
-            if not fraction or scenario not in ratios(best):
+            rivals = ratios(best)
+            if not fraction or scenario not in rivals:
                 continue
-            rival = ratios(best)[scenario][1]
+            rival = rivals[scenario][1]
             rate = best[(scenario, rival)]["metrics"]["txn/commits_per_s"]
             bounds.append(f"{ceiling / max(rate, 1e-9):.2f}x {rival}'s rate at {fraction:.0%}")
         if bounds:

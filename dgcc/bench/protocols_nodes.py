@@ -62,23 +62,15 @@ def chosen(records: list[dict[str, Any]], node_counts: Sequence[int]) -> dict[Ke
         for (scenario, protocol), record in protocols.best_by_protocol(
             runs, _fraction(nodes)
         ).items():
-            tried = [
-                (r["config"]["inflight"], r["metrics"]["txn/commits_per_s"])
-                for r in runs
-                if not r.get("repeat", 0) and protocols._same_point(r, record, "inflight")
-            ]
+            tried, rerun = protocols.sweep_of(runs, record)
             rounds = {
                 r.get("repeat", 0): r["metrics"]["txn/commits_per_s"]
                 for r in protocols.runs_at(runs, record)
             }
-            rerun = sorted(
-                {r["config"]["inflight"] for r in runs
-                 if r.get("repeat", 0) and protocols._same_point(r, record, "inflight")}
-            )  # fmt: skip
             best[(scenario, nodes, protocol)] = record | {
                 "sweep": tried,
                 "rounds": rounds,
-                "rerun": rerun,
+                "rerun": sorted(rerun),
             }
     return best
 
