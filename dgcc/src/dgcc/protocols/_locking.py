@@ -6,8 +6,9 @@ piece granularity is what makes transactions conflict. A transaction aborted by 
 control is undone and restarted within the same ``run_batch`` (keeping its first-attempt
 timestamp), up to ``retries_max`` times (so at most ``retries_max + 1`` attempts); past that it
 ends ABORTED with a reason starting ``retry`` (``api.RETRY_PREFIX``) so the closed-loop
-driver resubmits it. Logic aborts and errors are final. With ``record_history``, committed and
-logic-aborted transactions are recorded for the serializability check (``_history``).
+driver resubmits it. Logic aborts and errors are final; an error's writes are undone. With
+``record_history``, committed and logic-aborted transactions are recorded for the
+serializability check (``_history``).
 """
 
 from __future__ import annotations
@@ -272,7 +273,9 @@ class InterleavedProtocol(Protocol):
                 self.history.append(
                     CommittedTxn(ts[0], ts[1], attempt.request, attempt.seen, {}, aborted=True)
                 )
-            self.finish(attempt, undo=False)  # final: a logic abort wrote nothing
+            # Final. A logic abort wrote nothing; an error's writes are undone (2PL held them
+            # under X locks, so nobody saw them; OCC never installed them), as on a cluster.
+            self.finish(attempt, undo=txn.error is not None)
             return True
         return False
 
