@@ -64,10 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             params = SamplingParams(
                 max_new_tokens=new_tokens, temperature=1.0, greedy=(mode == "greedy")
             )
-            runs = []
-            for repeat in range(args.repeats):
-                runs.append(_run_cell(engines, prompts, params, repeat))
-                progress.advance(task)
+            runs = _cell_runs(
+                engines, prompts, params, args.repeats, lambda: progress.advance(task)
+            )
             records.append(_record(batch, new_tokens, mode, runs))
     facts = _host_facts(device, model_name, args)
     facts["refresh_cpu_s"] = _refresh_cpu_s(model, engines)
@@ -127,6 +126,21 @@ def _refresh_cpu_s(model, engines: dict) -> dict[str, float]:
             times.append(time.process_time() - start)
         costs[name] = statistics.median(times)
     return costs
+
+
+def _cell_runs(engines: dict, prompts, params, repeats: int, advance) -> list[dict[str, dict]]:
+    """``repeats`` timed runs of every engine on one cell, after one untimed run of each at the
+    cell's shape: a first call at a new batch size and token limit pays allocations that an RL
+    loop, sampling the same shape every step, does not (with 2 repeats, a cold first run was
+    half of each median)."""
+    seeds = list(range(len(prompts)))
+    for engine in engines.values():
+        engine.generate(prompts, params, seeds)
+    runs = []
+    for repeat in range(repeats):
+        runs.append(_run_cell(engines, prompts, params, repeat))
+        advance()
+    return runs
 
 
 def _run_cell(engines: dict, prompts, params, repeat: int) -> dict[str, dict]:
@@ -268,7 +282,8 @@ def _markdown(records: list[dict], pairs, facts: dict, geo_means: dict, cpu_mean
         f"groups of {facts['group_size']} identical prompts as a GRPO step samples them; every "
         "engine gets the same prompts, batch size and token limit, greedy and sampled "
         "(temperature 1, one seed per request), taking turns going first; median of "
-        f"{facts['repeats']} runs. Tokens are those each engine produced up to EOS or the limit "
+        f"{facts['repeats']} runs after one untimed run of each engine at the cell's shape. "
+        "Tokens are those each engine produced up to EOS or the limit "
         "(fp32 greedy outputs are checked identical; in bf16 rounding differs between the two, "
         "since HF's bf16 copy also rounds the rotary buffers). HF `generate` keeps finished "
         "rows in the batch; yatt drops them and prefills identical prompts and the prefix they all "

@@ -90,19 +90,32 @@ def _shape(preset: str) -> str:
             f"{config.data.task}")  # fmt: skip
 
 
+def _threads(count: int) -> str:
+    """How many torch threads a run used, in words (0: torch's default, every CPU)."""
+    if not count:
+        return "torch threads: all CPUs"
+    return f"{count} torch thread{'s' if count > 1 else ''}"
+
+
 def _markdown(results: list[dict], host: dict, run: dict) -> str:
     trl = run["trl_reference"]
-    reference = (
-        f"TRL's median step time at this shape, from the TRL comparison below ({trl['steps']} "
-        f"steps, {trl['threads']} threads): {trl['step_s_median']:.2f} s (the red line). "
-        if trl
-        else ""
-    )
+    reference = ""
+    if trl:
+        reference = (
+            f"TRL's median step time at this shape, from the TRL comparison below ({trl['steps']} "
+            f"steps, {_threads(trl['threads'])}): {trl['step_s_median']:.2f} s (the red line). "
+        )
+        if trl["threads"] != run["threads"]:
+            reference += (
+                f"It ran at {_threads(trl['threads'])} and these variants at "
+                f"{_threads(run['threads'])}, so the line is a landmark, not a like-for-like "
+                "comparison (the TRL comparison's own table is). "
+            )
     lines = [
         "## yatt: GRPO step time breakdown",
         "",
         f"{run['shape']}, {results[0]['steps']} measured steps per variant after "
-        f"{run['warmup']} warm-up steps, torch threads {run['threads'] or 'all CPUs'}: "
+        f"{run['warmup']} warm-up steps, {_threads(run['threads'])}: "
         f"`{run['command']}`. Host: {host['cpus']} CPUs, torch {host['torch']}, 1-min load "
         f"average at the end {host['load_avg_1m']:.1f}, commit {host['git_commit']}. "
         + reference
@@ -133,18 +146,20 @@ def _plot(results: list[dict], path: Path, run: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     names = [r["variant"] for r in results]
     bottom = [0.0] * len(results)
     for phase in PHASES:
         values = [r["phase_s_mean"][phase] for r in results]
         ax.bar(names, values, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, values)]
-    if run["trl_reference"]:
-        ax.axhline(run["trl_reference"]["step_s_median"], color="red", linestyle="--",
-                   label="TRL (median step)")  # fmt: skip
-    ax.set(ylabel="seconds per step", title=f"yatt GRPO step ({run['shape']})")
-    ax.legend(fontsize="small")
+    trl = run["trl_reference"]
+    if trl:
+        ax.axhline(trl["step_s_median"], color="red", linestyle="--",
+                   label=f"TRL, median step ({_threads(trl['threads'])})")  # fmt: skip
+    ax.set_ylabel("seconds per step")
+    ax.set_title(f"yatt GRPO step, {_threads(run['threads'])}\n{run['shape']}", fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the bars
     plt.setp(ax.get_xticklabels(), rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -160,7 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all CPUs)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--preset", default="demo", help="config preset (tiny_test: smoke run)")
+    parser.add_argument("--from-json", type=Path, help="no runs: write the markdown and plot "
+                        "again from a saved yatt_step.json")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        document = json.loads(args.from_json.read_text())
+        _write(args.out_dir, document, json_too=False)
+        return 0
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -185,12 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     run = {"command": " ".join(["python yatt/bench/step.py", *given]), "threads": args.threads,
            "warmup": args.warmup, "preset": args.preset, "shape": _shape(args.preset),
            "trl_reference": _trl_reference(args.out_dir)}  # fmt: skip
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    document = {"host": host, "run": run, "results": results}
-    (args.out_dir / "yatt_step.json").write_text(json.dumps(document, indent=2))
-    (args.out_dir / "yatt_step.md").write_text(_markdown(results, host, run))
-    _plot(results, args.out_dir / "yatt_step.png", run)
+    _write(args.out_dir, {"host": host, "run": run, "results": results}, json_too=True)
     return 0
+
+
+def _write(out_dir: Path, document: dict, *, json_too: bool) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if json_too:
+        (out_dir / "yatt_step.json").write_text(json.dumps(document, indent=2))
+    results, run = document["results"], document["run"]
+    (out_dir / "yatt_step.md").write_text(_markdown(results, document["host"], run))
+    _plot(results, out_dir / "yatt_step.png", run)
 
 
 if __name__ == "__main__":

@@ -342,7 +342,7 @@ def run_yatt(settings: BenchSettings, run: str) -> dict[str, Any]:
     curve = _AccuracyCurve(settings, heldout)
     curve.measure(0, trainer.policy.model, trainer.tokenizer)
     steps = []
-    train_start_s = time.perf_counter()
+    curve.start_training()
     while trainer.step < settings.steps:
         metrics = trainer.train_step()
         trainer.step += 1
@@ -358,7 +358,7 @@ def run_yatt(settings: BenchSettings, run: str) -> dict[str, Any]:
                        steps[-1]["step_s"], steps[-1]["reward"])  # fmt: skip
         if settings.evaluates_after(trainer.step):
             curve.measure(trainer.step, trainer.policy.model, trainer.tokenizer)
-    train_wall_s = time.perf_counter() - train_start_s - curve.spent_s
+    train_wall_s = curve.train_wall_s()
     return {
         "run": run,
         "framework": "yatt",
@@ -379,6 +379,16 @@ class _AccuracyCurve:
         self.settings, self.heldout = settings, heldout
         self.points: list[tuple[int, float]] = []
         self.spent_s = 0.0
+        self._train_start_s = self._spent_at_start_s = 0.0
+
+    def start_training(self) -> None:
+        """Training starts now (after the step-0 evaluation, which it does not include)."""
+        self._train_start_s, self._spent_at_start_s = time.perf_counter(), self.spent_s
+
+    def train_wall_s(self) -> float:
+        """Wall time since ``start_training``, less the evaluations made since."""
+        evaluating_s = self.spent_s - self._spent_at_start_s
+        return time.perf_counter() - self._train_start_s - evaluating_s
 
     def measure(self, step: int, model: Any, tokenizer: Any) -> None:
         start_s = time.perf_counter()
@@ -466,9 +476,9 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
         train_dataset=Dataset.from_list(rows), callbacks=[_Recorder()],
     )  # fmt: skip
     torch.set_num_threads(settings.threads)
-    train_start_s = time.perf_counter()
+    curve.start_training()
     trainer.train()
-    train_wall_s = time.perf_counter() - train_start_s - curve.spent_s
+    train_wall_s = curve.train_wall_s()
     final_dir = Path(output_dir) / "final"
     trainer.save_model(str(final_dir))
     tokenizer.save_pretrained(str(final_dir))

@@ -172,3 +172,16 @@ def test_report_has_one_column_and_one_ratio_per_run():
     assert "| completions/s | 4.00 | 8.00 | 2.00 |" in text
     assert "yatt fp32 is **2.00x** TRL" in text and "yatt bf16 rollouts is **4.00x** TRL" in text
     assert "| 1 | 30.0% | 30.0% | 30.0% |" in text
+
+
+def test_training_wall_time_leaves_out_the_evaluations_made_during_training(monkeypatch):
+    """The step-0 evaluation runs before training starts: only the ones after it are taken
+    out of the training wall time (it used to take out every one, step 0's included)."""
+    clock = iter([0.0, 5.0, 5.0, 12.0, 15.0, 20.0])  # eval 0-5 s, train from 5, eval 12-15
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(bench, "heldout_accuracy", lambda *args: 0.5)
+    curve = bench._AccuracyCurve(bench.BenchSettings(), [])
+    curve.measure(0, None, None)
+    curve.start_training()
+    curve.measure(10, None, None)
+    assert curve.spent_s == 8.0 and curve.train_wall_s() == 12.0  # 15 s less 3 s evaluating
