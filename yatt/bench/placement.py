@@ -54,6 +54,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from placement_sim import (  # yatt/bench/placement_sim.py, next to this script
+    anchor_projection,
+    projection_table,
+    resimulate,
+    sim_vs_measured,
+    simulate_runs,
+)
+
 REPO = Path(__file__).resolve().parents[2]
 REWARD = ("yatt.control.workload:char_mix_reward",)
 PROJECT_DEVICES = (8, 32, 128, 512, 1024)
@@ -313,158 +321,6 @@ def _run_plans(args: argparse.Namespace, calib: dict, console) -> tuple[dict, li
     return runs, decisions
 
 
-def _measured_costs(run: dict, start: int, end: int, floor_s: float, fractions: dict[str, float]):
-    """PhaseCosts per step from the spans of steps [start, end) of a run (`floor_s`: the
-    decode floor of one of its steps; `fractions`: ``planner_fractions``)."""
-    from yatt.control.replacement import costs_from_spans
-    from yatt.control.timeline import Span
-
-    ends = run["step_ends"]
-    window = (ends[start - 1] if start else 0.0, ends[end - 1])
-    spans = [Span(*e) for e in run["events"] if window[0] <= e[3] < window[1]]
-    return costs_from_spans(spans, end - start, gen_floor_s=floor_s, **fractions)
-
-
-def _sim_at_two(args, short, long) -> dict[str, float]:
-    """Simulated wall seconds of every plan on 2 devices over the run's length schedule."""
-    from yatt.control.placement import candidate_placements
-    from yatt.control.sim import simulate
-
-    schedule = [short] * args.shift + [long] * (args.steps - args.shift)
-    return {p.label(): simulate(schedule, p).total_s for p in candidate_placements(2)}
-
-
-def _shift_sweep(args, short, long, move_s: float) -> list[dict]:
-    """Simulated at 2 devices: the best static plan vs re-placement (starting colocated,
-    re-planning every `args.every` steps) as the step the lengths jump at moves through the
-    run. Re-placement can only gain where the best plan flips inside the run, and gains most
-    where no static plan is right for most of it."""
-    from yatt.control.placement import candidate_placements, make_placement
-    from yatt.control.replacement import Replanner
-    from yatt.control.sim import simulate
-
-    rows = []
-    for percent in range(10, 100, 10):
-        shift = max(1, round(args.steps * percent / 100))
-        schedule = [short] * shift + [long] * (args.steps - shift)
-        static = {p.label(): simulate(schedule, p).total_s for p in candidate_placements(2)}
-        best = min(static, key=static.__getitem__)
-        replanner = Replanner(2, args.every, move_s)
-        adaptive = simulate(schedule, make_placement("colocate", 2), replanner).total_s
-        rows.append({"shift": shift, "best_static": best, "static_s": static[best],
-                     "adaptive_s": adaptive, "gain": static[best] / adaptive - 1})  # fmt: skip
-    return rows
-
-
-def _simulate(args, runs: dict, calib: dict, move_s: float) -> dict:
-    """Sim at 2 devices (vs measured) and projections to `args.project`."""
-    import dataclasses
-
-    half = args.shift
-    colocate = runs["colocate"]
-    fractions, step_s = planner_fractions(args, calib), calib["decode_step_s"]
-    # (steady steps only: the first `warmup` ones, left out of every comparison, pay process
-    # and allocator warm-up and the first weight push)
-    short = _measured_costs(colocate, args.warmup, half, step_s * args.short, fractions)
-    long = _measured_costs(colocate, half, args.steps, step_s * args.long, fractions)
-    # the push as the synchronous partial run times it (its sampler is idle then; an async
-    # disaggregated push also waits for the sampler's generation in flight)
-    sync_s = runs["partial"]["sync_s"]
-    short, long = (dataclasses.replace(c, sync_s=sync_s) for c in (short, long))
-    out = {
-        "costs_short": dataclasses.asdict(short),
-        "costs_long": dataclasses.asdict(long),
-        "sim_total_s_at_2": _sim_at_two(args, short, long),
-        "projection": [],
-    }
-    out["param_bytes"] = calib["param_bytes"]
-    adaptive = runs["adaptive"]
-    # the simulator refills an async pipeline itself: it takes the move's own wall time, not
-    # the learned move cost (which adds the refill)
-    move_wall_s = adaptive["move_wall_s"] / adaptive["moves"] if adaptive["moves"] else move_s
-    out["move_wall_s"] = move_wall_s
-    out["shift_sweep"] = _shift_sweep(args, short, long, move_wall_s)
-    out["projection"] = _project(short, long, 2, move_s, args, param_bytes=calib["param_bytes"])
-    return out
-
-
-def _project(
-    short, long, measured_devices: int, move_s: float, args, *, param_bytes: float
-) -> list[dict]:
-    """Static-best (hindsight) vs re-placement at `args.project` devices: 100 steps, the
-    lengths shifting at the measured run's fraction of steps, re-planning every `args.every`
-    steps."""
-    from yatt.control.placement import candidate_placements, make_placement
-    from yatt.control.replacement import Replanner
-    from yatt.control.sim import best_static, project_costs, simulate
-
-    rows = []
-    for n in args.project:
-        scaled = [
-            project_costs(c, measured_devices, n, param_bytes=param_bytes, respawn_s=move_s)
-            for c in (short, long)
-        ]
-        n_short = round(100 * args.shift / args.steps)
-        steps = [scaled[0][0]] * n_short + [scaled[1][0]] * (100 - n_short)
-        plan, static = best_static(steps, candidate_placements(n))
-        replanner = Replanner(n, args.every, scaled[0][1])
-        adaptive = simulate(steps, make_placement("colocate", n), replanner)
-        rows.append(
-            {
-                "devices": n,
-                "best_static": plan.label(),
-                "static_s": static.total_s,
-                "static_idle": static.mean_idle,
-                "adaptive_s": adaptive.total_s,
-                "adaptive_idle": adaptive.mean_idle,
-                "moves": sum(d.switch for d in adaptive.decisions),
-                "plans": sorted(set(adaptive.plans)),
-                "speedup": static.total_s / adaptive.total_s,
-            }
-        )
-    return rows
-
-
-def anchored_costs(anchor: dict, short: int, long: int, rows: int = 64, prompt: int = 128):
-    """Per-device PhaseCosts of a Qwen2.5-0.5B-shaped model on one H200 from the project's
-    measured anchors (HF generate at batch 64 and 256, HF training tokens/s): a decode step
-    takes a + c * batch; training costs tokens / (tokens/s); colocation swaps weights and
-    AdamW state (16 bytes/parameter) over ~25 GB/s each way."""
-    from yatt.control.replacement import PhaseCosts
-
-    key = "qwen2.5-0.5b/"
-    step64 = anchor[key + "hf_generate_bs64_s"] / 256
-    step256 = anchor[key + "hf_generate_bs256_s"] / 256
-    per_row = (step256 - step64) / 192
-    intercept = step64 - 64 * per_row
-    train_tps = anchor[key + "train_tok_per_s"]
-    swap_s = 16 * anchor[key + "params"] / 25e9
-
-    def costs(length: int) -> PhaseCosts:
-        return PhaseCosts(
-            gen_s=length * per_row * rows,
-            reward_s=0.0,
-            train_s=rows * (prompt + length) / train_tps,
-            swap_s=swap_s,
-            gen_floor_s=length * intercept,
-        )
-
-    return costs(short), costs(long), 2 * anchor[key + "params"]
-
-
-def _anchor_projection(args, path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    anchor = json.loads(path.read_text())
-    short, long, param_bytes = anchored_costs(anchor, 256, 1024)
-    return {
-        "source": str(path),
-        "short_tokens": 256,
-        "long_tokens": 1024,
-        "rows": _project(short, long, 1, 30.0, args, param_bytes=param_bytes),
-    }
-
-
 def _markdown(
     args, runs: dict, decisions: list, sim: dict, calib: dict, host: dict | None = None
 ) -> str:
@@ -512,7 +368,7 @@ def _markdown(
         "measured weight push:",
         "",
     ]
-    lines += _sim_vs_measured(runs, sim["sim_total_s_at_2"])
+    lines += sim_vs_measured(runs, sim["sim_total_s_at_2"])
     if sim.get("shift_sweep"):
         lines += [
             "",
@@ -534,7 +390,7 @@ def _markdown(
         f"{round(100 * args.shift / args.steps)}; best static plan chosen in hindsight):",
         "",
     ]
-    lines += _projection_table(sim["projection"])
+    lines += projection_table(sim["projection"])
     anchored = sim.get("anchored")
     if anchored:
         lines += [
@@ -545,7 +401,7 @@ def _markdown(
             "1024 tokens, 30 s respawn per move):",
             "",
         ]
-        lines += _projection_table(anchored["rows"])
+        lines += projection_table(anchored["rows"])
     lines += ["", _reading(runs, args)]
     return "\n".join(lines) + "\n"
 
@@ -580,44 +436,6 @@ def _runs_table(runs: dict, warmup: int) -> list[str]:
 
 def _percent(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:.0f}%"
-
-
-def _projection_table(rows: list[dict]) -> list[str]:
-    """Markdown: the best static plan vs re-placement at each projected device count."""
-    lines = [
-        "| devices | best static plan | static s | idle | re-placement s | idle | moves |"
-        " speed-up |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {row['devices']} | {row['best_static']} | {row['static_s']:.0f} | "
-        f"{100 * row['static_idle']:.0f}% | {row['adaptive_s']:.0f} | "
-        f"{100 * row['adaptive_idle']:.0f}% | {row['moves']} | {row['speedup']:.2f}x |"
-        for row in rows
-    ]
-    return lines
-
-
-def _sim_vs_measured(runs: dict, simulated: dict[str, float]) -> list[str]:
-    """Markdown: each static plan's measured and simulated seconds, and whether the simulator
-    ranks the plans as measured."""
-    static = [run for key, run in runs.items() if key != "adaptive"]
-    lines = ["| plan | measured s | simulated s |", "|---|---:|---:|"]
-    lines += [
-        f"| {run['label']} | {run['wall_s']:.1f} | {simulated[run['label']]:.1f} |"
-        for run in static
-    ]
-    measured_order = [r["label"] for r in sorted(static, key=lambda r: r["wall_s"])]
-    simulated_order = sorted(measured_order, key=lambda label: simulated[label])
-    agree = "agrees" if measured_order == simulated_order else "does NOT agree"
-    others = [f"{k} {v:.1f} s" for k, v in simulated.items() if k not in measured_order]
-    lines += [
-        "",
-        f"The simulator's ranking ({' < '.join(simulated_order)}) {agree} with the measured "
-        f"one ({' < '.join(measured_order)})."
-        + (f" Other splits, simulated: {', '.join(others)}." if others else ""),
-    ]
-    return lines
 
 
 def _reading(runs: dict, args) -> str:
@@ -779,11 +597,14 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     """Re-run the simulations from the costs stored by the last measured run (no Ray)."""
     from types import SimpleNamespace
 
-    from yatt.control.replacement import PhaseCosts
-
     json_path = out_dir / "yatt_control.json"
-    data = json.loads(json_path.read_text())
-    stored = data["placement" + _suffix(args)]
+    try:
+        data = json.loads(json_path.read_text())
+        stored = data["placement" + _suffix(args)]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"placement.py: --resim needs a measured run's section in {json_path} "
+              f"({type(error).__name__}: {error})", file=sys.stderr)  # fmt: skip
+        return 2
     keys = ("steps", "short", "long", "every", "prompts", "samples", "model", "staleness")
     for key in (*keys, "cpu_mapping"):
         setattr(args, key, stored["args"][key])
@@ -791,14 +612,7 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     args.shift = stored["args"].get("shift", args.steps // 2)
     args.warmup = stored["args"].get("warmup", 0)  # runs stored before: whole walls
     sim = stored["sim"]
-    short, long = (PhaseCosts(**sim[key]) for key in ("costs_short", "costs_long"))
-    move_s = stored["runs"]["adaptive"]["move_cost_s"]
-    param_bytes = sim.get("param_bytes", 4 * 3.2e6)
-    sim["sim_total_s_at_2"] = _sim_at_two(args, short, long)
-    if "move_wall_s" in sim:
-        sim["shift_sweep"] = _shift_sweep(args, short, long, sim["move_wall_s"])
-    sim["projection"] = _project(short, long, 2, move_s, args, param_bytes=param_bytes)
-    sim["anchored"] = _anchor_projection(args, args.anchors)
+    resimulate(args, sim, stored["runs"]["adaptive"]["move_cost_s"])
     decisions = [SimpleNamespace(**d) for d in stored["decisions"]]
     calib, host = stored["calibration"], stored.get("host")
     text = _markdown(args, stored["runs"], decisions, sim, calib, host)
@@ -870,8 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     calib = calibrate(_config(args), args.prompts, args.short)
     init_ray(2)
     runs, decisions = _run_plans(args, calib, console)
-    sim = _simulate(args, runs, calib, runs["adaptive"]["move_cost_s"])
-    sim["anchored"] = _anchor_projection(args, args.anchors)
+    fractions = planner_fractions(args, calib)
+    sim = simulate_runs(args, runs, calib, fractions, runs["adaptive"]["move_cost_s"])
+    sim["anchored"] = anchor_projection(args, args.anchors)
     ray.shutdown()
     host = host_facts()
     suffix = _suffix(args)

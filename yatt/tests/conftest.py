@@ -31,8 +31,10 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.fixture
-def bench_script():
-    """Loads a bench script by name (``"placement"``) as a module."""
+def bench_script(monkeypatch):
+    """Loads a bench script by name (``"placement"``) as a module; the scripts beside it can
+    be imported, as when it runs."""
+    monkeypatch.syspath_prepend(str(BENCH))
 
     def load(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(f"yatt_bench_{name}", BENCH / f"{name}.py")

@@ -17,9 +17,9 @@ LONG = PhaseCosts(gen_s=0.0, reward_s=0.0, train_s=4.5, gen_floor_s=5.0,
 
 
 def test_shift_sweep_gains_only_where_the_best_plan_flips_inside_the_run(bench_script):
-    bench = bench_script("placement")
+    sim = bench_script("placement_sim")
     args = SimpleNamespace(steps=40, every=1)
-    rows = bench._shift_sweep(args, SHORT, LONG, move_s=0.5)
+    rows = sim.shift_sweep(args, SHORT, LONG, move_s=0.5)
     assert [row["shift"] for row in rows] == [4, 8, 12, 16, 20, 24, 28, 32, 36]
     # mostly long steps: disaggregated is the static choice; mostly short: colocate
     assert rows[0]["best_static"].startswith("disaggregated")
@@ -186,3 +186,13 @@ def test_a_tagged_workload_names_its_files_and_refuses_bad_tags(bench_script, ca
     config = bench._config(SimpleNamespace(model="tiny", steps=2, prompts=1, samples=2, short=4,
                                            lora_rank=8))  # fmt: skip
     assert config.model.lora_rank == 8
+
+
+def test_resim_without_a_measured_run_is_one_line(bench_script, tmp_path, capsys):
+    bench = bench_script("placement")
+    assert bench.main(["--resim", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resim needs a measured run's section in" in err
+    (tmp_path / "yatt_control.json").write_text('{"controllers": {}}')
+    assert bench.main(["--resim", "--out-dir", str(tmp_path)]) == 2
+    assert "KeyError: 'placement'" in capsys.readouterr().err

@@ -3,17 +3,14 @@ ceilings on synthetic phase costs, and a quick run on a real worker."""
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 NO_SYNC = {"push": 0.0, "load": 0.0}
 
 
 @pytest.fixture
-def survey(bench_script, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # it imports placement.py beside it
+def survey(bench_script):
     return bench_script("placement_ceiling")
 
 
