@@ -240,3 +240,62 @@ def test_a_sequence_param_takes_a_list_or_a_tuple() -> None:
     outcomes = get_protocol("serial")(Database(), registry).run_batch(calls)
     assert [o.status for o in outcomes] == [Status.COMMITTED] * 2
     assert seen == [[1], (2,)]
+
+
+def _grouped(declare_index: bool) -> tuple[Database, ProcedureRegistry]:
+    """Table ``t`` with a secondary index ``by_g`` on field ``g`` (the default conflict keys:
+    ``("t", pk)`` per row, ``("t", "by_g", g)`` per index entry). ``put`` inserts, moves
+    (``g`` changes), touches (another field changes) or deletes a row."""
+    from dgcc import Index
+
+    db = Database((Table("t", indexes=(Index("by_g", lambda pk, row: row["g"], frozenset("g")),)),))
+    db["t"].insert(1, {"g": 1, "n": 0})
+
+    def plan(params, view):
+        pk, op, g = params["pk"], params["op"], params["g"]
+        row = view.get("t", pk)
+        entries = {("t", "by_g", g)} | ({("t", "by_g", row["g"])} if row else set())
+
+        def run(ctx):
+            if op == "insert":
+                ctx.insert("t", pk, {"g": g, "n": 0})
+            elif op == "move":
+                ctx.update("t", pk, {"g": g})
+            elif op == "touch":
+                ctx.update("t", pk, {"n": 1})
+            else:
+                ctx.delete("t", pk)
+
+        writes = (("t", pk), *sorted(entries)) if declare_index else (("t", pk),)
+        return [Piece("put", run, writes=writes)]
+
+    return db, ProcedureRegistry([Procedure("put", {"pk": int, "op": str, "g": int}, plan)])
+
+
+@pytest.mark.parametrize("protocol", ["serial", "dgcc", "no_wait", "occ", "calvin"])
+@pytest.mark.parametrize("op", ["insert", "move", "delete"])
+def test_a_write_that_changes_an_index_entry_must_declare_it(protocol, op):
+    """A piece that looks ``by_g`` up declares the entry's key; a writer that did not declare
+    it went unordered with the reader (DGCC could let a scan before an insert in the serial
+    order see the inserted row). Under invariants the writer's undeclared entry is named."""
+    pk = 5 if op == "insert" else 1
+    request = TxnRequest("put", {"pk": pk, "op": op, "g": 2})
+    db, registry = _grouped(declare_index=False)
+    with (
+        debug.invariants(),
+        pytest.raises(ProcedureError, match=r"undeclared conflict key \('t', 'by_g', [12]\)"),
+    ):
+        get_protocol(protocol)(db, registry).run_batch([request])
+    db, registry = _grouped(declare_index=True)
+    with debug.invariants():
+        outcome = get_protocol(protocol)(db, registry).run_batch([request])[0]
+    assert outcome.status is Status.COMMITTED
+
+
+def test_a_write_that_leaves_the_index_entries_alone_declares_none():
+    db, registry = _grouped(declare_index=False)
+    with debug.invariants():
+        outcome = get_protocol("dgcc")(db, registry).run_batch(
+            [TxnRequest("put", {"pk": 1, "op": "touch", "g": 1})]
+        )[0]
+    assert outcome.status is Status.COMMITTED and db["t"].get(1) == {"g": 1, "n": 1}

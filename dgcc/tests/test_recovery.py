@@ -323,3 +323,32 @@ def _reopen_other(directory: Path) -> None:
         directory, mode="command", workload="tpcc", workload_options={**DRILL_TPCC, "items": 77}
     )
     DurableEngine(config, workload.registry(), create_tables, lambda: workload.build(SEED))
+
+
+def test_an_epoch_that_fails_after_changing_the_tables_stops_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epoch 2 runs, then its log block cannot be made (as a value pickle cannot take, or a
+    payload past the size limit): its changes are in the tables and not in the log. Later
+    epochs used to be logged on top of them, so recovery diverged from what had been
+    answered. The engine now refuses every later epoch; reopening recovers epoch 1."""
+    from dgcc import durable
+
+    engine = open_engine(tmp_path, "command", SEED)
+    first, second, third = batches(SEED, BATCH, 1, 3)
+    engine.run_epoch(first)
+    real = durable.encode_block
+
+    def refuse(*args: object) -> bytes:
+        raise ValueError("payload too large")
+
+    monkeypatch.setattr(durable, "encode_block", refuse)
+    with pytest.raises(ValueError, match="payload too large"):
+        engine.submit(second)
+    monkeypatch.setattr(durable, "encode_block", real)
+    with pytest.raises(DgccError, match=r"stopped at epoch 2 \(ValueError: payload too large\)"):
+        engine.submit(third)
+    engine.close()
+    again = open_engine(tmp_path, "command", SEED)
+    assert again.epoch == 1
+    again.close()

@@ -35,7 +35,7 @@ from dgcc.errors import (
     brief,
     clip,
 )
-from dgcc.storage import Database, Index, ReadView
+from dgcc.storage import Database, Index, ReadView, Table
 
 __all__ = [
     "RETRY_PREFIX",
@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 Key = Hashable
+Row = Mapping[str, Any]
 _AS_LIST = {tuple: list}  # a type as the signature check compares it (``Procedure.signature``)
 
 
@@ -432,6 +433,9 @@ class PieceContext:
         t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
+            row = t.rows.get(pk)
+            if row is not None:
+                self._check_index_entries(t, pk, row, {**row, **changes})
         self._wrote = True
         t.update(pk, changes)
 
@@ -439,6 +443,7 @@ class PieceContext:
         t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
+            self._check_index_entries(t, pk, None, row)
         self._wrote = True
         t.insert(pk, row)
 
@@ -446,6 +451,7 @@ class PieceContext:
         t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
+            self._check_index_entries(t, pk, t.rows.get(pk), None)
         self._wrote = True
         t.delete(pk)
 
@@ -471,6 +477,21 @@ class PieceContext:
         if debug.check_invariants:
             self._check_declared(t.index_conflict_key(index, index_key), write=False)
         return t.indexes[index]
+
+    def _check_index_entries(
+        self, t: Table, pk: Hashable, before: Row | None, after: Row | None
+    ) -> None:
+        """A write that adds or removes a secondary-index entry writes that entry's conflict
+        key: a piece that looks the index up there reads it, and no protocol orders the two
+        unless the writer declares it too (the reader would see a phantom, or miss a row)."""
+        for index in t.indexes.values():
+            old = None if before is None else index.index_key(pk, before)
+            new = None if after is None else index.index_key(pk, after)
+            if before is not None and after is not None and old == new:
+                continue  # the entry stays where it was
+            for index_key, row in ((old, before), (new, after)):
+                if row is not None:
+                    self._check_declared(t.index_conflict_key(index.name, index_key), write=True)
 
     def _check_declared(self, key: Key, *, write: bool) -> None:
         piece = self._piece

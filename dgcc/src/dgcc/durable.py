@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dgcc.api import Outcome, PlannedTxn, ProcedureRegistry, TxnRequest
-from dgcc.errors import ConfigError
+from dgcc.errors import ConfigError, DgccError
 from dgcc.protocols import get_protocol
 from dgcc.protocols.dgcc import DgccProtocol, Graph
 from dgcc.storage import Database
@@ -194,6 +194,7 @@ class DurableEngine:
         self.writer = WalWriter(directory, self.epoch + 1, sync=config.sync)
         self.checkpointer = Checkpointer(directory, fork=config.fork_checkpoint)
         self._pending: Acked | None = None
+        self._broken: str | None = None  # why an epoch failed midway (``submit``)
 
     def _keep_graph(self, txns: list[PlannedTxn], graph: Graph) -> None:
         self._graph = (txns, graph)
@@ -205,18 +206,33 @@ class DurableEngine:
         return acked[-1].outcomes
 
     def submit(self, batch: Sequence[TxnRequest]) -> list[Acked]:
-        """Run one epoch and start its write; returns the earlier epochs now durable."""
+        """Run one epoch and start its write; returns the earlier epochs now durable.
+
+        Raises:
+            DgccError: an earlier epoch failed after it began to change the tables (its run,
+                its log block or its write raised): the tables may hold changes the log does
+                not, so no epoch may follow them; reopen the directory to recover.
+        """
+        if self._broken is not None:
+            raise DgccError(
+                f"this engine stopped at epoch {self.epoch + 1} ({self._broken}); the tables "
+                "may be ahead of the log: reopen the directory to recover from it"
+            )
         epoch = self.epoch + 1
-        outcomes = self.protocol.run_batch(batch)
-        block = None
-        if self.config.mode != "none":
-            kind, payload = self._payload(batch)
-            block = encode_block(kind, epoch, payload)
-        acked = self.flush()  # the previous epoch's fsync ran while this one executed
-        if block is None:
-            self.writer.skip(epoch)
-        else:
-            self.writer.start(epoch, block)
+        try:
+            outcomes = self.protocol.run_batch(batch)
+            block = None
+            if self.config.mode != "none":
+                kind, payload = self._payload(batch)
+                block = encode_block(kind, epoch, payload)
+            acked = self.flush()  # the previous epoch's fsync ran while this one executed
+            if block is None:
+                self.writer.skip(epoch)
+            else:
+                self.writer.start(epoch, block)
+        except BaseException as error:
+            self._broken = f"{type(error).__name__}: {error}"
+            raise
         self._pending = Acked(epoch, outcomes)
         self.epoch = epoch
         self._maybe_checkpoint()

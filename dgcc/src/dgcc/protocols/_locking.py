@@ -312,6 +312,7 @@ class InterleavedProtocol(Protocol):
         txn = attempt.txn
         if attempt.tries > self.retries_max:
             stats[f"{self.name}/gave_up"] += 1
+            txn.outputs, txn.error = {}, None  # (an error on a view no order had is not final)
             txn.abort_reason = (
                 f"retry: {self.name} cc_abort ({cause}) after {attempt.tries} attempts"
             )

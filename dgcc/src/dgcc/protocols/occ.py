@@ -47,27 +47,37 @@ class BufferedContext(PieceContext):
         return debug.frozen(row)
 
     def update(self, table: str, pk: Hashable, changes: Mapping[str, Any]) -> None:
+        t = self._db.tables[table]
         if debug.check_invariants:
-            self._check_declared(self._db.tables[table].conflict_key(pk), write=True)
+            self._check_declared(t.conflict_key(pk), write=True)
         row = self._current(table, pk)
         if row is None:
             raise KeyError(f"{table}: no row with primary key {pk!r}")
+        new = {**row, **changes}
+        if debug.check_invariants:
+            self._check_index_entries(t, pk, row, new)
         self._wrote = True
-        self.buffer.setdefault(table, {})[pk] = {**row, **changes}
+        self.buffer.setdefault(table, {})[pk] = new
 
     def insert(self, table: str, pk: Hashable, row: dict[str, Any]) -> None:
+        t = self._db.tables[table]
         if debug.check_invariants:
-            self._check_declared(self._db.tables[table].conflict_key(pk), write=True)
+            self._check_declared(t.conflict_key(pk), write=True)
+            self._check_index_entries(t, pk, None, row)
         if self._current(table, pk) is not None:
             raise KeyError(f"{table}: duplicate primary key {pk!r}")
         self._wrote = True
         self.buffer.setdefault(table, {})[pk] = dict(row)
 
     def delete(self, table: str, pk: Hashable) -> None:
+        t = self._db.tables[table]
         if debug.check_invariants:
-            self._check_declared(self._db.tables[table].conflict_key(pk), write=True)
-        if self._current(table, pk) is None:
+            self._check_declared(t.conflict_key(pk), write=True)
+        row = self._current(table, pk)
+        if row is None:
             raise KeyError(f"{table}: no row with primary key {pk!r}")
+        if debug.check_invariants:
+            self._check_index_entries(t, pk, row, None)
         self._wrote = True
         self.buffer.setdefault(table, {})[pk] = None
 
@@ -104,9 +114,12 @@ class BufferedContext(PieceContext):
                 if row is None:
                     if exists:
                         t.delete(pk)
-                elif exists:
+                elif not exists:
+                    t.insert(pk, row)
+                elif t.rows[pk].keys() <= row.keys():
                     t.update(pk, row)
-                else:
+                else:  # deleted and inserted again without some field: the new row alone
+                    t.delete(pk)
                     t.insert(pk, row)
 
 
