@@ -153,3 +153,16 @@ def test_collector_paused_restores_the_collector_state(enabled: bool) -> None:
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if before else gc.disable)()
+
+
+def test_changer_refuses_indexed_fields_and_a_bare_string() -> None:
+    table = Table(
+        "c", indexes=(Index("by_last", lambda pk, row: row["c_last"], frozenset({"c_last"})),)
+    )
+    table.insert(1, {"c_last": "BAR", "n": 0})
+    table.changer(("n",))(1)["n"] = 5
+    assert table.get(1) == {"c_last": "BAR", "n": 5}
+    with pytest.raises(ValueError, match="index by_last depends on"):
+        table.changer(("c_last",))
+    with pytest.raises(TypeError, match="not 'c_last'"):  # its characters miss the index
+        table.changer("c_last")

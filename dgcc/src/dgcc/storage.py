@@ -206,7 +206,12 @@ class Table:
 
         Raises:
             ValueError: an index depends on one of ``fields`` (in place, it would go stale).
+            TypeError: ``fields`` is one string (its characters are not field names).
         """
+        if isinstance(fields, str):
+            raise TypeError(
+                f"{self.name}: changer takes a collection of field names, not {fields!r}"
+            )
         for index in self._indexes:
             if index.fields is None or not index.fields.isdisjoint(fields):
                 raise ValueError(
