@@ -49,3 +49,37 @@ def test_a_tpcc_fraction_with_no_call_that_can_cross_is_a_config_error() -> None
     with pytest.raises(ConfigError, match="needs new_order or payment in the mix"):
         request_pool(config, 0, 0.1, seed=5, count=10)
     assert len(request_pool(config, 0, 0.0, seed=5, count=10)) == 10  # none asked: fine
+
+
+@pytest.mark.parametrize(
+    ("workload", "options", "fraction", "needle"),
+    [
+        # each of 4 partitions holds 5 keys: a call's 10 distinct keys were drawn forever
+        ("ycsb", {"records": 20, "ops_per_txn": 10}, 0.0, "leave 5 in one, fewer than ops_per"),
+        # one key cannot be on its own node and another: the calls only moved node
+        ("ycsb", {"records": 1000, "ops_per_txn": 1}, 0.5, "needs ops_per_txn >= 2, got 1"),
+        # 3 accounts over 4 partitions left one empty: a ZeroDivisionError
+        ("smallbank", {"accounts": 3}, 0.0, "leave 0 in one, and a call takes 2 accounts"),
+    ],
+)
+def test_partitions_too_small_for_a_pools_calls_are_refused(workload, options, fraction, needle):
+    from dgcc.net.loadgen import ClusterBenchConfig, bench_cluster_config
+
+    config = local_config(4, workload=workload, workload_options=options)
+    with pytest.raises(ConfigError, match=needle):
+        request_pool(config, 0, fraction, seed=1, count=5)
+    bench = ClusterBenchConfig(workload, 4, fraction, options)
+    with pytest.raises(ConfigError, match=needle):  # before any process starts
+        bench_cluster_config(bench, None)
+
+
+def test_ycsb_draws_every_key_of_a_longer_partition():
+    """41 records on 2 nodes: ranges of 21 and 20 keys. One Zipf draw over the shorter length
+    served both, so node 0 never drew its key 20."""
+    config = local_config(
+        2, workload="ycsb", workload_options={"records": 41, "ops_per_txn": 2, "theta": 0.0}
+    )
+    drawn = {
+        key for request in request_pool(config, 0, 0.0, 1, 3000) for key in request.params["keys"]
+    }
+    assert drawn == set(range(21))

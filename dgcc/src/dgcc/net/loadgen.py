@@ -50,6 +50,7 @@ __all__ = [
     "EPOCH_MS_DEFAULT",
     "TPCC_WAREHOUSES_PER_NODE",
     "ClusterBenchConfig",
+    "check_pool",
     "check_tpcc_placement",
     "cluster_workload_options",
     "request_pool",
@@ -132,6 +133,7 @@ def request_pool(
     maker = _POOLS.get(config.workload, _own_pool)
     if fraction is None and maker is not _tpcc_pool:  # YCSB, Smallbank: their own key draws
         maker = _own_pool
+    check_pool(config, fraction)
     rng = random.Random(seed * 7919 + node)
     return maker(config, node, fraction, rng, count)
 
@@ -145,12 +147,50 @@ def _own_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
     return list(itertools.islice(workload.requests(rng.randrange(2**31)), count))
 
 
+def check_pool(config: ClusterConfig, fraction: float | None) -> None:
+    """Refuse a YCSB or SmallBank cluster whose partitions are too small for the calls the
+    request pool makes there (it would draw keys forever, or divide by an empty range).
+
+    Raises:
+        ConfigError: naming the sizes and the least that would do.
+    """
+    if fraction is None or config.workload not in ("ycsb", "smallbank"):
+        return  # the workload's own stream: no per-partition draws
+    workload = get_workload(config.workload, **dict(config.workload_options))
+    partitions = config.placement().partitions
+    if config.workload == "ycsb":
+        size, ops = workload.records, workload.ops_per_txn
+        smallest = min(map(len, _ranges(size, partitions)))
+        if smallest < ops:
+            raise ConfigError(
+                f"ycsb: {size} records over {partitions} partitions leave {smallest} in one, "
+                f"fewer than ops_per_txn={ops} distinct keys a call takes there; give at least "
+                f"{ops * partitions} records"
+            )
+        if fraction and len(config.nodes) > 1 and ops < 2:
+            raise ConfigError(
+                "ycsb: a distributed call touches keys of its own node and of another, so a "
+                f"distributed fraction needs ops_per_txn >= 2, got {ops}"
+            )
+        return
+    size = workload.accounts
+    smallest = min(map(len, _ranges(size, partitions)))
+    if smallest < 2:
+        raise ConfigError(
+            f"smallbank: {size} accounts over {partitions} partitions leave {smallest} in one, "
+            f"and a call takes 2 accounts of its node; give at least {2 * partitions} accounts"
+        )
+
+
 def _ycsb_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
     workload = get_workload("ycsb", **dict(config.workload_options))
     ranges = _ranges(workload.records, config.placement().partitions)
     mine, others = _split(config, node)
-    span = min(len(ranges[p]) for p in range(len(ranges)))
-    zipf = ZipfianGenerator(span, workload.theta, rng.randrange(2**31))
+    # One Zipf draw per partition size, so every key of a longer range can come up.
+    zipfs = {
+        size: ZipfianGenerator(size, workload.theta, rng.randrange(2**31))
+        for size in sorted({len(r) for r in ranges})
+    }
     ops = workload.ops_per_txn
     pool = []
     for _ in range(count):
@@ -160,7 +200,7 @@ def _ycsb_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
         keys: list[int] = []
         while len(keys) < ops:
             place = far if remote and len(keys) < max(1, ops // 2) else home
-            key = place[zipf.next() % len(place)]
+            key = place[zipfs[len(place)].next()]
             if key not in keys:
                 keys.append(key)
         rmw = [rng.random() >= workload.read_ratio for _ in keys]
@@ -411,7 +451,7 @@ def _snapshot(config: ClusterConfig) -> dict[str, float]:
 def bench_cluster_config(bench: ClusterBenchConfig, directory: Path | None) -> ClusterConfig:
     """The loopback cluster ``bench`` runs (logging in ``directory/wal`` when durable); a
     ConfigError names a setting it cannot take, before anything starts."""
-    return local_config(
+    config = local_config(
         bench.nodes,
         workload=bench.workload,
         workload_options=cluster_workload_options(
@@ -423,6 +463,8 @@ def bench_cluster_config(bench: ClusterBenchConfig, directory: Path | None) -> C
         protocol=bench.protocol,
         data_dir=str(directory / "wal") if bench.durable and directory is not None else None,
     )
+    check_pool(config, bench.distributed_fraction)
+    return config
 
 
 def run_bench(
