@@ -10,6 +10,8 @@ against plain `F.linear` ones, before and after an in-place weight update.
 """
 
 import math
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -432,3 +434,60 @@ def test_public_api_is_exported():
     assert set(rollout.__all__) == expected
     assert all(hasattr(rollout, name) for name in rollout.__all__)
     assert set(rollout.BACKENDS) == {"yatt", "hf", "vllm"}
+
+
+def test_hf_engine_without_seeds_draws_new_samples_each_call(model_and_tokenizer):
+    """Seeds left to the engine come from the global generator; the RNG fork around HF's
+    sampling undid every draw, so each call without seeds sampled the same tokens."""
+    model, tokenizer = model_and_tokenizer
+    engine = HFGenerateEngine(model, tokenizer)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    prompts = _prompts(tokenizer)[:1] * 4
+    runs = [tuple(tuple(c.token_ids) for c in engine.generate(prompts, params)) for _ in range(3)]
+    assert len(set(runs)) == 3
+    torch.manual_seed(5)
+    first = engine.generate(prompts, params)
+    torch.manual_seed(5)
+    assert [c.token_ids for c in engine.generate(prompts, params)] == [c.token_ids for c in first]
+
+
+class _FakeLLM:
+    """What VLLMEngine calls on ``vllm.LLM``, recorded (vllm is not installed here)."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls = kwargs, []
+
+    def apply_model(self, function):
+        loaded = []
+        function(
+            SimpleNamespace(load_weights=lambda items: loaded.extend(name for name, _ in items))
+        )
+        self.calls.append(("apply_model", len(loaded)))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+
+def test_vllm_engine_pushes_the_models_weights_and_drops_its_prefix_cache(
+    model_and_tokenizer, tmp_path, monkeypatch
+):
+    """After a weight push vLLM's prefix cache still held the prompt keys and values the old
+    weights computed (vLLM does not drop it), so every later step sampled from a mix of old
+    and new weights. A model loaded from a folder and changed in memory started from the
+    folder's weights. And apply_model's function needs V1's insecure-serialization flag."""
+    import sys
+
+    from yatt.rollout.vllm import VLLMEngine
+
+    model, tokenizer = model_and_tokenizer
+    model.save_pretrained(tmp_path)
+    model.name_or_path = str(tmp_path)  # as from_pretrained(folder) leaves it
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=_FakeLLM))
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    engine = VLLMEngine(model, tokenizer)
+    assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    assert engine._llm.kwargs["model"] == str(tmp_path)
+    count = len(model.state_dict())
+    assert engine._llm.calls == [("apply_model", count), ("reset_prefix_cache",)]
+    engine.load_state_dict(model.state_dict())
+    assert engine._llm.calls[2:] == [("apply_model", count), ("reset_prefix_cache",)]

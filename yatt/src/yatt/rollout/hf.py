@@ -63,10 +63,11 @@ class HFGenerateEngine(EngineBase):
         # checkpoint's repetition_penalty, min_p, no_repeat_ngram_size ... would reshape the
         # distribution the trainer never sees. The call's settings alone apply.
         shipped, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        if seeds is None:  # drawn here: the fork below undoes every draw made inside it
+            seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         try:
             with torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
-                if seeds is not None:
-                    torch.manual_seed(hash(tuple(seeds)) % 2**63)
+                torch.manual_seed(hash(tuple(seeds)) % 2**63)
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,

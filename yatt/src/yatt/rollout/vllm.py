@@ -2,12 +2,17 @@
 
 vLLM is imported lazily, here only: a missing install is a one-line ConfigError, never an
 import error at yatt's import. The engine runs its own copy of the weights, loaded from the
-model's folder (or a temporary save of it), and `load_state_dict` pushes new weights into that
-copy. Per-request seeds make each row reproducible, as in yatt's engine (the streams differ).
+model's folder (or a temporary save of it) and then set to the model's weights in memory, and
+`load_state_dict` pushes new weights into that copy and drops vLLM's prefix cache (whose keys
+and values the old weights computed: vLLM does not invalidate it on a weight change). Weights
+travel through `LLM.apply_model`, which vLLM's V1 engine runs in its own process only with
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1` (set here unless the user set it). Per-request seeds make
+each row reproducible, as in yatt's engine (the streams differ).
 """
 
 import importlib
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -53,14 +58,18 @@ class VLLMEngine(EngineBase):
         self.model = model
         self.tokenizer = tokenizer
         self._vllm = vllm
+        self._tmp: tempfile.TemporaryDirectory | None = None
         self._folder = self._model_folder(model, tokenizer)
         dtype = dtype or next(model.parameters()).dtype
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model's function
         self._llm = vllm.LLM(
             model=str(self._folder),
             dtype=str(dtype).removeprefix("torch."),
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=True,
         )
+        if self._tmp is None:  # the folder's weights, which the model may have left in memory
+            self.load_state_dict(model.state_dict())
 
     def _model_folder(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:
         """The model's own folder when it was loaded from one, else a temporary save."""
@@ -119,3 +128,4 @@ class VLLMEngine(EngineBase):
         """Push new weights (HF names) into vLLM's copy of the model."""
         items = list(state.items())
         self._llm.apply_model(lambda model: model.load_weights(items))
+        self._llm.reset_prefix_cache()  # cached prompt keys and values of the old weights
