@@ -161,3 +161,16 @@ def test_group_all_equal_and_dynamic_sampling_mask():
     assert group_all_equal(rewards, groups).tolist() == [True, False, True]
     keep = dynamic_sampling_mask(rewards, groups)
     assert keep.tolist() == [True, True, False, False, False, False]
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+@pytest.mark.parametrize(("value", "rows"), [(0.9, 8), (5.3, 8), (10.7, 8), (2.3, 16), (0.9, 16)])
+def test_a_group_of_equal_rewards_has_advantages_of_exactly_zero(name, value, rows):
+    """A float32 mean of equal rewards can miss them by an ulp; GRPO divided that miss by a
+    std of the same size, so such a group (no signal at all) pushed every row by up to +-0.5
+    (5.3 x 8 rows: +0.32), and skip_zero_adv trained on it. Beside a mixed group."""
+    rewards = torch.cat([torch.full((rows,), value), torch.tensor([0.0, 1.0])])
+    groups = torch.tensor([0] * rows + [1, 1])
+    advantages, _ = compute_advantages(name, rewards=rewards, group_ids=groups)
+    assert torch.equal(advantages[:rows, 0], torch.zeros(rows))
+    assert advantages[rows, 0] < 0 < advantages[rows + 1, 0]

@@ -22,11 +22,13 @@ from yatt.roles.policy import PolicyRole, compute_logprobs
 PROMPT_WIDTH, RESPONSE_WIDTH = 6, 5
 
 
-def _batch(advantage_rows: list[float]) -> RolloutBatch:
-    """2 groups x 4 rows; group 1's prompt is left-padded; rows have different lengths."""
+def _batch(advantage_rows: list[float], padding: int = 0) -> RolloutBatch:
+    """2 groups x 4 rows; group 1's prompt is left-padded; rows have different lengths
+    (``padding``: that many more response columns, all padding)."""
     generator = torch.Generator().manual_seed(1)
     batch_size = 8
     ids = torch.randint(10, 2000, (batch_size, PROMPT_WIDTH + RESPONSE_WIDTH), generator=generator)
+    ids = torch.cat([ids, torch.zeros(batch_size, padding, dtype=ids.dtype)], dim=1)
     ids[1:4, :PROMPT_WIDTH] = ids[0, :PROMPT_WIDTH]
     ids[5:8, :PROMPT_WIDTH] = ids[4, :PROMPT_WIDTH]
     attention = torch.ones_like(ids)
@@ -205,3 +207,38 @@ def test_a_rollout_engine_sharing_the_policy_sees_every_update() -> None:
         decoder.refresh()
         q_proj = model.model.layers[0].self_attn.q_proj.weight
         assert torch.equal(decoder.layers[0]["qkv"][: q_proj.shape[0]], q_proj.detach())
+
+
+def test_under_bf16_autocast_the_reference_computes_as_the_policy_does() -> None:
+    """With the same weights (step 0), the reference's log-probs must equal the policy's, so
+    the KL is exactly 0. The reference ran in fp32 beside a bf16-autocast policy, and the KL
+    term pulled on the rounding gap between the two."""
+    from yatt.roles.reference import ReferenceRole
+
+    model, _ = tiny_model(seed=3)
+    algo, optim = AlgoConfig(micro_batch_size=8), OptimConfig(lr=1e-3)
+    policy = PolicyRole(model, algo=algo, optim=optim, total_updates=10, bf16_autocast=True)
+    batch = _batch([0.0] * 8)
+    reference = ReferenceRole(model, micro_batch_size=8, temperature=1.0, bf16_autocast=True)
+    policy_logp = policy.logprobs(batch)
+    assert torch.equal(reference.logprobs(batch), policy_logp)
+    fp32 = ReferenceRole(model, micro_batch_size=8, temperature=1.0).logprobs(batch)
+    assert not torch.equal(fp32, policy_logp)  # the gap the KL used to see
+
+
+def test_the_critics_token_sum_norm_divides_by_the_budget_not_the_widest_response() -> None:
+    """The policy's token_sum_norm divides by rows x max_new_tokens; the critic's divided by
+    rows x the batch's widest response, so its loss scale moved with that width."""
+    from yatt.roles.critic import CriticRole
+
+    model, _ = tiny_model(seed=3)
+    algo = AlgoConfig(micro_batch_size=8, loss_agg="token_sum_norm")
+    losses = []
+    for padding in (0, 3):
+        batch = _batch([0.0] * 8, padding)
+        batch.values = torch.zeros(batch.response_mask.shape)
+        batch.returns = batch.response_mask.clone()
+        critic = CriticRole.from_policy(model, algo=algo, optim=OptimConfig(lr=1e-3),
+                                        total_updates=1, norm_len=16)  # fmt: skip
+        losses.append(critic.update(batch)["critic/vf_loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)

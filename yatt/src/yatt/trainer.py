@@ -171,12 +171,14 @@ class Trainer:
                 micro_batch_size=cfg.algo.micro_batch_size,
                 temperature=cfg.rollout.temperature or 1.0,
                 shared_prefix=cfg.train.shared_prefix,
+                bf16_autocast=cfg.train.bf16_autocast,
             )
         self.critic = None
         if cfg.algo.uses_critic:
             self.critic = CriticRole.from_policy(
-                model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps
-            )
+                model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
+                norm_len=cfg.rollout.max_new_tokens,
+            )  # fmt: skip
         self.reward = reward if reward is not None else RewardRole(cfg.reward)
         self.rollout = RolloutRole.build(model, self.tokenizer, cfg.rollout)
         self._eval_engine: Any = None if cfg.rollout.samples_off_policy else self.rollout.engine

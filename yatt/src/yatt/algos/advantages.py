@@ -26,19 +26,24 @@ AdvantageFn = Callable[..., tuple[Tensor, Tensor | None]]
 
 
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-row statistics of the row's group -> (mean, count, unbiased variance), each (B,).
+    """Per-row statistics of the row's group -> (reward - group mean, count, unbiased
+    variance), each (B,).
 
     Two passes (mean, then squared deviations) keep float32 accurate; no float64, so the
-    functions also run on devices without it.
+    functions also run on devices without it. Rewards are first taken relative to their
+    group's least, so a group whose rewards are all equal has deviations of exactly 0: a
+    float32 mean of equal values can miss them by an ulp, which GRPO's division by a std of
+    the same size would blow up to an advantage near +-1 on every row.
     """
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
     zeros = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device)
     counts = zeros.index_add(0, inverse, torch.ones_like(rewards))
-    means = zeros.index_add(0, inverse, rewards) / counts
-    deviations = rewards - means[inverse]
+    least = torch.full_like(zeros, torch.inf).scatter_reduce(0, inverse, rewards, "amin")
+    shifted = rewards - least[inverse]
+    deviations = shifted - (zeros.index_add(0, inverse, shifted) / counts)[inverse]
     variances = zeros.index_add(0, inverse, deviations**2) / (counts - 1.0).clamp(min=1.0)
-    return means[inverse], counts[inverse], variances[inverse]
+    return deviations, counts[inverse], variances[inverse]
 
 
 def _broadcast(per_row: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -51,8 +56,8 @@ def _broadcast(per_row: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tens
 
 def _grpo(rewards, group_ids, mask, norm_std, eps, **_unused):
     """GRPO: A_i = (r_i - mean_group) / (std_group + eps), std unbiased; 0 for 1-row groups."""
-    mean, count, variance = _group_stats(rewards, group_ids)
-    advantage = rewards - mean
+    deviation, count, variance = _group_stats(rewards, group_ids)
+    advantage = deviation
     if norm_std:
         advantage = advantage / (variance.sqrt() + eps)
     advantage = torch.where(count > 1, advantage, 0.0)
@@ -62,8 +67,8 @@ def _grpo(rewards, group_ids, mask, norm_std, eps, **_unused):
 def _rloo(rewards, group_ids, mask, **_unused):
     """RLOO: A_i = r_i - mean of the other rows of its group = n / (n - 1) (r_i - mean_group);
     0 for 1-row groups; no std normalisation."""
-    mean, count, _ = _group_stats(rewards, group_ids)
-    advantage = count / (count - 1.0).clamp(min=1.0) * (rewards - mean)
+    deviation, count, _ = _group_stats(rewards, group_ids)
+    advantage = count / (count - 1.0).clamp(min=1.0) * deviation
     advantage = torch.where(count > 1, advantage, 0.0)
     return _broadcast(advantage, mask, rewards.dtype), None
 

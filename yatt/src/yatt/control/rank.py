@@ -247,6 +247,7 @@ class RankWorker:
         return ReferenceRole(
             model, micro_batch_size=cfg.algo.micro_batch_size,
             temperature=cfg.rollout.temperature or 1.0, shared_prefix=cfg.train.shared_prefix,
+            bf16_autocast=cfg.train.bf16_autocast,
         )  # fmt: skip
 
     def _build_rollout(self, model: torch.nn.Module) -> Any:
@@ -349,21 +350,23 @@ class RankWorker:
     def _engine_logp_is_behaviour(self) -> bool:
         """True when the engine's per-token log-probs are those the trainer would compute for
         the sampling weights: yatt engine, fp32, temperature-only sampling (no top-k/top-p
-        filter), so they serve as the async batch's behaviour log-probs (up to fp32 rounding
-        between a KV-cached decode and a full forward)."""
+        filter), and a trainer computing in fp32 too (not ``train.bf16_autocast``), so they
+        serve as the async batch's behaviour log-probs (up to fp32 rounding between a
+        KV-cached decode and a full forward)."""
         rollout = self.config.rollout
         plain = rollout.top_p == 1.0 and rollout.top_k == 0
-        return rollout.backend == "yatt" and not rollout.samples_off_policy and plain
+        fp32 = not self.config.train.bf16_autocast
+        return rollout.backend == "yatt" and not rollout.samples_off_policy and plain and fp32
 
     def _behaviour_logprobs(self, batch: Any) -> torch.Tensor:
         """(B, R) log-probs of the sampled tokens under the weights that sampled them."""
-        from yatt.roles.policy import compute_logprobs
+        from yatt.roles.policy import compute_logprobs, logprob_autocast
 
         assert self.rollout is not None, f"{self.name} hosts no sampler"
-        cfg = self.config
+        cfg, model = self.config, self.rollout.engine.model
         return compute_logprobs(
-            self.rollout.engine.model, batch, cfg.algo.micro_batch_size,
-            cfg.rollout.temperature or 1.0, shared_prefix=cfg.train.shared_prefix,
+            model, batch, cfg.algo.micro_batch_size, cfg.rollout.temperature or 1.0,
+            logprob_autocast(model, cfg.train.bf16_autocast), cfg.train.shared_prefix,
         )  # fmt: skip
 
     def score(self, shard: Shard) -> tuple[torch.Tensor, dict[str, float]]:

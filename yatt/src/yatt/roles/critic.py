@@ -28,10 +28,16 @@ class CriticRole(Role):
 
     name = "critic"
 
-    def __init__(self, model: Any, *, algo: AlgoConfig, optim: OptimConfig, total_updates: int):
+    def __init__(
+        self, model: Any, *, algo: AlgoConfig, optim: OptimConfig, total_updates: int,
+        norm_len: int | None = None,
+    ) -> None:  # fmt: skip
+        """``norm_len``: the response budget ``token_sum_norm`` divides by, as the policy's
+        (None: the batch's widest response, which changes the loss scale step by step)."""
         self.model = model
         self.algo = algo
         self.optim = optim
+        self.norm_len = norm_len
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=optim.critic_lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
@@ -72,7 +78,7 @@ class CriticRole(Role):
         """`algo.ppo_passes` steps of the clipped value loss; returns critic/* metrics."""
         batch.check("values", "returns")
         self.model.train()
-        normalizer = loss_normalizer(batch.response_mask, self.algo.loss_agg)
+        normalizer = loss_normalizer(batch.response_mask, self.algo.loss_agg, self.norm_len)
         metrics: dict[str, float] = {}
         for _ in range(self.algo.ppo_passes):
             self.optimizer.zero_grad(set_to_none=False)

@@ -140,10 +140,7 @@ class PolicyRole(Role):
             param.grad = torch.zeros_like(param)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if not self.bf16_autocast:
-            return contextlib.nullcontext()
-        device_type = next(self.model.parameters()).device.type
-        return torch.autocast(device_type, dtype=torch.bfloat16)
+        return logprob_autocast(self.model, self.bf16_autocast)()
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> Tensor:
@@ -304,6 +301,21 @@ def _logits(
     if shared_prefix:
         return shared_prefix_logits(model, ids, attention, prompt_width, group_ids)
     return response_logits(model, ids, attention, prompt_width)
+
+
+def logprob_autocast(model: torch.nn.Module, bf16: bool) -> Any:
+    """``compute_logprobs``' ``autocast``: bf16 autocast on the device the model is on when
+    the call runs (colocation moves it), or none. The policy, the reference and the sampler's
+    behaviour log-probs all take the same one, so the log-probs a KL or a ratio compares come
+    from the same arithmetic (fp32 beside bf16 made a KL of rounding noise at step 0)."""
+    if not bf16:
+        return contextlib.nullcontext
+
+    def autocast() -> contextlib.AbstractContextManager:
+        device_type = next(model.parameters()).device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+
+    return autocast
 
 
 def compute_logprobs(

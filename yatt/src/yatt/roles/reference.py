@@ -14,7 +14,7 @@ from torch import Tensor
 from yatt.batch import RolloutBatch
 from yatt.lora import adapters_off, has_lora
 from yatt.roles.base import Role
-from yatt.roles.policy import compute_logprobs
+from yatt.roles.policy import compute_logprobs, logprob_autocast
 
 __all__ = ["ReferenceRole"]
 
@@ -26,7 +26,7 @@ class ReferenceRole(Role):
 
     def __init__(
         self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float,
-        shared_prefix: bool = True,
+        shared_prefix: bool = True, bf16_autocast: bool = False,
     ) -> None:  # fmt: skip
         self.shares_policy = has_lora(model)
         if self.shares_policy:
@@ -39,6 +39,7 @@ class ReferenceRole(Role):
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.shared_prefix = shared_prefix
+        self._autocast = logprob_autocast(self.model, bf16_autocast)  # as the policy's
 
     def logprobs(self, batch: RolloutBatch) -> Tensor:
         """Response log-probs (B, R) under the reference weights."""
@@ -49,5 +50,6 @@ class ReferenceRole(Role):
                 batch,
                 self.micro_batch_size,
                 self.temperature,
+                self._autocast,
                 shared_prefix=self.shared_prefix,
             )
