@@ -208,18 +208,37 @@ def test_train_reward_failure_names_the_data_line(tmp_path, monkeypatch):
 
 def test_a_prompt_too_long_for_the_models_positions_names_the_data_line(tmp_path):
     """The tiny model has 1024 positions: a prompt of about 1100 tokens cannot fit with any
-    budget (a rotary model would sample garbage past them, an absolute one fail its lookup)."""
+    budget (a rotary model would sample garbage past them, an absolute one fail its lookup).
+    Refused before the first step: found when the sampler first drew it, it ended the run
+    then, and again at the same step on every resume."""
     path = tmp_path / "d.jsonl"
     long = "What is " + " + ".join(["1"] * 600) + "?"
-    path.write_text(json.dumps({"prompt": long, "answer": "600"}) + "\n")
+    rows = [{"prompt": "What is 1 + 1?", "answer": "2"}] * 3 + [{"prompt": long, "answer": "600"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     model, tokenizer = tiny_model(seed=0)
     config = load_config("tiny_test", [*TINY, f"data.path={path}", "data.n_heldout=0",
                                        "algo.prompts_per_step=1",
                                        f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
-    trainer = Trainer(config, model=model, tokenizer=tokenizer)
-    named = rf"needs \d+ positions; the model has 1024 .*{path}:1\)$"
-    with pytest.raises(ConfigError, match=named):
-        trainer.train_step()
+    named = rf"^{path}:4: the prompt has \d+ tokens and, with the response budget of \d+, needs "
+    with pytest.raises(ConfigError, match=named) as exc_info:
+        Trainer(config, model=model, tokenizer=tokenizer)
+    assert "the model (" in _one_line(exc_info) and "has 1024 (max_position_embeddings)" in str(
+        exc_info.value
+    )
+
+
+def test_a_held_out_prompt_too_long_for_the_eval_budget_is_refused_before_training(tmp_path):
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", ["train.steps=1", "rollout.n_samples=2",
+                                       "algo.prompts_per_step=2", f"data.path={path}",
+                                       "data.n_heldout=2", "eval.n=2", "eval.max_new_tokens=1010",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"with eval\.max_new_tokens of 1010, needs") as exc_info:
+        Trainer(config, model=model, tokenizer=tokenizer)
+    assert _one_line(exc_info).startswith(f"{path}:")
 
 
 def test_fresh_run_into_a_used_folder_is_refused(finished_run):

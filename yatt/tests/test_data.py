@@ -61,6 +61,9 @@ def test_jsonl_string_and_chat_prompts_keep_extra_fields(tmp_path):
         ('{"prompt": "x", "completion": "zzz"}', "field 'completion' is reserved"),
         ('{"prompt": "x", "answer": NaN}', "field 'answer' is nan, expected a string or finite"),
         ('{"prompt": "x", "answer": -Infinity}', "field 'answer' is -inf, expected a string"),
+        # json.loads raises ValueError and RecursionError too: they were tracebacks
+        ('{"prompt": "x", "answer": ' + "9" * 5000 + "}", "unreadable JSON (Exceeds the limit"),
+        ('{"prompt": "x", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}", "unreadable JSON"),
     ],
 )
 def test_bad_row_names_file_line_and_problem(tmp_path, line, problem):
@@ -163,3 +166,15 @@ def test_render_prompt_uses_chat_template():
     assert (
         render_prompt(PromptExample(CHAT), tokenizer, use_chat_template=False) == "Be brief.\n2+2?"
     )
+
+
+def test_a_string_prompt_and_the_same_one_message_chat_prompt_are_one_prompt():
+    """Both render as the same model input: the held-out split kept one in training (a
+    held-out score on a prompt the policy trained on)."""
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    examples = [PromptExample(prompt="What is 2+2?", answer="4"),
+                PromptExample(prompt=chat, answer="4"),
+                PromptExample(prompt="What is 3+3?", answer="6")]  # fmt: skip
+    splits = [split_heldout(examples, 1, seed=seed) for seed in range(6)]
+    fours = [train for train, heldout in splits if heldout[0].answer == "4"]
+    assert fours and all([e.answer for e in train] == ["6"] for train in fours)

@@ -257,3 +257,70 @@ def test_a_time_limit_stop_keeps_the_policy_and_a_resume_goes_on(tmp_path, asked
     assert result.checkpoint is not None and result.checkpoint.name == "step_000001"
     trainer, resumed = _run(tmp_path, ["checkpoint.resume=auto", asked], steps=2)
     assert trainer.step == 2 and len(resumed.history) == 1
+
+
+def test_an_evaluation_that_fails_keeps_its_steps_row_and_checkpoint(tmp_path, monkeypatch) -> None:
+    """The last step's evaluation raises (a reward's bug on one greedy completion): the step
+    trained, so its metrics row and its at_end checkpoint are written before the error
+    propagates. The checkpoint used to be skipped, losing the trained policy."""
+    from yatt.rewards import RewardError
+
+    def broken(self, *args, **kwargs):
+        raise RewardError("eval reward 'math_answer' raised ValueError: bug on held-out 1")
+
+    monkeypatch.setattr(Trainer, "_evaluate", broken)
+    overrides = ["eval.at_start=false", "eval.at_end=true", "checkpoint.at_end=true"]
+    with pytest.raises(RewardError, match="bug on held-out 1"):
+        _run(tmp_path, overrides, steps=2)
+    assert (tmp_path / "checkpoints" / "step_000002" / "policy" / "model.safetensors").is_file()
+    logged = [
+        json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert logged == [1, 2]
+
+
+def test_a_model_passed_in_to_a_resumed_run_gets_the_checkpoints_weights(tmp_path) -> None:
+    """The checkpoint's optimizer state, schedule and data position used to train the passed
+    model's own weights, the checkpoint's dropped without a word."""
+    first, _ = _run(tmp_path / "first", ["checkpoint.every=1", "eval.at_start=false",
+                                         "eval.at_end=false"])  # fmt: skip
+    checkpoint = tmp_path / "first" / "checkpoints" / "step_000002"
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", ["train.steps=3", f"logging.run_dir={tmp_path / 'next'}",
+                                       f"checkpoint.resume={checkpoint}"])  # fmt: skip
+    resumed = Trainer(config, model=model, tokenizer=tokenizer, reward=DirectionReward(model))
+    assert resumed.step == 2 and resumed.policy.model is model
+    for (name, trained), loaded in zip(first.policy.model.named_parameters(), model.parameters()):
+        assert torch.equal(trained, loaded), name
+
+
+def test_a_run_resumed_in_place_logs_each_step_once_to_tensorboard(tmp_path) -> None:
+    """The metrics file was cut back to the resume step, but TensorBoard kept the first run's
+    later events, so its curves showed two histories from step 3 on."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = ["checkpoint.every=2", "eval.at_start=false", "eval.at_end=false",
+                 "logging.tensorboard=true"]  # fmt: skip
+    _run(tmp_path, overrides, steps=3)  # steps 1-3, a checkpoint at 2
+    checkpoint = tmp_path / "checkpoints" / "step_000002"
+    model, _ = tiny_model(seed=0)
+    config = load_config("tiny_test", ["train.steps=4", "eval.n=4", f"logging.run_dir={tmp_path}",
+                                       f"checkpoint.resume={checkpoint}", *overrides])  # fmt: skip
+    Trainer(config, reward=DirectionReward(model)).fit()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("timing_s/step")] == [1, 2, 3, 4]
+
+
+def test_refill_rounds_of_more_than_4099_rows_draw_fresh_seeds(tmp_path, monkeypatch) -> None:
+    """Round r + 1 started 4099 seeds after round r, so with more rows (DAPO's 512 prompts x
+    16 samples) its rows reused round r's seeds: other prompts, the same random draws."""
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config("tiny_test", ["algo.prompts_per_step=1050", "rollout.n_samples=4",
+                                       "eval.n=0", f"logging.run_dir={tmp_path}"])  # fmt: skip
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=DirectionReward(model))
+    drawn: list[list[int]] = []
+    monkeypatch.setattr(trainer.rollout, "generate", lambda *args: drawn.append(args[3]))
+    trainer._sample(0)
+    trainer._sample(1)
+    assert len(drawn[0]) == 4200 and len(set(drawn[0]) | set(drawn[1])) == 8400

@@ -10,7 +10,7 @@ import torch
 from yatt.config import DataConfig, ModelConfig
 from yatt.errors import ConfigError
 
-__all__ = ["adapt_model", "build_data", "build_model", "check_adapters_fit"]
+__all__ = ["adapt_model", "build_data", "build_model", "check_adapters_fit", "resume_into"]
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -42,6 +42,31 @@ def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[An
     else:
         model, tokenizer = load_model(config.path, dtype=dtype), load_tokenizer(config.path)
     return adapt_model(model, config), tokenizer
+
+
+def resume_into(model: Any, config: ModelConfig, resume_from: str) -> None:
+    """Give a caller's own model (already through ``adapt_model``) the trained weights of the
+    checkpoint a run resumes, as ``build_model`` gives the configured one: its adapters with
+    LoRA, else every weight. Left with its own, it trained on from the checkpoint's optimizer
+    state and data position as if it were the checkpoint's. Raises as ``build_model`` does."""
+    from yatt.checkpoint import policy_folder
+    from yatt.lora import check_same_base, load_adapters
+    from yatt.models import load_model
+
+    folder = policy_folder(resume_from)
+    check_adapters_fit(config, resume_from)
+    if config.lora_rank:
+        load_adapters(model, folder)
+        check_same_base(model, folder, config.path)
+        return
+    trained = load_model(folder, dtype=next(model.parameters()).dtype)
+    try:
+        model.load_state_dict(trained.state_dict())
+    except RuntimeError as error:  # another architecture or shape
+        first = " ".join(str(error).split())[:300]
+        raise ConfigError(
+            f"checkpoint.resume={resume_from}: its weights do not fit the model given ({first})"
+        ) from None
 
 
 def check_adapters_fit(config: ModelConfig, checkpoint: str) -> None:

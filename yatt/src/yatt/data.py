@@ -181,6 +181,9 @@ def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
                 rows.append(
                     (f"{path}:{number}", _RowError(f"bad JSON ({exc.msg}, col {exc.colno})"))
                 )
+            except (ValueError, RecursionError) as exc:  # an int past 4300 digits, deep nesting
+                detail = " ".join(str(exc).split()) or type(exc).__name__
+                rows.append((f"{path}:{number}", _RowError(f"unreadable JSON ({detail})")))
     return rows
 
 
@@ -292,7 +295,11 @@ def generate_task(name: str, n: int, seed: int = 0, **opts: Any) -> list[PromptE
 
 
 def _prompt_key(example: PromptExample) -> str:
-    return example.prompt if isinstance(example.prompt, str) else json.dumps(example.prompt)
+    """What the model is shown, as a key: a string prompt is the one user message it renders
+    as (``render_prompt``), so it matches that message given as a list."""
+    prompt = example.prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return json.dumps(messages, sort_keys=True)
 
 
 def split_heldout(

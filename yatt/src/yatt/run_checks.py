@@ -21,6 +21,7 @@ __all__ = [
     "check_budgets_fit_model",
     "check_eval_data",
     "check_no_control_settings",
+    "check_prompts_fit_model",
     "check_rewards_grade_task",
     "check_rows_have_answers",
     "check_training_dtype",
@@ -205,4 +206,47 @@ def check_budgets_fit_model(config: Config, model: Any, *, train: bool = True,
                 f"{key} asks for {budget} new tokens, but the model ({config.model.path}) "
                 f"attends within a sliding window of {window} tokens, which yatt's rollout "
                 "engine does not apply; use rollout.backend=hf or a smaller budget"
+            )
+
+
+def check_prompts_fit_model(
+    config: Config, model: Any, tokenizer: Any, train_set: Sequence[Any],
+    heldout_set: Sequence[Any], *, rendered: Sequence[str] | None = None,
+    length_schedule: Sequence[str] | None = None,
+) -> None:  # fmt: skip
+    """Refuse, before the first step, a training prompt (or a held-out one the run evaluates)
+    that with its response budget needs more positions than the model has: found only when
+    the sampler first drew it, it ended the run hours in, and the same step again on every
+    resume (the draw order is fixed). `rendered`: the training prompts as the model sees them,
+    where the caller has them (else rendered here); budgets as in `check_budgets_fit_model`.
+    """
+    from yatt.data import render_prompt
+    from yatt.rollout.engine import model_positions
+
+    positions = model_positions(model)
+    if positions is None:
+        return
+    use_template = config.data.use_chat_template
+    schedule = config.control.length_schedule if length_schedule is None else length_schedule
+    budget = max([config.rollout.max_new_tokens, *(int(s.partition(":")[2]) for s in schedule)])
+    checks = [("train", train_set, rendered, budget, "the response budget")]
+    if config.eval.enabled:
+        checks.append(("held-out", heldout_set[: config.eval.n], None, config.eval.max_new_tokens,
+                       "eval.max_new_tokens"))  # fmt: skip
+    for kind, examples, texts, tokens_out, what in checks:
+        if not examples:
+            continue
+        if texts is None:
+            texts = [render_prompt(example, tokenizer, use_template) for example in examples]
+        lengths = [
+            len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        ]
+        longest = max(range(len(lengths)), key=lengths.__getitem__)
+        if lengths[longest] + tokens_out > positions:
+            where = examples[longest].source or f"{kind} prompt {longest}"
+            raise ConfigError(
+                f"{where}: the prompt has {lengths[longest]} tokens and, with {what} of "
+                f"{tokens_out}, needs {lengths[longest] + tokens_out} positions; the model "
+                f"({config.model.path}) has {positions} (max_position_embeddings): shorten the "
+                "prompt or the budget"
             )

@@ -125,7 +125,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     weights (`check_training_dtype`), a `checkpoint.resume` that names no SFT checkpoint or one
     of other data, or a run folder holding another run, before any step.
     """
-    from yatt.builders import adapt_model, build_data, build_model
+    from yatt.builders import adapt_model, build_data, build_model, resume_into
     from yatt.common import TensorBoardSink
     from yatt.data import PromptSampler
     from yatt.evaluate import examples_due
@@ -162,7 +162,10 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     seed_everything(config.train.seed)
     if model is None:
         model, tokenizer = build_model(config.model, resume_from=resume or None)
-    adapt_model(model, config.model)  # (a caller's own model: LoRA as configured)
+    else:
+        adapt_model(model, config.model)  # a caller's own model: LoRA as configured
+        if resume:
+            resume_into(model, config.model, resume)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
     heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
     optim = config.optim
@@ -188,7 +191,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     save_config(config, run_dir)
     sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
     if config.logging.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        sinks.append(TensorBoardSink(run_dir / "tensorboard", done))
     metrics_logger = MetricsLogger(sinks)
     trained = _Trained(model, optimizer, scheduler)
     batch_size = config.algo.micro_batch_size

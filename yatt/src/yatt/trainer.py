@@ -10,6 +10,7 @@ new policy). Each step emits a flat metrics dict
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -51,6 +52,7 @@ from yatt.rollout.engine import PromptTooLong
 from yatt.run_checks import (
     check_budgets_fit_model,
     check_eval_data,
+    check_prompts_fit_model,
     check_rewards_grade_task,
     check_rows_have_answers,
     check_training_dtype,
@@ -98,7 +100,7 @@ class Trainer:
         `logging.run_dir` that holds a previous run raises ConfigError, unless
         `logging.overwrite` (then the previous metrics, checkpoints and TensorBoard logs are
         deleted); so does evaluating with no held-out prompts (before any work is done)."""
-        from yatt.builders import adapt_model, build_data, build_model
+        from yatt.builders import adapt_model, build_data, build_model, resume_into
 
         self.config = config
         check_eval_data(config)
@@ -132,9 +134,15 @@ class Trainer:
                     initial = build_model(config.model)[0]
             else:
                 adapt_model(model, config.model)  # a caller's own model
+                if resume:  # (its own weights stay the KL reference, as the configured one's)
+                    if config.algo.uses_reference and not config.model.lora_rank:
+                        initial = copy.deepcopy(model)
+                    resume_into(model, config.model, resume)
             check_budgets_fit_model(config, model)
             self.tokenizer = tokenizer
             self.prompt_texts = [self._render(example) for example in self.train_set]
+            check_prompts_fit_model(config, model, tokenizer, self.train_set, self.heldout_set,
+                                    rendered=self.prompt_texts)  # fmt: skip
             self.sampler = PromptSampler(len(self.train_set), config.data.seed + config.train.seed)
             self._draw_order = draw_order(config, self.train_set)  # in each checkpoint
             self._sampled: list[int] = []  # train_set indices of the last sampled prompts
@@ -246,12 +254,19 @@ class Trainer:
                 limit_s = cfg.train.time_limit_s
                 out_of_time = time_limit_reached(limit_s, start_s, self.step, cfg.train.steps)
                 n_examples = examples_due(cfg.eval, self.step, cfg.train.steps, out_of_time)
+                failed: Exception | None = None
                 if n_examples:  # its seconds are logged, not kept in the step's row
-                    row = self._evaluate(evaluate_engine, None, n_examples)
-                    metrics |= {k: v for k, v in row.items() if k != "timing_s/eval"}
-                    result.evals.append((self.step, metrics["eval/accuracy"]))
+                    try:
+                        row = self._evaluate(evaluate_engine, None, n_examples)
+                    except Exception as error:  # (a reward's bug on one completion ...)
+                        failed = error  # the step trained: its row and checkpoint stand
+                    else:
+                        metrics |= {k: v for k, v in row.items() if k != "timing_s/eval"}
+                        result.evals.append((self.step, metrics["eval/accuracy"]))
                 metrics_logger.log(self.step, metrics)
                 result.checkpoint = self._maybe_checkpoint(out_of_time) or result.checkpoint
+                if failed is not None:
+                    raise failed
                 if progress is not None:
                     progress(self.step, cfg.train.steps, metrics)
                 if out_of_time:
@@ -301,8 +316,12 @@ class Trainer:
         indices = self.sampler.take(cfg.algo.prompts_per_step)
         n_samples = cfg.rollout.n_samples
         # Seeds are a pure function of (run seed, step, round, row): resumes replay exactly.
-        base = (cfg.train.seed * 1_000_003 + self.step * 1009 + round_index) * 4099
-        seeds = [base + row for row in range(len(indices) * n_samples)]
+        # A refill round starts past every row of the one before (a round of more than 4099
+        # rows reused the next round's seeds: other prompts, the same random draws).
+        rows = len(indices) * n_samples
+        base = (cfg.train.seed * 1_000_003 + self.step * 1009) * 4099
+        base += round_index * max(4099, cfg.algo.prompts_per_step * n_samples)
+        seeds = [base + row for row in range(rows)]
         group_base = (self.step * (cfg.algo.max_refill_batches + 1) + round_index) * len(indices)
         self._sampled = indices  # for naming a prompt's source when its reward fails
         examples = [self.train_set[i] for i in indices]
@@ -471,7 +490,7 @@ class Trainer:
             truncate_metrics(path, self.step)
         sinks: list[Any] = [JsonlSink(path)]
         if self.config.logging.tensorboard:
-            sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+            sinks.append(TensorBoardSink(self.run_dir / "tensorboard", self.step))
         return MetricsLogger(sinks)
 
     def _maybe_checkpoint(self, out_of_time: bool = False) -> Path | None:

@@ -34,10 +34,14 @@ def _jsonable(value: float) -> float | str:
 class TensorBoardSink:
     """Scalars to a TensorBoard event file (imported lazily: tensorboard is heavy)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, resumed_at: int = 0) -> None:
+        """``resumed_at``: the step a resumed run continues after; the folder's events of
+        later steps (the run before it logged them, and this one logs them again) are purged,
+        as the metrics file is cut back, so the curves show one history."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        purge = resumed_at + 1 if resumed_at else None
+        self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():

@@ -37,7 +37,11 @@ from yatt.lora import (
     trained_state,
 )
 from yatt.rollout.engine import PromptTooLong
-from yatt.run_checks import check_budgets_fit_model, check_rows_have_answers
+from yatt.run_checks import (
+    check_budgets_fit_model,
+    check_prompts_fit_model,
+    check_rows_have_answers,
+)
 
 __all__ = ["Collective", "RankWorker", "effective_staleness", "peak_rss_mb", "sample_version"]
 
@@ -189,6 +193,10 @@ class RankWorker:
                 reused, self.tokenizer = build_model(config.model)
                 self.train_set, self.heldout_set = build_data(config.data)
                 check_rows_have_answers(config, self.train_set, self.heldout_set)
+                check_prompts_fit_model(
+                    config, reused, self.tokenizer, self.train_set, self.heldout_set,
+                    length_schedule=control.length_schedule,
+                )  # fmt: skip
                 self._rendered: dict[int, str] = {}
             check_budgets_fit_model(config, reused, length_schedule=control.length_schedule)
             model = reused.to(self.device.torch_device()).eval()

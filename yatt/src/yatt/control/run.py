@@ -110,7 +110,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         warn_if_nothing_kept(config)
         sinks: list[Any] = [JsonlSink(metrics_path)]
         if config.logging.tensorboard:
-            sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+            sinks.append(TensorBoardSink(run_dir / "tensorboard", start_step))
         stream = MetricsLogger(sinks)
 
         start_rows: list[dict[str, float]] = []  # step 0: the evaluation before training
