@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "checkpoint_run_dir",
     "checkpoint_step",
     "drop_later_checkpoints",
+    "install_folder",
     "list_checkpoints",
     "load_control_state",
     "load_trainer_state",
@@ -155,13 +157,15 @@ def save_training_checkpoint(
     control_state: dict[str, Any] | None = None,
     sft: bool = False,
 ) -> Path:
-    """Write `<run_dir>/checkpoints/step_<step>` atomically (temp folder + rename);
-    `control_state` (JSON) marks a checkpoint of the distributed controllers, `sft` one of
-    SFT."""
+    """Write `<run_dir>/checkpoints/step_<step>` atomically and durably (a temp folder, synced
+    to disk, then renamed: `install_folder`), and only then delete the checkpoints beyond
+    `keep_last`; `control_state` (JSON) marks a checkpoint of the distributed controllers,
+    `sft` one of SFT."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     staging = root / f".step_{step:06d}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
+    for stale in [*root.glob(".step_*.tmp"), *root.glob(".step_*.old")]:  # a crashed save's
+        shutil.rmtree(stale, ignore_errors=True)
     staging.mkdir(parents=True)
     policy.save_pretrained(staging / "policy", tokenizer)
     if critic is not None:
@@ -175,12 +179,38 @@ def save_training_checkpoint(
     if sft:
         (staging / _SFT_FILE).write_text(json.dumps({"step": step}))
     save_config(config, staging / "config.yaml")
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
+    install_folder(staging, final)
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def install_folder(staging: Path, final: Path) -> None:
+    """Put the written folder ``staging`` in place as ``final``, durably: every file and
+    folder in it synced to disk, then renamed, then the parent synced. A rename alone is
+    atomic against a crash of the process but not of the machine: after a power loss the
+    folder could stand with empty files while the older checkpoints were already deleted. A
+    ``final`` already there is set aside first and deleted last."""
+    for folder, _, files in os.walk(staging):
+        for name in files:
+            _fsync(Path(folder) / name, os.O_RDONLY)
+        _fsync(Path(folder), os.O_RDONLY | os.O_DIRECTORY)
+    aside = final.with_name(f".{final.name}.old")
+    shutil.rmtree(aside, ignore_errors=True)
+    if final.exists():
+        final.rename(aside)
+    staging.rename(final)
+    _fsync(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def checkpoint_writer(checkpoint: Path) -> str:

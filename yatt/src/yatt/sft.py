@@ -24,6 +24,7 @@ curves. Accuracy is `yatt eval`'s job.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from yatt.checkpoint import (
     checkpoint_due,
     checkpoint_run_dir,
     drop_later_checkpoints,
+    install_folder,
     load_trainer_state,
     resolve_resume,
     save_training_checkpoint,
@@ -239,8 +241,11 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     finally:
         metrics_logger.close()
     model.eval()
-    folder = save_checkpoint(model, tokenizer, run_dir / "model")
-    save_config(config, folder / "config.yaml")  # `yatt eval <folder>` evaluates on this data
+    folder, staging = run_dir / "model", run_dir / ".model.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_checkpoint(model, tokenizer, staging)
+    save_config(config, staging / "config.yaml")  # `yatt eval <folder>` evaluates on this data
+    install_folder(staging, folder)  # a crash mid-write leaves no model/ that looks whole
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
 

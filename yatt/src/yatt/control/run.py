@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,12 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     REINFORCE++, a KL term under re-placement), for control.backend=ray
     without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
     the controllers did not write or whose data position does not fit this run."""
-    from yatt.checkpoint import checkpoint_run_dir, drop_later_checkpoints, truncate_metrics
+    from yatt.checkpoint import (
+        checkpoint_run_dir,
+        drop_later_checkpoints,
+        install_folder,
+        truncate_metrics,
+    )
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
@@ -129,8 +135,11 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             stream.close()
         n_devices = len(controller.cluster.devices)
         if config.checkpoint.at_end:
-            saved = controller.save_policy(run_dir / MODEL_FOLDER)
-            save_config(recorded_config(config, control), saved / "config.yaml")
+            saved, staging = run_dir / MODEL_FOLDER, run_dir / f".{MODEL_FOLDER}.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            controller.save_policy(staging)
+            save_config(recorded_config(config, control), staging / "config.yaml")
+            install_folder(staging, saved)  # a crash mid-write leaves no model/ that looks whole
             logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
     finally:
         controller.close()
