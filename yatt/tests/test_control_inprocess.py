@@ -431,6 +431,7 @@ def test_fit_distributed_refuses_to_evaluate_without_held_out_problems(tmp_path)
         ((0, 3, True), [0, 0, 0, 0, 10], 10),
         ((5, 3, False), [0, 0, 0, 0, 10], 0),  # periodic on the last step: all of them
         ((3, 2, False), [0, 0, 2, 0, 0], 10),  # periodic at the limit: the final size
+        ((2, 30, True), [0, 10, 0, 10, 10], 10),  # n_periodic past n: n (it scored 30)
     ],
 )
 def test_evaluations_are_due_as_the_eval_settings_say(settings, due, at_limit):

@@ -20,14 +20,15 @@ def examples_due(cfg: Any, step: int, total: int, out_of_time: bool = False) -> 
 
     `cfg` is an EvalConfig. The final evaluation (`at_end`: after the last step, or after the
     step that reached `train.time_limit_s`) takes all `n`; a periodic one (every `every`
-    steps) the first `n_periodic` (0: all `n`), unless it is also the last step.
+    steps) the first `n_periodic` of them (0, or more than `n`: all `n`), unless it is also
+    the last step.
     """
     if cfg.n == 0:
         return 0
     final = step == total or out_of_time
     if not (cfg.every > 0 and step % cfg.every == 0) and not (final and cfg.at_end):
         return 0
-    return cfg.n if final else (cfg.n_periodic or cfg.n)
+    return cfg.n if final else min(cfg.n_periodic or cfg.n, cfg.n)  # (never more than n)
 
 
 def evaluate_engine(

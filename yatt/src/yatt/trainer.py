@@ -247,7 +247,7 @@ class Trainer:
             if cfg.eval.at_start and cfg.eval.n > 0 and self.step == 0:
                 row = self._evaluate(evaluate_engine, metrics_logger, cfg.eval.n)
                 result.evals.append((0, row["eval/accuracy"]))
-            last_step = min(cfg.train.steps, until_step or cfg.train.steps)
+            last_step = cfg.train.steps if until_step is None else min(cfg.train.steps, until_step)
             while self.step < last_step:
                 metrics = self.train_step()
                 self.step += 1
