@@ -195,6 +195,17 @@ def test_unusable_dir_and_json_paths_fail_up_front(tmp_path, cli_error):
     assert "Is a directory" in cli_error([*bench, "--json", str(tmp_path)])
 
 
+@pytest.mark.timeout(60)  # a cluster that took it would wait for 2000 calls per epoch
+def test_epochs_closed_by_count_alone_are_refused_on_the_command_line(tmp_path, cli_error):
+    """``--epoch-ms 0`` made every node wait for epoch_calls_max (2000) calls before it
+    closed an epoch: a ``dgcc call`` then hung until its timeout."""
+    start = ["cluster", "start", "--nodes", "1", "--dir", str(tmp_path), "--epoch-ms", "0"]
+    assert "--epoch-ms must be > 0: epochs closed by count alone" in cli_error(start)
+    assert not (tmp_path / "cluster.json").exists()
+    bench = ["bench", "--nodes", "2", "--seconds", "0.1", "--warmup-s", "0", "--epoch-ms", "0"]
+    assert "--epoch-ms must be > 0" in cli_error(bench)
+
+
 @pytest.mark.timeout(60)  # a node that took the config would serve until stopped
 def test_a_config_file_is_refused_with_one_line_before_any_node_starts(tmp_path, cli_error):
     path = tmp_path / "c.json"

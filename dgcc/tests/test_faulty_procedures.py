@@ -344,7 +344,8 @@ def test_a_call_failing_midway_leaves_the_same_writes_live_and_in_replay(
     runs = [LoggedEpochRun(n, dbs[n], registry, router, [batch, []]) for n in (0, 1)]
     _run_to_the_end(runs)
     assert dbs[0]["kv"].rows[3]["v"] == 1 and dbs[0]["kv"].rows[1]["v"] == 0  # a ran, c not
-    assert "not declared may_abort=True" in runs[0].reports()[0][0][3]  # node 0 fails it too
+    piece, error = runs[0].reports()[0][0][3]  # node 0 fails it too, at c (waiting on b)
+    assert piece == 2 and "not declared may_abort=True" in error
     replayed = _db()
     replay_node_epoch(0, replayed, registry, router, record_node_epoch(runs[0]))
     assert {k: r["v"] for k, r in replayed["kv"].rows.items() if k < 10} == {
@@ -557,3 +558,39 @@ def test_the_interleaving_protocols_undo_the_writes_of_a_call_that_raises(protoc
     fresh = _db()
     replay(engine.history, fresh, registry, [outcomes])
     assert fresh["kv"].rows == db["kv"].rows
+
+
+@pytest.mark.parametrize("protocol", ["dgcc", "calvin"])
+@pytest.mark.parametrize("first", [0, 1])
+def test_a_call_answers_with_the_failure_of_its_lowest_piece_as_a_serial_run(protocol, first):
+    """``check`` (may_abort, key 1 on node 0) aborts; ``peek`` (read-only, key 12 on node 1)
+    raises. In serial order the earlier of the two ends the call and the later never runs:
+    ABORTED when ``check`` comes first, ERROR when ``peek`` does. Node 1 runs ``peek`` without
+    waiting for ``check``'s decision (it writes nothing), and its error used to win even
+    where ``check`` came first."""
+
+    def plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def check(ctx: PieceContext) -> None:
+            ctx.abort("too low")
+
+        def peek(ctx: PieceContext) -> None:
+            raise RuntimeError("a bug")
+
+        pieces = [
+            Piece("check", check, reads=(("kv", 1),), may_abort=True),
+            Piece("peek", peek, reads=(("kv", 12),)),
+        ]
+        return pieces if params["check_first"] else pieces[::-1]
+
+    registry = ProcedureRegistry([Procedure("both", {"check_first": bool, "keys": list}, plan)])
+    batch = [TxnRequest("both", {"check_first": first == 0, "keys": [1, 12]})]
+    serial = get_protocol("serial")(_db(), registry).run_batch(batch)[0]
+    router = Router(_TwoNodes(), Placement.round_robin(2))
+    run_class = server_class(protocol).epoch_run
+    runs = [run_class(node, _db(), registry, router, [batch, []]) for node in (0, 1)]
+    _run_to_the_end(runs)
+    assembler = ResultAssembler(registry, batch, 2)
+    for node in (1, 0):
+        assembler.add(node, _wire(runs[node].reports().get(0, [])))
+    assert assembler.outcomes() == [serial]
+    assert serial.status is (Status.ABORTED if first == 0 else Status.ERROR)

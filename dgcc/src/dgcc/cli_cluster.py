@@ -270,7 +270,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         seconds=args.seconds,
         warmup_s=args.warmup_s,
         inflight=INFLIGHT_DEFAULT if args.inflight is None else args.inflight,
-        epoch_ms=EPOCH_MS_DEFAULT if args.epoch_ms is None else args.epoch_ms,
+        epoch_ms=_epoch_ms(args),
         seed=args.seed,
         protocol=server_name(args.protocol),
         durable=args.durable,
@@ -513,6 +513,24 @@ def _refuse(flags: list[str], where: str) -> None:
         raise ConfigError(f"{', '.join(flags)} {verb} not apply with {where}")
 
 
+def _epoch_ms(args: argparse.Namespace) -> float:
+    """``--epoch-ms``, refusing 0: epochs that close by count alone wait, on every node, for
+    ``epoch_calls_max`` calls, which a few calls (a ``dgcc call``, a light load) never reach,
+    and the whole cluster then waits (a setting for tests that send exact batches).
+
+    Raises:
+        ConfigError: ``--epoch-ms 0``.
+    """
+    if args.epoch_ms is None:
+        return EPOCH_MS_DEFAULT
+    if args.epoch_ms == 0:
+        raise ConfigError(
+            "--epoch-ms must be > 0: epochs closed by count alone wait for that many calls on "
+            "every node, and the cluster stalls until a node gets them"
+        )
+    return args.epoch_ms
+
+
 def _flags_config(args: argparse.Namespace) -> ClusterConfig:
     """The loopback config ``cluster start`` builds from its flags."""
     from dgcc.cli import _workload_options
@@ -533,7 +551,7 @@ def _flags_config(args: argparse.Namespace) -> ClusterConfig:
         nodes,
         workload=workload,
         workload_options=cluster_workload_options(workload, _workload_options(args), nodes),
-        epoch_ms=EPOCH_MS_DEFAULT if args.epoch_ms is None else args.epoch_ms,
+        epoch_ms=_epoch_ms(args),
         seed=SEED_DEFAULT if args.seed is None else args.seed,
         protocol=server_name(args.protocol or PROTOCOL_DEFAULT),
         data_dir=data_dir,

@@ -77,7 +77,9 @@ class ClusterConfig:
             subclass as ``package.module:Class``, importable by every node process).
         workload_options: its keyword options.
         partition_nodes: partition -> node id; default one partition per node.
-        epoch_ms: close an epoch after this long (0: only by count).
+        epoch_ms: close an epoch after this long (0: only by count, for tests and drills
+            that send exact batches: every node then waits for ``epoch_calls_max`` calls, and
+            a node that gets fewer stalls the cluster).
         epoch_calls_max: close an epoch once it holds this many calls (0: only by time).
         pipeline_epochs: closed epochs allowed ahead of execution (collection pipelining).
         seed: the data load seed (every node loads the same data).

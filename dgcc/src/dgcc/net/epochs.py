@@ -309,7 +309,8 @@ def _unsendable_value(run: EpochRun, peer: int, entry: Sequence[Any], why: str) 
 
 def _unsendable_report(node: int, peer: int, entry: Sequence[Any], why: str) -> tuple:
     """A report entry whose outputs cannot be sent: the origin answers the call ERROR."""
-    return (entry[0], {}, None, f"its outputs on node {node} cannot be sent to node {peer} ({why})")
+    why = f"its outputs on node {node} cannot be sent to node {peer} ({why})"
+    return (entry[0], {}, None, (-1, why))  # (-1: it fails the call whatever else did)
 
 
 def peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) -> None:

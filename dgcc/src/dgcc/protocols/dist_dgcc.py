@@ -88,6 +88,7 @@ class _SubTxn:
     runs_on: list[tuple[int, ...]] | None  # piece index -> nodes running it; None: only here
     local: Sequence[int]  # piece indices run here (a range when all of them)
     local_abort: tuple[int, str] | None = None
+    local_error: tuple[int, str] | None = None  # (piece index, error) of its first failure here
 
 
 @dataclass(slots=True)
@@ -545,6 +546,8 @@ class EpochRun:
                 run_piece(contexts[slot], txn, piece)
                 if txn.abort_reason is not None:
                     self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
+            if txn.error is not None:
+                self._note_error(slot, pid)
             ran += 1
             if sends_of is not None and (targets := sends_of(pid)) is not None:
                 self._post(self._subs[slot], self._piece_index[pid], targets)
@@ -582,6 +585,8 @@ class EpochRun:
                 run_piece(contexts[slot], txn, pieces[pid])
                 if txn.abort_reason is not None:
                     self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
+            if txn.error is not None:
+                self._note_error(slot, pid)
             ran += 1
             targets = sends_of(pid)
             if targets is not None:
@@ -598,6 +603,13 @@ class EpochRun:
             if outbox and not urgent:
                 break  # peers wait on these values: send them before the local-only pieces
         return ran
+
+    def _note_error(self, slot: int, pid: int) -> None:
+        """Keep where the transaction first failed here: the origin answers with the failure
+        (abort or error) of the lowest piece index over every node, as a serial run does."""
+        sub = self._subs[slot]
+        if sub.local_error is None:
+            sub.local_error = (self._piece_index[pid], sub.txn.error)
 
     def _post(self, sub: _SubTxn, piece_index: int, targets: tuple[int, ...]) -> None:
         txn = sub.txn
@@ -654,8 +666,8 @@ class EpochRun:
             assert not self._initial.pending, f"pending pieces left: {self._initial.pending[:5]}"
             assert not self._waiters, f"values never received: {sorted(self._waiters)[:5]}"
         reports: dict[int, list[ReportEntry]] = {}
-        for origin, slot, error in self._errors:
-            reports.setdefault(origin, []).append((slot, {}, None, error))
+        for origin, slot, error in self._errors:  # planning: before any piece
+            reports.setdefault(origin, []).append((slot, {}, None, (-1, error)))
         for sub in self._subs:
             txn = sub.txn
             outputs: dict[str, Any] = {}
@@ -666,7 +678,7 @@ class EpochRun:
                     name = txn.pieces[k].name
                     if sub.runs_on[k][0] == self.node and name in txn.outputs:
                         outputs[name] = txn.outputs[name]
-            entry = (sub.slot, outputs, sub.local_abort, txn.error)
+            entry = (sub.slot, outputs, sub.local_abort, sub.local_error)
             reports.setdefault(sub.origin, []).append(entry)
         return reports
 

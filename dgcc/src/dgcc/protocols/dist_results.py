@@ -2,8 +2,9 @@
 
 Each node reports, per origin, the outputs of the pieces it ran, the logic-abort decisions it
 took and the errors of its planning (``EpochRun.reports``); the origin's ``ResultAssembler``
-merges them once every node has reported the epoch (the first abort in piece order wins, as
-in serial execution) and builds each committed call's result with its procedure's builder.
+merges them once every node has reported the epoch (the failure, abort or error, of the
+lowest piece index wins, as in serial execution, where the pieces after it never run) and
+builds each committed call's result with its procedure's builder.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dgcc.errors import BadRequest, ProcedureError
 
 __all__ = ["ReportEntry", "ResultAssembler"]
 
-# A report entry for an origin: (slot in origin batch, outputs, (piece index, reason), error).
-ReportEntry = tuple[int, dict[str, Any], tuple[int, str] | None, str | None]
+# A report entry for an origin: (slot in origin batch, outputs, (piece index, abort reason),
+# (piece index, error)); an error of planning, or of sending the outputs, has piece index -1.
+ReportEntry = tuple[int, dict[str, Any], tuple[int, str] | None, tuple[int, str] | None]
 _STATUS_OF = {status.value: status for status in Status}  # an answer's status on the wire
 _COMMITTED, _ABORTED, _ERROR = Status.COMMITTED.value, Status.ABORTED.value, Status.ERROR.value
 
@@ -37,7 +39,7 @@ class ResultAssembler:
         self._waiting = set(range(nodes))
         self._outputs: list[dict[str, Any] | None] = [None] * len(batch)
         self._aborts: list[tuple[int, str] | None] = [None] * len(batch)
-        self._errors: list[str | None] = [None] * len(batch)
+        self._errors: list[tuple[int, str] | None] = [None] * len(batch)
 
     @property
     def complete(self) -> bool:
@@ -56,7 +58,8 @@ class ResultAssembler:
         if node not in self._waiting:
             raise ProcedureError(f"second or unknown report from node {node}")
         self._waiting.discard(node)
-        all_outputs, aborts, calls = self._outputs, self._aborts, len(self._batch)
+        all_outputs, aborts, errors = self._outputs, self._aborts, self._errors
+        calls = len(self._batch)
         for slot, outputs, abort, error in entries:
             if type(slot) is not int or not 0 <= slot < calls:
                 raise ProcedureError(f"node {node} reported slot {slot!r} of {calls} calls")
@@ -69,8 +72,10 @@ class ResultAssembler:
                 current_abort = aborts[slot]
                 if current_abort is None or abort[0] < current_abort[0]:
                     aborts[slot] = (abort[0], abort[1])
-            if error is not None and self._errors[slot] is None:
-                self._errors[slot] = error
+            if error is not None:
+                current_error = errors[slot]
+                if current_error is None or tuple(error) < current_error:  # (then by text)
+                    errors[slot] = (error[0], error[1])
 
     def outcomes(self) -> list[Outcome]:
         """One outcome per request of the origin's batch, in order."""
@@ -85,10 +90,10 @@ class ResultAssembler:
         answers: list[tuple[str, Any, str]] = []
         builders: dict[str, Any] = {}  # procedure name -> its result builder (or None)
         for slot, request in enumerate(self._batch):
-            if self._errors[slot] is not None:
-                answers.append((_ERROR, None, self._errors[slot]))
+            error, abort = self._errors[slot], self._aborts[slot]
+            if error is not None and (abort is None or error[0] < abort[0]):
+                answers.append((_ERROR, None, error[1]))
                 continue
-            abort = self._aborts[slot]
             if abort is not None:
                 answers.append((_ABORTED, None, abort[1]))
                 continue
