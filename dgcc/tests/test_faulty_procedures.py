@@ -594,3 +594,18 @@ def test_a_call_answers_with_the_failure_of_its_lowest_piece_as_a_serial_run(pro
         assembler.add(node, _wire(runs[node].reports().get(0, [])))
     assert assembler.outcomes() == [serial]
     assert serial.status is (Status.ABORTED if first == 0 else Status.ERROR)
+
+
+def test_a_negative_partition_from_route_partitions_is_no_route() -> None:
+    """Python took partition -1 as the last node's: a call went to a node chosen by index
+    wraparound. It is now a routing error (every node plans the call and fails it alike)."""
+
+    class _Negative(_TwoNodes):
+        def route_partitions(self, procedure, params, partitions):
+            return params["parts"]
+
+    router = Router(_Negative(), Placement.round_robin(2))
+    route = router.route
+    assert route(TxnRequest("bump", {"keys": [1], "parts": [1]})) == frozenset({1})
+    assert route(TxnRequest("bump", {"keys": [1], "parts": [-1]})) is None
+    assert route(TxnRequest("bump", {"keys": [1], "parts": [0, -2]})) is None

@@ -148,6 +148,8 @@ class Router:
                 owners = self.placement.partition_nodes
                 partitions = self._route_partitions(request.procedure, request.params, len(owners))
                 if partitions is not None:
+                    if partitions and min(partitions) < 0:  # owners[-1] is the last node
+                        raise ValueError(f"route_partitions gave {sorted(partitions)}")
                     return frozenset([owners[partition] for partition in partitions]) or None
             keys = self._route_keys(request.procedure, request.params)
             if keys is None:
