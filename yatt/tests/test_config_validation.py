@@ -233,7 +233,7 @@ def test_in_process_controllers_keep_their_own_control_config() -> None:
 @pytest.fixture
 def user_modules(tmp_path, monkeypatch):
     (tmp_path / "boom_reward.py").write_text("raise RuntimeError('boom')\n")
-    (tmp_path / "broken_reward.py").write_text("def f(:\n")
+    (tmp_path / "unparsable_reward.py").write_text("def f(:\n")
     (tmp_path / "good_reward.py").write_text("def f(prompt, completion, **fields):\n    return 1\n"
                                              "NOT_A_FUNCTION = 3\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -244,7 +244,7 @@ def user_modules(tmp_path, monkeypatch):
     [
         ("no_such_module_xyz:fn", "ModuleNotFoundError"),
         ("boom_reward:f", "RuntimeError: boom"),
-        ("broken_reward:f", "SyntaxError"),
+        ("unparsable_reward:f", "SyntaxError"),
         ("good_reward:missing", "has no 'missing'"),
         ("good_reward:NOT_A_FUNCTION", "not callable"),
         (":f", "'package.module:function'"),

@@ -272,6 +272,12 @@ def committed_outcome(procedure: Procedure, outputs: dict[str, Any]) -> Outcome:
         return Outcome(Status.ERROR, reason=raised(procedure.name, "result", error))
 
 
+def result_raised(outcome: Outcome) -> bool:
+    """Whether ``outcome`` is ``committed_outcome``'s ERROR for a result builder that raised:
+    the call committed (its writes stand) though it answers ERROR."""
+    return outcome.status is Status.ERROR and ".result raised " in (outcome.reason or "")
+
+
 def raised(name: str, part: str, error: Exception) -> str:
     """The reason of a call whose procedure's ``part`` (plan, result) raised ``error``."""
     return clip(f"{name}.{part} raised {type(error).__name__}: {error}")

@@ -23,18 +23,16 @@ def build_model(config: ModelConfig, resume_from: str | None = None) -> tuple[An
     loads the checkpoint's adapters onto the base model of `model.path`). Raises ModelError
     for a missing/unloadable folder, ConfigError for a checkpoint trained otherwise."""
     from yatt.checkpoint import policy_folder
-    from yatt.lora import check_same_base, load_adapters
     from yatt.models import load_model, load_tokenizer, tiny_model
 
     dtype = _DTYPES[config.dtype]
     if resume_from:
-        folder = policy_folder(resume_from)
-        check_adapters_fit(config, resume_from)
         if not config.lora_rank:
+            check_adapters_fit(config, resume_from)
+            folder = policy_folder(resume_from)
             return load_model(folder, dtype=dtype), load_tokenizer(folder)
         model, tokenizer = build_model(config)
-        load_adapters(model, folder)
-        check_same_base(model, folder, config.path)
+        resume_into(model, config, resume_from)  # the checkpoint's adapters on the base
         return model, tokenizer
     if config.path in _TINY_ARCHS:
         model, tokenizer = tiny_model(_TINY_ARCHS[config.path], seed=config.tiny_seed)

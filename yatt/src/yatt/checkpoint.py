@@ -47,6 +47,7 @@ __all__ = [
     "resolve_resume",
     "save_training_checkpoint",
     "truncate_metrics",
+    "write_folder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -162,27 +163,38 @@ def save_training_checkpoint(
     `keep_last`; `control_state` (JSON) marks a checkpoint of the distributed controllers,
     `sft` one of SFT."""
     root = Path(run_dir) / "checkpoints"
-    final = root / f"step_{step:06d}"
-    staging = root / f".step_{step:06d}.tmp"
     for stale in [*root.glob(".step_*.tmp"), *root.glob(".step_*.old")]:  # a crashed save's
         shutil.rmtree(stale, ignore_errors=True)
-    staging.mkdir(parents=True)
-    policy.save_pretrained(staging / "policy", tokenizer)
-    if critic is not None:
-        critic.save_pretrained(staging / "critic")
-    state = {**trainer_state, "step": step, "policy": policy.state_dict()}
-    if critic is not None:
-        state["critic"] = critic.state_dict()
-    torch.save(state, staging / _STATE_FILE)
-    if control_state is not None:
-        (staging / _CONTROL_FILE).write_text(json.dumps({**control_state, "step": step}))
-    if sft:
-        (staging / _SFT_FILE).write_text(json.dumps({"step": step}))
-    save_config(config, staging / "config.yaml")
-    install_folder(staging, final)
+
+    def write(staging: Path) -> None:
+        policy.save_pretrained(staging / "policy", tokenizer)
+        if critic is not None:
+            critic.save_pretrained(staging / "critic")
+        state = {**trainer_state, "step": step, "policy": policy.state_dict()}
+        if critic is not None:
+            state["critic"] = critic.state_dict()
+        torch.save(state, staging / _STATE_FILE)
+        if control_state is not None:
+            (staging / _CONTROL_FILE).write_text(json.dumps({**control_state, "step": step}))
+        if sft:
+            (staging / _SFT_FILE).write_text(json.dumps({"step": step}))
+        save_config(config, staging / "config.yaml")
+
+    final = write_folder(root / f"step_{step:06d}", write)
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("saved checkpoint %s", final)
+    return final
+
+
+def write_folder(final: Path, write: Any) -> Path:
+    """``write(folder)`` into a staging copy beside ``final``, then ``install_folder`` it
+    (a crash mid-write leaves no ``final`` that looks whole); returns ``final``."""
+    staging = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    write(staging)
+    install_folder(staging, final)
     return final
 
 

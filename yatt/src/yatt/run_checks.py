@@ -183,9 +183,7 @@ def check_budgets_fit_model(config: Config, model: Any, *, train: bool = True,
     budgets = {}
     if train:
         budgets["rollout.max_new_tokens"] = config.rollout.max_new_tokens
-        if length_schedule is None:
-            length_schedule = config.control.length_schedule
-        schedule = [int(item.partition(":")[2]) for item in length_schedule]
+        schedule = _schedule_budgets(config, length_schedule)
         if schedule:
             budgets["control.length_schedule"] = max(schedule)
     if not train or config.eval.enabled:
@@ -227,8 +225,7 @@ def check_prompts_fit_model(
     if positions is None:
         return
     use_template = config.data.use_chat_template
-    schedule = config.control.length_schedule if length_schedule is None else length_schedule
-    budget = max([config.rollout.max_new_tokens, *(int(s.partition(":")[2]) for s in schedule)])
+    budget = max([config.rollout.max_new_tokens, *_schedule_budgets(config, length_schedule)])
     checks = [("train", train_set, rendered, budget, "the response budget")]
     if config.eval.enabled:
         checks.append(("held-out", heldout_set[: config.eval.n], None, config.eval.max_new_tokens,
@@ -250,3 +247,11 @@ def check_prompts_fit_model(
                 f"({config.model.path}) has {positions} (max_position_embeddings): shorten the "
                 "prompt or the budget"
             )
+
+
+def _schedule_budgets(config: Config, length_schedule: Sequence[str] | None) -> list[int]:
+    """The response budgets of a length schedule (``step:tokens`` items; default
+    ``config.control``'s)."""
+    if length_schedule is None:
+        length_schedule = config.control.length_schedule
+    return [int(item.partition(":")[2]) for item in length_schedule]

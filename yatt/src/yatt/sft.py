@@ -24,7 +24,6 @@ curves. Accuracy is `yatt eval`'s job.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -39,11 +38,11 @@ from yatt.checkpoint import (
     checkpoint_due,
     checkpoint_run_dir,
     drop_later_checkpoints,
-    install_folder,
     load_trainer_state,
     resolve_resume,
     save_training_checkpoint,
     truncate_metrics,
+    write_folder,
 )
 from yatt.common import JsonlSink, MetricsLogger
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
@@ -241,11 +240,12 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     finally:
         metrics_logger.close()
     model.eval()
-    folder, staging = run_dir / "model", run_dir / ".model.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    save_checkpoint(model, tokenizer, staging)
-    save_config(config, staging / "config.yaml")  # `yatt eval <folder>` evaluates on this data
-    install_folder(staging, folder)  # a crash mid-write leaves no model/ that looks whole
+
+    def write(staging: Path) -> None:
+        save_checkpoint(model, tokenizer, staging)
+        save_config(config, staging / "config.yaml")  # `yatt eval` evaluates on this data
+
+    folder = write_folder(run_dir / "model", write)
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest
+from dgcc.api import Outcome, ProcedureRegistry, Status, TxnRequest, result_raised
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.storage import Database
 
@@ -161,7 +161,7 @@ def _check_complete(history: Sequence[CommittedTxn], outcomes: Sequence[Sequence
             else:
                 expected = None  # undone (a give-up) or an error: nothing to replay
             found = recorded.pop((batch_no, index), None)
-            if found is False and _result_raised(outcome):
+            if found is False and result_raised(outcome):
                 continue  # committed, then its result builder raised: replayed as committed
             if found is not expected:
                 raise NotSerializable(
@@ -172,9 +172,3 @@ def _check_complete(history: Sequence[CommittedTxn], outcomes: Sequence[Sequence
         raise NotSerializable(
             f"the history holds transactions never answered: {sorted(recorded)[:10]}"
         )
-
-
-def _result_raised(outcome: Outcome) -> bool:
-    """An ERROR from the procedure's result builder (``api.committed_outcome``): the call
-    committed, its writes stand, and a serial replay ends it with the same error."""
-    return outcome.status is Status.ERROR and ".result raised " in (outcome.reason or "")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -69,8 +68,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     from yatt.checkpoint import (
         checkpoint_run_dir,
         drop_later_checkpoints,
-        install_folder,
         truncate_metrics,
+        write_folder,
     )
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
@@ -135,11 +134,12 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             stream.close()
         n_devices = len(controller.cluster.devices)
         if config.checkpoint.at_end:
-            saved, staging = run_dir / MODEL_FOLDER, run_dir / f".{MODEL_FOLDER}.tmp"
-            shutil.rmtree(staging, ignore_errors=True)
-            controller.save_policy(staging)
-            save_config(recorded_config(config, control), staging / "config.yaml")
-            install_folder(staging, saved)  # a crash mid-write leaves no model/ that looks whole
+
+            def write(staging: Path) -> None:
+                controller.save_policy(staging)
+                save_config(recorded_config(config, control), staging / "config.yaml")
+
+            saved = write_folder(run_dir / MODEL_FOLDER, write)
             logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
     finally:
         controller.close()
