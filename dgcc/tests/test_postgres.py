@@ -159,3 +159,15 @@ def test_a_server_that_fails_to_start_is_removed() -> None:
         server.start()
     assert server.process is None
     assert server.directory is None
+
+
+def test_newest_major_version_is_found_first() -> None:
+    from dgcc.pg.server import _major_version
+
+    found = [
+        "/usr/lib/postgresql/9.6/bin",
+        "/usr/lib/postgresql/16/bin",
+        "/usr/lib/postgresql/15/bin",
+    ]
+    newest = sorted(found, key=_major_version, reverse=True)
+    assert newest[0] == "/usr/lib/postgresql/16/bin" and newest[-1].endswith("9.6/bin")

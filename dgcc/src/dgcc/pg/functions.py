@@ -5,10 +5,12 @@ One function call is one transaction (the client runs in autocommit mode). They 
 the same total-amount rounding, the same C_DATA prefix for bad credit, the by-last-name
 customer as the middle one (rounded up) in (C_FIRST, C_ID) order, and NewOrder's item check
 *before* any write, raising SQLSTATE ``DG001`` (the spec's 1% rollback). PostgreSQL runs at its
-default READ COMMITTED isolation; each counter is read and bumped in one ``UPDATE ... RETURNING``
-and NewOrder locks its stock rows in key order (no deadlocks between NewOrders), so the TPC-C
-consistency conditions hold under it. Delivery takes each district's oldest new order with
-``FOR UPDATE``, which waits for and skips one that a concurrent Delivery took first.
+default READ COMMITTED isolation, the read-only functions STABLE (one snapshot per call, as
+dgcc gives each transaction one point in the serial order); each counter is read and bumped
+in one ``UPDATE ... RETURNING`` and NewOrder locks its stock rows in key order (no deadlocks
+between NewOrders), so the TPC-C consistency conditions hold under it. Delivery takes each
+district's oldest new order with ``FOR UPDATE``, which waits for and skips one that a
+concurrent Delivery took first.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ _DIST_CASE = " ".join(f"WHEN {d} THEN s_dist_{d:02d}" for d in range(1, 11))
 
 FUNCTIONS_SQL = f"""
 CREATE OR REPLACE FUNCTION dgcc_customer_id(p_w int, p_d int, p_c_id int, p_c_last text)
-RETURNS int LANGUAGE plpgsql AS $$
+RETURNS int LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_count int;
     v_id int;
@@ -51,15 +53,18 @@ DECLARE
     v_d_tax int;
     v_discount int;
     v_sum bigint := 0;
+    v_prices int[];
     v_price int;
     v_dist char(24);
     v_line record;
     v_bad int;
 BEGIN
-    SELECT u.id INTO v_bad FROM unnest(p_items) WITH ORDINALITY AS u(id, n)
-        WHERE NOT EXISTS (SELECT 1 FROM item WHERE i_id = u.id) ORDER BY u.n LIMIT 1;
+    -- every line's price in one probe of ITEM; a missing item (NULL) rolls back before writes
+    v_prices := ARRAY(SELECT i.i_price FROM unnest(p_items) WITH ORDINALITY AS u(id, n)
+        LEFT JOIN item AS i ON i.i_id = u.id ORDER BY u.n);
+    v_bad := array_position(v_prices, NULL);
     IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid item id %', v_bad USING ERRCODE = '{ROLLBACK_SQLSTATE}';
+        RAISE EXCEPTION 'invalid item id %', p_items[v_bad] USING ERRCODE = '{ROLLBACK_SQLSTATE}';
     END IF;
     SELECT w_tax INTO v_w_tax FROM warehouse WHERE w_id = p_w;
     UPDATE district SET d_next_o_id = d_next_o_id + 1 WHERE d_w_id = p_w AND d_id = p_d
@@ -82,7 +87,7 @@ BEGIN
             s_remote_cnt = s_remote_cnt + (v_line.w <> p_w)::int
         WHERE s_w_id = v_line.w AND s_i_id = v_line.i
         RETURNING CASE p_d {_DIST_CASE} END INTO v_dist;
-        SELECT i_price INTO v_price FROM item WHERE i_id = v_line.i;
+        v_price := v_prices[v_line.n];
         INSERT INTO order_line VALUES (r_o_id, p_d, p_w, v_line.n, v_line.i, v_line.w, NULL,
             v_line.q, v_line.q * v_price, v_dist);
         v_sum := v_sum + v_line.q * v_price;
@@ -118,7 +123,7 @@ END $$;
 CREATE OR REPLACE FUNCTION order_status(
     p_w int, p_d int, p_c_id int, p_c_last text,
     OUT r_c_id int, OUT r_balance bigint, OUT r_o_id int, OUT r_lines int, OUT r_amount bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     r_c_id := dgcc_customer_id(p_w, p_d, p_c_id, p_c_last);
     SELECT c_balance INTO r_balance FROM customer
@@ -159,7 +164,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION stock_level(p_w int, p_d int, p_threshold int, OUT r_low int)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_next int;
 BEGIN

@@ -48,11 +48,18 @@ def find_binaries() -> Path | None:
     if on_path:
         candidates.append(Path(os.path.realpath(on_path)).parent)
     # Debian keeps the server binaries off PATH, one directory per major version.
-    candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
+    versions = glob.glob("/usr/lib/postgresql/*/bin")
+    candidates += [Path(p) for p in sorted(versions, key=_major_version, reverse=True)]
     for directory in candidates:
         if (directory / "postgres").is_file() and (directory / "initdb").is_file():
             return directory
     return None
+
+
+def _major_version(binaries: str) -> tuple[int, ...]:
+    """``/usr/lib/postgresql/16/bin`` -> (16,): newest first is a numeric order (16 > 9.6)."""
+    name = Path(binaries).parent.name
+    return tuple(int(part) for part in name.split(".") if part.isdigit())
 
 
 def install_binaries() -> Path:
