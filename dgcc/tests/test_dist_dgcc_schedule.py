@@ -219,16 +219,26 @@ def test_once_values_come_pending_senders_and_their_ancestors_run_first() -> Non
     assert dbs[0]["kv"].rows[3]["v"] == 3 * 2 + (12 * 2 + 2)
 
 
-def test_values_applied_before_a_bad_entry_still_free_their_pieces() -> None:
-    # A message whose second entry names no waiting piece raises; the first entry was applied,
-    # and the piece it freed must still run (not wait for a next message that may never come).
+@pytest.mark.parametrize(
+    ("spoil", "problem"),
+    [
+        (lambda good: [*good, (99, 0, None, None, None)], "unexpected value for txn 99 piece 0"),
+        (lambda good: [*good, good[0][:4]], "a value entry of 4 fields"),
+        (lambda good: [*good, good[0]], "unexpected value"),  # the same entry twice
+        (lambda good: [(*good[0][:3], 7, None)], "reason/error not text"),
+    ],
+)
+def test_a_message_with_a_bad_entry_applies_none_of_them(spoil: Any, problem: str) -> None:
+    # A message with an entry that breaks the protocol is refused whole (the sender's link
+    # ends): none of its entries is applied, so the same values sent again still apply.
     (node0, node1), _ = _runs(_KeyValue(), [[_move(15, 1)], []])
     assert node0.step(100) == 0 and not node0.has_ready
     assert node1.step(100) == 1
     entries = list(_wire(node1.take_outbox()[0]))
-    with pytest.raises(ProcedureError, match="unexpected value"):
-        node0.deliver([*entries, (99, 0, None, None, None)])
-    assert node0.has_ready
+    with pytest.raises(ProcedureError, match=problem):
+        node0.deliver(spoil(entries))
+    assert not node0.has_ready
+    node0.deliver(entries)
     assert node0.step(100) == 1 and node0.finished
 
 

@@ -272,6 +272,38 @@ def test_a_well_framed_but_wrong_peer_message_is_that_peers_fault(kind, body, pr
     asyncio.run(go())
 
 
+@pytest.mark.parametrize(
+    "body",
+    [((7, 0, None, None, None),), 5, ((7,),)],
+    ids=["unexpected", "not-entries", "short-entry"],
+)
+def test_a_bad_values_body_kept_for_a_later_epoch_ends_the_link_not_the_node(body, caplog):
+    # Values that arrive before their epoch runs are kept with their sender; when the epoch
+    # runs and one breaks the protocol, that peer's link ends (as had it been checked on
+    # arrival) and the node goes on with the epoch.
+    config = local_config(2, **YCSB)
+
+    async def go() -> _Losing:
+        node = _Losing(config, 0)
+        node._inputs[0] = {0: [], 1: (0, [], None)}  # epoch 0: no calls from either node
+        node._values[0] = [(1, body)]
+        executor = asyncio.create_task(node._executor())
+        await asyncio.wait_for(node.lost.wait(), WAIT_S)
+        for _ in range(1000):  # the executor goes on past the bad body (yields, no sleep)
+            if node._executed_epochs:
+                break
+            await asyncio.sleep(0)
+        assert not executor.done(), executor
+        executor.cancel()
+        return node
+
+    with caplog.at_level(logging.WARNING, logger="dgcc.net.node"):
+        node = asyncio.run(go())
+    assert node._executed_epochs == 1 and node.failure is None
+    assert 1 in node._down
+    assert "peer 1 sent a bad frame: bad 'values' message from peer 1" in caplog.text
+
+
 def test_a_dump_larger_than_any_frame_is_refused_with_a_reason(monkeypatch):
     # A frame header announces at most 4 GiB: a node whose rows encode to more answers the
     # dump request with an error naming why, and the connection stays usable (shown here with

@@ -58,7 +58,7 @@ def test_plan_reruns_from_the_oldest_epoch_a_peer_has_not_finished() -> None:
     assert (plan.restart, plan.closed) == (3, 5)
     assert [batch[0].params for batch in plan.own.values()] == [{"epoch": 3}, {"epoch": 4}]
     assert plan.inputs[4] == {1: ("to", 4), 2: ("to", 4)}
-    assert plan.values == {3: ["v3"]}  # epoch 2 is in its log already
+    assert plan.values == {3: [(1, "v3")]}  # epoch 2 is in its log already
     assert plan.resend_inputs == {1: frozenset(), 2: frozenset({4})}
     assert plan.reports_to == {1: frozenset(), 2: frozenset({4})}
     assert plan.durable == {1: 3, 2: 4}

@@ -126,8 +126,7 @@ class EpochPipeline:
             try:
                 self._on_report(epoch, peer, report)
             except FrameError as error:  # the peer's fault: its link ends, as on arrival
-                logger.warning("node %d: peer %d sent a bad frame: %s", self.id, peer, error)
-                self._peer_lost(peer)  # type: ignore[attr-defined]
+                self._bad_peer(peer, error)  # type: ignore[attr-defined]
         self._wake.set()
 
     def _peer_inputs(self, batch: list[TxnRequest]) -> dict[int, tuple]:
@@ -192,8 +191,11 @@ class EpochPipeline:
             self.stats["txn/multi_node"] += run.multi_node_by_origin[self.id]
             self.stats["txn/executed"] += len(batches[self.id])
             self._run, self._running_epoch = run, epoch
-            for body in self._values.pop(epoch, ()):
-                run.deliver(body)
+            for peer, body in self._values.pop(epoch, ()):
+                try:
+                    peer_body(peer, "values", run.deliver, body)
+                except FrameError as error:  # the peer's fault: its link ends, as on arrival
+                    self._bad_peer(peer, error)  # type: ignore[attr-defined]
             await self._execute(run, epoch)
             if self.durability is not None:
                 self.durability.executed(run)  # group commit of the epoch, in the background

@@ -106,13 +106,14 @@ class Node(EpochPipeline):
         self._out: dict[int, asyncio.StreamWriter] = {}
         self._in: set[int] = set()
         self._peer_readers: dict[int, asyncio.StreamReader] = {}  # the current connection
+        self._peer_inbound: dict[int, asyncio.StreamWriter] = {}  # its writer (to close it)
         self._down: set[int] = set()  # peers whose connection ended (until they rejoin)
         self._reports_to: dict[int, frozenset[int]] = {}  # re-run epochs: who wants a report
         self._catch_up_until = 0  # epochs below this were re-run after a rejoin
         self._collect: list[TxnRequest] = []
         self._callers: list[tuple[ClientLink, int]] = []
         self._inputs: dict[int, dict[int, tuple]] = {}
-        self._values: dict[int, list] = {}
+        self._values: dict[int, list[tuple[int, Any]]] = {}  # epoch -> (peer, body) not run yet
         self._assemblers: dict[int, tuple[ResultAssembler, list]] = {}
         self._early_reports: dict[int, list[tuple[int, Any]]] = {}
         self._closed_epochs = 0
@@ -274,6 +275,7 @@ class Node(EpochPipeline):
             if role == "node":
                 self._in.add(peer)
                 self._peer_readers[peer] = reader
+                self._peer_inbound[peer] = writer
                 self._check_ready()
                 await self._serve_peer(reader, peer)
             else:
@@ -304,6 +306,7 @@ class Node(EpochPipeline):
         finally:
             if role == "node" and self._peer_readers.get(peer) is reader:
                 del self._peer_readers[peer]  # ended: the peer may connect again
+                del self._peer_inbound[peer]
             self._client_writers.discard(writer)
             writer.close()
 
@@ -360,7 +363,7 @@ class Node(EpochPipeline):
                 elif epoch == self._running_epoch and self._run is not None:
                     peer_body(peer, kind, self._run.deliver, body)
                 else:
-                    self._values.setdefault(epoch, []).append(body)
+                    self._values.setdefault(epoch, []).append((peer, body))
             elif kind == "report":
                 self._on_report(epoch, peer, body)
             elif kind == "durable" and self.durability is not None:
@@ -527,6 +530,15 @@ class Node(EpochPipeline):
                 await writer.drain()
             except OSError:  # reset, refused; on a real network also timed out, unreachable
                 self._peer_lost(peer)
+
+    def _bad_peer(self, peer: int, error: FrameError) -> None:
+        """A message of ``peer``'s that was kept for later broke the protocol: both of its
+        links end (as when a bad frame arrives), and its epochs wait until it rejoins."""
+        logger.warning("node %d: peer %d sent a bad frame: %s", self.id, peer, error)
+        inbound = self._peer_inbound.get(peer)
+        if inbound is not None:
+            inbound.close()  # its reader sees the end; _accept forgets the link
+        self._peer_lost(peer)
 
     def _peer_lost(self, peer: int) -> None:
         """Stop writing to ``peer``: the epochs that need it wait until it rejoins."""

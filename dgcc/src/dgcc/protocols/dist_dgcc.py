@@ -629,16 +629,20 @@ class EpochRun:
         return outbox
 
     def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
-        """Apply value entries from another node: outputs, abort decisions, errors."""
-        self._dirty = _SENDERS_FIRST  # (first: an entry that raises leaves the earlier applied)
+        """Apply value entries from another node: outputs, abort decisions, errors.
+
+        Raises:
+            ProcedureError: an entry of the wrong shape, or one no piece here waits for (or
+                twice in ``entries``); then none of them is applied.
+        """
+        self._check_entries(entries)
+        self._dirty = _SENDERS_FIRST
         graph = self._graph
         cross_in = self._cross_in if graph is None else graph.in_degrees
+        sub_of_index = self._sub_of_index
         for index, piece_index, output, reason, error in entries:
-            sub = self._sub_of_index.get(index)
-            waiters = self._waiters.pop((index, piece_index), None)
-            if sub is None or waiters is None:
-                raise ProcedureError(f"unexpected value for txn {index} piece {piece_index}")
-            txn = sub.txn
+            waiters = self._waiters.pop((index, piece_index))
+            txn = sub_of_index[index].txn
             if error is not None:
                 # The pieces waiting on this value fail the call when they come to run, not at
                 # once: the call's pieces that do not wait on it run as they would had it come
@@ -656,6 +660,18 @@ class EpochRun:
                         heapq.heappush(self._urgent, pid)
                     else:
                         self._ready.append(pid)
+
+    def _check_entries(self, entries: Sequence[Sequence[Any]]) -> None:
+        waiting, seen = self._waiters, set()
+        for entry in entries:
+            if len(entry) != 5:
+                raise ProcedureError(f"a value entry of {len(entry)} fields, expected 5")
+            key = (entry[0], entry[1])
+            if key not in waiting or key in seen:
+                raise ProcedureError(f"unexpected value for txn {key[0]} piece {key[1]}")
+            if not all(text is None or type(text) is str for text in entry[3:]):
+                raise ProcedureError(f"txn {key[0]} piece {key[1]}: reason/error not text")
+            seen.add(key)
 
     def reports(self) -> dict[int, list[ReportEntry]]:
         """Per origin node: this node's outputs, abort decisions and errors of its txns."""

@@ -89,10 +89,10 @@ class LoggedEpochRun(EpochRun):
     def deliver(self, entries: Sequence[Sequence[Any]]) -> None:
         delivered = self._delivered
         fresh = [entry for entry in entries if (entry[0], entry[1]) not in delivered]
-        delivered.update((entry[0], entry[1]) for entry in fresh)
         if fresh:
+            super().deliver(fresh)  # all or nothing: only applied entries are marked and logged
+            delivered.update((entry[0], entry[1]) for entry in fresh)
             self.received.append(fresh)
-            super().deliver(fresh)
 
 
 def record_node_epoch(run: LoggedEpochRun, acked: int = 0) -> dict[str, Any]:

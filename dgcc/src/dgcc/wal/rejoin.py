@@ -137,7 +137,7 @@ class RejoinPlan:
     closed: int
     own: dict[int, list[TxnRequest]]
     inputs: dict[int, dict[int, Any]]
-    values: dict[int, list]
+    values: dict[int, list[tuple[int, Any]]]  # epoch -> (sending peer, value body)
     resend_inputs: dict[int, frozenset[int]]
     reports_to: dict[int, frozenset[int]]
     durable: dict[int, int]
@@ -184,7 +184,7 @@ def plan_rejoin(node: int, log_end: int, states: Mapping[int, Mapping[str, Any]]
             f"up to epoch {closed}"
         )
     inputs: dict[int, dict[int, Any]] = {}
-    values: dict[int, list] = {}
+    values: dict[int, list[tuple[int, Any]]] = {}
     for peer, state in states.items():
         sent = [e for e, _ in state["inputs_to"] if e >= restart]
         if sent != list(range(restart, max(restart, state["closed"]))):
@@ -196,7 +196,7 @@ def plan_rejoin(node: int, log_end: int, states: Mapping[int, Mapping[str, Any]]
                 inputs.setdefault(epoch, {})[peer] = body
         for epoch, bodies in state["values_to"]:
             if epoch >= restart:
-                values.setdefault(epoch, []).extend(bodies)
+                values.setdefault(epoch, []).extend((peer, body) for body in bodies)
     resend = {
         peer: frozenset(range(restart, closed)) - {e for e, _ in state["inputs_from"]}
         for peer, state in states.items()
