@@ -132,7 +132,7 @@ def test_checksum_failure_mid_log_is_one_line_error(tmp_path: Path) -> None:
     data[30] ^= 0xFF  # inside the first (start) block's payload; blocks follow it
     segment.write_bytes(bytes(data))
     with pytest.raises(
-        WalCorrupt, match=r"block at offset 0 \(checksum .*, and an intact block follows"
+        WalCorrupt, match=r"block at offset 0 \(checksum .*no crash leaves"
     ) as error:
         read_records(tmp_path)
     assert "\n" not in str(error.value)
@@ -177,7 +177,7 @@ def test_any_cut_keeps_the_whole_flushes_and_any_flip_before_the_last_is_refused
         directory = Path(name)
         (directory / segment_name(1)).write_bytes(bytes(damaged))
         if flip and hit < len(FLUSHES) - 1:
-            with pytest.raises(WalCorrupt, match="an intact block follows"):
+            with pytest.raises(WalCorrupt, match="no crash leaves"):
                 read_records(directory)
             return
         records, last_epoch, dropped = read_records(directory)

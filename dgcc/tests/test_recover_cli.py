@@ -132,7 +132,7 @@ def test_damage_followed_by_intact_epochs_exits_2_and_changes_nothing(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert f"intact block follows at offset {scan.blocks[2].offset}" in err
+    assert f"(offset {scan.blocks[2].offset})" in err and "no crash leaves" in err
     assert segment.read_bytes() == bytes(data), "recovery changed the damaged log"
 
 

@@ -247,6 +247,25 @@ def test_partitioned_replay_detects_a_missing_value(tmp_path: Path) -> None:
         parallel.replay_partitioned(initial, registry, payloads, workers=2, partitions=2)
 
 
+def test_a_failed_replay_worker_is_named_with_its_reason(tmp_path: Path) -> None:
+    import os
+
+    _run(tmp_path, "dependency", partitions=2)
+    payloads = [decode_payload(block) for block in read_log(tmp_path, 0, repair=False)[0]]
+    parent = os.getpid()
+
+    def load():  # the forked worker cannot load its checkpoint
+        if os.getpid() != parent:
+            raise RuntimeError("no room for the checkpoint")
+        return TpccWorkload(**DRILL_TPCC).build(SEED)
+
+    registry = TpccWorkload(**DRILL_TPCC).registry()
+    with pytest.raises(DgccError) as failed:
+        parallel.replay_partitioned(load, registry, payloads, workers=2, partitions=2)
+    assert "replay worker 1 (pid " in str(failed.value)
+    assert "exit 1): RuntimeError: no room for the checkpoint" in str(failed.value)
+
+
 @pytest.mark.parametrize("mode", ["command", "dependency"])
 def test_a_malformed_request_replays_as_the_error_it_was(tmp_path: Path, mode: str) -> None:
     """A call that is no ``TxnRequest`` (here a look-alike tuple) is logged as None: it never
@@ -352,3 +371,22 @@ def test_an_epoch_that_fails_after_changing_the_tables_stops_the_engine(
     again = open_engine(tmp_path, "command", SEED)
     assert again.epoch == 1
     again.close()
+
+
+def test_a_recovery_that_fails_leaves_the_torn_tail_on_disk(tmp_path: Path) -> None:
+    # The torn tail is cut only once recovery succeeded: recovering with another workload's
+    # schema is refused (one line naming the table) and the log stays byte for byte.
+    from dgcc.wal.writer import list_segments
+    from dgcc.workloads.ycsb import YcsbWorkload
+
+    _run(tmp_path, "dependency", epochs=3)
+    last = list_segments(tmp_path)[-1][1]
+    torn = last.read_bytes() + encode_block(BlockKind.DEPENDENCY, 4, {"x": 1})[:30]
+    last.write_bytes(torn)
+    ycsb = YcsbWorkload(records=10)
+    with pytest.raises(ConfigError, match=r"holds table '.*' unknown to the workload"):
+        recover(tmp_path, ycsb.schema, ycsb.registry())
+    assert last.read_bytes() == torn
+    recovered = recover(tmp_path, create_tables, TpccWorkload(**DRILL_TPCC).registry())
+    assert recovered.epoch == 3 and len(recovered.dropped) == 1
+    assert last.read_bytes() == torn[: len(torn) - 30]  # now it goes

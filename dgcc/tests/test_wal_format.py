@@ -7,6 +7,8 @@ over payloads, cut points and flipped bits; a real directory for the writer.
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -95,14 +97,51 @@ def test_bit_flip_is_detected(items: list[object], data_strategy: st.DataObject)
         scan.refuse_damage()
     else:
         assert scan.intact_after == starts[hit + 1]
-        with pytest.raises(WalCorrupt, match=f"intact block follows at offset {starts[hit + 1]}"):
+        with pytest.raises(WalCorrupt, match=f"offset {starts[hit + 1]}.*no crash leaves"):
             scan.refuse_damage()
 
 
+def _checksummed(block: bytearray) -> bytes:
+    """``block`` with its CRC made right again (a whole block another writer could make)."""
+    crc = zlib.crc32(block[HEADER_BYTES:], zlib.crc32(block[: HEADER_BYTES - 4]))
+    return bytes(block[: HEADER_BYTES - 4]) + struct.pack("<I", crc) + bytes(block[HEADER_BYTES:])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"), [(4, 9, "unknown version 9"), (5, 99, "unknown block kind 99")]
+)
+def test_a_whole_block_of_another_version_or_kind_is_damage_not_a_tail(field, value, reason):
+    # A torn write leaves a prefix of one of our own blocks, never a whole checksummed block
+    # of a version or kind this dgcc does not know: dropping it (and the rest) would lose
+    # acknowledged epochs that a newer dgcc wrote.
+    first = encode_block(BlockKind.VALUE, 1, {"images": []})
+    foreign = bytearray(encode_block(BlockKind.VALUE, 2, {"images": []}))
+    foreign[field] = value
+    scan = scan_bytes(first + _checksummed(foreign), "x")
+    assert [block.epoch for block in scan.blocks] == [1]
+    assert reason in (scan.problem or "")
+    with pytest.raises(WalCorrupt, match="written by another dgcc version"):
+        scan.refuse_damage()
+
+
+def test_a_damaged_block_with_the_next_one_begun_after_it_is_damage_not_a_tail() -> None:
+    # Block e + 1 is written only once block e is synced: a whole block e whose checksum fails
+    # with e + 1 begun after it (even torn) was acknowledged, then damaged.
+    blocks = [encode_block(BlockKind.COMMAND, epoch, "x" * 40) for epoch in (1, 2, 3)]
+    damaged = bytearray(blocks[1])
+    damaged[-1] ^= 1
+    data = blocks[0] + bytes(damaged) + blocks[2][:10]
+    scan = scan_bytes(data, "x")
+    assert [block.epoch for block in scan.blocks] == [1]
+    assert scan.intact_after == len(blocks[0]) + len(blocks[1])
+    with pytest.raises(WalCorrupt, match="next block was begun after it"):
+        scan.refuse_damage()
+    alone = scan_bytes(blocks[0] + bytes(damaged), "x")  # nothing after it: may be torn
+    assert alone.intact_after is None
+    alone.refuse_damage()
+
+
 def test_unknown_kind_and_version_are_reported() -> None:
-    block = bytearray(encode_block(BlockKind.VALUE, 7, {"images": []}))
-    block[4] = 9  # version
-    assert "unknown version 9" in (scan_bytes(bytes(block), "x").problem or "")
     short = encode_block(BlockKind.VALUE, 7, None)[: HEADER_BYTES - 1]
     torn = f"torn header ({HEADER_BYTES - 1} of {HEADER_BYTES} bytes)"
     expected = f"x: dropping {HEADER_BYTES - 1} bytes from offset 0: {torn}"

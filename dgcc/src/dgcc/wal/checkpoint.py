@@ -270,6 +270,7 @@ def load_snapshot(path: Path, epoch: int, schema: Callable[[], Database]) -> Dat
 
     Raises:
         WalCorrupt: the snapshot is missing, damaged, or of another epoch.
+        ConfigError: it holds a table ``schema`` lacks (another workload's directory).
     """
     if not path.exists():
         raise WalCorrupt(f"checkpoint snapshot {path} named by the manifest is missing")
@@ -284,6 +285,12 @@ def load_snapshot(path: Path, epoch: int, schema: Callable[[], Database]) -> Dat
         )
     tables = decode_payload(scan.blocks[0])
     db = schema()
+    unknown = sorted(set(tables) - set(db.tables))
+    if unknown:
+        raise ConfigError(
+            f"{path.parent} holds table {unknown[0]!r} unknown to the workload recovering it "
+            "(another workload's directory?)"
+        )
     for table_name, rows in tables.items():
         db.tables[table_name].load(rows)
     return db

@@ -25,7 +25,7 @@ Packed = tuple[str, Any] | None
 def pack_requests(requests: Sequence[TxnRequest]) -> list[Packed]:
     """The requests as ``(procedure, params)`` pairs (``None`` for a malformed one)."""
     return [
-        (request.procedure, request.params) if type(request) is TxnRequest else None
+        (request.procedure, request.params) if isinstance(request, TxnRequest) else None
         for request in requests
     ]
 

@@ -301,12 +301,12 @@ def replay_epoch(
     else:
         ran = _run_by_in_degree(jobs, successor_lists(payload), workers)
     diverged = [
-        slot
+        f"{slot} ({txn.outcome()}; the log has it {'fail' if slot in errors else 'commit'})"
         for slot, txn in zip(chosen, txns, strict=True)
-        if txn.abort_reason and slot not in errors
+        if (txn.abort_reason and slot not in errors) or (txn.error is not None) != (slot in errors)
     ]
     if diverged:
-        raise DgccError(f"replayed transactions {diverged[:5]} aborted; the log has them commit")
+        raise DgccError(f"replayed transactions diverged from the log: {', '.join(diverged[:3])}")
     return ran
 
 

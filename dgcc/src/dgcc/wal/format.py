@@ -4,11 +4,13 @@ Layout, little-endian: magic ``DGWL`` (4 bytes), version (u8), kind (u8), epoch 
 length (u32), CRC-32 (u32) over the header's first 18 bytes and the payload; then the payload
 (a pickle of plain data that we wrote ourselves). ``scan_bytes`` reads blocks until the first
 one that is torn or corrupt and reports the file, the offset and the reason. Segments are only
-ever appended to (``O_APPEND``, created fresh), so a crash can tear only the last write: a
-damaged block with no intact block after it is an unacknowledged tail (an epoch is
-acknowledged only after its fsync) that recovery may drop; one with an intact block after it
-(``ScanResult.intact_after``) is damage no crash leaves, and dropping from there would lose
-acknowledged epochs.
+ever appended to (``O_APPEND``, created fresh), and a block is written only once the one
+before it is synced, so a crash can tear only the last write: a damaged block with nothing
+after it is an unacknowledged tail (an epoch is acknowledged only after its fsync) that
+recovery may drop. Damage no crash leaves (``ScanResult.intact_after``), where dropping would
+lose acknowledged epochs: an intact block after the damaged one; a whole block whose checksum
+fails with the next block begun after it (so it was synced); a whole, checksummed block of an
+unknown version or kind (a newer dgcc's, not a torn write); a block out of epoch order.
 """
 
 from __future__ import annotations
@@ -69,11 +71,12 @@ class ScanResult:
     blocks: list[Block]
     valid_bytes: int
     problem: str | None  # None: the file ends exactly after its last block
-    # With a problem: where an intact block lies past it (or the out-of-order block itself),
-    # so the damage is not a torn tail (``damage`` says what and where); None: nothing intact
-    # follows.
+    # With a problem that is not a torn tail: the offset that shows it (an intact block past
+    # it, or the damaged block itself; ``damage`` says what, ``proof`` why it is not torn).
+    # None: a torn tail.
     intact_after: int | None = None
     damage: str = ""
+    proof: str = ""
 
     def refuse_damage(self) -> None:
         """Raise ``WalCorrupt`` when the problem is not a torn tail (an intact block follows).
@@ -83,8 +86,8 @@ class ScanResult:
         """
         if self.problem is not None and self.intact_after is not None:
             raise WalCorrupt(
-                f"{self.damage}, and an intact block follows at offset {self.intact_after}: "
-                "damage no crash leaves, not a torn tail (nothing was changed on disk)"
+                f"{self.damage}, and {self.proof}: damage no crash leaves, not a torn tail "
+                "(nothing was changed on disk)"
             )
 
 
@@ -103,7 +106,19 @@ def encode_block(kind: BlockKind, epoch: int, payload_obj: Any) -> bytes:
 
 
 def decode_payload(block: Block) -> Any:
-    return pickle.loads(block.payload)
+    """The block's payload object.
+
+    Raises:
+        WalCorrupt: it does not unpickle (a class it names is gone, say): one line naming the
+            block, not the unpickler's traceback.
+    """
+    try:
+        return pickle.loads(block.payload)
+    except Exception as error:
+        raise WalCorrupt(
+            f"the epoch {block.epoch} block at offset {block.offset} does not decode: "
+            f"{type(error).__name__}: {error}"
+        ) from None
 
 
 def _check_crc(data: bytes | memoryview, offset: int, length: int) -> bool:
@@ -125,19 +140,34 @@ def scan_bytes(data: bytes, name: str = "<bytes>") -> ScanResult:
     offset = 0
     while offset < len(data):
         reason, length, kind, epoch = _check_block(view, offset)
-        intact_after = None
+        intact_after, proof = None, ""
         if reason is not None:
-            intact_after = _intact_after(data, view, offset)
+            intact_after, proof = _not_torn(data, view, offset, reason)
         elif blocks and epoch <= blocks[-1].epoch:
-            reason, intact_after = f"epoch {epoch} after epoch {blocks[-1].epoch}", offset
+            reason = f"epoch {epoch} after epoch {blocks[-1].epoch}"
+            intact_after, proof = offset, "the block itself is intact"
         if reason is not None:
             problem = f"{name}: dropping {len(data) - offset} bytes from offset {offset}: {reason}"
             damage = f"{name}: damaged block at offset {offset} ({reason})"
-            return ScanResult(blocks, offset, problem, intact_after, damage)
+            return ScanResult(blocks, offset, problem, intact_after, damage, proof)
         start = offset + HEADER_BYTES
         blocks.append(Block(BlockKind(kind), epoch, bytes(view[start : start + length]), offset))
         offset = start + length
     return ScanResult(blocks, offset, None)
+
+
+def _not_torn(data: bytes, view: memoryview, offset: int, reason: str) -> tuple[int | None, str]:
+    """(the offset that shows the unusable block at ``offset`` is no torn tail, and why), or
+    (None, "") when it may be one."""
+    if reason.startswith((_FOREIGN_VERSION, _FOREIGN_KIND)):
+        return offset, "it is whole and checksummed: written by another dgcc version"
+    if reason.startswith(_CHECKSUM):
+        length = _HEADER.unpack_from(view, offset)[4]
+        after = offset + HEADER_BYTES + length
+        if data[after : after + len(MAGIC)] == MAGIC:
+            return after, f"the next block was begun after it (offset {after}), once it was synced"
+    found = _intact_after(data, view, offset)
+    return found, f"an intact block follows at offset {found}"
 
 
 def _intact_after(data: bytes, view: memoryview, offset: int) -> int | None:
@@ -158,12 +188,19 @@ def _check_block(view: memoryview, offset: int) -> tuple[str | None, int, int, i
     magic, version, kind, epoch, length, _ = _HEADER.unpack_from(view, offset)
     if magic != MAGIC:
         return f"bad magic {bytes(magic)!r}", 0, 0, 0
-    if version != VERSION:
-        return f"unknown version {version}", 0, 0, 0
     if left - HEADER_BYTES < length:
         return f"torn payload ({left - HEADER_BYTES} of {length} bytes)", 0, 0, 0
     if not _check_crc(view, offset, length):
-        return f"checksum mismatch in epoch {epoch} block", 0, 0, 0
+        return f"{_CHECKSUM} in epoch {epoch} block", 0, 0, 0
+    if version != VERSION:
+        return f"{_FOREIGN_VERSION} {version}", 0, 0, 0
     if kind not in BlockKind._value2member_map_:
-        return f"unknown block kind {kind}", 0, 0, 0
+        return f"{_FOREIGN_KIND} {kind}", 0, 0, 0
     return None, length, kind, epoch
+
+
+_CHECKSUM, _FOREIGN_VERSION, _FOREIGN_KIND = (
+    "checksum mismatch",
+    "unknown version",
+    "unknown block kind",
+)

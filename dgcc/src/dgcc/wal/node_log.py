@@ -45,7 +45,7 @@ from dgcc.wal.checkpoint import (
 )
 from dgcc.wal.crashpoints import crashpoint
 from dgcc.wal.format import Block, BlockKind, WalCorrupt, decode_payload, encode_block
-from dgcc.wal.recovery import cut_after, no_checkpoint, read_log
+from dgcc.wal.recovery import cut_after, cut_torn_tail, no_checkpoint, read_log
 from dgcc.wal.rejoin import RejoinError, RejoinPlan, Retained, plan_rejoin
 from dgcc.wal.writer import WalWriter, list_segments
 
@@ -180,7 +180,7 @@ def recover_node(
     checkpoint_epoch, snapshot = manifest
     if upto_epoch is not None and checkpoint_epoch > upto_epoch:
         raise WalCorrupt(f"{directory}: checkpoint {checkpoint_epoch} is past epoch {upto_epoch}")
-    blocks, dropped = read_log(directory, checkpoint_epoch, repair=repair)
+    blocks, dropped = read_log(directory, checkpoint_epoch, repair=False)
     read_s = time.perf_counter()
     durable = blocks[-1].epoch if blocks else checkpoint_epoch
     if upto_epoch is not None:
@@ -190,6 +190,8 @@ def recover_node(
         gc.freeze()  # the loaded rows are long-lived: later full collections skip them
         loaded_s, loaded_cpu_s = time.perf_counter(), time.process_time()
         _replay_blocks(node, db, registry, router, blocks, run_class)
+    if repair and dropped:  # recovered: only now the torn tail goes
+        cut_torn_tail(directory)
     done_s = time.perf_counter()
     timing = {
         "timing_s/read_log": read_s - started_s,

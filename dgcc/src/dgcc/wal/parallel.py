@@ -25,6 +25,7 @@ a secondary-index entry holds rows of one partition only (checked at install).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import logging
@@ -356,22 +357,23 @@ def replay_partitioned(
     groups = partition_groups(partition_weights(payloads, partitions), workers)
     scratch = Path(tempfile.mkdtemp(prefix="dgcc_replay_"))
     children: dict[int, int] = {}  # worker -> pid
-    for worker, group in enumerate(groups):
-        if worker == 0 or not group:
-            continue
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                mine = _mine(group, partitions)
-                _replay_child(load, registry, payloads, mine, scratch / f"worker{worker}.pkl")
-                code = 0
-            except Exception:  # the parent reports the failure; the reason goes to the log
-                logger.exception("replay worker %d failed", worker)
-            finally:
-                os._exit(code)
-        children[worker] = pid
-    try:
+    try:  # (from the first fork: a failed fork or a Ctrl-C still kills the children made)
+        for worker, group in enumerate(groups):
+            if worker == 0 or not group:
+                continue
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    mine = _mine(group, partitions)
+                    _replay_child(load, registry, payloads, mine, scratch / f"worker{worker}.pkl")
+                    code = 0
+                except BaseException as error:  # the parent reports it, with this reason
+                    logger.exception("replay worker %d failed", worker)
+                    _write_reason(scratch / f"worker{worker}.err", error)
+                finally:
+                    os._exit(code)
+            children[worker] = pid
         db = load()
         gc.freeze()  # the loaded rows are long-lived: full collections later skip them
         loaded_s, started_cpu_s = time.perf_counter(), time.process_time()
@@ -379,7 +381,7 @@ def replay_partitioned(
         for payload in payloads:
             _replay_mine(db, registry, payload, mine)
         replayed_cpu_s = time.process_time()
-        _reap(list(children.values()))
+        _reap(children, scratch)
         cpu_s = [replayed_cpu_s - started_cpu_s] + [0.0] * (workers - 1)
         for worker in children:
             shipment, cpu_s[worker] = _receive(scratch / f"worker{worker}.pkl")
@@ -387,10 +389,10 @@ def replay_partitioned(
         install_cpu_s = time.process_time() - replayed_cpu_s
         return Split(db, loaded_s, groups, cpu_s, install_cpu_s)
     finally:
-        alive = [pid for pid in children.values() if _alive(pid)]
-        for pid in alive:  # this process failed first: its children's work is moot
+        alive = {worker: pid for worker, pid in children.items() if _alive(pid)}
+        for pid in alive.values():  # this process failed first: its children's work is moot
             os.kill(pid, signal.SIGKILL)
-        _reap(alive, quiet=True)
+        _reap(alive, scratch, quiet=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -608,22 +610,35 @@ def _apply(db: Database, shipment: tuple[dict, dict, dict, dict]) -> None:
             index.install({ik: current for ik, (_, current) in touched.items()})
 
 
-def _reap(children: list[int], *, quiet: bool = False) -> None:
-    """Wait for every child.
+def _write_reason(path: Path, error: BaseException) -> None:
+    with contextlib.suppress(OSError):
+        path.write_text(f"{type(error).__name__}: {error}"[:500])
+
+
+def _reap(children: dict[int, int], scratch: Path, *, quiet: bool = False) -> None:
+    """Wait for every child (worker -> pid).
 
     Raises:
-        DgccError: a child failed (unless ``quiet``).
+        DgccError: a child failed (unless ``quiet``): which worker, how it ended, and the
+            reason it wrote, if it could.
     """
     failed = []
-    for pid in children:
+    for worker, pid in children.items():
         try:
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:  # reaped already
             continue
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed.append(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            continue
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        try:
+            reason = (scratch / f"worker{worker}.err").read_text()
+        except OSError:
+            reason = "no reason written (out of memory?)" if code < 0 else "no reason written"
+        failed.append(f"worker {worker} (pid {pid}, {how}): {reason}")
     if failed and not quiet:
-        raise DgccError(f"replay workers {failed} failed")
+        raise DgccError(f"replay {'; '.join(failed[:3])}")
 
 
 def _alive(pid: int) -> bool:

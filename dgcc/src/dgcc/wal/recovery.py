@@ -47,7 +47,9 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
     """The intact blocks with epochs above ``after_epoch``, in order, and the drop messages.
 
     Args:
-        repair: cut a torn tail off the last segment so new blocks follow intact ones.
+        repair: cut a torn tail off the last segment so new blocks follow intact ones, once
+            the whole log has been read without error. (Callers that go on to check more,
+            as recovery does, read with False and ``cut_torn_tail`` once all of it passed.)
 
     Raises:
         WalCorrupt: damage that is not a torn tail (in an earlier segment, or with an intact
@@ -57,6 +59,7 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
     segments = list_segments(directory)
     blocks: list[Block] = []
     dropped: list[str] = []
+    cut: tuple[Path, int] | None = None
     for position, (_, path) in enumerate(segments):
         if position + 1 < len(segments) and segments[position + 1][0] <= after_epoch + 1:
             continue  # every epoch of it is in the checkpoint: not read (nor its damage)
@@ -67,13 +70,26 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
             scan.refuse_damage()
             logger.warning("%s", scan.problem)
             dropped.append(scan.problem)
-            if repair:
-                _cut(path, scan.valid_bytes)
+            cut = (path, scan.valid_bytes)
         blocks.extend(block for block in scan.blocks if block.epoch > after_epoch)
     for expected, block in enumerate(blocks, after_epoch + 1):
         if block.epoch != expected:
             raise WalCorrupt(f"log jumps to epoch {block.epoch}, expected epoch {expected}")
+    if repair and cut is not None:
+        _cut(*cut)
     return blocks, dropped
+
+
+def cut_torn_tail(directory: Path) -> None:
+    """Cut the torn tail ``read_log`` reported off the last segment (after the caller's own
+    checks passed: an error on the way leaves the log as it was)."""
+    segments = list_segments(directory)
+    if segments:
+        path = segments[-1][1]
+        scan = scan_bytes(path.read_bytes(), str(path))
+        if scan.problem is not None:
+            scan.refuse_damage()
+            _cut(path, scan.valid_bytes)
 
 
 def cut_after(directory: Path, epoch: int) -> None:
@@ -190,7 +206,7 @@ def recover(
     if manifest is None:
         raise no_checkpoint(directory)
     checkpoint_epoch, snapshot = manifest
-    blocks, dropped = read_log(directory, checkpoint_epoch, repair=repair)
+    blocks, dropped = read_log(directory, checkpoint_epoch, repair=False)
     read_s, read_cpu_s = time.perf_counter(), time.process_time()
     load = functools.partial(load_snapshot, snapshot, checkpoint_epoch, schema)
     # Replay's short-lived objects hold no cycles: reference counts free them.
@@ -215,6 +231,8 @@ def recover(
             load_s, loaded_cpu_s = time.perf_counter() - read_s, time.process_time()
             _replay_serially(db, registry, blocks, workers)
             replay_cpu_s = time.process_time() - loaded_cpu_s
+    if repair and dropped:  # recovered: only now the torn tail goes
+        cut_torn_tail(directory)
     done_s = time.perf_counter()
     epoch = blocks[-1].epoch if blocks else checkpoint_epoch
     logger.info(

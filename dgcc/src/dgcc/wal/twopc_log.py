@@ -39,7 +39,7 @@ from dgcc.wal.format import (
     decode_payload,
     encode_block,
 )
-from dgcc.wal.recovery import read_log
+from dgcc.wal.recovery import cut_torn_tail, read_log
 from dgcc.wal.writer import WalWriter, list_segments
 
 __all__ = [
@@ -71,7 +71,7 @@ def read_records(directory: Path, *, repair: bool = True) -> tuple[list[Record],
     """
     if not directory.exists() or not list_segments(directory):
         return [], 0, []
-    blocks, dropped = read_log(directory, 0, repair=repair)
+    blocks, dropped = read_log(directory, 0, repair=False)
     records: list[Record] = []
     for block in blocks:
         if block.kind is not BlockKind.TWOPC:
@@ -80,6 +80,8 @@ def read_records(directory: Path, *, repair: bool = True) -> tuple[list[Record],
             if not isinstance(record, tuple) or not record or record[0] not in KINDS:
                 raise WalCorrupt(f"epoch {block.epoch}: unknown 2PC log record {brief(record)}")
             records.append(record)
+    if repair and dropped:  # every record read: only now the torn tail goes
+        cut_torn_tail(directory)
     return records, blocks[-1].epoch if blocks else 0, dropped
 
 
