@@ -540,3 +540,52 @@ def test_a_reward_only_worker_loads_no_policy_weights_until_a_move_gives_it_a_sa
     assert len(loads) == 1 and worker.model is not None and worker.rollout is not None
     request = ShardRequest(0, 1, (1,), (1,), (2, 3), 4)  # tokenizer and prompts loaded too
     assert worker.score(worker.generate(request, worker.weights_version))[0].shape == (2,)
+
+
+def test_an_evaluation_that_fails_keeps_the_steps_row_and_checkpoint(tmp_path, monkeypatch):
+    """As in the single-process trainer: the last step trained before its held-out evaluation
+    raised, so the step's row reaches `progress` and its at_end checkpoint is written before
+    the error propagates."""
+    import yatt.control.controller as controller_module
+    from yatt.rewards import RewardError
+
+    def broken(*args, **kwargs):
+        raise RewardError("eval reward 'math_answer' raised ValueError: bug on held-out 1")
+
+    monkeypatch.setattr(controller_module, "evaluate_ranks", broken)
+    overrides = [*OVERRIDES, "eval.n=2", "data.n_heldout=2", "eval.at_start=false",
+                 "eval.at_end=true", "checkpoint.at_end=true"]  # fmt: skip
+    controller = make_controller(load_config("tiny_test", overrides), _control())
+    controller.checkpoint_dir = tmp_path
+    rows = []
+    try:
+        with pytest.raises(RewardError, match="bug on held-out 1"):
+            controller.fit(progress=lambda step, total, metrics: rows.append(step))
+    finally:
+        controller.close()
+    assert rows == [1, 2]
+    assert (tmp_path / "checkpoints" / "step_000002").is_dir()
+
+
+@pytest.mark.parametrize("mode", ["single", "parallel"])
+def test_a_controller_that_fails_to_set_up_shuts_its_workers_down(monkeypatch, mode):
+    """Nobody holds a controller whose constructor raised: it shuts down the workers it
+    started itself (on Ray they would hold their devices, and a second run's placement group
+    would wait for them)."""
+    from yatt.control import cluster as cluster_module
+    from yatt.control import parallel, single
+
+    shut = []
+    monkeypatch.setattr(cluster_module.Cluster, "shutdown", lambda self: shut.append(self))
+
+    def broken(*args, **kwargs):
+        raise ConfigError("control.extra_rewards: no module 'missing'")
+
+    if mode == "single":
+        monkeypatch.setattr(single, "make_reward_role", broken)
+        monkeypatch.setattr(single, "driver_scores", lambda config, control: True)
+    else:
+        monkeypatch.setattr(parallel.ParallelController, "_connect", broken)
+    with pytest.raises(ConfigError, match="no module 'missing'"):
+        make_controller(load_config("tiny_test", OVERRIDES), _control(mode=mode))
+    assert len(shut) == 1

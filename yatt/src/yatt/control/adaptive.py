@@ -29,7 +29,7 @@ from yatt.config import Config
 from yatt.control.async_rollout import QueueState, deal_prompts
 from yatt.control.cluster import build_cluster, plans_that_fit
 from yatt.control.config import ControlConfig, max_new_tokens_at
-from yatt.control.controller import Controller, RunResult
+from yatt.control.controller import Controller, RunResult, closing_on_error
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement
 from yatt.control.replacement import Decision, Replanner, costs_from_spans
@@ -62,12 +62,13 @@ class AdaptiveController(Controller):
                  gen_parallel: float = 0.0, train_parallel: float = 1.0) -> None:  # fmt: skip
         assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
         super().__init__(config, control, build_cluster(config, control, ParallelRank))
+        with closing_on_error(self.cluster, owned=True):
+            self._set_up(config, control, decode_step_s, gen_parallel, train_parallel)
+
+    def _set_up(self, config: Config, control: ControlConfig, decode_step_s: float | None,
+                gen_parallel: float, train_parallel: float) -> None:  # fmt: skip
         if decode_step_s is None:
-            try:
-                decode_step_s = self.cluster.sampler_for(0).call("decode_step_s")
-            except BaseException:  # no caller holds this controller yet to close it
-                self.cluster.shutdown()
-                raise
+            decode_step_s = self.cluster.sampler_for(0).call("decode_step_s")
             logger.info("re-placement: decode step at batch 1 measured at %.1f ms",
                         1000 * decode_step_s)  # fmt: skip
         self.decode_step_s = decode_step_s

@@ -168,6 +168,20 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
             pool.setdefault(handle.device.index, []).append(handle)
     else:
         backend = make_backend(control.backend, devices)
+    try:
+        return _build(backend, pool, old_ranks, rank_cls, config, control, placement, devices,
+                      on, n_ranks, fresh=previous is None)  # fmt: skip
+    except BaseException:
+        if previous is None:  # workers this call started: nobody else holds them to close
+            backend.shutdown()
+        raise
+
+
+def _build(backend: Backend, pool: dict[int, list[WorkerHandle]], old_ranks: list[WorkerHandle],
+           rank_cls: type, config: Config, control: ControlConfig, placement: Placement,
+           devices: list[Device], on: dict[str, list[Device]], n_ranks: int, fresh: bool
+           ) -> Cluster:  # fmt: skip
+    """`build_cluster`'s workers on `backend`, roles handed to `pool`'s processes first."""
     pending: list[Future] = []
 
     def place(role: str, roles: tuple[str, ...], prefix: str) -> WorkerGroup:
@@ -186,7 +200,7 @@ def build_cluster(config: Config, control: ControlConfig, rank_cls: type = RankW
         ranks = place("policy", ("policy",), "rank")
         samplers = place("sampler", ("sampler",), "sampler")
         rewards = place("reward", ("reward",), "reward")
-    spares = _spares(backend, pool, rank_cls, config, control, on, fresh=previous is None)
+    spares = _spares(backend, pool, rank_cls, config, control, on, fresh=fresh)
     for future in pending:
         future.result()
     address = ranks.handles[0].call("rendezvous_address")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,18 @@ def step_eval(config: Config, ranks: Any, metrics: dict[str, float], step: int, 
         result.evals.append((step, metrics["eval/accuracy"]))
 
 
+@contextlib.contextmanager
+def closing_on_error(cluster: Cluster, owned: bool) -> Iterator[None]:
+    """A controller's set-up after its cluster started: on an error the cluster's workers
+    are shut down when the controller started them (`owned`): no caller holds it yet."""
+    try:
+        yield
+    except BaseException:
+        if owned:
+            cluster.shutdown()
+        raise
+
+
 class Controller(ABC):
     """Runs RL steps on a Cluster; `fit` returns the run's metrics and observability data.
 
@@ -166,14 +180,21 @@ class Controller(ABC):
             self._after_step(step, start_step, metrics)
             out_of_time = time_limit_reached(self.config.train.time_limit_s, start_s, step + 1,
                                              total)  # fmt: skip
-            step_eval(self.config, self.cluster.ranks, metrics, step + 1, total, out_of_time,
-                      result)  # fmt: skip
+            failed: Exception | None = None
+            try:
+                step_eval(self.config, self.cluster.ranks, metrics, step + 1, total,
+                          out_of_time, result)  # fmt: skip
+            except Exception as error:  # (a reward's bug on one completion ...)
+                failed = error  # the step trained: its row and checkpoint stand, as the
+                # single-process trainer keeps them
             metrics["control/bytes_moved"] = float(self.bytes_moved())
             metrics["control/step_end_s"] = time.time()
             result.history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
             self.maybe_checkpoint(step + 1, out_of_time)
+            if failed is not None:
+                raise failed
             if out_of_time:
                 break  # steps generated ahead are dropped
         result.wall_s = time.perf_counter() - start_s

@@ -25,7 +25,7 @@ from yatt.control.async_rollout import (
 )
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig
-from yatt.control.controller import Controller
+from yatt.control.controller import Controller, closing_on_error
 from yatt.control.rank import RankWorker, effective_staleness, sample_version
 from yatt.control.shards import (
     Shard,
@@ -189,8 +189,15 @@ class ParallelController(Controller):
     mode = "parallel"
 
     def __init__(self, config, control: ControlConfig, cluster: Cluster | None = None) -> None:
+        owned = cluster is None
         cluster = cluster or build_cluster(config, control, ParallelRank)
         super().__init__(config, control, cluster)
+        with closing_on_error(cluster, owned):
+            self._connect(cluster)
+        self.last_step = config.train.steps - 1
+
+    def _connect(self, cluster: Cluster) -> None:
+        """Each rank's sampler and reward service (disaggregated and partial placements)."""
         n_ranks = len(cluster.ranks)
         connections = []
         for rank in range(n_ranks):
@@ -206,7 +213,6 @@ class ParallelController(Controller):
                     )
                 )
         cluster.ranks.call_each("connect", connections)
-        self.last_step = config.train.steps - 1
 
     def fit(self, steps: int | None = None, progress: Any = None, start_step: int = 0):
         self.last_step = (steps or self.config.train.steps) - 1

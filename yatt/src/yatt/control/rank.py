@@ -209,6 +209,10 @@ class RankWorker:
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
             self.policy.collective = self.collective
+        if kept is not None and control.placement == "disaggregated":
+            # a time-shared placement left its moments in host memory after each update, and
+            # a disaggregated rank never swaps: they come back to the device now
+            self._move_optimizer_state(onto_device=True)
         # the reference, the initial policy for the KL loss term: a frozen copy, or with LoRA
         # the policy's module with its adapters off (a kept policy's too)
         if self.policy is not None and config.algo.uses_reference:
@@ -496,14 +500,20 @@ class RankWorker:
             return 0.0
         start_s = time.perf_counter()
         with self._phase("policy", "swap"):
-            if self.device.kind == "cuda":
-                target = self.device.torch_device() if onto_device else torch.device("cpu")
-                for state in self.policy.optimizer.state.values():
-                    for key, value in state.items():  # moments move; the step count stays
-                        if torch.is_tensor(value) and value.dim() and value.device != target:
-                            state[key] = _moved(value, target)
-                torch.cuda.synchronize(self.device.torch_device())
+            self._move_optimizer_state(onto_device)
         return time.perf_counter() - start_s
+
+    def _move_optimizer_state(self, onto_device: bool) -> None:
+        """Adam's moments onto this rank's GPU or into pinned host memory (CPU: nothing)."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        if self.device.kind != "cuda":
+            return
+        target = self.device.torch_device() if onto_device else torch.device("cpu")
+        for state in self.policy.optimizer.state.values():
+            for key, value in state.items():  # moments move; the step count stays
+                if torch.is_tensor(value) and value.dim() and value.device != target:
+                    state[key] = _moved(value, target)
+        torch.cuda.synchronize(self.device.torch_device())
 
     def save_policy(self, folder: str) -> str:
         """Write this rank's policy and the tokenizer as a model folder (every data-parallel

@@ -29,7 +29,7 @@ from yatt.control.async_rollout import (
 )
 from yatt.control.cluster import Cluster, build_cluster
 from yatt.control.config import ControlConfig, driver_scores, make_reward_role
-from yatt.control.controller import Controller
+from yatt.control.controller import Controller, closing_on_error
 from yatt.control.rank import effective_staleness, sample_version
 from yatt.control.shards import (
     Shard,
@@ -55,12 +55,16 @@ class SingleController(Controller):
 
     def __init__(self, config: Config, control: ControlConfig, cluster: Cluster | None = None):
         super().__init__(config, control, cluster or build_cluster(config, control))
-        self.reward = make_reward_role(config, control) if driver_scores(config, control) else None
-        self.n_ranks = len(self.cluster.ranks)
-        separate = self.cluster.samplers is not None
-        self.staleness = effective_staleness(control) if separate else 0
-        self.groups = [make_group_rollout(config, control, self.n_ranks, rank, 0, self.staleness)
-                       for rank in range(self.n_ranks)]  # fmt: skip
+        with closing_on_error(self.cluster, owned=cluster is None):
+            scores = driver_scores(config, control)
+            self.reward = make_reward_role(config, control) if scores else None
+            self.n_ranks = len(self.cluster.ranks)
+            separate = self.cluster.samplers is not None
+            self.staleness = effective_staleness(control) if separate else 0
+            self.groups = [
+                make_group_rollout(config, control, self.n_ranks, rank, 0, self.staleness)
+                for rank in range(self.n_ranks)
+            ]
         self._inflight: dict[int, list[StepDispatch]] = {}
         self.last_step = config.train.steps - 1
         self.first_step = 0  # the step a resumed run starts from (its weights' version)
