@@ -245,6 +245,35 @@ def test_replanner_acts_on_a_jump_in_the_response_budget_at_the_next_decision():
     assert planner.predict(colocate, 7) == pytest.approx(5.5)
 
 
+def test_replanner_compares_with_the_plan_a_move_left_and_forgets_it_across_a_jump():
+    costs = PhaseCosts(gen_s=1.0, reward_s=0.0, train_s=2.0, gen_floor_s=1.0)
+    colocate, split = make_placement("colocate", 2), make_placement("disaggregated", 2, 1)
+    planner = Replanner(2, every_steps=2, move_cost_s=0.0)
+    planner.observe(costs)
+    planner.observe_step(1, colocate, 3.0)  # measured before the move at step 2
+    planner.observe_step(2, split, 4.0)
+    planner.observe_step(3, split, 4.0)
+    # at the next decision (step 4) colocate's measurement is every_steps + 1 old: it still
+    # counts, so the planner moves back on what it saw, not on the model's ratio alone
+    assert planner.predict(colocate, 4) == 3.0
+    back = planner.decide(4, split, 10)
+    assert back.switch and back.chosen == colocate.label()
+    planner.observe_step(4, split, 12.0)  # three times slower: the regime changed
+    assert colocate.label() not in planner.measured  # measured in the old regime: forgotten
+    assert planner.predict(split, 5) == 12.0
+
+
+def test_partial_colocation_pays_two_swaps_per_step_as_colocate_does():
+    costs = PhaseCosts(gen_s=1.0, reward_s=0.0, train_s=2.0, gen_floor_s=1.0, swap_s=0.5)
+    no_swap = PhaseCosts(gen_s=1.0, reward_s=0.0, train_s=2.0, gen_floor_s=1.0)
+    for plan in (make_placement("colocate", 4), make_placement("partial", 4, 1)):
+        extra = predict_step_s(costs, plan) - predict_step_s(no_swap, plan)
+        assert extra == pytest.approx(1.0), plan.label()
+        steps = 4
+        sim = simulate([costs] * steps, plan).total_s - simulate([no_swap] * steps, plan).total_s
+        assert sim == pytest.approx(steps * 1.0), plan.label()
+
+
 def test_threads_mapping_gives_each_role_one_multi_core_worker():
     wide = widen([Device("cpu", 2), Device("cpu", 3)])
     assert wide == Device("cpu", 2, 2) and wide.indices == (2, 3) and wide.name == "cpu:2-3"
@@ -270,11 +299,16 @@ def test_re_placement_moves_only_to_plans_whose_ranks_split_the_prompts_evenly()
 
     config = load_config("tiny_test", ["algo.prompts_per_step=8"])
     gpus = [Device("cuda", i) for i in range(4)]
-    fit, unfit = plans_that_fit(config, ControlConfig(), gpus)
+    fit, unfit = plans_that_fit(config, ControlConfig(backend="ray"), gpus)
     assert [plan.label() for plan in unfit] == ["disaggregated(sampler=1/4)"]
     assert len(fit) + 1 == len(candidate_placements(4))
     cpus = [Device("cpu", i) for i in range(4)]  # threads: a role is one worker, one rank
-    assert plans_that_fit(config, ControlConfig(cpu_mapping="threads"), cpus)[1] == []
+    threads = ControlConfig(backend="ray", cpu_mapping="threads")
+    assert plans_that_fit(config, threads, cpus)[1] == []
+    # the in-process backend runs one policy rank: a move to more would fail mid-run
+    fit, unfit = plans_that_fit(config, ControlConfig(backend="inprocess"), cpus[:2])
+    assert [plan.label() for plan in fit] == ["disaggregated(sampler=1/2)"]
+    assert "colocate(2)" in [plan.label() for plan in unfit]
 
 
 def test_amdahl_fractions_round_trip_and_shape_the_cost_model():

@@ -80,7 +80,7 @@ class AdaptiveController(Controller):
         if unfit:
             logger.info(
                 "re-placement: algo.prompts_per_step=%d does not divide over the policy ranks "
-                "of %s; they are not candidates",
+                "of %s (or the backend runs one rank only); they are not candidates",
                 config.algo.prompts_per_step,
                 ", ".join(plan.label() for plan in unfit),
             )
@@ -180,9 +180,13 @@ class AdaptiveController(Controller):
         if move_s:  # the step after a move refills the pipeline: its excess is move cost
             assert decision is not None, f"step {step}: a move without a decision"
             move_s += max(metrics["timing_s/step"] - decision.predicted_best_s, 0.0)
+        # a disaggregated step swaps nothing: the last measured swap carries on (an average
+        # decaying to 0 would make the time-shared plans look cheaper than they are)
+        known = self.replanner.costs
+        swap_s = known.swap_s if self.plan.kind == "disaggregated" and known else 0.0
         costs = costs_from_spans(spans, 1, gen_floor_s=self.decode_step_s * budget,
-                                 sync_s=self.sync_s, decode_step_s=self.decode_step_s,
-                                 **self.parallel)  # fmt: skip
+                                 sync_s=self.sync_s, swap_s=swap_s,
+                                 decode_step_s=self.decode_step_s, **self.parallel)  # fmt: skip
         self.replanner.observe(costs, move_s)
         if not move_s:  # a step that refills the pipeline after a move is not typical either
             self.replanner.observe_step(step, self.plan, metrics["timing_s/step"])

@@ -119,12 +119,14 @@ def plans_that_fit(config: Config, control: ControlConfig, devices: list[Device]
                    ) -> tuple[list[Placement], list[Placement]]:  # fmt: skip
     """The plans runtime re-placement may move to on `devices`, and those it may not: a plan
     fits when `algo.prompts_per_step` divides evenly over its policy ranks (one data-parallel
-    group each), as `build_cluster` requires of a run's first plan."""
+    group each), as `build_cluster` requires of a run's first plan, and, on the in-process
+    backend, when it has one policy rank."""
     fit: list[Placement] = []
     unfit: list[Placement] = []
     for plan in candidate_placements(len(devices)):
         n_ranks = len(role_devices(plan, devices, control.cpu_mapping)["policy"])
-        (unfit if config.algo.prompts_per_step % n_ranks else fit).append(plan)
+        one_rank_only = control.backend == "inprocess" and n_ranks > 1  # see build_cluster
+        (unfit if config.algo.prompts_per_step % n_ranks or one_rank_only else fit).append(plan)
     return fit, unfit
 
 

@@ -9,7 +9,7 @@ k devices takes floor + gen / k. A step is predicted as:
     colocate(n):          floor_n + (gen + reward) / n + train_n + 2 swap     (phases in series)
     disaggregated(k, n):  max(floor_k + (gen + reward) / k, train_(n-k) + sync)   (async, k >= 1)
                           floor_k + (gen + reward) / k + train_(n-k) + sync        (synchronous)
-    partial(k, n):        floor_k + gen / k + reward / (n - k) + train_n + sync + swap
+    partial(k, n):        floor_k + gen / k + reward / (n - k) + train_n + sync + 2 swap
 
 where floor_k = floor / speedup(gen_parallel, k) and train_k = train / speedup(train_parallel,
 k), with Amdahl's speedup(p, k) = 1 / (1 - p + p / k). Data-parallel ranks (GPUs, or one
@@ -147,7 +147,7 @@ def predict_step_s(costs: PhaseCosts, placement: Placement, overlap: bool = True
         return max(rollout_s, train_s) if overlap else rollout_s + train_s
     assert placement.kind == "partial", f"no cost model for placement kind {placement.kind!r}"
     rollout_s = costs.gen_on(k) + costs.reward_s / (n - k)
-    return rollout_s + costs.train_on(n) + costs.sync_s + costs.swap_s
+    return rollout_s + costs.train_on(n) + costs.sync_s + 2 * costs.swap_s
 
 
 def costs_from_spans(spans: Iterable, steps: int, gen_floor_s: float = 0.0, sync_s: float = 0.0,
@@ -253,17 +253,22 @@ class Replanner:
         assert step_s >= 0 and math.isfinite(step_s), f"step_s={step_s}"
         last = self.measured.get(plan.label())
         fresh = last is not None and step - last[1] <= self.every_steps
-        fresh = fresh and not _jumped(last[2], step_s)
+        if fresh and _jumped(last[2], step_s):  # the regime changed: the others' times too
+            self.measured = {}
+            fresh = False
         smoothed = (1 - self.smoothing) * last[2] + self.smoothing * step_s if fresh else step_s
         self.measured[plan.label()] = (plan, step, smoothed)
 
     def _fresh(self, step: int) -> dict[str, tuple[Placement, float]]:
+        # (+ 1: the plan a move left was last measured the step before the decision, so at
+        # the next decision it is `every_steps` + 1 steps old, and still comparable)
         return {label: (plan, s) for label, (plan, at, s) in self.measured.items()
-                if step - at <= self.every_steps}  # fmt: skip
+                if step - at <= self.every_steps + 1}  # fmt: skip
 
     def predict(self, plan: Placement, step: int) -> float:
-        """Seconds per step of `plan`: measured within the last `every_steps` steps, else the
-        cost model's prediction times the measured plans' mean calibration."""
+        """Seconds per step of `plan`: measured since the last decision but one (and since
+        the last regime change), else the cost model's prediction times the measured plans'
+        mean calibration."""
         assert self.costs is not None, "predict before any observed costs"
         fresh = self._fresh(step)
         if plan.label() in fresh:

@@ -99,7 +99,7 @@ def step_tasks(step: int, plan: Placement, costs: PhaseCosts, after: str = "") -
     return [
         Task(f"gen{step}", "gen", dev["sampler"], costs.gen_on(k), base + prev_sync),
         Task(f"reward{step}", "reward", dev["reward"], costs.reward_s / (n - k), (f"gen{step}",)),
-        Task(f"train{step}", "train", dev["policy"], costs.train_on(n) + costs.swap_s,
+        Task(f"train{step}", "train", dev["policy"], costs.train_on(n) + 2 * costs.swap_s,
              (f"gen{step}", f"reward{step}")),
         Task(f"sync{step}", "sync", dev["sampler"], costs.sync_s, (f"train{step}",)),
     ]  # fmt: skip
