@@ -40,7 +40,8 @@ def test_jsonl_string_and_chat_prompts_keep_extra_fields(tmp_path):
     assert [e.answer for e in examples] == ["3", "4", None]
     assert examples[0].fields == {"level": "easy"}
     assert examples[1].prompt == CHAT
-    assert examples[1].reward_fields() == {"source": {"id": 7}, "answer": "4"}
+    assert examples[1].reward_fields() == {"question": examples[1].question(),
+                                           "source": {"id": 7}, "answer": "4"}  # fmt: skip
     assert examples.skipped == []
 
 

@@ -38,6 +38,20 @@ from yatt.rewards.math import extract_boxed, extract_last_number, math_answer, m
         ("so 1/2.5", "2.5", 1.0),  # not a fraction: a decimal follows
         ("It is 0.5", r"\frac{1}{2}", 1.0),  # a LaTeX reference answer
         ("About 50", "50%", 1.0),
+        # the stated answer wins over a later number, and LaTeX and units read as written
+        (r"x = $\frac{1}{2}$", "2", 0.0),  # a LaTeX fraction is one number
+        (r"x = $\frac{1}{2}$", "1/2", 1.0),
+        ("12 cm^2", "2", 0.0),  # an exponent is no answer
+        ("12 cm^2", "12", 1.0),
+        (r"\boxed{42}. Check: 42/6 = 7", "7", 0.0),  # the boxed answer, not the check
+        (r"\boxed{42}. Check: 42/6 = 7", "42", 1.0),
+        ("The answer is 7. Check: 3 + 4 = 7, so 2 halves", "7", 1.0),
+        ("#### 1,000", "1000", 1.0),
+        ("Let me find the answer: first, 3 + 4 = 7", "7", 1.0),  # a mark with words after it
+        (r"\boxed{3\frac{1}{2}}", "7/2", 1.0),  # a mixed number
+        (r"\boxed{3\frac{1}{2}}", "15.5", 0.0),
+        (r"\boxed{1 2}", "12", 0.0),  # two numbers, not twelve
+        (r"\boxed{1 000}", "1000", 1.0),  # a thousands space
     ],
 )
 def test_math_answer_cases(completion, answer, expected):
@@ -63,12 +77,18 @@ def test_math_boxed_cases():
                           (r"5\text{ cm}", 5), (r"3\mathrm{kg}", "3")):  # fmt: skip
         assert math_boxed("q", rf"so \boxed{{{boxed}}}", answer=answer) == 1.0, boxed
     assert math_boxed("q", r"\boxed{1,2}", answer="12") == 0.0  # two answers, not twelve
+    assert math_boxed("q", r"\boxed{6\frac{1}{4}}", answer=r"\frac{25}{4}") == 1.0
+    assert math_boxed("q", r"\boxed{61/4}", answer=r"6\frac{1}{4}") == 0.0
+    with pytest.raises(ValueError, match="non-empty 'answer'"):  # an empty box would match
+        math_boxed("q", r"\boxed{}", answer=" ")
 
 
 def test_format_reward_is_opt_in_and_configurable():
     only_number = get_reward_fn("format")
     assert only_number("q", " 68.") == 1.0
     assert only_number("q", "The answer is 68") == 0.0
+    # the numbers math_answer reads: fractions, a leading point; not a trail of commas
+    assert [only_number("q", text) for text in ("3/4", "-.5", "5,,,,")] == [1.0, 1.0, 0.0]
     boxed = get_reward_fn("format", pattern=r".*\\boxed\{.+\}.*")
     assert boxed("q", r"so \boxed{3}") == 1.0
 

@@ -23,8 +23,11 @@ from yatt.rollout import RolloutEngine, SamplingParams
         ("Score: 4/5", 0.8),
         ("First 2/10, then on reflection Score: 9/10", 0.9),
         ("It deserves 6/10", 0.6),
-        ("Score: 15/10", 1.0),
-        ("Score: -2", 0.0),
+        ("Score: 15/10", None),  # off the scale: the judge did not follow the format
+        ("Score: 85", None),  # a 0-100 scale: no score, not a clamped 1.0
+        ("Score: -2", None),
+        ("The question asks for 3/4 of 12. Score: ", None),  # cut off before its score
+        ("score" + " " * 20_000, None),  # (linear time)
         ("no number", None),
         ("Score: 3/0", None),
         ("**Score:** 8", 0.8),  # markdown emphasis
@@ -97,3 +100,43 @@ def test_template_field_missing_names_row():
     judge = GenerativeJudge(FakeJudgeEngine(tokenizer), tokenizer, "{prompt} {completion} {answer}")
     with pytest.raises(RewardError, match="field 'answer' missing on row 1"):
         CombinedReward([(judge, 1.0)])(["q", "q"], ["a", "b"], [{"answer": "1"}, {}])
+
+
+def test_the_judge_quotes_the_question_not_the_policys_chat_markup():
+    """A reward's `prompt` is the prompt as the policy saw it (chat template applied); the
+    judge's template quotes the row's `question` (the prompt's own text) instead: the policy's
+    <|im_start|> markup inside the judge's user turn would close that turn early."""
+    from yatt.data import PromptExample, render_prompt
+
+    _, tokenizer = tiny_model(seed=0)
+    example = PromptExample("What is 6*7?", answer="42")
+    rendered = render_prompt(example, tokenizer)
+    assert "<|im_start|>" in rendered
+    engine = FakeJudgeEngine(tokenizer)
+    GenerativeJudge(engine, tokenizer).score_batch([rendered], ["42"], [example.reward_fields()])
+    text = tokenizer.decode(engine.calls[0][0][0])
+    assert "Question: What is 6*7?\nAnswer: 42" in text
+    assert text.count("<|im_start|>user") == 1
+
+
+def test_a_request_past_the_judge_models_positions_keeps_the_end_of_the_completion():
+    model, tokenizer = tiny_model(seed=0)
+    positions = model.config.max_position_embeddings
+    engine = FakeJudgeEngine(tokenizer)
+    engine.model = model  # the judge reads the positions of the engine's model
+    judge = GenerativeJudge(engine, tokenizer)
+    rambling = "blah " * positions + "Answer: 42"
+    scores = judge.score_batch(["6*7?", "6*7?"], [rambling, "41"], [{}, {}])
+    asked = engine.calls[0][0]
+    assert all(len(ids) + judge.params.max_new_tokens <= positions for ids in asked)
+    assert tokenizer.decode(asked[0]).count("blah") < positions
+    assert judge.last_metrics["judge/truncated"] == 1.0 and scores[1] == 0.0
+    huge_question = ["why " * positions]  # nothing of the completion can make it fit
+    assert judge.score_batch(huge_question, ["42"], [{}]) == [0.0]
+    assert judge.last_metrics["judge/parse_failures"] == 1.0
+
+
+def test_a_template_with_a_stray_brace_is_refused_when_the_judge_is_built():
+    _, tokenizer = tiny_model(seed=0)
+    with pytest.raises(ValueError, match="judge template does not format"):
+        GenerativeJudge(FakeJudgeEngine(tokenizer), tokenizer, "Put it in \\boxed{} {completion}")

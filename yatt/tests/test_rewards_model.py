@@ -73,3 +73,15 @@ def test_bad_pairs_are_config_errors():
         train_reward_model(model, tokenizer, [])
     with pytest.raises(ConfigError, match="pair 0"):
         train_reward_model(model, tokenizer, [("only one",)])
+
+
+def test_a_tokenizer_without_eos_is_named_not_a_type_error():
+    import copy
+
+    from yatt.errors import ModelError
+
+    _, tokenizer = tiny_model(seed=0)
+    broken = copy.deepcopy(tokenizer)
+    broken.eos_token = None
+    with pytest.raises(ModelError, match="has no EOS token to score at"):
+        encode_texts(broken, ["a", "b"], 16, "cpu")

@@ -78,8 +78,18 @@ class PromptExample:
     source: str = field(default="", compare=False, repr=False)
 
     def reward_fields(self) -> dict[str, Any]:
-        """Keyword arguments for a reward function: `answer` plus the extra fields."""
-        return {**self.fields, "answer": self.answer}
+        """Keyword arguments for a reward function: `answer` plus the extra fields, and the
+        prompt's own text as `question` unless the row has that field (a reward's `prompt`
+        argument is the prompt as the policy saw it, chat template and all; an LLM judge
+        quotes the question, not the policy's markup)."""
+        return {"question": self.question(), **self.fields, "answer": self.answer}
+
+    def question(self) -> str:
+        """The prompt's text: itself, or the last user message's content (else all joined)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        users = [m["content"] for m in self.prompt if m.get("role") == "user"]
+        return users[-1] if users else "\n".join(m["content"] for m in self.prompt)
 
     def to_row(self) -> dict[str, Any]:
         """The row as written to JSONL/parquet (inverse of loading)."""

@@ -187,7 +187,8 @@ class Trainer:
                 model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
                 norm_len=cfg.rollout.max_new_tokens,
             )  # fmt: skip
-        self.reward = reward if reward is not None else RewardRole(cfg.reward)
+        device = next(model.parameters()).device  # a reward model scores beside the policy
+        self.reward = reward if reward is not None else RewardRole(cfg.reward, device=device)
         self.rollout = RolloutRole.build(model, self.tokenizer, cfg.rollout)
         self._eval_engine: Any = None if cfg.rollout.samples_off_policy else self.rollout.engine
 

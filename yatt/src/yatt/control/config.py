@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from yatt.errors import ConfigError
 from yatt.rewards import load_callable
@@ -196,9 +197,10 @@ def driver_scores(config, control: ControlConfig) -> bool:
     return single and not config.reward.model_path
 
 
-def make_reward_role(config, control: ControlConfig):
-    """The RewardRole of `config.reward` plus `control.extra_rewards`."""
+def make_reward_role(config, control: ControlConfig, device: Any = "cpu"):
+    """The RewardRole of `config.reward` plus `control.extra_rewards` (a reward model on
+    `device`: the reward role's own device)."""
     from yatt.roles.reward import RewardRole
 
     extra = [(load_callable(path, "control.extra_rewards"), 1.0) for path in control.extra_rewards]
-    return RewardRole(config.reward, extra=extra)
+    return RewardRole(config.reward, extra=extra, device=device)

@@ -220,7 +220,9 @@ class RankWorker:
             self.reference = self._build_reference(model)
         self.rollout = self._build_rollout(model) if "sampler" in self.roles else None
         scores = "reward" in self.roles and not driver_scores(config, control)
-        self.reward = make_reward_role(config, control) if scores else None
+        self.reward = (
+            make_reward_role(config, control, self.device.torch_device()) if scores else None
+        )
         self.weights_version = 0
         self.sampler: Any = None  # handles used in parallel mode (None = this worker)
         self.reward_service: Any = None

@@ -16,6 +16,7 @@ __all__ = [
     "math_answer",
     "math_boxed",
     "reasoning_gym_reward",
+    "stated_answer",
 ]
 
 # A sign counts only when no digit precedes it, so "10-3" reads as 10 and 3, not 10 and -3; a
@@ -27,7 +28,13 @@ _NUMBER = re.compile(
 )
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
 _MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})  # the minus sign, an en dash
-_ONLY_A_NUMBER = r"\s*-?\d[\d,]*(?:\.\d+)?\s*\.?\s*"
+_ONLY_A_NUMBER = r"\s*(?:" + _NUMBER.pattern + r")\s*\.?\s*"  # what math_answer reads
+# Where a completion states its answer: "#### 42", "the answer is 42", "Answer: 42".
+_ANSWER_MARK = re.compile(r"####|\banswer\s*(?:is|:)", re.IGNORECASE)
+_MARK_GAP = 12  # at most so many characters, no letters, between the mark and its number
+_EXPONENT = re.compile(r"[\^_](?:\{[^{}]*\}|-?\d+(?:\.\d+)?)")  # 12 cm^2, x_{1}, 10^{-3}
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}")
+_MIXED = re.compile(r"(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}")  # 3\frac{1}{2} = 7/2
 
 
 def _to_fraction(text: str) -> Fraction | None:
@@ -44,9 +51,41 @@ def _to_fraction(text: str) -> Fraction | None:
 
 
 def extract_last_number(text: str) -> Fraction | None:
-    """The last number in text ("1,234." -> 1234, "-5" -> -5, "2.50" -> 5/2), or None."""
-    matches = _NUMBER.findall(text.translate(_MINUS))
+    """The last number in text ("1,234." -> 1234, "-5" -> -5, "2.50" -> 5/2), or None; a LaTeX
+    fraction is one number (mixed ones too), an exponent or subscript none ("cm^2")."""
+    text = _EXPONENT.sub(" ", _latex_fractions(text.translate(_MINUS)))
+    matches = _NUMBER.findall(text)
     return _to_fraction(matches[-1]) if matches else None
+
+
+def _latex_fractions(text: str) -> str:
+    """\\frac{a}{b} as a/b, a mixed number n\\frac{a}{b} as (n*b + a)/b."""
+
+    def mixed(match: re.Match) -> str:
+        sign, whole, top, bottom = match.groups()
+        return f"{sign}{int(whole) * int(bottom) + int(top)}/{bottom}"
+
+    return _LATEX_FRAC.sub(r"\1/\2", _MIXED.sub(mixed, text))
+
+
+def stated_answer(completion: str) -> Fraction | None:
+    """The number a completion gives as its answer: the last \\boxed{} one, else the number
+    right after its last "####" / "answer is" / "answer:" (a few characters and no words
+    between: "the answer is $42$", not "the answer: first, 3 + 4"), else its last number."""
+    boxed = extract_boxed(completion)
+    if boxed is not None:
+        value = _to_fraction(_normalise(boxed))
+        if value is not None:
+            return value
+    marks = list(_ANSWER_MARK.finditer(completion))
+    if marks:
+        after = completion[marks[-1].end() :]
+        text = _EXPONENT.sub(" ", _latex_fractions(after.translate(_MINUS)))
+        found = _NUMBER.search(text)
+        gap = text[: found.start()] if found is not None else ""
+        if found is not None and len(gap) <= _MARK_GAP and not re.search(r"[A-Za-z]", gap):
+            return _to_fraction(found.group())
+    return extract_last_number(completion)
 
 
 def answer_value(answer: Any) -> Fraction:
@@ -67,9 +106,10 @@ def answer_value(answer: Any) -> Fraction:
 
 
 def math_answer(prompt: str, completion: str, *, answer: Any = None, **_fields: Any) -> float:
-    """1.0 if the last number in the completion equals the numeric reference answer, else 0.0."""
+    """1.0 if the completion's stated answer (`stated_answer`: a boxed one, one after "the
+    answer is", else its last number) equals the numeric reference answer, else 0.0."""
     reference = answer_value(answer)
-    return 1.0 if extract_last_number(completion) == reference else 0.0
+    return 1.0 if stated_answer(completion) == reference else 0.0
 
 
 def extract_boxed(text: str) -> str | None:
@@ -93,10 +133,12 @@ def _normalise(text: str) -> str:
     LaTeX thousands spacing ({,} \\, \\!) read, a leading "x =" dropped, \\frac{a}{b} as a/b,
     a \\text or \\mathrm unit after a number dropped and other \\text{...} unwrapped, no percent
     sign, no enclosing braces."""
-    text = re.sub(r"\s+|\\?\$", "", text.translate(_MINUS)).rstrip(".")
+    text = re.sub(r"(?<=\d)\s+(?=\d{3}(?!\d))", "", text.translate(_MINUS))  # "1 000"
+    text = re.sub(r"(?<=\d)\s+(?=\d)", "|", text)  # "1 2" is two numbers, never 12
+    text = re.sub(r"\s+|\\?\$", "", text).rstrip(".")
     text = text.replace("{,}", ",").replace("\\!", "").replace("\\,", "")  # 1{,}000, 1\,000
     text = re.sub(r"^[A-Za-z]\w*=(?=.)", "", text)  # "x = 5": the value
-    text = re.sub(r"\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", r"\1/\2", text)
+    text = _latex_fractions(text)
     # a unit after a number ("5\text{ cm}", "3\mathrm{kg}"): the number
     text = re.sub(r"^(-?[\d.,/]+)\\(?:text|mathrm)\{[^{}]*\}$", r"\1", text)
     text = re.sub(r"\\text\{([^{}]*)\}", r"\1", text)
@@ -108,8 +150,8 @@ def _normalise(text: str) -> str:
 
 def math_boxed(prompt: str, completion: str, *, answer: Any = None, **_fields: Any) -> float:
     """1.0 if the last \\boxed{} content equals the answer (numerically if both are numbers)."""
-    if answer is None:
-        raise ValueError("needs an 'answer' field, got None")
+    if answer is None or not str(answer).strip():
+        raise ValueError(f"needs a non-empty 'answer' field, got {answer!r}")
     boxed = extract_boxed(completion)
     if boxed is None:
         return 0.0
@@ -152,5 +194,6 @@ def reasoning_gym_reward(
     if "rg_dataset" not in fields or "metadata" not in fields:
         raise ValueError("needs 'rg_dataset' and 'metadata' fields (rows from generate_task)")
     score_fn = reasoning_gym.get_score_answer_fn(fields["rg_dataset"])
-    entry = {"question": prompt, "answer": answer, "metadata": fields["metadata"]}
+    question = fields.get("question", prompt)  # the prompt's text, no chat markup
+    entry = {"question": question, "answer": answer, "metadata": fields["metadata"]}
     return float(score_fn(_extract_final_answer(completion), entry))

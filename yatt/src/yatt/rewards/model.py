@@ -14,7 +14,7 @@ from rich.progress import Progress
 from torch import Tensor
 
 from yatt.algos.losses import bradley_terry_loss
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, ModelError
 from yatt.heads import ScalarHeadModel
 
 __all__ = ["RewardModelScorer", "encode_texts", "score_texts", "train_reward_model"]
@@ -28,6 +28,9 @@ def encode_texts(
     """Right-padded ids and mask (N, L) of texts, each cut to its last max_length-1 tokens + EOS."""
     if max_length < 2:
         raise ConfigError(f"reward model max_length must be >= 2, got {max_length}")
+    if tokenizer.eos_token_id is None:  # the score is read at the EOS each text ends with
+        name = getattr(tokenizer, "name_or_path", "?")
+        raise ModelError(f"reward model tokenizer {name!r} has no EOS token to score at")
     rows = []
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][-(max_length - 1) :]

@@ -23,15 +23,17 @@ class RewardRole(Role):
 
     name = "reward"
 
-    def __init__(self, config: RewardConfig, extra: list[tuple[Any, float]] = ()) -> None:
+    def __init__(self, config: RewardConfig, extra: list[tuple[Any, float]] = (),
+                 device: torch.device | str = "cpu") -> None:  # fmt: skip
         """Rule functions `config.fns` with `config.weights`, a Bradley–Terry model from
-        `config.model_path` (weight `model_weight`) if set, and any `extra` (scorer, weight)
-        pairs such as a generative judge."""
+        `config.model_path` (weight `model_weight`, on `device`: the role's own) if set, and
+        any `extra` (scorer, weight) pairs such as a generative judge."""
         from yatt.rewards import CombinedReward
 
         parts: list[tuple[Any, float]] = list(zip(config.fns, config.weights)) + list(extra)
         if config.model_path:
-            parts.append((_reward_model_scorer(config.model_path), config.model_weight))
+            scorer = _reward_model_scorer(config.model_path, device)
+            parts.append((scorer, config.model_weight))
         self.combined = CombinedReward(parts)
 
     def score(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, float]]:
@@ -52,11 +54,12 @@ class RewardRole(Role):
         return means | {name: float(metrics.get(name, 0.0)) for name in counted}
 
 
-def _reward_model_scorer(path: str) -> Any:
+def _reward_model_scorer(path: str, device: torch.device | str) -> Any:
     """A CombinedReward batch scorer around a saved Bradley–Terry ScalarHeadModel folder."""
     from yatt.heads import ScalarHeadModel
     from yatt.models import load_tokenizer
     from yatt.rewards.model import RewardModelScorer
 
-    model = ScalarHeadModel.from_pretrained(path, trained_head="reward.model_path").eval()
+    model = ScalarHeadModel.from_pretrained(path, trained_head="reward.model_path")
+    model = model.to(device).eval()
     return RewardModelScorer(model, load_tokenizer(path))
