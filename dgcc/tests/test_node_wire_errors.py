@@ -637,3 +637,48 @@ def test_a_node_whose_log_cannot_be_written_stops_and_says_why(tmp_path, monkeyp
     assert isinstance(answer, ConnectionLost), answer  # never "committed"
     assert isinstance(error, NodeFailed), error
     assert "node 0 stopped: writing its log failed" in str(error) and "No space" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ((), "not a known request"),
+        (("launch", (1, 2)), "not a known request"),
+        (("prepare",), "an ill-shaped 'prepare' request"),
+        (("prepare", 5), "an ill-shaped 'prepare' request"),  # no branch id
+        (("call", (1, 2), 7, {}), "needs a procedure name and params"),
+        (("pieces", (1, 2), (1,), "p", {}, ("x",), {}), "an ill-shaped 'pieces' request"),
+        (("decided", (5,)), "needs transaction ids"),
+    ],
+)
+def test_a_2pc_node_refuses_an_ill_shaped_request_as_a_bad_frame(body, problem):
+    # Refused on arrival (the sender's link ends, as for any bad frame) instead of raising in
+    # the request's task, which stopped the whole node, and as if asked to.
+    from dgcc.net.servers.twopc import request_problem
+
+    assert problem in request_problem(body)
+    config = local_config(2, **YCSB, protocol="no_wait")
+
+    async def go() -> None:
+        node = server_class("no_wait")(config, 0)
+        reader = asyncio.StreamReader()
+        reader.feed_data(frame(("req", 1, 1, body)))
+        reader.feed_eof()
+        with pytest.raises(FrameError, match=f"bad .req. message from peer 1: .*{problem}"):
+            await node._serve_peer(reader, 1)
+        assert not node.stopped.is_set() and node.failure is None
+
+    asyncio.run(go())
+
+
+def test_a_2pc_answer_of_the_wrong_shape_is_the_peers_fault():
+    from dgcc.net.servers.twopc import reply_problem, request_problem
+
+    assert request_problem(("pieces", (1, 2), (3, 0), "p", {}, (0, 1), {})) is None
+    assert reply_problem("call", ("committed", {"x": 1}, None)) is None
+    assert reply_problem("pieces", ("ok", {"a": 1})) is None
+    assert reply_problem("prepare", True) is None
+    assert "an ill-shaped answer to 'call'" in reply_problem("call", (1,))
+    assert "to 'pieces'" in reply_problem("pieces", ("ok", 5))
+    assert "to 'prepare'" in reply_problem("prepare", "yes")
+    assert "to 'decided'" in reply_problem("decided", (5,))

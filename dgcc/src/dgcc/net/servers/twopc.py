@@ -211,10 +211,15 @@ class TwoPhaseCommitNode(Node):
         self.stats["net/peer_messages"] += 1
         try:
             self._post(peer, ("req", request_id, self.id, body))
-            return await asyncio.wait_for(reply, RPC_TIMEOUT_S)
+            answer = await asyncio.wait_for(reply, RPC_TIMEOUT_S)
         finally:
             self._replies.pop(request_id, None)
             self._awaiting.get(peer, set()).discard(request_id)
+        problem = reply_problem(body[0], answer)
+        if problem is not None:  # the peer broke the protocol: as a bad frame, its link ends
+            self._bad_peer(peer, FrameError(f"bad 'rep' message from peer {peer}: {problem}"))
+            raise PeerLost(f"node {peer} sent an ill-shaped answer ({problem})")
+        return answer
 
     def _peer_lost(self, peer: int) -> None:
         """Fail the requests awaiting ``peer`` at once (their attempts abort) and abort the
@@ -249,6 +254,9 @@ class TwoPhaseCommitNode(Node):
                 if reply is not None and not reply.done():
                     reply.set_result(body)
             elif kind == "req":
+                problem = request_problem(body)
+                if problem is not None:
+                    raise FrameError(f"bad 'req' message from peer {peer}: {problem}")
                 self._spawn(self._answer(peer, request_id, body))
             else:
                 raise FrameError(f"unknown peer message kind {kind!r}")
@@ -313,7 +321,7 @@ class TwoPhaseCommitNode(Node):
         self._txn_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("node %d: transaction task failed", self.id, exc_info=task.exception())
-            self.stop()
+            self._fail(f"a transaction task failed: {task.exception()!r}")
 
     # -- participant side (also the coordinator's own branch) --------------------------------
 
@@ -611,3 +619,47 @@ class TwoPhaseCommitNode(Node):
                                    op, branch_id, answer)  # fmt: skip
                 elif isinstance(answer, BaseException):
                     raise answer
+
+
+_SEQ = (list, tuple)
+# A request's arity by operation (its body after the operation name and branch id).
+_REQUEST_ARITY = {"call": (4,), "pieces": (7,), "prepare": (2,), "commit": (2, 3),
+                  "abort": (2, 3), "decided": (2,)}  # fmt: skip
+_PIECE_RESULTS = ("ok", "cc", "aborted", "error")
+
+
+def request_problem(body: Any) -> str | None:
+    """What is wrong with a peer request's body (the shape ``_answer`` unpacks), or None."""
+    if not isinstance(body, _SEQ) or not body or body[0] not in _REQUEST_ARITY:
+        return f"not a known request: {brief(body, 60)}"
+    op = body[0]
+    if len(body) not in _REQUEST_ARITY[op] or not isinstance(body[1], _SEQ):
+        return f"an ill-shaped {op!r} request: {brief(body, 60)}"
+    if op == "call" and not (isinstance(body[2], str) and isinstance(body[3], dict)):
+        return f"a 'call' request needs a procedure name and params: {brief(body, 60)}"
+    if op == "pieces":
+        _, _, ts, procedure, params, indices, inputs = body
+        shapes = (isinstance(ts, _SEQ) and isinstance(procedure, str) and isinstance(params, dict)
+                  and isinstance(indices, _SEQ) and all(type(i) is int for i in indices)
+                  and isinstance(inputs, dict))  # fmt: skip
+        if not shapes:
+            return f"an ill-shaped 'pieces' request: {brief(body, 60)}"
+    if op == "decided" and not all(isinstance(txn, _SEQ) for txn in body[1]):
+        return f"a 'decided' request needs transaction ids: {brief(body, 60)}"
+    return None
+
+
+def reply_problem(op: str, answer: Any) -> str | None:
+    """What is wrong with a peer's answer to an ``op`` request (as its caller unpacks it)."""
+    if op == "call":
+        ok = (isinstance(answer, _SEQ) and len(answer) == 3
+              and answer[0] in {status.value for status in Status}
+              and (answer[2] is None or isinstance(answer[2], str)))  # fmt: skip
+    elif op == "pieces":
+        ok = (isinstance(answer, _SEQ) and len(answer) == 2 and answer[0] in _PIECE_RESULTS
+              and (answer[0] != "ok" or isinstance(answer[1], dict)))  # fmt: skip
+    elif op == "decided":
+        ok = isinstance(answer, _SEQ) and all(isinstance(txn, _SEQ) for txn in answer)
+    else:  # prepare, commit, abort
+        ok = type(answer) is bool
+    return None if ok else f"an ill-shaped answer to {op!r}: {brief(answer, 60)}"
