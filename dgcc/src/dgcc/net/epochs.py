@@ -325,7 +325,7 @@ def peer_body(peer: int, kind: str, handle: Callable[..., None], *args: Any) -> 
     """
     try:
         handle(*args)
-    except (ProcedureError, ValueError, TypeError, IndexError) as error:
+    except (ProcedureError, ValueError, TypeError, IndexError, KeyError) as error:
         raise FrameError(f"bad {kind!r} message from peer {peer}: {error}") from error
 
 

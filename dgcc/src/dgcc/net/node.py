@@ -64,6 +64,8 @@ CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
 PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
+LINGER_S = 1.0  # a refused connection is read and dropped this long at most before closing
+LINGER_BYTES_MAX = 64 << 20  # ... and this much
 
 
 class NodeFailed(DgccError):
@@ -240,14 +242,26 @@ class Node(EpochPipeline):
             except OSError as error:
                 failure = str(error)
             else:
-                answer = await self._introduce(peer, reader, writer)
-                if answer[0] == "ready":
+                try:
+                    answer = await self._introduce(peer, reader, writer)
+                except (ConnectionLost, FrameError, TimeoutError, OSError) as error:
+                    # (a peer still starting, or too busy to answer in time): try again
+                    writer.close()
+                    failure = str(error) or type(error).__name__
+                    answer = None
+                except BaseException:
+                    writer.close()
+                    raise
+                if answer is not None and answer[0] == "ready":
                     self._out[peer] = writer
                     return
-                writer.close()
-                if answer[0] != "error" or PEER_CONNECTED not in str(answer[1:2]):
-                    raise HandshakeError(f"node {self.id}: peer {peer} refused us: {brief(answer)}")
-                failure = str(answer[1])
+                if answer is not None:
+                    writer.close()
+                    if answer[0] != "error" or PEER_CONNECTED not in str(answer[1:2]):
+                        raise HandshakeError(
+                            f"node {self.id}: peer {peer} refused us: {brief(answer)}"
+                        )
+                    failure = str(answer[1])
             if time.monotonic() > deadline_s:
                 raise ConnectionLost(f"node {self.id}: peer {peer} unreachable: {failure}")
             await asyncio.sleep(pause_s)  # backoff between connection attempts
@@ -295,6 +309,7 @@ class Node(EpochPipeline):
                 logger.warning("node %d: closing connection from %s: %s", self.id, peer_name, error)
             if not writer.is_closing():
                 writer.write(frame(("error", str(error)[:200])))
+                await _linger(reader, writer)
         except (ConnectionLost, OSError) as error:  # (OSError: reset, unreachable host ...)
             # A client leaving is routine; a peer leaving stalls the epochs (until stop).
             peer_lost = role == "node" and not self.stopped.is_set()
@@ -303,6 +318,11 @@ class Node(EpochPipeline):
                 self._peer_lost(peer)
         except asyncio.CancelledError:  # the event loop ends (after stop): a clean end; raised,
             return  # Python 3.11's stream server logs it as "Exception in callback" at exit
+        except Exception as error:  # a bug on this link's path: the link ends, not the node
+            logger.error("node %d: %s connection %s failed", self.id, role, peer_name,
+                         exc_info=error)  # fmt: skip
+            if role == "node" and self._peer_readers.get(peer) is reader:
+                self._peer_lost(peer)
         finally:
             if role == "node" and self._peer_readers.get(peer) is reader:
                 del self._peer_readers[peer]  # ended: the peer may connect again
@@ -374,7 +394,7 @@ class Node(EpochPipeline):
                 else:
                     await self._answer_rejoin(peer, epoch)
             elif kind == "rejoin" and self.durability is not None:
-                self.durability.peer_rejoin(peer, body)
+                peer_body(peer, kind, self.durability.peer_rejoin, peer, body)
             else:
                 raise FrameError(f"unknown peer message kind {kind!r}")
             self._wake.set()
@@ -601,6 +621,25 @@ class Node(EpochPipeline):
             del self._early_reports[early]  # their callers died with the old process
         self._closed_epochs = plan.closed
         self._reports_to, self._catch_up_until = plan.reports_to, plan.closed
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Let a refusal's error frame reach its client before the close: end our side, then read
+    and drop what the client still sends (bounded); closing with unread input would reset the
+    connection and lose the frame."""
+    try:
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            dropped = 0
+            while dropped < LINGER_BYTES_MAX:
+                chunk = await reader.read(1 << 16)
+                if not chunk:
+                    break
+                dropped += len(chunk)
+    except (OSError, TimeoutError, ConnectionError):
+        pass
 
 
 async def _collect_garbage() -> None:
