@@ -22,7 +22,7 @@ import pytest
 
 from dgcc.api import Piece, PieceContext, Procedure, ProcedureRegistry, Status, TxnRequest
 from dgcc.cluster import local_config
-from dgcc.net import AsyncClient, Client, FrameError, FrameRefused, HandshakeError
+from dgcc.net import AsyncClient, Client, ConnectionLost, FrameError, FrameRefused, HandshakeError
 from dgcc.net.calls import call_problem
 from dgcc.net.node import Node
 from dgcc.net.servers import server_class
@@ -612,7 +612,6 @@ def test_a_node_whose_log_cannot_be_written_stops_and_says_why(tmp_path, monkeyp
     import errno
 
     import dgcc.wal.writer as writer_module
-    from dgcc.net import ConnectionLost
     from dgcc.net.node import NodeFailed, run_node
 
     config = local_config(1, **YCSB, data_dir=str(tmp_path))
@@ -685,3 +684,35 @@ def test_a_2pc_answer_of_the_wrong_shape_is_the_peers_fault():
     assert "to 'pieces'" in reply_problem("pieces", ("ok", 5))
     assert "to 'prepare'" in reply_problem("prepare", "yes")
     assert "to 'decided'" in reply_problem("decided", (5,))
+
+
+def test_a_raising_done_callback_does_not_cost_the_other_calls_their_answers(caplog):
+    config = local_config(1, **YCSB)
+    good = {"keys": [3], "rmw": [True]}
+
+    async def go() -> tuple[list, str, str]:
+        answers: list = []
+
+        def broken(result: Any) -> None:
+            raise RuntimeError("the caller's bug")
+
+        async with _running(config):
+            client = await AsyncClient.connect("127.0.0.1", config.nodes[0].port)
+            client.submit("ycsb_txn", good, broken)
+            last = asyncio.get_running_loop().create_future()
+            client.submit("ycsb_txn", good, answers.append)
+            client.submit("ycsb_txn", good, last.set_result)
+            await asyncio.wait_for(last, WAIT_S)
+            await client.status(timeout_s=WAIT_S)  # the read loop still runs
+            with pytest.raises(ValueError, match="timeout_s must be > 0"):
+                await client.call("ycsb_txn", good, timeout_s=0)
+            await client.close()
+            with pytest.raises(ConnectionLost) as closed:
+                await client.status()
+        return answers, str(closed.value), caplog.text
+
+    with caplog.at_level(logging.ERROR, logger="dgcc.net.client"):
+        answers, closed, logged = asyncio.run(go())
+    assert [outcome.status for outcome in answers] == [Status.COMMITTED]
+    assert "a call's done callback raised" in logged
+    assert "was closed" in closed and "None" not in closed

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import socket
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,8 @@ from dgcc.net.wire import (
 )
 
 __all__ = ["AsyncClient", "Client", "call_each_in_order"]
+
+logger = logging.getLogger(__name__)
 
 TIMEOUT_S_DEFAULT = 30.0
 CALLS_PER_FRAME_MAX = 1000  # keeps a calls frame far below any sane frame limit
@@ -165,13 +168,15 @@ class AsyncClient:
             lost = self._closed
             if not isinstance(lost, FrameRefused):
                 lost = ConnectionLost(f"connection to {self.where} lost: {self._closed}")
+            self._closed = self._closed or lost
+            self._writer.close()
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(lost)
             self._pending.clear()
             callbacks, self._callbacks = self._callbacks, {}
             for callback in callbacks.values():
-                callback(lost)
+                _tell(callback, lost)
 
     def _answer_calls(self, results: tuple) -> None:
         callbacks = self._callbacks
@@ -183,11 +188,11 @@ class AsyncClient:
                 raise FrameError(f"unknown call status {status!r}")
             callback = callbacks.pop(call_id, None)
             if callback is not None:  # None: a call whose caller timed out
-                callback(Outcome(_STATUSES[status], value, reason))
+                _tell(callback, Outcome(_STATUSES[status], value, reason))
 
     def _check_open(self) -> None:
         if self._closed is not None or self._reader_task.done():
-            raise ConnectionLost(f"connection to {self.where} is closed: {self._closed}")
+            raise ConnectionLost(f"connection to {self.where} is closed ({self._closed})")
 
     def submit(
         self,
@@ -229,8 +234,8 @@ class AsyncClient:
                 else:
                     future.set_exception(result)
 
+        timeout_s = _timeout(timeout_s)
         call_id = self.submit(procedure, params, done)
-        timeout_s = timeout_s or TIMEOUT_S_DEFAULT
         try:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -239,13 +244,14 @@ class AsyncClient:
 
     async def _request(self, kind: str, *, timeout_s: float | None) -> tuple:
         self._check_open()
+        timeout_s = _timeout(timeout_s)
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         self._schedule_flush()
         self._frames.append(frame((kind, request_id)))
         try:
-            return await asyncio.wait_for(future, timeout_s or TIMEOUT_S_DEFAULT)
+            return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             self._pending.pop(request_id, None)
             raise CallTimeout(f"{kind} to {self.where} got no answer in {timeout_s} s") from None
@@ -263,6 +269,8 @@ class AsyncClient:
         await self._request("stop", timeout_s=timeout_s)
 
     async def close(self) -> None:
+        if self._closed is None:
+            self._closed = ConnectionLost(f"the client of {self.where} was closed")
         self._writer.close()
         self._reader_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -284,8 +292,10 @@ async def call_each_in_order(
 ) -> list[list[Outcome]]:
     """Send ``requests[n]`` (objects with ``procedure`` and ``params``) to ``addresses[n]``, each
     node's calls pipelined on one connection in order; the outcomes, per node, in send order."""
-    clients = [await AsyncClient.connect(host, port, secret=secret) for host, port in addresses]
+    clients: list[AsyncClient] = []
     try:
+        for host, port in addresses:  # (inside: a later connect that fails closes the earlier)
+            clients.append(await AsyncClient.connect(host, port, secret=secret))
         calls = [
             asyncio.gather(*(c.call(r.procedure, r.params, timeout_s=timeout_s) for r in batch))
             for c, batch in zip(clients, requests, strict=True)
@@ -330,7 +340,12 @@ class Client:
             try:  # bounded: memory grows with what arrives, not with what a header announces
                 chunk = self._sock.recv(min(left, RECV_BYTES_MAX))
             except TimeoutError:
-                raise CallTimeout(f"{self.where} sent nothing for {self.timeout_s} s") from None
+                self._sock.close()  # the stream may stop mid-frame: it cannot be read on
+                raise CallTimeout(
+                    f"{self.where} sent nothing for {self.timeout_s} s (connection closed)"
+                ) from None
+            except OSError as error:
+                raise ConnectionLost(f"connection to {self.where} lost: {error}") from None
             if not chunk:
                 raise ConnectionLost(f"{self.where} closed the connection")
             chunks.append(chunk)
@@ -344,11 +359,18 @@ class Client:
             raise FrameError(f"frame of {length} bytes from {self.where} exceeds {limit}")
         return decode(self._read_exactly(length))
 
+    def _send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as error:  # (a closed socket too: after a timeout, or close())
+            raise ConnectionLost(f"connection to {self.where} lost: {error}") from None
+
     def _request(self, kind: str, limit: int | None = None) -> tuple:
         request_id = next(self._ids)
-        self._sock.sendall(frame((kind, request_id)))
+        self._send(frame((kind, request_id)))
         while True:
             message = self._read(limit)
+            _raise_if_refused(message, self.where)
             if len(message) >= 2 and message[1] == request_id:
                 if message[0] == "error":  # the node cannot answer this request
                     raise FrameError(_refusal(message, self.where))
@@ -357,7 +379,7 @@ class Client:
     def call(self, procedure: str, params: Mapping[str, Any]) -> Outcome:
         """Run ``procedure(params)``; returns its outcome once its epoch committed."""
         call_id = next(self._ids)
-        self._sock.sendall(frame(("calls", ((call_id, procedure, dict(params)),))))
+        self._send(frame(("calls", ((call_id, procedure, dict(params)),))))
         while True:
             message = self._read()
             _raise_if_refused(message, self.where)
@@ -393,6 +415,24 @@ class Client:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _timeout(timeout_s: float | None) -> float:
+    """A call's or request's timeout: None is the default; it must be positive."""
+    if timeout_s is None:
+        return TIMEOUT_S_DEFAULT
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 (or None for {TIMEOUT_S_DEFAULT:g} s)")
+    return timeout_s
+
+
+def _tell(callback: Callable[[Outcome | NetError], None], result: Outcome | NetError) -> None:
+    """Hand a call's result to its ``submit`` callback; one that raises is the caller's bug,
+    logged, and does not stop the answers to the other calls."""
+    try:
+        callback(result)
+    except Exception:
+        logger.exception("a call's done callback raised")
 
 
 def _raise_if_refused(message: tuple, where: str) -> None:
