@@ -381,6 +381,52 @@ def test_a_client_that_stops_reading_its_answers_is_closed(caplog):
     assert writer.aborted and "closing client slow" in caplog.text
 
 
+def _written_frames(data: bytes) -> list[tuple[int, Any]]:
+    frames = []
+    while data:
+        length = int.from_bytes(data[:4], "big")
+        frames.append((length, decode(data[4 : 4 + length])))
+        data = data[4 + length :]
+    return frames
+
+
+def test_answers_go_in_frames_the_client_can_read():
+    # A frame over the client's limit would end its connection and every call on it: the
+    # answers are split to fit, and one answer too large alone loses only its result.
+    from dgcc.net.calls import ClientLink
+
+    writer = _Writer()
+    link = ClientLink(writer, "test", frame_bytes_max=1000)  # type: ignore[arg-type]
+    link._results = [(i, "committed", "x" * 300, None) for i in range(6)]
+    link._results.append((6, "committed", "y" * 5000, None))
+    link._flush()
+    frames = _written_frames(writer.data)
+    assert len(frames) > 2 and all(length <= 1000 for length, _ in frames)
+    answers = [entry for _, (_, entries) in frames for entry in entries]
+    assert [entry[0] for entry in answers] == list(range(7))
+    assert answers[5] == (5, "committed", "x" * 300, None)
+    assert answers[6][:3] == (6, "committed", None)
+    assert "exceeds the client's frame limit" in answers[6][3]
+
+
+def test_admin_answers_piling_up_unread_close_the_client(caplog, monkeypatch):
+    # One client asking for dump after dump in one burst: beyond ANSWERS_BUFFERED_MAX bytes
+    # waiting, the connection closes instead of the node encoding every dump.
+    import dgcc.net.calls as calls
+
+    monkeypatch.setattr(calls, "ANSWERS_BUFFERED_MAX", 10_000)
+    writer = _Writer()
+
+    async def go() -> int:
+        link = calls.ClientLink(writer, "greedy")  # type: ignore[arg-type]
+        for request in range(100):
+            link.send(("dump", request, {"rows": "r" * 3000}))
+        return len(link._frames)
+
+    kept = asyncio.run(go())
+    assert writer.aborted and kept < 10 and "closing client greedy" in caplog.text
+
+
 def test_a_result_msgpack_cannot_carry_loses_only_that_result():
     # A procedure's result with an int beyond 64 bits: its call is answered with its status,
     # no result and a reason; the other answers in the frame go out as they are.

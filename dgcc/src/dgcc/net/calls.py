@@ -25,22 +25,45 @@ logger = logging.getLogger(__name__)
 class ClientLink:
     """A connected client; answers are gathered and written once per loop iteration.
 
-    Call results go out batched, ``RESULTS_PER_FRAME_MAX`` to a ``results`` frame.
+    Call results go out batched, ``RESULTS_PER_FRAME_MAX`` to a ``results`` frame and no frame
+    over ``frame_bytes_max`` (the client's limit, as ours: a larger frame would end its
+    connection, and every call in flight on it, not one answer).
     """
 
-    __slots__ = ("_frames", "_results", "name", "writer")
+    __slots__ = ("_frames", "_results", "frame_bytes_max", "name", "writer")
 
-    def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
+    def __init__(
+        self, writer: asyncio.StreamWriter, name: str, frame_bytes_max: int = 64 * 2**20
+    ) -> None:
         self.writer = writer
         self.name = name
+        self.frame_bytes_max = frame_bytes_max
         self._frames: list[bytes] = []
         self._results: list[tuple] = []
 
     def send(self, message: Any) -> None:
-        """Send one (admin) message."""
+        """Send one (admin) message. One that finds answers already waiting past
+        ``ANSWERS_BUFFERED_MAX`` (a client asking for dump after dump without reading them)
+        closes the connection instead of growing the node."""
         if not self._frames and not self._results:
             asyncio.get_running_loop().call_soon(self._flush)
+        elif self._waiting_bytes() > ANSWERS_BUFFERED_MAX:
+            self._overflow(self._waiting_bytes())
+            return
         self._frames.append(frame(message))
+
+    def _waiting_bytes(self) -> int:
+        return sum(map(len, self._frames)) + self.writer.transport.get_write_buffer_size()
+
+    def _overflow(self, buffered: int) -> None:
+        if not self.writer.is_closing():
+            logger.warning(
+                "closing client %s: %d bytes of answers wait for it to read them (at most %d)",
+                self.name,
+                buffered,
+                ANSWERS_BUFFERED_MAX,
+            )
+            self.writer.transport.abort()
 
     def result(self, call_id: int, outcome: Outcome) -> None:
         """Answer call ``call_id``."""
@@ -55,24 +78,38 @@ class ClientLink:
     def _flush(self) -> None:
         results, self._results = self._results, []
         for start in range(0, len(results), RESULTS_PER_FRAME_MAX):
-            chunk = results[start : start + RESULTS_PER_FRAME_MAX]
-            try:
-                self._frames.append(frame(("results", chunk)))
-            except FrameError:  # a result msgpack cannot carry: that call alone fails
-                self._frames.extend(frame(("results", [_sendable(entry)])) for entry in chunk)
+            self._frames += self._result_frames(results[start : start + RESULTS_PER_FRAME_MAX])
         data, self._frames = b"".join(self._frames), []
         if self.writer.is_closing():  # a client that died mid-call just loses its answers
             return
         self.writer.write(data)
         buffered = self.writer.transport.get_write_buffer_size()
         if buffered > ANSWERS_BUFFERED_MAX:  # it stopped reading: its later answers are lost
-            logger.warning(
-                "closing client %s: %d bytes of answers wait for it to read them (at most %d)",
-                self.name,
-                buffered,
-                ANSWERS_BUFFERED_MAX,
+            self._overflow(buffered)
+
+    def _result_frames(self, chunk: list[tuple]) -> list[bytes]:
+        """``results`` frames of the answers in ``chunk``, halved until each fits the
+        client's frame limit; an answer that cannot go (msgpack cannot carry its result, or it
+        alone is too large) goes with its status, no result and a reason."""
+        try:
+            data = frame(("results", chunk))
+        except FrameError:  # a result msgpack cannot carry: that call alone fails
+            if len(chunk) > 1:
+                middle = len(chunk) // 2
+                return self._result_frames(chunk[:middle]) + self._result_frames(chunk[middle:])
+            return [frame(("results", [_sendable(chunk[0])]))]
+        if len(data) - 4 <= self.frame_bytes_max:
+            return [data]
+        if len(chunk) > 1:
+            middle = len(chunk) // 2
+            return self._result_frames(chunk[:middle]) + self._result_frames(chunk[middle:])
+        call_id, status, _, _ = chunk[0]
+        why = f"its result of {len(data)} bytes exceeds the client's frame limit"
+        return [
+            frame(
+                ("results", [(call_id, status, None, f"the call's result cannot be sent ({why})")])
             )
-            self.writer.transport.abort()
+        ]
 
 
 def _sendable(entry: tuple) -> tuple:

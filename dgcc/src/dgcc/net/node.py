@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import itertools
 import logging
 import os
 import random
@@ -64,6 +65,7 @@ CONNECT_TIMEOUT_S = 60.0
 HANDSHAKE_TIMEOUT_S = 10.0
 GC_PERIOD_S = 1.0  # between two collections of what the last period left (_collect_garbage)
 PEER_CONNECTED = "refused a second connection claiming to be node"  # the newcomer retries
+YIELD_EVERY_FRAMES = 64  # client frames read between two yields to the event loop
 LINGER_S = 1.0  # a refused connection is read and dropped this long at most before closing
 LINGER_BYTES_MAX = 64 << 20  # ... and this much
 
@@ -295,7 +297,8 @@ class Node(EpochPipeline):
             else:
                 self.stats["net/client_connections"] += 1
                 self._client_writers.add(writer)
-                await self._serve_client(reader, ClientLink(writer, peer_name))
+                link = ClientLink(writer, peer_name, self.config.frame_bytes_max)
+                await self._serve_client(reader, link)
         except (FrameError, HandshakeError, TimeoutError) as error:
             self.stats["net/rejected_connections"] += 1
             if role == "node" and self._peer_readers.get(peer) is reader:
@@ -407,8 +410,10 @@ class Node(EpochPipeline):
             "order": self._answer_order,
             "stop": self._answer_stop,
         }
-        while True:
+        for count in itertools.count(1):
             message = await read_frame(reader, limit)
+            if not count % YIELD_EVERY_FRAMES:  # frames already buffered are read without a
+                await asyncio.sleep(0)  # yield: one client's burst must not starve the rest
             kind = message[0]
             if kind == "calls":
                 if len(message) != 2 or not isinstance(message[1], tuple):
