@@ -200,10 +200,33 @@ def test_epochs_closed_by_count_alone_are_refused_on_the_command_line(tmp_path, 
     """``--epoch-ms 0`` made every node wait for epoch_calls_max (2000) calls before it
     closed an epoch: a ``dgcc call`` then hung until its timeout."""
     start = ["cluster", "start", "--nodes", "1", "--dir", str(tmp_path), "--epoch-ms", "0"]
-    assert "--epoch-ms must be > 0: epochs closed by count alone" in cli_error(start)
+    assert "--epoch-ms must be > 0, got 0: epochs closed by count alone" in cli_error(start)
     assert not (tmp_path / "cluster.json").exists()
     bench = ["bench", "--nodes", "2", "--seconds", "0.1", "--warmup-s", "0", "--epoch-ms", "0"]
     assert "--epoch-ms must be > 0" in cli_error(bench)
+    assert "--epoch-ms must be > 0, got -1" in cli_error([*bench[:-1], "-1"])
+
+
+def test_a_node_log_that_cannot_be_opened_is_one_line_and_rolled_back(tmp_path, cli_error):
+    (tmp_path / "node0.log").mkdir()  # where node 0's log file goes
+    start = ["cluster", "start", "--nodes", "1", "--dir", str(tmp_path)]
+    assert f"cannot use {str(tmp_path)!r} as a cluster directory" in cli_error(start)
+    assert not (tmp_path / "cluster.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("raise ValueError('bad default')\n", "raised ValueError: bad default"),
+        ("def broken(:\n", "raised SyntaxError"),
+    ],
+)
+def test_a_workload_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, cli_error,
+                                                            source, says):  # fmt: skip
+    (tmp_path / "badworkload.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bench = ["bench", "--workload", "badworkload:Mine", "--seconds", "0.1"]
+    assert f"workload 'badworkload:Mine': importing 'badworkload' {says}" in cli_error(bench)
 
 
 @pytest.mark.timeout(60)  # a node that took the config would serve until stopped

@@ -11,6 +11,7 @@ entry point (``dgcc.cli``) owns the parser, and the launcher spawns nodes throug
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -463,6 +464,10 @@ def _start(args: argparse.Namespace) -> int:
             )
     else:
         config = _flags_config(args)
+    if config.data_dir is not None and not Path(config.data_dir).is_absolute():
+        # as --data-dir: cluster.json keeps it absolute, so a node restarted from another
+        # working directory (cluster start --node) finds its log, not a new empty directory
+        config = dataclasses.replace(config, data_dir=str(Path(config.data_dir).resolve()))
     check_tpcc_placement(config)
     config.shared_secret()  # an unset secret_env fails here, not inside every node
     if config.data_dir is not None:
@@ -519,14 +524,14 @@ def _epoch_ms(args: argparse.Namespace) -> float:
     and the whole cluster then waits (a setting for tests that send exact batches).
 
     Raises:
-        ConfigError: ``--epoch-ms 0``.
+        ConfigError: ``--epoch-ms`` 0 or less.
     """
     if args.epoch_ms is None:
         return EPOCH_MS_DEFAULT
-    if args.epoch_ms == 0:
+    if not args.epoch_ms > 0:  # (NaN too)
         raise ConfigError(
-            "--epoch-ms must be > 0: epochs closed by count alone wait for that many calls on "
-            "every node, and the cluster stalls until a node gets them"
+            f"--epoch-ms must be > 0, got {args.epoch_ms:g}: epochs closed by count alone wait "
+            "for that many calls on every node, and the cluster stalls until a node gets them"
         )
     return args.epoch_ms
 

@@ -205,12 +205,18 @@ def start_node(
     pids = check_node_restart(directory, node)
     log_starts = [log_size(directory, node)]
     started: list[subprocess.Popen] = []
-    _spawn(directory, node, started)
-    process = started[0]
-    _wait_ready_or_kill(directory, [process], log_starts, ready_timeout_s, first_node=node)
-    pids[node] = process.pid
-    _write_pids(directory, pids)
-    return process
+    try:
+        _spawn(directory, node, started)
+        _wait_ready_or_kill(directory, started, log_starts, ready_timeout_s, first_node=node)
+        pids[node] = started[0].pid
+        _write_pids(directory, pids)
+    except BaseException:  # (a Ctrl-C held back while it spawned too): no unrecorded child
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        raise
+    return started[0]
 
 
 def check_node_restart(directory: Path, node: int) -> list[int]:
@@ -282,7 +288,12 @@ def _unblock_stops() -> None:
 def _spawn(directory: Path, node: int, processes: list[subprocess.Popen]) -> None:
     """Start one ``dgcc node`` process of the cluster config in ``directory`` (into
     ``processes``), logging to a file."""
-    log = open(directory / f"node{node}.log", "ab")  # noqa: SIM115 - the child owns it
+    try:
+        log = open(directory / f"node{node}.log", "ab")  # noqa: SIM115 - the child owns it
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use {str(directory)!r} as a cluster directory: {error}"
+        ) from None
     optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
     try:
         spawn_into(
@@ -349,7 +360,12 @@ def running_pids(directory: Path) -> list[int]:
 
 def _write_pids(directory: Path, pids: list[int]) -> None:
     state = {"pids": pids, "config": str(directory / CONFIG_FILE)}
-    (directory / STATE_FILE).write_text(json.dumps(state))
+    try:
+        (directory / STATE_FILE).write_text(json.dumps(state))
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use {str(directory)!r} as a cluster directory: {error}"
+        ) from None
 
 
 def log_size(directory: Path, node: int) -> int:

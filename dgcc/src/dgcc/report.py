@@ -50,6 +50,7 @@ FULL_ARGS = {"protocols": ("--log",), "tpcc_soak": ("--shadow", "serial")}
 TIMEOUT_S_DEFAULT = 3 * 3600.0
 TAIL_LINES = 8
 CLEANUP_S = 60.0  # a stopped script's time to stop what it started
+STITCH_TIMEOUT_S = 120.0
 SUMMARY_LINES = 4  # per script in the final table, where it states no results of its own
 RESULT_LINES = 12  # the most lines of a script's own results in the final table
 SUMMARY_CHARS = 160
@@ -130,8 +131,12 @@ def _run_script(config: ReportConfig, name: str, log_dir: Path) -> ScriptResult:
     log = log_dir / f"{name}.log"
     started_s = time.perf_counter()
     with log.open("w") as output:
-        process = subprocess.Popen(
-            command, cwd=config.repo, stdout=output, stderr=subprocess.STDOUT
+        process = subprocess.Popen(  # its own session: a terminal's Ctrl-C reaches it only
+            command,  # as the one SIGINT _interrupt sends (a second one broke its cleanup)
+            cwd=config.repo,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             code = process.wait(timeout=config.timeout_s)
@@ -175,14 +180,18 @@ def _closing(lines: list[str]) -> tuple[str, ...]:
 
 def _stitch(repo: Path) -> ScriptResult:
     started_s = time.perf_counter()
-    completed = subprocess.run(
-        [sys.executable, str(repo / "tools" / "stitch_benchmarks.py")],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    try:
+        completed = subprocess.run(
+            [sys.executable, str(repo / "tools" / "stitch_benchmarks.py")],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=STITCH_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        detail = f"no result after {STITCH_TIMEOUT_S:g} s"
+        return ScriptResult("stitch", "timeout", time.perf_counter() - started_s, (), None, detail)
     status = "ok" if completed.returncode == 0 else "failed"
     detail = (completed.stdout + completed.stderr).strip()
     return ScriptResult("stitch", status, time.perf_counter() - started_s, (), None, detail)

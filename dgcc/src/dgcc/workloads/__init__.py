@@ -280,6 +280,10 @@ def import_workload(path: str) -> type[Workload]:
             f"workload {path!r}: cannot import {module_name!r}: {error} (is its folder on "
             "PYTHONPATH, or the package installed?)"
         ) from None
+    except Exception as error:  # its own code raised on import (a SyntaxError, a bug ...)
+        raise ConfigError(
+            f"workload {path!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from None
     cls = getattr(module, attribute, None)
     if cls is None:
         raise ConfigError(f"workload {path!r}: module {module_name} has no {attribute!r}")
