@@ -27,7 +27,8 @@ from yatt.rollout import RolloutEngine, SamplingParams
         ("Score: 85", None),  # a 0-100 scale: no score, not a clamped 1.0
         ("Score: -2", None),
         ("The question asks for 3/4 of 12. Score: ", None),  # cut off before its score
-        ("score" + " " * 20_000, None),  # (linear time)
+        ("The score is 8/10", 0.8),  # an N/D after the word
+        ("I'd score it 7/10.", 0.7),
         ("no number", None),
         ("Score: 3/0", None),
         ("**Score:** 8", 0.8),  # markdown emphasis
@@ -37,6 +38,11 @@ from yatt.rollout import RolloutEngine, SamplingParams
 )
 def test_parse_score(reply, expected):
     assert parse_score(reply) == (None if expected is None else pytest.approx(expected))
+
+
+@pytest.mark.timeout(30)  # quadratic, 200k spaces take minutes; linear, milliseconds
+def test_a_long_run_of_separators_is_scanned_in_linear_time():
+    assert parse_score("score" + " " * 200_000) is None
 
 
 @dataclass

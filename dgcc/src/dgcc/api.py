@@ -63,6 +63,7 @@ class LogicAbort(Exception):  # control flow inside the engine; never escapes it
     """Raised by ``PieceContext.abort``; the executor turns it into an ABORTED outcome."""
 
     def __init__(self, reason: str) -> None:
+        reason = reason if type(reason) is str else str(reason)  # (an int, a tuple: its text)
         super().__init__(reason)
         self.reason = reason
 
@@ -395,7 +396,8 @@ class PieceContext:
         return self._txn.outputs[piece_name]
 
     def abort(self, reason: str) -> None:
-        """Logic-abort the transaction; no write of it may have happened yet."""
+        """Logic-abort the transaction; no write of it may have happened yet. A reason that is
+        not text is taken as its ``str`` (every node and the log then carry the same text)."""
         if self._wrote:
             raise ProcedureError(f"logic abort {reason!r} after the transaction wrote")
         raise LogicAbort(reason)

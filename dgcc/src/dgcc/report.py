@@ -168,6 +168,10 @@ def _interrupt(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    except BaseException:  # a second Ctrl-C while it cleans up: it runs in its own session,
+        process.kill()  # so nothing else would stop it
+        process.wait()
+        raise
 
 
 def _closing(lines: list[str]) -> tuple[str, ...]:

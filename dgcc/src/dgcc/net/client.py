@@ -319,7 +319,7 @@ class Client:
         frame_bytes_max: int = FRAME_BYTES_MAX,
     ) -> None:
         self.where = f"{host}:{port}"
-        self.timeout_s = timeout_s
+        self.timeout_s = _timeout(timeout_s)  # (0 would make the socket non-blocking)
         self._limit = frame_bytes_max
         self._ids = itertools.count(1)
         try:
@@ -328,7 +328,7 @@ class Client:
             raise ConnectionLost(f"cannot connect to {self.where}: {error}") from None
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.sendall(_hello_answer(self._read(), secret, self.where))
+            self._send(_hello_answer(self._read(), secret, self.where))
             _check_ready(self._read(), self.where)
         except BaseException:
             self._sock.close()

@@ -643,8 +643,8 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
                 if not chunk:
                     break
                 dropped += len(chunk)
-    except (OSError, TimeoutError, ConnectionError):
-        pass
+    except (OSError, TimeoutError, ConnectionError, asyncio.CancelledError):
+        pass  # (cancelled: the node stops; the connection closes either way)
 
 
 async def _collect_garbage() -> None:

@@ -663,14 +663,14 @@ class EpochRun:
 
     def _check_entries(self, entries: Sequence[Sequence[Any]]) -> None:
         waiting, seen = self._waiters, set()
-        for entry in entries:
-            if len(entry) != 5:
-                raise ProcedureError(f"a value entry of {len(entry)} fields, expected 5")
-            key = (entry[0], entry[1])
+        for index, piece_index, _, reason, error in entries:  # (ValueError: not 5 fields)
+            key = (index, piece_index)
             if key not in waiting or key in seen:
-                raise ProcedureError(f"unexpected value for txn {key[0]} piece {key[1]}")
-            if not all(text is None or type(text) is str for text in entry[3:]):
-                raise ProcedureError(f"txn {key[0]} piece {key[1]}: reason/error not text")
+                raise ProcedureError(f"unexpected value for txn {index} piece {piece_index}")
+            if (reason is not None and reason.__class__ is not str) or (
+                error is not None and error.__class__ is not str
+            ):
+                raise ProcedureError(f"txn {index} piece {piece_index}: reason/error not text")
             seen.add(key)
 
     def reports(self) -> dict[int, list[ReportEntry]]:

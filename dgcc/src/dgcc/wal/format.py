@@ -114,6 +114,8 @@ def decode_payload(block: Block) -> Any:
     """
     try:
         return pickle.loads(block.payload)
+    except (MemoryError, RecursionError):  # this machine's limits, not damage to the block
+        raise
     except Exception as error:
         raise WalCorrupt(
             f"the epoch {block.epoch} block at offset {block.offset} does not decode: "

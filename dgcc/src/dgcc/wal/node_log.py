@@ -523,7 +523,13 @@ class NodeDurability:
                 f"nodes {sorted(self._states)} are running but nodes {restarting} restart too: "
                 f"node {self.node} cannot rejoin (restart them all, or one at a time)"
             )
-        plan = plan_rejoin(self.node, on_disk, self._states)
+        try:
+            plan = plan_rejoin(self.node, on_disk, self._states)
+        except (KeyError, TypeError, ValueError, IndexError) as error:  # a peer's garbled answer
+            raise RejoinError(
+                f"node {self.node} cannot rejoin: a peer's rejoin answer is ill-shaped "
+                f"({type(error).__name__}: {error})"
+            ) from None
         self.log = NodeLog(
             self.directory,
             self.node,

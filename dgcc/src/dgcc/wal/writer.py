@@ -228,3 +228,5 @@ class WalWriter:
         self.close()
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
         self._fd = os.open(path, flags, 0o644)
+        if not create:  # what a killed process left unsynced is synced before anything follows
+            os.fsync(self._fd)  # it (format.py: a block begun after another means it was synced)

@@ -192,9 +192,11 @@ class Controller(ABC):
             result.history.append(metrics)
             if progress is not None:
                 progress(step + 1, total, metrics)
-            self.maybe_checkpoint(step + 1, out_of_time)
-            if failed is not None:
-                raise failed
+            try:
+                self.maybe_checkpoint(step + 1, out_of_time)
+            finally:
+                if failed is not None:  # the evaluation's error, whatever the checkpoint did
+                    raise failed
             if out_of_time:
                 break  # steps generated ahead are dropped
         result.wall_s = time.perf_counter() - start_s

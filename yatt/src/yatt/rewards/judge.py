@@ -26,10 +26,10 @@ DEFAULT_TEMPLATE = (
     "Reply with one line in the form 'Score: N/10'."
 )
 
-# (Markdown emphasis may sit around the word or the colon: "**Score:** 8", "**Score**: 8". The
-# separators are one pattern per character, so a long run of them is scanned in linear time.)
+# (Markdown emphasis may sit around the word or the colon: "**Score:** 8", "**Score**: 8". No
+# two stars over the same characters side by side: a long run of them scans in linear time.)
 _SCORE = re.compile(
-    r"score(?:[\s*_])*[:=]?(?:[\s*_])*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?",
+    r"score[\s*_]*(?:[:=][\s*_]*)?(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?",
     re.IGNORECASE,
 )
 _FRACTION = re.compile(r"(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
@@ -38,13 +38,16 @@ _FRACTION = re.compile(r"(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
 def parse_score(text: str, max_score: float = 10.0) -> float | None:
     """Score in [0, 1] from a judge reply, or None if there is none.
 
-    Reads the last "Score: N" or "Score: N/D" (case-insensitive); only a reply that never says
-    "score" is read by its last bare "N/D" (so a fraction in a reply cut off before its score
-    is no score). N/D when D is given (D > 0), else N / max_score; a score outside
-    [0, max_score] (or N/D outside [0, 1]) is no score: the judge answered on another scale.
+    Reads the last "Score: N" or "Score: N/D" (case-insensitive), else the last bare "N/D" after
+    the last "score" (or anywhere, in a reply that never says "score"): a fraction in a reply
+    cut off before its score is no score. N/D when D is given (D > 0), else N / max_score; a
+    score outside [0, max_score] (or N/D outside [0, 1]) is no score: the judge answered on
+    another scale.
     """
-    if "score" in text.lower():
-        matches = _SCORE.findall(text)
+    lowered = text.lower()
+    if "score" in lowered:  # "Score: 8/10", else an N/D after the last "score" ("I'd score
+        matches = _SCORE.findall(text)  # it 7/10"); a fraction before it is no score
+        matches = matches or _FRACTION.findall(text[lowered.rindex("score") :])
     else:
         matches = _FRACTION.findall(text)
     if not matches:
@@ -158,7 +161,7 @@ class GenerativeJudge:
             requests.append(ids)
             truncated += cut
         asked = [ids for ids in requests if ids is not None]
-        seeds = [self.seed + index for index in range(len(asked))]
+        seeds = [self.seed + row for row, ids in enumerate(requests) if ids is not None]
         answers = iter(self.engine.generate(asked, self.params, seeds) if asked else [])
         replies = ["" if ids is None else next(answers).text for ids in requests]
         scores, failures = [], 0
