@@ -396,3 +396,15 @@ def test_settings_that_cannot_take_effect_are_named():
     (note,) = ignored_settings(both)
     assert note.startswith("control.mode=single has no effect: runtime re-placement")
     assert settings_label(both, 2).startswith("parallel controllers")
+
+
+def test_the_simulation_runs_a_synchronous_disaggregated_plan_in_series():
+    costs = PhaseCosts(gen_s=1.0, reward_s=0.0, train_s=2.0, gen_floor_s=1.0)
+    split = make_placement("disaggregated", 2, 1)
+    steps = 6
+    for overlap in (True, False):
+        sim = simulate([costs] * steps, split, overlap=overlap)
+        # steady state: the model's max(rollout, train) when async, their sum when not
+        assert sim.step_s[-1] == pytest.approx(predict_step_s(costs, split, overlap)), overlap
+    planner = Replanner(2, every_steps=100, move_cost_s=0.0, overlap=False)
+    assert simulate([costs] * steps, split, planner).step_s[-1] == pytest.approx(4.0)

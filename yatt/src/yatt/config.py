@@ -376,6 +376,12 @@ class RewardConfig:
             self.fns,
             "at least one reward function or reward.model_path",
         )
+        _require(
+            bool(self.model_path) or self.model_weight == 1.0,
+            "reward.model_weight",
+            self.model_weight,
+            "no other weight than 1.0 without reward.model_path (it weighs the reward model)",
+        )
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ class ScalarHeadModel(nn.Module):
         """
         folder = Path(path)
         if not folder.is_dir():
-            raise ModelError(f"scalar-head model folder {str(folder)!r} does not exist")
+            where = f"{trained_head}={folder}" if trained_head else f"folder {str(folder)!r}"
+            raise ModelError(f"scalar-head model {where} does not exist")
         if trained_head and not (folder / _META_FILE).exists():
             raise ModelError(
                 f"{trained_head}={folder} is not a trained reward model (no {_META_FILE}): a "

@@ -66,11 +66,14 @@ def run_tasks(
     return spans, finished
 
 
-def step_tasks(step: int, plan: Placement, costs: PhaseCosts, after: str = "") -> list[Task]:
+def step_tasks(step: int, plan: Placement, costs: PhaseCosts, after: str = "",
+               overlap: bool = True) -> list[Task]:  # fmt: skip
     """The task graph of one step. `after`: a task every task of this step waits for (a move).
 
-    The disaggregated plan samples one version behind: gen of step t waits for the weight sync
-    of step t-2 (the one pushed after the update before last), so it overlaps training of t-1.
+    With `overlap` (async, staleness 1), the disaggregated plan samples one version behind: gen
+    of step t waits for the weight sync of step t-2 (the one pushed after the update before
+    last), so it overlaps training of t-1; without, it waits for step t-1's sync (on-policy:
+    the phases run in series, as `predict_step_s(..., overlap=False)` models them).
     """
     n, k = plan.n_devices, plan.n_sampler
     dev = {role: plan.devices[role] for role in plan.devices}
@@ -86,7 +89,8 @@ def step_tasks(step: int, plan: Placement, costs: PhaseCosts, after: str = "") -
             Task(f"sync{step}", "sync", dev["policy"], 0.0, (f"train{step}",)),
         ]  # fmt: skip
     if plan.kind == "disaggregated":
-        stale = (f"sync{step - 2}",) if step > 1 else ()
+        lag = 2 if overlap else 1
+        stale = (f"sync{step - lag}",) if step >= lag else ()
         return [
             Task(f"gen{step}", "gen", dev["sampler"], costs.gen_on(k, reward=True),
                  base + stale),
@@ -122,10 +126,13 @@ class SimResult:
 
 
 def simulate(costs_per_step: list[PhaseCosts], plan: Placement,
-             replanner: Replanner | None = None) -> SimResult:  # fmt: skip
+             replanner: Replanner | None = None, overlap: bool = True) -> SimResult:  # fmt: skip
     """Run every step's graph on `plan`; with a `replanner`, it may move between steps (all
     devices stop for the move, which costs `replanner.move_cost_s`). The replanner only sees
-    the costs of steps already simulated (as a real run would)."""
+    the costs of steps already simulated (as a real run would). `overlap`: the run is async
+    (a replanner's own setting wins), as `step_tasks` says."""
+    if replanner is not None:
+        overlap = replanner.overlap
     spans: list[Span] = []
     free: dict[int, float] = {}
     done: dict[str, float] = {}
@@ -141,7 +148,8 @@ def simulate(costs_per_step: list[PhaseCosts], plan: Placement,
                 spans += new_spans
                 free = dict.fromkeys(range(plan.n_devices), done[after])
                 done = {after: done[after]}  # the new plan starts from a clean pipeline
-        graph = step_tasks(step, plan, costs, after if f"sync{step - 1}" not in done else "")
+        graph = step_tasks(step, plan, costs, after if f"sync{step - 1}" not in done else "",
+                           overlap)  # fmt: skip
         graph = [_drop_missing_deps(t, done, graph) for t in graph]
         new_spans, done = run_tasks(graph, free, done)
         spans += new_spans
