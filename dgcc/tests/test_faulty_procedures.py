@@ -609,3 +609,36 @@ def test_a_negative_partition_from_route_partitions_is_no_route() -> None:
     assert route(TxnRequest("bump", {"keys": [1], "parts": [1]})) == frozenset({1})
     assert route(TxnRequest("bump", {"keys": [1], "parts": [-1]})) is None
     assert route(TxnRequest("bump", {"keys": [1], "parts": [0, -2]})) is None
+
+
+@pytest.mark.parametrize("protocol", ["serial", "dgcc", "no_wait", "wait_die", "occ"])
+def test_a_row_an_index_cannot_key_fails_its_call_and_changes_nothing(protocol: str) -> None:
+    """A piece inserts a row without the field an index keys on (and updates one to an
+    unhashable key): the call fails alone, the table and its index stay as they were (the
+    row used to be stored before its index entry failed, undeletable after), and OCC fails
+    the piece, not the whole batch at commit."""
+    from dgcc.storage import Index
+
+    def schema() -> Database:
+        by_last = Index("by_last", lambda pk, row: row["last"], frozenset({"last"}))
+        return Database((Table("c", indexes=(by_last,)),))
+
+    def plan(params: Mapping[str, Any], view: object) -> list[Piece]:
+        def write(ctx: PieceContext) -> None:
+            if params["kind"] == "insert":
+                ctx.insert("c", 2, {"x": 1})  # no "last"
+            else:
+                ctx.update("c", 1, {"last": ["unhashable"]})
+
+        key = ("c", 2) if params["kind"] == "insert" else ("c", 1)
+        return [Piece("write", write, writes=(key,))]
+
+    registry = ProcedureRegistry([Procedure("write", {"kind": str}, plan)])
+    db = schema()
+    db["c"].insert(1, {"last": "a", "x": 0})
+    engine = get_protocol(protocol)(db, registry)
+    outcomes = engine.run_batch([TxnRequest("write", {"kind": k}) for k in ("insert", "update")])
+    assert [o.status for o in outcomes] == [Status.ERROR, Status.ERROR]
+    assert db["c"].rows == {1: {"last": "a", "x": 0}}
+    assert db["c"].indexes["by_last"].lookup("a") == [1]
+    db["c"].delete(1)  # its index entry is where it should be

@@ -51,3 +51,46 @@ def test_a_crashed_saves_staging_folder_is_cleared_at_the_next_save(tmp_path):
         trainer_state={},
     )  # fmt: skip
     assert sorted(p.name for p in root.iterdir()) == ["step_000002"]
+
+
+def _save(run_dir, step, keep_last=2):
+    from types import SimpleNamespace
+
+    from yatt.config import load_config
+
+    saving = SimpleNamespace(save_pretrained=lambda folder, tokenizer: folder.mkdir(),
+                             state_dict=lambda: {})  # fmt: skip
+    return checkpoint.save_training_checkpoint(
+        run_dir, step, config=load_config("tiny_test"), policy=saving, tokenizer=None,
+        trainer_state={}, keep_last=keep_last,
+    )  # fmt: skip
+
+
+def test_a_checkpoint_a_crash_left_set_aside_is_put_back_not_deleted(tmp_path):
+    # The install sets the old step_1 aside, then renames the new one in: a crash between
+    # the two left only .step_000001.old (whole) and the next save deleted it.
+    first = _save(tmp_path, 1)
+    first.rename(first.with_name(".step_000001.old"))
+    _save(tmp_path, 2)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_000001", "step_000002"]
+
+
+def test_retired_checkpoints_are_renamed_aside_before_they_are_deleted(tmp_path, monkeypatch):
+    # rmtree deletes in directory order: trainer_state.pt could outlive policy/, and resume=auto
+    # then picked a half-deleted checkpoint. Now nothing lists a folder being deleted.
+    for step in (1, 2):
+        _save(tmp_path, step)
+    seen = []
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        seen.append(
+            (os.path.basename(path), [p.name for p in checkpoint.list_checkpoints(tmp_path)])
+        )
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+    _save(tmp_path, 3, keep_last=2)
+    deleting = [listed for name, listed in seen if name == ".step_000001.del"]
+    assert deleting and all("step_000001" not in listed for listed in deleting)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_000002", "step_000003"]

@@ -5,6 +5,7 @@ correct completion scores 1), and every pair it refuses does not (it raises, or 
 completion 0). Rewards of the user's own and rows from a file are never refused, and SFT, which
 uses no reward, is not checked."""
 
+import json
 import re
 from functools import cache
 
@@ -116,8 +117,6 @@ def test_training_entry_points_refuse_a_mismatch_before_any_work(tmp_path):
 
 def test_a_file_row_without_the_answer_a_reward_grades_against_is_refused_up_front(tmp_path):
     # It used to fail only at that row's first reward: steps (or hours) in.
-    import json
-
     from yatt.data import load_prompts
     from yatt.errors import DataError
     from yatt.run_checks import check_rows_have_answers
@@ -129,11 +128,12 @@ def test_a_file_row_without_the_answer_a_reward_grades_against_is_refused_up_fro
     examples = list(load_prompts(path))
     config = load_config("tiny_test", [f"data.path={path}", f"logging.run_dir={tmp_path}/r"])
     message = (f"{path}:21: reward.fns='math_answer' grades each row against its 'answer' "
-               "field, which this row lacks (give each row an answer, or use a reward of your "
+               "field, which this row lacks or leaves blank (give each row an answer, or use a "
+               "reward of your "
                "own in reward.fns)")  # fmt: skip
     with pytest.raises(DataError, match=re.escape(message)):
         check_rows_have_answers(config, examples, [])
-    with pytest.raises(DataError, match=re.escape("lacks (set eval.reward_fn=package.module:")):
+    with pytest.raises(DataError, match=re.escape("leaves blank (set eval.reward_fn=package.")):
         check_rows_have_answers(config, [], examples, train=False, evaluate=True)
     own = load_config("tiny_test", [f"data.path={path}", f"reward.fns=[{USER_REWARD}]"])
     check_rows_have_answers(own, examples, [])  # the user's reward decides what it needs
@@ -150,3 +150,22 @@ def test_a_file_row_without_the_answer_a_reward_grades_against_is_refused_up_fro
         "answer '5 cm' is not a number (math_boxed compares text too)"
     )):  # fmt: skip
         check_rows_have_answers(config, list(load_prompts(path)), [])
+
+
+def test_rows_a_reward_cannot_grade_are_refused_before_the_run_starts(tmp_path):
+    """A blank answer under math_boxed, or a file row without reasoning_gym's fields, failed
+    only when the row was drawn mid-run: after logging.overwrite had deleted the last run."""
+    from yatt.data import load_prompts
+    from yatt.errors import DataError
+    from yatt.run_checks import check_rows_have_answers
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"prompt": "What is 3 + 1?", "answer": "4"}, {"prompt": "And 2 + 2?", "answer": " "}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    examples = list(load_prompts(path))
+    boxed = load_config("tiny_test", [f"data.path={path}", "reward.fns=[math_boxed]"])
+    with pytest.raises(DataError, match=re.escape(f"{path}:2: reward.fns='math_boxed'")):
+        check_rows_have_answers(boxed, examples, [])
+    gym = load_config("tiny_test", [f"data.path={path}", "reward.fns=[reasoning_gym]"])
+    with pytest.raises(DataError, match=r"lacks \['rg_dataset', 'metadata'\]"):
+        check_rows_have_answers(gym, examples[:1], [])

@@ -444,3 +444,15 @@ def test_a_response_budget_must_leave_room_in_the_models_positions(tmp_path) -> 
     # a controller checks the schedule of the ControlConfig it runs, not config.control's
     with pytest.raises(ConfigError, match=r"control\.length_schedule asks for 80 new tokens"):
         check_budgets_fit_model(config, model, length_schedule=("0:4", "3:80"))
+
+
+def test_a_repeated_key_in_an_override_value_and_mixed_key_types_are_one_line_errors(tmp_path):
+    from yatt.config import load_config
+    from yatt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"value '\{a: 1, a: 2\}' for 'train.steps'"):
+        load_config("tiny_test", ["train.steps={a: 1, a: 2}"])
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("train:\n  1: 2\n  x: 3\n")
+    with pytest.raises(ConfigError, match="unknown config key '1' in 'train'"):
+        load_config(str(mixed))

@@ -65,6 +65,18 @@ def test_jsonl_string_and_chat_prompts_keep_extra_fields(tmp_path):
         # json.loads raises ValueError and RecursionError too: they were tracebacks
         ('{"prompt": "x", "answer": ' + "9" * 5000 + "}", "unreadable JSON (Exceeds the limit"),
         ('{"prompt": "x", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}", "unreadable JSON"),
+        # json keeps the last of a repeated key without a word
+        ('{"prompt": "b", "prompt": "c"}', "key 'prompt' appears twice in one object"),
+        # the policy would be shown the answer it is to give
+        (
+            '{"prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "4"}]}',
+            "ends with an assistant message",
+        ),
+        (
+            '{"prompt": [{"role": "user", "content": "' + "x" * 5000 + '"}, {"role": "user", '
+            '"content": [' + "1, " * 5000 + "1]}]}",
+            "got [1, 1, 1",
+        ),  # (cut short)
     ],
 )
 def test_bad_row_names_file_line_and_problem(tmp_path, line, problem):

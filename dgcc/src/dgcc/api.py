@@ -350,6 +350,8 @@ def _check_plan(procedure: Procedure, pieces: Sequence[Piece]) -> None:
         if not isinstance(piece, Piece):
             raise BadPlan(f"{bad}{brief(piece)} is not a Piece")
         after = piece.after
+        if after.__class__ is str:  # a name, not a sequence of names (checked per letter)
+            raise BadPlan(f"{bad}piece {piece.name!r} has after={after!r}: a tuple of names")
         if after and not seen.issuperset(after):
             unknown = [name for name in after if name not in seen]
             raise BadPlan(
@@ -448,6 +450,9 @@ class PieceContext:
         t.update(pk, changes)
 
     def insert(self, table: str, pk: Hashable, row: dict[str, Any]) -> None:
+        """Insert ``row`` under ``pk``: the dict becomes the table's own row (not copied, as
+        this is every NewOrder's hot path), so the piece must neither change it later nor
+        return it as an output."""
         t = self._tables[table]
         if debug.check_invariants:
             self._check_declared(t.conflict_key(pk), write=True)
@@ -504,7 +509,7 @@ class PieceContext:
     def _check_declared(self, key: Key, *, write: bool) -> None:
         piece = self._piece
         assert piece is not None
-        allowed = piece.writes if write else (piece.reads + piece.writes)
+        allowed = piece.writes if write else (*piece.reads, *piece.writes)
         if key not in allowed:
             kind = "write" if write else "read"
             raise ProcedureError(

@@ -43,7 +43,10 @@ class Index:
         self._entries: dict[Hashable, list[Any]] = {}
 
     def add(self, pk: Any, row: Row) -> None:
-        index_key = self.index_key(pk, row)
+        self.add_entry(self.index_key(pk, row), pk)
+
+    def add_entry(self, index_key: Hashable, pk: Any) -> None:
+        """``pk`` under ``index_key`` (computed by the caller before it changed anything)."""
         pks = self._entries.get(index_key)
         if pks is None:
             self._entries[index_key] = [pk]
@@ -154,9 +157,15 @@ class Table:
         rows = self.rows
         if pk in rows:
             raise KeyError(f"{self.name}: duplicate primary key {pk!r}")
+        if not self._indexes:
+            rows[pk] = row
+            return
+        # every index key first: a row an index cannot key (a missing field) changes nothing
+        keys = [index.index_key(pk, row) for index in self._indexes]
+        list(map(hash, keys))  # (an unhashable key raises here too, before any change)
         rows[pk] = row
-        for index in self._indexes:
-            index.add(pk, row)
+        for index, key in zip(self._indexes, keys, strict=True):
+            index.add_entry(key, pk)
 
     def update(self, pk: Any, changes: Mapping[str, Any]) -> None:
         row = self.rows[pk]
@@ -170,11 +179,14 @@ class Table:
             for index in self._indexes
             if index.fields is None or not index.fields.isdisjoint(changes)
         ]
+        changed = {**row, **changes}  # the new index keys first: one that fails changes nothing
+        keys = [index.index_key(pk, changed) for index in touched]
+        list(map(hash, keys))  # (an unhashable key raises here too, before any change)
         for index in touched:
             index.remove(pk, row)
         row.update(changes)
-        for index in touched:
-            index.add(pk, row)
+        for index, key in zip(touched, keys, strict=True):
+            index.add_entry(key, pk)
 
     def insert_many(self, rows: Mapping[Any, Row]) -> None:
         """Insert several new rows at once, as ``insert`` each (recovery's bulk path: one call

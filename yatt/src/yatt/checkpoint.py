@@ -163,7 +163,9 @@ def save_training_checkpoint(
     `keep_last`; `control_state` (JSON) marks a checkpoint of the distributed controllers,
     `sft` one of SFT."""
     root = Path(run_dir) / "checkpoints"
-    for stale in [*root.glob(".step_*.tmp"), *root.glob(".step_*.old")]:  # a crashed save's
+    for aside in root.glob(".step_*.old"):  # a save that crashed between its two renames
+        _put_back(aside.with_name(aside.name[1 : -len(".old")]))
+    for stale in [*root.glob(".step_*.tmp"), *root.glob(".step_*.del")]:  # a crashed save's
         shutil.rmtree(stale, ignore_errors=True)
 
     def write(staging: Path) -> None:
@@ -182,15 +184,38 @@ def save_training_checkpoint(
 
     final = write_folder(root / f"step_{step:06d}", write)
     for old in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_folder(old)
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def remove_folder(folder: Path) -> None:
+    """Delete a checkpoint (or model) folder so that no crash leaves it looking whole: it is
+    renamed aside (``.<name>.del``, which nothing lists) and the parent synced first; the
+    next save clears what a crash left there."""
+    doomed = folder.with_name(f".{folder.name}.del")
+    if doomed.exists():  # (a crash's leftover)
+        shutil.rmtree(doomed, ignore_errors=True)
+    folder.rename(doomed)
+    _fsync(folder.parent, os.O_RDONLY | os.O_DIRECTORY)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _put_back(final: Path) -> None:
+    """A ``final`` that an install set aside (``.<name>.old``) and a crash kept from coming
+    back or being replaced: renamed back (it is whole: it was installed)."""
+    aside = final.with_name(f".{final.name}.old")
+    if aside.is_dir() and not final.exists():
+        aside.rename(final)
+        _fsync(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        logger.warning("%s: put back (a save crashed while replacing it)", final)
 
 
 def write_folder(final: Path, write: Any) -> Path:
     """``write(folder)`` into a staging copy beside ``final``, then ``install_folder`` it
     (a crash mid-write leaves no ``final`` that looks whole); returns ``final``."""
     staging = final.with_name(f".{final.name}.tmp")
+    _put_back(final)  # (then the new one replaces it whole, as install_folder does)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     write(staging)
@@ -388,8 +413,8 @@ def drop_later_checkpoints(run_dir: Path, checkpoint: Path, step: int, overwrite
             f"{later[-1]}, or set logging.overwrite=true to discard the later checkpoints"
         )
     logger.warning("resuming at step %d: deleting the later checkpoints %s", step, names)
-    for path in later:
-        shutil.rmtree(path)
+    for path in reversed(later):  # newest first: a crash leaves the older ones, never a gap
+        remove_folder(path)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -408,4 +433,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     kept = [line + b"\n" for line, row in rows if row["step"] <= last_step]
     staging = path.with_name(path.name + ".tmp")  # rewrite atomically: never half a file
     staging.write_bytes(b"".join(kept))
+    _fsync(staging, os.O_RDONLY)  # (durably: a power loss must not leave an empty file)
     staging.replace(path)
+    _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)

@@ -457,7 +457,10 @@ def _demo(overrides: list[str]) -> None:
     from yatt.report import console
 
     start_s = time.perf_counter()
-    result = _train("demo", ["logging.overwrite=true", *overrides])  # each demo starts afresh
+    # each demo starts afresh in its own folder; a run_dir of the user's own is theirs to keep
+    own_folder = any(item.split("=", 1)[0].strip() == "logging.run_dir" for item in overrides)
+    fresh = [] if own_folder else ["logging.overwrite=true"]
+    result = _train("demo", [*fresh, *overrides])
     wall_s = time.perf_counter() - start_s
     if len(result.evals) >= 2:
         (_, before), (last_step, after) = result.evals[0], result.evals[-1]

@@ -681,7 +681,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"'{prefix or 'config'}' expects a mapping, got {values!r}")
     hints = _field_types(cls)
-    unknown = sorted(set(values) - set(hints))
+    unknown = sorted(set(values) - set(hints), key=str)  # (a YAML key may be a number)
     if unknown:
         where = f"in '{prefix}'" if prefix else "at top level"
         raise ConfigError(f"unknown config key '{unknown[0]}' {where}; valid: {sorted(hints)}")
@@ -787,6 +787,8 @@ def _read_preset(preset: str) -> dict[str, Any]:
         )
     try:
         text = path.read_text(encoding="utf-8")
+    except OSError as exc:  # (no read permission ...)
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise ConfigError(
@@ -833,6 +835,8 @@ def _override_value(cls: type, dotted: str, raw: str) -> Any:
             pass
     try:
         return yaml.load(raw, Loader=_StrictLoader) if raw != "" else ""  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"value {raw!r} for '{dotted}': {exc}") from None
     except yaml.YAMLError:
         raise ConfigError(f"cannot parse value {raw!r} for '{dotted}'") from None
 

@@ -111,6 +111,16 @@ class _RowError(ValueError):
     """A row problem; the loader adds file and line."""
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json keeps the last of a repeated key)."""
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _RowError(f"key {twice!r:.40} appears twice in one object")
+    return row
+
+
 def _parse_messages(messages: list) -> list[dict[str, str]]:
     if not messages:
         raise _RowError("field 'prompt' is an empty message list")
@@ -119,13 +129,20 @@ def _parse_messages(messages: list) -> list[dict[str, str]]:
             raise _RowError(f"message {index} is {type(message).__name__}, expected an object")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
-                raise _RowError(f"message {index} needs a string {key!r}, got {message.get(key)!r}")
+                raise _RowError(
+                    f"message {index} needs a string {key!r}, got {message.get(key)!r:.60}"
+                )
         if message["role"] not in CHAT_ROLES:
             raise _RowError(
                 f"message {index} has role {message['role']!r:.40}; roles: {list(CHAT_ROLES)}"
             )
     if not any(m["role"] == "user" and m["content"].strip() for m in messages):
         raise _RowError("field 'prompt' holds no user message with text: nothing to answer")
+    if messages[-1]["role"] == "assistant":  # the policy would see the answer it is to give
+        raise _RowError(
+            "field 'prompt' ends with an assistant message: a prompt is what the model answers "
+            "(put the reference in 'answer')"
+        )
     return [dict(message) for message in messages]  # extra keys (name, tool_calls) are kept
 
 
@@ -174,7 +191,11 @@ def _parse_row(row: Any, source: str) -> PromptExample:
 def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
     """(location, decoded row or _RowError) for each non-blank line of a JSONL file."""
     rows: list[tuple[str, Any]] = []
-    with path.open("rb") as handle:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:  # (no read permission ...)
+        raise DataError(f"cannot read data file {str(path)!r}: {exc.strerror or exc}") from None
+    with handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # (a BOM first)
@@ -186,7 +207,9 @@ def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                rows.append((f"{path}:{number}", json.loads(line)))
+                rows.append((f"{path}:{number}", json.loads(line, object_pairs_hook=_unique)))
+            except _RowError as exc:
+                rows.append((f"{path}:{number}", exc))
             except json.JSONDecodeError as exc:
                 rows.append(
                     (f"{path}:{number}", _RowError(f"bad JSON ({exc.msg}, col {exc.colno})"))

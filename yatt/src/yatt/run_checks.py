@@ -83,6 +83,15 @@ def check_rows_have_answers(
     if config.eval.enabled or evaluate:
         uses.append(("eval.reward_fn", config.eval.reward_fn, heldout_rows))
     for key, name, rows in uses:
+        if name == "reasoning_gym":  # scored by the dataset's own checker, from the row
+            for row in rows:
+                missing = [f for f in ("rg_dataset", "metadata") if f not in row.fields]
+                if missing:
+                    raise DataError(
+                        f"{row.source or config.data.path}: {key}={name!r} scores with the "
+                        f"reasoning_gym dataset's checker, and this row lacks {missing} (rows "
+                        "from data.task=... carry them; use a reward of your own otherwise)"
+                    )
         if name not in NEEDS_ANSWER:
             continue
         fix = (
@@ -91,10 +100,10 @@ def check_rows_have_answers(
             else "give each row an answer, or use a reward of your own in reward.fns"
         )
         for row in rows:
-            if row.answer is None:
+            if row.answer is None or not str(row.answer).strip():
                 raise DataError(
                     f"{row.source or config.data.path}: {key}={name!r} grades each row against "
-                    f"its 'answer' field, which this row lacks ({fix})"
+                    f"its 'answer' field, which this row lacks or leaves blank ({fix})"
                 )
             if name == "math_answer":  # compares numbers: an answer must read as one
                 try:

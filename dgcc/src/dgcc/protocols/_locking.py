@@ -260,7 +260,7 @@ class InterleavedProtocol(Protocol):
         if verdict is Verdict.ABORT:
             return self._cc_abort(attempt, cause)
         piece = txn.pieces[attempt.next_piece]
-        self._note_versions(attempt, piece.reads + piece.writes)
+        self._note_versions(attempt, (*piece.reads, *piece.writes))  # (lists too)
         run_piece(attempt.ctx, txn, piece)
         attempt.next_piece += 1
         if txn.abort_reason is not None or txn.error is not None:

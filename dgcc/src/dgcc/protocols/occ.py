@@ -16,7 +16,7 @@ from typing import Any
 from dgcc import debug
 from dgcc.api import PieceContext, PlannedTxn, ProcedureRegistry
 from dgcc.protocols._locking import Attempt, InterleavedProtocol, Verdict
-from dgcc.storage import Database
+from dgcc.storage import Database, Table
 
 __all__ = ["OccProtocol"]
 
@@ -56,6 +56,7 @@ class BufferedContext(PieceContext):
         new = {**row, **changes}
         if debug.check_invariants:
             self._check_index_entries(t, pk, row, new)
+        _index_keys(t, pk, new)
         self._wrote = True
         self.buffer.setdefault(table, {})[pk] = new
 
@@ -66,6 +67,7 @@ class BufferedContext(PieceContext):
             self._check_index_entries(t, pk, None, row)
         if self._current(table, pk) is not None:
             raise KeyError(f"{table}: duplicate primary key {pk!r}")
+        _index_keys(t, pk, row)
         self._wrote = True
         self.buffer.setdefault(table, {})[pk] = dict(row)
 
@@ -121,6 +123,13 @@ class BufferedContext(PieceContext):
                 else:  # deleted and inserted again without some field: the new row alone
                     t.delete(pk)
                     t.insert(pk, row)
+
+
+def _index_keys(table: Table, pk: Hashable, row: Mapping[str, Any]) -> None:
+    """Key ``row`` in each of ``table``'s indexes now: a row an index cannot key fails the
+    piece that writes it, as under the other protocols, not the commit that applies it."""
+    for index in table.indexes.values():
+        hash(index.index_key(pk, row))
 
 
 class OccProtocol(InterleavedProtocol):

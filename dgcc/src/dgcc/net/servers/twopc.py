@@ -480,7 +480,7 @@ class TwoPhaseCommitNode(Node):
         runs: list[tuple[int, list[int]]] = []
         node_of_key = self.router.node_of_key
         for index, piece in enumerate(planned.pieces):
-            nodes = {node_of_key(key) for key in piece.reads + piece.writes} - {REPLICATED}
+            nodes = {node_of_key(key) for key in (*piece.reads, *piece.writes)} - {REPLICATED}
             if len(nodes) > 1:
                 raise ConfigError(f"piece {piece.name!r} spans nodes {sorted(nodes)}")
             node = nodes.pop() if nodes else self.id
