@@ -324,3 +324,15 @@ def test_the_lora_bench_measures_both_variants_side_by_side(bench_script, tmp_pa
     assert lora["optimizer_state_bytes"] * 100 < full["optimizer_state_bytes"]
     assert "| lora_r8 |" in (tmp_path / "yatt_lora.md").read_text()
     assert (tmp_path / "yatt_lora.png").stat().st_size > 0
+
+
+def test_a_damaged_weights_file_in_the_adapter_check_is_one_line(tmp_path):
+    from yatt.lora import check_same_base
+
+    model, _ = tiny_model(seed=0)
+    apply_lora(model, 4, 8.0, ("q_proj",))
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{trunc")
+    with pytest.raises(
+        ConfigError, match=r"cannot read .*model\.safetensors to check the adapters"
+    ):
+        check_same_base(model, tmp_path, "base")

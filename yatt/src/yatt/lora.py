@@ -224,10 +224,14 @@ def check_same_base(model: nn.Module, folder: Path, base: str) -> None:
     path = Path(folder) / "model.safetensors"
     if not path.is_file():
         return
-    with safe_open(str(path), framework="pt") as weights:
-        if f"{name}.weight" not in weights.keys():  # noqa: SIM118 (a safe_open handle)
-            return
-        saved = weights.get_tensor(f"{name}.weight")
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            if f"{name}.weight" not in weights.keys():  # noqa: SIM118 (a safe_open handle)
+                return
+            saved = weights.get_tensor(f"{name}.weight")
+    except Exception as error:  # (safetensors' own error types: a truncated or foreign file)
+        detail = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        raise ConfigError(f"cannot read {path} to check the adapters' base: {detail}") from None
     merged = layer.merged_weight().to("cpu", saved.dtype)
     if saved.shape != merged.shape or not torch.allclose(saved, merged, rtol=1e-4, atol=1e-5):
         raise ConfigError(
