@@ -282,6 +282,7 @@ class _Answers:
 
     def __init__(self) -> None:
         self.answers: list[tuple[int, Outcome]] = []
+        self.waiting = 0
 
     def result(self, call_id: int, outcome: Outcome) -> None:
         self.answers.append((call_id, outcome))
@@ -301,7 +302,27 @@ def test_calls_join_the_epoch_in_order_and_overflow_is_refused(monkeypatch):
     assert [call_id for _, call_id in node._callers] == [0, 1, 2]
     assert [call_id for call_id, _ in client.answers] == [3, 4]
     assert all("overloaded: 3 calls waiting" in o.reason for _, o in client.answers)
-    assert node.stats["txn/calls"] == 3
+    assert node.stats["txn/calls"] == 3 and client.waiting == 3
+
+
+def test_one_client_cannot_take_every_waiting_slot(monkeypatch):
+    # A client that floods the node gets its share of the collect buffer; another client's
+    # calls still join the epoch, and closing the epoch gives the flooder its room back.
+    from dgcc.net import node as node_module
+
+    config = local_config(1, workload="ycsb", workload_options={"records": 100})
+    node = node_module.Node(config, 0)
+    monkeypatch.setattr(node_module, "CALLS_WAITING_MAX", 6)
+    monkeypatch.setattr(node_module, "CLIENT_CALLS_WAITING_MAX", 3)
+    flood, other = _Answers(), _Answers()
+    calls = tuple((k, "ycsb_txn", {"keys": [k], "rmw": [False]}) for k in range(5))
+    node._add_calls(flood, calls)
+    node._add_calls(other, calls[:2])
+    assert [call_id for call_id, _ in flood.answers] == [3, 4] and other.answers == []
+    assert "this client has 3 calls waiting (at most 3 of 6)" in flood.answers[0][1].reason
+    assert (flood.waiting, other.waiting) == (3, 2)
+    node._close_epoch()
+    assert (flood.waiting, other.waiting) == (0, 0)
 
 
 def test_a_peers_close_waits_for_half_its_batch_unless_the_executor_would_idle():

@@ -30,7 +30,7 @@ class ClientLink:
     connection, and every call in flight on it, not one answer).
     """
 
-    __slots__ = ("_frames", "_results", "frame_bytes_max", "name", "writer")
+    __slots__ = ("_frames", "_results", "frame_bytes_max", "name", "waiting", "writer")
 
     def __init__(
         self, writer: asyncio.StreamWriter, name: str, frame_bytes_max: int = 64 * 2**20
@@ -38,6 +38,7 @@ class ClientLink:
         self.writer = writer
         self.name = name
         self.frame_bytes_max = frame_bytes_max
+        self.waiting = 0  # its calls collected and not yet in a closed epoch (the node counts)
         self._frames: list[bytes] = []
         self._results: list[tuple] = []
 

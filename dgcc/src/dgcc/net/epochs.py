@@ -41,11 +41,18 @@ if TYPE_CHECKING:
     from dgcc.cluster import ClusterConfig
     from dgcc.protocols.dist_placement import Router
 
-__all__ = ["CALLS_WAITING_MAX", "EpochPipeline", "check_inputs", "peer_body"]
+__all__ = [
+    "CALLS_WAITING_MAX",
+    "CLIENT_CALLS_WAITING_MAX",
+    "EpochPipeline",
+    "check_inputs",
+    "peer_body",
+]
 
 logger = logging.getLogger(__name__)
 
 CALLS_WAITING_MAX = 200_000  # calls collected but not yet in a closed epoch (so per batch)
+CLIENT_CALLS_WAITING_MAX = CALLS_WAITING_MAX // 2  # of them one client's: others keep room
 _STATUS_STAT = {status.value: f"txn/{status.value}" for status in Status}
 
 
@@ -110,6 +117,8 @@ class EpochPipeline:
         limit = self.config.epoch_calls_max or len(self._collect)
         batch, self._collect = self._collect[:limit], self._collect[limit:]
         callers, self._callers = self._callers[:limit], self._callers[limit:]
+        for client, _ in callers:
+            client.waiting -= 1
         epoch = self._closed_epochs
         self._closed_epochs += 1
         self._inputs.setdefault(epoch, {})[self.id] = batch

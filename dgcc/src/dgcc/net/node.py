@@ -36,7 +36,13 @@ from dgcc.api import Outcome, Status, TxnRequest
 from dgcc.cluster import ClusterConfig
 from dgcc.errors import ConfigError, DgccError, brief
 from dgcc.net.calls import ClientLink, call_problem
-from dgcc.net.epochs import CALLS_WAITING_MAX, EpochPipeline, check_inputs, peer_body
+from dgcc.net.epochs import (
+    CALLS_WAITING_MAX,
+    CLIENT_CALLS_WAITING_MAX,
+    EpochPipeline,
+    check_inputs,
+    peer_body,
+)
 from dgcc.net.wire import (
     FRAME_BODY_MAX,
     VERSION,
@@ -442,8 +448,10 @@ class Node(EpochPipeline):
     def _add_calls(self, client: ClientLink, calls: tuple) -> None:
         """Calls ``(call_id, procedure, params)`` join the open epoch, in order."""
         room = max(0, CALLS_WAITING_MAX - len(self._collect))  # bounded: refuse, not grow
-        taken, refused = calls[:room], calls[room:]
+        mine = max(0, CLIENT_CALLS_WAITING_MAX - client.waiting)  # one client cannot take it all
+        taken, refused = calls[: min(room, mine)], calls[min(room, mine) :]
         if taken:
+            client.waiting += len(taken)
             self.stats["txn/calls"] += len(taken)
             first = not self._collect
             self._collect.extend([TxnRequest(procedure, params) for _, procedure, params in taken])
@@ -455,8 +463,14 @@ class Node(EpochPipeline):
                 or self._closed_epochs in self._inputs  # a peer closed it: is it enough now?
             ):
                 self._collector_wake.set()
-        for call_id, _, _ in refused:
+        if refused:
             reason = f"node {self.id} overloaded: {len(self._collect)} calls waiting"
+            if mine < room:
+                reason = (
+                    f"node {self.id} overloaded: this client has {client.waiting} calls "
+                    f"waiting (at most {CLIENT_CALLS_WAITING_MAX} of {CALLS_WAITING_MAX})"
+                )
+        for call_id, _, _ in refused:
             client.result(call_id, Outcome(Status.ERROR, reason=reason))
 
     # -- admin answers ----------------------------------------------------------------------
