@@ -296,3 +296,14 @@ def test_the_timeline_draws_one_collection_per_device_and_phase(tmp_path, monkey
 def test_a_timeline_whose_spans_have_no_length_is_drawn(tmp_path):
     path = plot_timeline([Span(0, "r", "gen", 1.0, 1.0)], 1, tmp_path / "t.png")
     assert path.stat().st_size > 1000
+
+
+def test_a_plan_run_twice_adds_its_stretches_worker_stats():
+    # Runtime re-placement keys worker stats by plan: A -> B -> A used to keep A's second
+    # stretch alone (each move's new collective starts its all-reduce seconds at 0).
+    from yatt.control.segments import merge_stats
+
+    into: dict[str, float] = {}
+    merge_stats(into, {"peak_rss_mb": 900.0, "allreduce_s": 1.5})
+    merge_stats(into, {"peak_rss_mb": 700.0, "allreduce_s": 0.5})
+    assert into == {"peak_rss_mb": 900.0, "allreduce_s": 2.0}

@@ -33,6 +33,7 @@ from yatt.control.controller import Controller, RunResult, closing_on_error
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement
 from yatt.control.replacement import Decision, Replanner, costs_from_spans
+from yatt.control.segments import merge_stats
 from yatt.control.timeline import Span
 
 __all__ = ["AdaptiveController"]
@@ -132,7 +133,10 @@ class AdaptiveController(Controller):
         for handle, stats in zip(
             self.cluster.all_handles(), [h.submit("stats") for h in self.cluster.all_handles()]
         ):
-            self._workers[f"{self.plan.label()}/{handle.name}"] = stats.result()
+            # (a plan run again later adds its second stretch: each move starts a new
+            # collective, whose all-reduce seconds start at 0)
+            merge_stats(self._workers.setdefault(f"{self.plan.label()}/{handle.name}", {}),
+                        stats.result())  # fmt: skip
         old_ranks = self.cluster.ranks.handles
         kind_split = 0 if plan.kind == "colocate" else plan.n_sampler
         self.control = dataclasses.replace(self.control, placement=plan.kind, n_sampler=kind_split)
@@ -195,7 +199,8 @@ class AdaptiveController(Controller):
         """Every plan's workers' stats (labelled by plan) and every span of the run."""
         self._drain()
         for handle in self.cluster.all_handles():
-            self._workers[f"{self.plan.label()}/{handle.name}"] = handle.call("stats")
+            merge_stats(self._workers.setdefault(f"{self.plan.label()}/{handle.name}", {}),
+                        handle.call("stats"))  # fmt: skip
         result.workers, result.events = self._workers, self._spans
 
     def step(self, step: int) -> dict[str, float]:

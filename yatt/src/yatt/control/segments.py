@@ -533,15 +533,20 @@ def _merge_workers(segments: list[Segment]) -> dict[str, dict[str, float]]:
     merged: dict[str, dict[str, float]] = {}
     for segment in segments:
         for name, stats in segment.workers.items():
-            into = merged.setdefault(name, {})
-            for key, value in stats.items():
-                if key not in into:
-                    into[key] = value
-                elif key.startswith("peak"):
-                    into[key] = max(into[key], value)
-                else:
-                    into[key] += value
+            merge_stats(merged.setdefault(name, {}), stats)
     return merged
+
+
+def merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
+    """Add one stretch's worker stats to `into`: peaks (`peak_*`) their maximum, others (the
+    seconds of a stretch, such as its collective's all-reduce time) summed."""
+    for key, value in stats.items():
+        if key not in into:
+            into[key] = value
+        elif key.startswith("peak"):
+            into[key] = max(into[key], value)
+        else:
+            into[key] += value
 
 
 def merged_summary(segments: list[Segment]) -> dict[str, Any]:
