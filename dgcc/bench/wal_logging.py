@@ -108,7 +108,7 @@ def _recovery(directory: Path, workload: TpccWorkload, workers: int) -> dict[str
 
 
 def _shape(directory: Path) -> tuple[int, int]:
-    blocks, _ = read_log(directory, 0, repair=False)
+    blocks, _ = read_log(directory, 0)
     shapes = [dependency.critical_path(decode_payload(block)) for block in blocks]
     return sum(s.pieces for s in shapes), sum(s.span for s in shapes)
 

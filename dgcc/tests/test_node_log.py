@@ -155,7 +155,7 @@ def test_single_node_recovers_alone(tmp_path: Path, stream: list) -> None:
         )
         assert recovered.epoch == EPOCHS
         assert recovered.db.dump() == live[node]
-    blocks, _ = read_log(tmp_path / "node1", 0, repair=False)
+    blocks, _ = read_log(tmp_path / "node1", 0)
     assert any(decode_payload(block)["values"] for block in blocks)  # remote values are logged
 
 
@@ -188,7 +188,7 @@ def test_whole_cluster_restart_replays_the_epochs_all_made_durable(
     segment.write_bytes(data[: len(data) - 5])
     durable = []
     for node in range(NODES):
-        blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
+        blocks, _ = read_log(tmp_path / f"node{node}", 0)
         durable.append(blocks[-1].epoch)
     assert durable == [EPOCHS, EPOCHS, EPOCHS - 1]
     upto = cluster_durable_epoch(durable)
@@ -202,7 +202,7 @@ def test_whole_cluster_restart_replays_the_epochs_all_made_durable(
     restarted.run_epoch(stream[upto], random.Random(1))  # the cluster goes on from there
     restarted.close()
     for node in range(NODES):
-        blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
+        blocks, _ = read_log(tmp_path / f"node{node}", 0)
         assert [block.epoch for block in blocks] == list(range(1, upto + 2))
 
 
@@ -216,7 +216,7 @@ def test_rejoin_recovers_short_of_its_log_and_logs_no_epoch_twice(
     for batches in stream:
         cluster.run_epoch(batches, random.Random(SEED))
     cluster.close()
-    before = [read_log(tmp_path / f"node{n}", 0, repair=False)[0] for n in range(NODES)]
+    before = [read_log(tmp_path / f"node{n}", 0)[0] for n in range(NODES)]
     upto = EPOCHS - 2
     rejoined = Cluster(tmp_path, upto_epoch=upto, keep_upto=EPOCHS)
     assert [(log.epoch, log.logged) for log in rejoined.logs] == [(upto, EPOCHS)] * NODES
@@ -232,7 +232,7 @@ def test_rejoin_recovers_short_of_its_log_and_logs_no_epoch_twice(
             merged.setdefault(name, {}).update(rows)
     assert merged == _serial([*stream, extra])
     for node in range(NODES):
-        blocks, _ = read_log(tmp_path / f"node{node}", 0, repair=False)
+        blocks, _ = read_log(tmp_path / f"node{node}", 0)
         assert [block.epoch for block in blocks] == list(range(1, EPOCHS + 2))
         assert blocks[:EPOCHS] == before[node]  # the tail was kept, not rewritten
 
@@ -249,7 +249,7 @@ def test_a_rejoin_cuts_blocks_no_running_peer_has_the_inputs_of(
         cluster.run_epoch(batches, random.Random(SEED))
     cluster.close()
     for node in (1, 2):  # the peers cut their logs to epoch 2 and run on
-        blocks = read_log(tmp_path / f"node{node}", 0, repair=False)[0]
+        blocks = read_log(tmp_path / f"node{node}", 0)[0]
         [(_, segment)] = list_segments(tmp_path / f"node{node}")
         with open(segment, "r+b") as log:
             log.truncate(blocks[2].offset)
@@ -271,7 +271,7 @@ def test_a_rejoin_cuts_blocks_no_running_peer_has_the_inputs_of(
     assert (durability.log.epoch, durability.log.logged) == (2, 2)
     assert told == [2] and durability.durable_epoch == 2
     durability.close()
-    blocks = read_log(tmp_path / "node0", 0, repair=False)[0]
+    blocks = read_log(tmp_path / "node0", 0)[0]
     assert [block.epoch for block in blocks] == [1, 2]
 
 
@@ -280,7 +280,7 @@ def test_a_missing_remote_value_is_detected(tmp_path: Path, stream: list) -> Non
     cluster = Cluster(tmp_path)
     cluster.run_epoch(stream[0], random.Random(SEED))
     cluster.close()
-    blocks, _ = read_log(tmp_path / "node1", 0, repair=False)
+    blocks, _ = read_log(tmp_path / "node1", 0)
     payload = decode_payload(blocks[0])
     assert payload["values"]
     payload["values"] = []
@@ -329,7 +329,7 @@ def test_a_restart_with_a_lost_directory_refuses_to_drop_logged_epochs(
     for batches in stream[:2]:
         cluster.run_epoch(batches, random.Random(SEED))
     cluster.close()
-    before = read_log(tmp_path / "node0", 0, repair=False)[0]
+    before = read_log(tmp_path / "node0", 0)[0]
     shutil.rmtree(tmp_path / "node1")
     workload = cluster.workload
     durability = NodeDurability(tmp_path / f"node{restarting}", restarting, NODES)
@@ -345,7 +345,7 @@ def test_a_restart_with_a_lost_directory_refuses_to_drop_logged_epochs(
 
     with pytest.raises(RejoinError, match=r"nodes \[1\] start with no log while nodes \[0, 2\]"):
         asyncio.run(scenario())
-    assert read_log(tmp_path / "node0", 0, repair=False)[0] == before  # nothing cut
+    assert read_log(tmp_path / "node0", 0)[0] == before  # nothing cut
 
 
 @pytest.mark.parametrize("restarting", [0, 1])  # a node with an intact log, the damaged one
@@ -361,12 +361,12 @@ def test_a_restart_refuses_to_cut_logs_back_past_an_epoch_every_node_made_durabl
     cluster.close()
     for n in range(NODES):  # as after a crash (no stop records ACKED): the blocks' own acked
         (tmp_path / f"node{n}" / ACKED_RECORD).unlink()
-    blocks = read_log(tmp_path / "node1", 0, repair=False)[0]
+    blocks = read_log(tmp_path / "node1", 0)[0]
     assert [decode_payload(block)["acked"] for block in blocks] == [0, 1, 2]
     [(_, segment)] = list_segments(tmp_path / "node1")
     with open(segment, "r+b") as log:
         log.truncate(blocks[1].offset)  # node 1 keeps epoch 1 only
-    before = read_log(tmp_path / "node0", 0, repair=False)[0]
+    before = read_log(tmp_path / "node0", 0)[0]
     workload = cluster.workload
     durability = NodeDurability(tmp_path / f"node{restarting}", restarting, NODES)
     reports = {0: (3, 2), 1: (1, 0), 2: (3, 2)}  # (log end, acked) as the nodes announce them
@@ -385,7 +385,7 @@ def test_a_restart_refuses_to_cut_logs_back_past_an_epoch_every_node_made_durabl
         r"epoch 2, which node [02]'s log records as durable on every node",
     ):
         asyncio.run(scenario())
-    assert read_log(tmp_path / "node0", 0, repair=False)[0] == before  # nothing cut
+    assert read_log(tmp_path / "node0", 0)[0] == before  # nothing cut
 
 
 @pytest.mark.parametrize("restarting", [0, 1])
@@ -401,7 +401,7 @@ def test_a_clean_stop_records_the_last_epoch_every_node_made_durable(
         cluster.run_epoch(batches, random.Random(SEED))
     cluster.close()
     assert [read_acked(tmp_path / f"node{n}") for n in range(NODES)] == [3] * NODES
-    blocks = read_log(tmp_path / "node1", 0, repair=False)[0]
+    blocks = read_log(tmp_path / "node1", 0)[0]
     [(_, segment)] = list_segments(tmp_path / "node1")
     with open(segment, "r+b") as log:
         log.truncate(blocks[2].offset + 10)  # node 1's last block torn: its log ends at 2

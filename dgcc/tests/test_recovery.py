@@ -112,7 +112,7 @@ def test_dependency_replay_any_worker_count(tmp_path: Path, reference: dict, wor
 
 def test_dependency_log_holds_graph_and_aborts(tmp_path: Path) -> None:
     _run(tmp_path, "dependency")
-    blocks, _ = read_log(tmp_path, 0, repair=False)
+    blocks, _ = read_log(tmp_path, 0)
     payloads = [decode_payload(block) for block in blocks]
     for payload in payloads:
         assert len(payload["requests"]) == BATCH
@@ -223,7 +223,7 @@ def test_partitioned_replay_in_worker_processes(
     tmp_path: Path, reference: dict, workers: int
 ) -> None:
     _run(tmp_path, "dependency", partitions=2)
-    blocks, _ = read_log(tmp_path, 0, repair=False)
+    blocks, _ = read_log(tmp_path, 0)
     payloads = [decode_payload(block) for block in blocks]
     assert all(parallel.splittable(payload) for payload in payloads)
     assert any(payload["remote_values"] for payload in payloads)  # remote stock / customers
@@ -236,7 +236,7 @@ def test_partitioned_replay_in_worker_processes(
 def test_partitioned_replay_detects_a_missing_value(tmp_path: Path) -> None:
     """Canary: drop the logged crossing values and the replayed state must differ."""
     _run(tmp_path, "dependency", partitions=2)
-    blocks, _ = read_log(tmp_path, 0, repair=False)
+    blocks, _ = read_log(tmp_path, 0)
     payloads = [decode_payload(block) for block in blocks]
     crossing = [payload for payload in payloads if payload["remote_values"]]
     registry = TpccWorkload(**DRILL_TPCC).registry()
@@ -251,7 +251,7 @@ def test_a_failed_replay_worker_is_named_with_its_reason(tmp_path: Path) -> None
     import os
 
     _run(tmp_path, "dependency", partitions=2)
-    payloads = [decode_payload(block) for block in read_log(tmp_path, 0, repair=False)[0]]
+    payloads = [decode_payload(block) for block in read_log(tmp_path, 0)[0]]
     parent = os.getpid()
 
     def load():  # the forked worker cannot load its checkpoint
@@ -276,7 +276,7 @@ def test_a_malformed_request_replays_as_the_error_it_was(tmp_path: Path, mode: s
     outcomes = engine.run_epoch([look_alike, *requests])  # type: ignore[list-item]
     engine.close()
     assert outcomes[0].status.value == "error"
-    blocks, _ = read_log(tmp_path, 0, repair=False)
+    blocks, _ = read_log(tmp_path, 0)
     assert decode_payload(blocks[0])["requests"][0] is None
     recovered = recover(tmp_path, create_tables, TpccWorkload(**DRILL_TPCC).registry())
     assert recovered.db.dump() == engine.db.dump()

@@ -245,4 +245,4 @@ def test_cutting_past_an_empty_rolled_segment_reaches_the_blocks_before_it(tmp_p
     writer = WalWriter(tmp_path, 8)
     writer.append(8, encode_block(BlockKind.NODE, 8, {"x": 8}))
     writer.close()
-    assert [block.epoch for block in read_log(tmp_path, 0, repair=False)[0]] == list(range(1, 9))
+    assert [block.epoch for block in read_log(tmp_path, 0)[0]] == list(range(1, 9))

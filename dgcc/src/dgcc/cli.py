@@ -360,7 +360,7 @@ def _recover_alone(args: argparse.Namespace, console: Console) -> int:
     with console.status(f"recovering {directory}"):
         recovered = recover(directory, workload.schema, workload.registry(), workers=args.workers)
     recovery_s = time.perf_counter() - started_s
-    blocks, _ = read_log(directory, recovered.checkpoint_epoch, repair=False)
+    blocks, _ = read_log(directory, recovered.checkpoint_epoch)
     payloads = [decode_payload(block) for block in blocks]
     record = {
         "directory": str(directory),

@@ -291,9 +291,7 @@ def _spawn(directory: Path, node: int, processes: list[subprocess.Popen]) -> Non
     try:
         log = open(directory / f"node{node}.log", "ab")  # noqa: SIM115 - the child owns it
     except OSError as error:
-        raise ConfigError(
-            f"cannot use {str(directory)!r} as a cluster directory: {error}"
-        ) from None
+        raise _unusable(directory, error) from None
     optimize = ["-O"] * sys.flags.optimize  # a bench run with -O runs its nodes so too
     try:
         spawn_into(
@@ -363,9 +361,11 @@ def _write_pids(directory: Path, pids: list[int]) -> None:
     try:
         (directory / STATE_FILE).write_text(json.dumps(state))
     except OSError as error:
-        raise ConfigError(
-            f"cannot use {str(directory)!r} as a cluster directory: {error}"
-        ) from None
+        raise _unusable(directory, error) from None
+
+
+def _unusable(directory: Path, error: OSError) -> ConfigError:
+    return ConfigError(f"cannot use {str(directory)!r} as a cluster directory: {error}")
 
 
 def log_size(directory: Path, node: int) -> int:

@@ -48,13 +48,12 @@ class ClientLink:
         closes the connection instead of growing the node."""
         if not self._frames and not self._results:
             asyncio.get_running_loop().call_soon(self._flush)
-        elif self._waiting_bytes() > ANSWERS_BUFFERED_MAX:
-            self._overflow(self._waiting_bytes())
-            return
+        else:
+            waiting = sum(map(len, self._frames)) + self.writer.transport.get_write_buffer_size()
+            if waiting > ANSWERS_BUFFERED_MAX:
+                self._overflow(waiting)
+                return
         self._frames.append(frame(message))
-
-    def _waiting_bytes(self) -> int:
-        return sum(map(len, self._frames)) + self.writer.transport.get_write_buffer_size()
 
     def _overflow(self, buffered: int) -> None:
         if not self.writer.is_closing():
@@ -93,24 +92,20 @@ class ClientLink:
         client's frame limit; an answer that cannot go (msgpack cannot carry its result, or it
         alone is too large) goes with its status, no result and a reason."""
         try:
-            data = frame(("results", chunk))
+            data: bytes | None = frame(("results", chunk))
         except FrameError:  # a result msgpack cannot carry: that call alone fails
-            if len(chunk) > 1:
-                middle = len(chunk) // 2
-                return self._result_frames(chunk[:middle]) + self._result_frames(chunk[middle:])
-            return [frame(("results", [_sendable(chunk[0])]))]
-        if len(data) - 4 <= self.frame_bytes_max:
+            data = None
+        if data is not None and len(data) - 4 <= self.frame_bytes_max:
             return [data]
         if len(chunk) > 1:
             middle = len(chunk) // 2
             return self._result_frames(chunk[:middle]) + self._result_frames(chunk[middle:])
+        if data is None:
+            return [frame(("results", [_sendable(chunk[0])]))]
         call_id, status, _, _ = chunk[0]
         why = f"its result of {len(data)} bytes exceeds the client's frame limit"
-        return [
-            frame(
-                ("results", [(call_id, status, None, f"the call's result cannot be sent ({why})")])
-            )
-        ]
+        entry = (call_id, status, None, f"the call's result cannot be sent ({why})")
+        return [frame(("results", [entry]))]
 
 
 def _sendable(entry: tuple) -> tuple:

@@ -449,7 +449,8 @@ class Node(EpochPipeline):
         """Calls ``(call_id, procedure, params)`` join the open epoch, in order."""
         room = max(0, CALLS_WAITING_MAX - len(self._collect))  # bounded: refuse, not grow
         mine = max(0, CLIENT_CALLS_WAITING_MAX - client.waiting)  # one client cannot take it all
-        taken, refused = calls[: min(room, mine)], calls[min(room, mine) :]
+        take = min(room, mine)
+        taken, refused = calls[:take], calls[take:]
         if taken:
             client.waiting += len(taken)
             self.stats["txn/calls"] += len(taken)

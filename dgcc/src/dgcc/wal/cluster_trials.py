@@ -175,7 +175,7 @@ def durable_history(data_dir: Path, nodes: int) -> list[list[TxnRequest]]:
     """
     logs = []
     for node in range(nodes):
-        blocks, _ = read_log(data_dir / f"node{node}", 0, repair=False)
+        blocks, _ = read_log(data_dir / f"node{node}", 0)
         logs.append([decode_payload(block) for block in blocks])
     history = []
     for epoch in range(min(map(len, logs))):

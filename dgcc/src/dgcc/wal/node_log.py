@@ -180,7 +180,7 @@ def recover_node(
     checkpoint_epoch, snapshot = manifest
     if upto_epoch is not None and checkpoint_epoch > upto_epoch:
         raise WalCorrupt(f"{directory}: checkpoint {checkpoint_epoch} is past epoch {upto_epoch}")
-    blocks, dropped = read_log(directory, checkpoint_epoch, repair=False)
+    blocks, dropped = read_log(directory, checkpoint_epoch)
     read_s = time.perf_counter()
     durable = blocks[-1].epoch if blocks else checkpoint_epoch
     if upto_epoch is not None:
@@ -417,7 +417,7 @@ class NodeDurability:
         manifest = read_manifest(self.directory) if self.directory.exists() else None
         if manifest is None:
             return 0, 0
-        blocks, _ = read_log(self.directory, manifest[0], repair=False)
+        blocks, _ = read_log(self.directory, manifest[0])
         acked = max(manifest[0], read_acked(self.directory))  # (what the last stop recorded)
         if not blocks:
             return manifest[0], acked

@@ -43,13 +43,11 @@ class Recovered:
     timing_s: dict[str, float] = field(default_factory=dict)
 
 
-def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[Block], list[str]]:
+def read_log(directory: Path, after_epoch: int) -> tuple[list[Block], list[str]]:
     """The intact blocks with epochs above ``after_epoch``, in order, and the drop messages.
 
-    Args:
-        repair: cut a torn tail off the last segment so new blocks follow intact ones, once
-            the whole log has been read without error. (Callers that go on to check more,
-            as recovery does, read with False and ``cut_torn_tail`` once all of it passed.)
+    Reads only: a torn tail is dropped from the result, and a caller that recovers cuts it
+    off the disk (``cut_torn_tail``) once its own checks passed too.
 
     Raises:
         WalCorrupt: damage that is not a torn tail (in an earlier segment, or with an intact
@@ -59,7 +57,6 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
     segments = list_segments(directory)
     blocks: list[Block] = []
     dropped: list[str] = []
-    cut: tuple[Path, int] | None = None
     for position, (_, path) in enumerate(segments):
         if position + 1 < len(segments) and segments[position + 1][0] <= after_epoch + 1:
             continue  # every epoch of it is in the checkpoint: not read (nor its damage)
@@ -70,13 +67,10 @@ def read_log(directory: Path, after_epoch: int, *, repair: bool) -> tuple[list[B
             scan.refuse_damage()
             logger.warning("%s", scan.problem)
             dropped.append(scan.problem)
-            cut = (path, scan.valid_bytes)
         blocks.extend(block for block in scan.blocks if block.epoch > after_epoch)
     for expected, block in enumerate(blocks, after_epoch + 1):
         if block.epoch != expected:
             raise WalCorrupt(f"log jumps to epoch {block.epoch}, expected epoch {expected}")
-    if repair and cut is not None:
-        _cut(*cut)
     return blocks, dropped
 
 
@@ -206,7 +200,7 @@ def recover(
     if manifest is None:
         raise no_checkpoint(directory)
     checkpoint_epoch, snapshot = manifest
-    blocks, dropped = read_log(directory, checkpoint_epoch, repair=False)
+    blocks, dropped = read_log(directory, checkpoint_epoch)
     read_s, read_cpu_s = time.perf_counter(), time.process_time()
     load = functools.partial(load_snapshot, snapshot, checkpoint_epoch, schema)
     # Replay's short-lived objects hold no cycles: reference counts free them.

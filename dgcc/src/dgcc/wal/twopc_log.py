@@ -71,7 +71,7 @@ def read_records(directory: Path, *, repair: bool = True) -> tuple[list[Record],
     """
     if not directory.exists() or not list_segments(directory):
         return [], 0, []
-    blocks, dropped = read_log(directory, 0, repair=False)
+    blocks, dropped = read_log(directory, 0)
     records: list[Record] = []
     for block in blocks:
         if block.kind is not BlockKind.TWOPC:

@@ -130,13 +130,7 @@ class AdaptiveController(Controller):
         draws = max(self.cluster.ranks.call_all("queue_draws"))
         pending = self.cluster.ranks.call_all("handover", draws)
         self._drain()
-        for handle, stats in zip(
-            self.cluster.all_handles(), [h.submit("stats") for h in self.cluster.all_handles()]
-        ):
-            # (a plan run again later adds its second stretch: each move starts a new
-            # collective, whose all-reduce seconds start at 0)
-            merge_stats(self._workers.setdefault(f"{self.plan.label()}/{handle.name}", {}),
-                        stats.result())  # fmt: skip
+        self._keep_worker_stats()
         old_ranks = self.cluster.ranks.handles
         kind_split = 0 if plan.kind == "colocate" else plan.n_sampler
         self.control = dataclasses.replace(self.control, placement=plan.kind, n_sampler=kind_split)
@@ -198,10 +192,17 @@ class AdaptiveController(Controller):
     def _collect(self, result: RunResult) -> None:
         """Every plan's workers' stats (labelled by plan) and every span of the run."""
         self._drain()
-        for handle in self.cluster.all_handles():
-            merge_stats(self._workers.setdefault(f"{self.plan.label()}/{handle.name}", {}),
-                        handle.call("stats"))  # fmt: skip
+        self._keep_worker_stats()
         result.workers, result.events = self._workers, self._spans
+
+    def _keep_worker_stats(self) -> None:
+        """The current plan's workers' stats, labelled by plan (a plan run again later adds
+        its second stretch: each move starts a new collective, whose all-reduce seconds start
+        at 0)."""
+        handles = self.cluster.all_handles()
+        for handle, stats in zip(handles, [h.submit("stats") for h in handles], strict=True):
+            into = self._workers.setdefault(f"{self.plan.label()}/{handle.name}", {})
+            merge_stats(into, stats.result())
 
     def step(self, step: int) -> dict[str, float]:
         """One step on the plan of the moment (`fit` decides the moves between steps)."""
