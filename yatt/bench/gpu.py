@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    _compare_anchors(result, shapes, batches)
+    _compare_anchors(result, shapes, batches, args.anchors)
     out_dir = args.out_dir or Path(os.environ.get("OUT") or REPO / "docs" / "bench")
     _report(console, result, shapes, batches, out_dir)
     return 0
@@ -144,6 +144,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batches", default="", help="rollout batch sizes, e.g. 64,256")
     parser.add_argument("--skip-hf", action="store_true", help="time yatt only (no HF generate)")
     parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument("--anchors", type=Path, default=ANCHORS, help="plain-HF H200 figures")
     args = parser.parse_args(argv)
     unknown = [s for s in args.shapes.split(",") if s and s not in SHAPES]
     if unknown:
@@ -231,7 +232,35 @@ def _train(model, rows: int, length: int, result: dict, steps: int = 3) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_s = rows * length * steps / elapsed_s
     mfu = 6 * n_params * tokens_per_s / (result["peak_tflops"] * 1e12)
-    return {"tok_per_s": tokens_per_s, "mfu_vs_measured_peak": mfu, "params": n_params}
+    out = {"tok_per_s": tokens_per_s, "mfu_vs_measured_peak": mfu, "params": n_params}
+    return out | (_swap(optimizer, device) if device.type == "cuda" else {})
+
+
+def _swap(optimizer: torch.optim.Optimizer, device: torch.device) -> dict:
+    """Seconds to park AdamW's moments in pinned host memory and bring them back, as a
+    time-shared (colocated) policy rank does around each update (`yatt.control.rank._moved`)."""
+    from yatt.control.rank import _moved
+
+    tensors = [
+        (state, key)
+        for state in optimizer.state.values()
+        for key, value in state.items()
+        if torch.is_tensor(value) and value.dim()
+    ]
+    nbytes = sum(state[key].numel() * state[key].element_size() for state, key in tensors)
+
+    def move(target: torch.device) -> float:
+        _sync(device)
+        start_s = time.perf_counter()
+        for state, key in tensors:
+            state[key] = _moved(state[key], target)
+        _sync(device)
+        return time.perf_counter() - start_s
+
+    for _ in range(2):  # the second round reuses the pinned buffers, as later steps do
+        seconds = {"offload_s": move(torch.device("cpu")), "onload_s": move(device)}
+    gb_per_s = 2 * nbytes / 1e9 / sum(seconds.values())
+    return seconds | {"swap_bytes": nbytes, "swap_gb_per_s": gb_per_s}
 
 
 def _grpo_step(model, plan: Plan) -> dict:
@@ -309,12 +338,13 @@ def _peak_tflops(device: torch.device, dtype: torch.dtype) -> float:
     return 2 * size**3 * repeats / elapsed_s / 1e12
 
 
-def _compare_anchors(result: dict, shapes: tuple[str, ...], batches: tuple[int, ...]) -> None:
+def _compare_anchors(result: dict, shapes: tuple[str, ...], batches: tuple[int, ...],
+                     path: Path) -> None:  # fmt: skip
     """Add yatt's ratio to the anchor figures (plain HF on an H200) where they exist."""
-    if not ANCHORS.is_file():
+    if not path.is_file():
         return
-    anchors = json.loads(ANCHORS.read_text())
-    result["anchors_file"] = str(ANCHORS)
+    anchors = json.loads(path.read_text())
+    result["anchors_file"] = path.name
     for name in shapes:
         for batch in batches:
             anchor = anchors.get(f"{name}/hf_generate_bs{batch}_tok_per_s")
@@ -373,15 +403,21 @@ def _report(console: Console, result: dict, shapes, batches, out_dir: Path) -> N
             )
     lines += [
         "",
-        "| model | train tok/s | MFU | GRPO step s | gen | reward | adv | update |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | train tok/s | MFU | AdamW moments out + back s (GB/s) | GRPO step s | gen "
+        "| reward | adv | update |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in shapes:
         train, step = result[f"{name}/train"], result[f"{name}/grpo_step"]
         phases = " | ".join(f"{step['phase_s'][p]:.2f}" for p in ("gen", "reward", "adv", "update"))
+        swap = (
+            f"{train['offload_s']:.3f} + {train['onload_s']:.3f} ({train['swap_gb_per_s']:.1f})"
+            if "offload_s" in train
+            else "-"
+        )
         lines.append(
             f"| {name} | {train['tok_per_s']:.0f} | {100 * train['mfu_vs_measured_peak']:.1f}% "
-            f"| {step['step_s']:.2f} | {phases} |"
+            f"| {swap} | {step['step_s']:.2f} | {phases} |"
         )
     console.print(table)
     host = result["host"]

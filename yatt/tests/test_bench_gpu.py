@@ -32,3 +32,23 @@ def test_reduced_gpu_bench_writes_json_and_table(tmp_path, bench_script):
     assert 0 <= step["reward_mean"] <= 1
     table = (tmp_path / "yatt_gpu.md").read_text()
     assert "| tiny | 8 |" in table and "GRPO step" in table
+
+
+def test_gpu_control_check_on_cpu_runs_both_parts(tmp_path, bench_script):
+    """`gpu_control.py --device-kind cpu` with small settings: the controller modes agree, the
+    shaped run's steps are timed by phase, and the report names the result."""
+    torch.set_num_threads(1)
+    bench = bench_script("gpu_control")
+    argv = ["--device-kind", "cpu", "--steps", "2", "--prompts", "2", "--samples", "2",
+            "--new-tokens", "4", "--layers", "1", "--out-dir", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads((tmp_path / "yatt_gpu_control.json").read_text())
+    assert result["modes"]["equal_weights"] and result["modes"]["tensors"] > 0
+    steps = result["smollm2_shape"]["steps"]
+    assert len(steps) == 2
+    for step in steps:
+        assert step["timing_s/step"] >= step["timing_s/gen"] + step["timing_s/update_actor"] > 0
+        assert 0 < step["response_length/mean"] <= 4
+    assert result["smollm2_shape"]["summary"]["perf/gen_tokens_per_s"] > 0
+    table = (tmp_path / "yatt_gpu_control.md").read_text()
+    assert "trained weights **equal**" in table and "| update_actor |" in table

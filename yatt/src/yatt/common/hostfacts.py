@@ -32,13 +32,15 @@ def cpu_model() -> str:
 
 
 def git_commit(short: bool = True) -> str:
-    """The checked-out commit of this repository; ``unknown`` outside a git checkout."""
+    """The checked-out commit of this repository; outside a git checkout (a copy of the tree on
+    another machine) the environment's ``YATT_GIT_COMMIT``, else ``unknown``."""
+    fallback = os.environ.get("YATT_GIT_COMMIT", "unknown")
     command = ["git", "-C", str(_REPO), "rev-parse", *(["--short"] if short else []), "HEAD"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+        return fallback
+    return out.stdout.strip() or fallback
 
 
 def host_facts() -> dict[str, Any]:
