@@ -233,6 +233,26 @@ def test_vllm_backend_without_vllm_is_a_clear_config_error(model_and_tokenizer):
         assert BACKENDS["vllm"] is VLLMEngine
 
 
+def test_attention_output_in_cuda_layout_still_matches_hf(model_and_tokenizer, monkeypatch):
+    """CUDA's SDPA kernels may return (B, H, T, D) stored as (B, T, H, D); the decoder must not
+    `view` across that (it failed on an H200 until it reshaped)."""
+    import yatt.rollout.decoder as decoder
+
+    model, tokenizer = model_and_tokenizer
+    sdpa = decoder.F.scaled_dot_product_attention
+
+    def cuda_layout(*args, **kwargs):
+        out = sdpa(*args, **kwargs)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+
+    monkeypatch.setattr(decoder.F, "scaled_dot_product_attention", cuda_layout)
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    engine = RolloutEngine(model, tokenizer, static=True)
+    assert isinstance(engine._forward, DecoderForward)
+    reference = HFGenerateEngine(model, tokenizer).generate(_prompts(tokenizer), params)
+    assert _tokens(engine.generate(_prompts(tokenizer), params)) == _tokens(reference)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -32,9 +32,12 @@ def cpu_model() -> str:
 
 
 def git_commit(short: bool = True) -> str:
-    """The checked-out commit of this repository; outside a git checkout (a copy of the tree on
-    another machine) the environment's ``YATT_GIT_COMMIT``, else ``unknown``."""
-    fallback = os.environ.get("YATT_GIT_COMMIT", "unknown")
+    """The checked-out commit of this repository, ``unknown`` outside a git checkout; the
+    environment's ``YATT_GIT_COMMIT`` wins (a copy of the tree on another machine, whose git
+    folder may be stale or absent)."""
+    if os.environ.get("YATT_GIT_COMMIT"):
+        return os.environ["YATT_GIT_COMMIT"]
+    fallback = "unknown"
     command = ["git", "-C", str(_REPO), "rev-parse", *(["--short"] if short else []), "HEAD"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)

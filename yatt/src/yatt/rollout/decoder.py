@@ -259,8 +259,8 @@ class LlamaDecoder:
         folded_mask = folded_mask.reshape(batch, 1, group * n_new, mask.shape[-1])
         out = F.scaled_dot_product_attention(
             folded, keys, values, attn_mask=folded_mask, scale=self.head_dim**-0.5
-        )  # (B, Hkv, G T, D)
-        out = out.view(batch, self.n_heads, n_new, self.head_dim).transpose(1, 2)
+        )  # (B, Hkv, G T, D); CUDA kernels may lay it out as (B, G T, Hkv, D): no view
+        out = out.reshape(batch, self.n_heads, n_new, self.head_dim).transpose(1, 2)
         return out.reshape(batch, n_new, self.n_heads * self.head_dim)
 
 
