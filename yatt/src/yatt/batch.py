@@ -123,6 +123,16 @@ class RolloutBatch:
                 changes[item.name] = [value[i] for i in picked]
         return dataclasses.replace(self, **changes)
 
+    def to(self, device: torch.device) -> RolloutBatch:
+        """This batch with every tensor field on `device` (itself where all are there already).
+        Batches live on the host; a role moves each micro-batch to its model's device."""
+        changes = {
+            item.name: value.to(device)
+            for item in dataclasses.fields(self)
+            if isinstance(value := getattr(self, item.name), Tensor) and value.device != device
+        }
+        return dataclasses.replace(self, **changes) if changes else self
+
     @staticmethod
     def from_token_lists(
         prompt_ids: list[list[int]], response_ids: list[list[int]]

@@ -62,8 +62,10 @@ def shared_prefix_logits(
     response_width = input_ids.shape[1] - prompt_width
     assert response_width >= 1 and prompt_width >= 1, f"P={prompt_width} R={response_width}"
     groups, inverse = torch.unique(group_ids, return_inverse=True)  # (G,), (b,)
-    first_row = torch.full((len(groups),), input_ids.shape[0], dtype=torch.long)
-    first_row = first_row.scatter_reduce(0, inverse, torch.arange(len(inverse)), reduce="amin")
+    device = group_ids.device
+    first_row = torch.full((len(groups),), input_ids.shape[0], dtype=torch.long, device=device)
+    rows = torch.arange(len(inverse), device=device)
+    first_row = first_row.scatter_reduce(0, inverse, rows, reduce="amin")
     prefix_ids = input_ids[first_row, :prompt_width]  # (G, P)
     assert torch.equal(prefix_ids[inverse], input_ids[:, :prompt_width]), "a group mixes prompts"
     prefix_mask = attention_mask[first_row, :prompt_width]

@@ -7,11 +7,19 @@ exposes `state_dict`/`load_state_dict` for checkpoints; `name` names it in asser
 
 from typing import Any
 
+import torch
+
 
 class Role:
     """Base class of the in-process role workers (policy, reference, critic, reward, rollout)."""
 
     name: str = "role"
+
+    @property
+    def device(self) -> torch.device:
+        """Where the role's model is now (colocation may move it); batches stay on the host
+        and each micro-batch goes here. Roles without a `model` attribute have no device."""
+        return next(self.model.parameters()).device  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume this role exactly (empty for stateless roles)."""

@@ -70,8 +70,8 @@ class CriticRole(Role):
         self.model.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         for rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
-            values, mask = self._values(batch.select(rows))
-            out[rows, : mask.shape[1]] = values.float() * mask
+            values, mask = self._values(batch.select(rows).to(self.device))
+            out[rows, : mask.shape[1]] = (values.float() * mask).cpu()
         return out
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -84,7 +84,7 @@ class CriticRole(Role):
             self.optimizer.zero_grad(set_to_none=False)
             total = 0.0
             for rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
-                micro = batch.select(rows)
+                micro = batch.select(rows).to(self.device)
                 values, mask = self._values(micro)
                 width = mask.shape[1]
                 loss, _ = value_loss(

@@ -208,7 +208,8 @@ class PolicyRole(Role):
             for param in param_group["params"]:
                 param.grad.zero_()
         for micro_rows in chunks(rows, self.algo.micro_batch_size):
-            micro_metrics = self._micro_step(batch.select(micro_rows), normalizer)
+            micro = batch.select(micro_rows).to(self.device)
+            micro_metrics = self._micro_step(micro, normalizer)
             micro_tokens = float(batch.response_mask[micro_rows].sum())
             sums["actor/pg_loss"] += micro_metrics["pg_loss"]
             for key, (source, tokens) in weighted.items():
@@ -328,13 +329,14 @@ def compute_logprobs(
 ) -> Tensor:
     """Response log-probs (B, R) under `model`, micro-batched, without gradient; 0 on padding."""
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+    device = next(model.parameters()).device
     for rows in chunks(list(range(batch.size)), micro_batch_size):
-        micro = batch.select(rows)
+        micro = batch.select(rows).to(device)
         ids, attention, mask, prompt_width = trim_columns(
             micro.input_ids, micro.attention_mask, micro.response_mask, micro.prompt_width
         )
         with torch.no_grad(), autocast():
             logits = _logits(model, ids, attention, prompt_width, micro.group_ids, shared_prefix)
         logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], temperature, False)
-        out[rows, : mask.shape[1]] = logp.float() * mask
+        out[rows, : mask.shape[1]] = (logp.float() * mask).cpu()
     return out
