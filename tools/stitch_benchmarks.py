@@ -24,13 +24,15 @@ ORDER = [
     "yatt_step",
     "yatt_lora",
     "yatt_gpu",
+    "yatt_gpu_control",
     "yatt_trl",
     "yatt_demo",
     "yatt_control_controllers",
     "yatt_control_placement",
     "yatt_placement_ceiling",
 ]
-OPTIONAL = {"yatt_gpu", "yatt_demo"}  # written only where a GPU, or the demo's timing, ran
+# written only where a GPU, or the demo's timing, ran
+OPTIONAL = {"yatt_gpu", "yatt_gpu_control", "yatt_demo"}
 HEADER = """# Benchmarks
 
 Made by `make bench` (`tools/stitch_benchmarks.py` joins the sections that each script in

@@ -56,6 +56,7 @@ from typing import Any
 
 from placement_sim import (  # yatt/bench/placement_sim.py, next to this script
     anchor_projection,
+    gpu_projection,
     projection_table,
     resimulate,
     sim_vs_measured,
@@ -402,6 +403,19 @@ def _markdown(
             "",
         ]
         lines += projection_table(anchored["rows"])
+    measured = sim.get("gpu_measured")
+    if measured:
+        lines += [
+            "",
+            f"Projection driven by yatt's own costs measured on an {measured['device']} "
+            f"(`{Path(measured['source']).name}`, commit {measured['commit']}, "
+            "`yatt/bench/gpu.py`): Qwen2.5-0.5B shape, yatt's engine's decode steps at batch "
+            "64 and 256, its bf16 training throughput, and the measured round trip of AdamW's "
+            "moments to pinned host memory as the colocated swap; 64 rows per device, "
+            "responses 256 then 1024 tokens, 30 s respawn per move:",
+            "",
+        ]
+        lines += projection_table(measured["rows"])
     lines += ["", _reading(runs, args)]
     return "\n".join(lines) + "\n"
 
@@ -646,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
         "--anchors", type=Path, default=REPO.parent / "shared/anchors/h200_hf_baseline.json"
     )
     parser.add_argument(
+        "--gpu-costs",
+        type=Path,
+        default=REPO / "docs/bench/yatt_gpu.json",
+        help="yatt/bench/gpu.py's H200 figures, for a projection from yatt's own costs",
+    )
+    parser.add_argument(
         "--resim",
         action="store_true",
         help="recompute the simulated sections from the stored measurements",
@@ -687,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     fractions = planner_fractions(args, calib)
     sim = simulate_runs(args, runs, calib, fractions, runs["adaptive"]["move_cost_s"])
     sim["anchored"] = anchor_projection(args, args.anchors)
+    sim["gpu_measured"] = gpu_projection(args, args.gpu_costs)
     ray.shutdown()
     host = host_facts()
     suffix = _suffix(args)

@@ -125,20 +125,15 @@ def project(
     return rows
 
 
-def anchored_costs(anchor: dict, short: int, long: int, rows: int = 64, prompt: int = 128):
-    """Per-device PhaseCosts of a Qwen2.5-0.5B-shaped model on one H200 from the project's
-    measured anchors (HF generate at batch 64 and 256, HF training tokens/s): a decode step
-    takes a + c * batch; training costs tokens / (tokens/s); colocation swaps weights and
-    AdamW state (16 bytes/parameter) over ~25 GB/s each way."""
+def h200_costs(step64_s: float, step256_s: float, train_tps: float, swap_s: float,
+               short: int, long: int, rows: int = 64, prompt: int = 128):  # fmt: skip
+    """Per-device PhaseCosts of a Qwen2.5-0.5B-shaped model on one H200 (short and long
+    responses): a decode step takes a + c * batch (from the step times at batch 64 and 256);
+    training costs tokens / (tokens/s); colocation swaps `swap_s` each way."""
     from yatt.control.replacement import PhaseCosts
 
-    key = "qwen2.5-0.5b/"
-    step64 = anchor[key + "hf_generate_bs64_s"] / 256
-    step256 = anchor[key + "hf_generate_bs256_s"] / 256
-    per_row = (step256 - step64) / 192
-    intercept = step64 - 64 * per_row
-    train_tps = anchor[key + "train_tok_per_s"]
-    swap_s = 16 * anchor[key + "params"] / 25e9
+    per_row = (step256_s - step64_s) / 192
+    intercept = step64_s - 64 * per_row
 
     def costs(length: int) -> PhaseCosts:
         return PhaseCosts(
@@ -149,18 +144,62 @@ def anchored_costs(anchor: dict, short: int, long: int, rows: int = 64, prompt: 
             gen_floor_s=length * intercept,
         )
 
-    return costs(short), costs(long), 2 * anchor[key + "params"]
+    return costs(short), costs(long)
+
+
+def anchored_costs(anchor: dict, short: int, long: int):
+    """`h200_costs` from the project's plain-HF anchors (HF `generate` at batch 64 and 256,
+    HF training tokens/s); the swap assumed: weights and AdamW state (16 bytes/parameter) over
+    ~25 GB/s each way. Returns (short, long, parameter bytes)."""
+    key = "qwen2.5-0.5b/"
+    steps = (anchor[key + f"hf_generate_bs{b}_s"] / 256 for b in (64, 256))
+    swap_s = 16 * anchor[key + "params"] / 25e9
+    costs = h200_costs(*steps, anchor[key + "train_tok_per_s"], swap_s, short, long)
+    return (*costs, 2 * anchor[key + "params"])
+
+
+def gpu_measured_costs(gpu: dict, short: int, long: int):
+    """`h200_costs` from yatt's own figures on an H200 (`yatt/bench/gpu.py`'s JSON): its
+    engine's decode steps at batch 64 and 256, its training tokens/s, and the measured time to
+    park AdamW's moments in pinned host memory and bring them back (what a colocated policy
+    rank swaps; the sampler shares its weights). Returns (short, long, parameter bytes)."""
+    key = "qwen2.5-0.5b/"
+    new_tokens = gpu["plan"]["new_tokens"]
+    steps = (gpu[key + f"gen_bs{b}"]["yatt_s"] / new_tokens for b in (64, 256))
+    train = gpu[key + "train"]
+    swap_s = (train["offload_s"] + train["onload_s"]) / 2
+    costs = h200_costs(*steps, train["tok_per_s"], swap_s, short, long)
+    return (*costs, 2 * train["params"])
 
 
 def anchor_projection(args, path: Path) -> dict | None:
+    """The projection from the plain-HF anchors at `path` (None where the file is absent)."""
     if not path.is_file():
         return None
-    anchor = json.loads(path.read_text())
-    short, long, param_bytes = anchored_costs(anchor, 256, 1024)
+    short, long, param_bytes = anchored_costs(json.loads(path.read_text()), 256, 1024)
+    return _h200_projection(args, path, short, long, param_bytes)
+
+
+def gpu_projection(args, path: Path) -> dict | None:
+    """The projection from yatt's measured H200 figures at `path` (None where absent, or
+    where that run predates the swap measurement)."""
+    if not path.is_file():
+        return None
+    gpu = json.loads(path.read_text())
+    if "offload_s" not in gpu.get("qwen2.5-0.5b/train", {}):
+        return None
+    short, long, param_bytes = gpu_measured_costs(gpu, 256, 1024)
+    out = _h200_projection(args, path, short, long, param_bytes)
+    return out | {"device": gpu["host"]["device"], "commit": gpu["host"]["git_commit"]}
+
+
+def _h200_projection(args, path: Path, short, long, param_bytes: float) -> dict:
     return {
         "source": str(path),
         "short_tokens": 256,
         "long_tokens": 1024,
+        "costs_short": dataclasses.asdict(short),
+        "costs_long": dataclasses.asdict(long),
         "rows": project(short, long, 1, 30.0, args, param_bytes=param_bytes),
     }
 
@@ -214,3 +253,4 @@ def resimulate(args, sim: dict, move_s: float) -> None:
         sim["shift_sweep"] = shift_sweep(args, short, long, sim["move_wall_s"])
     sim["projection"] = project(short, long, 2, move_s, args, param_bytes=param_bytes)
     sim["anchored"] = anchor_projection(args, args.anchors)
+    sim["gpu_measured"] = gpu_projection(args, args.gpu_costs)

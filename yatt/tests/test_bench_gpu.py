@@ -52,3 +52,15 @@ def test_gpu_control_check_on_cpu_runs_both_parts(tmp_path, bench_script):
     assert result["smollm2_shape"]["summary"]["perf/gen_tokens_per_s"] > 0
     table = (tmp_path / "yatt_gpu_control.md").read_text()
     assert "trained weights **equal**" in table and "| update_actor |" in table
+
+
+def test_gpu_update_diagnostic_on_cpu_times_each_setting(bench_script, monkeypatch, capsys):
+    torch.set_num_threads(1)
+    bench = bench_script("gpu_update")
+    monkeypatch.setitem(bench.SHAPE, "num_hidden_layers", 1)
+    assert bench.main(["cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cpu, torch") and "8 rows x (48 + 16) tokens" in lines[0]
+    labels = [line.split(":")[0] for line in lines[1:]]
+    assert labels == ["micro-batch 8", "micro-batch 32", "micro-batch 8, TF32"]
+    assert all(float(line.split(": ")[1].split(" s")[0]) > 0 for line in lines[1:])
