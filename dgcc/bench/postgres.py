@@ -37,6 +37,7 @@ from dgcc.durable import DurableConfig, DurableEngine
 from dgcc.net.loadgen import ClusterBenchConfig, run_bench
 from dgcc.pg import PgServer, create_functions, load_database, run_closed_loop
 from dgcc.pg.schema import check_consistency
+from dgcc.stats import percentile
 from dgcc.storage import Database
 from dgcc.workloads.tpcc import TpccWorkload
 
@@ -291,8 +292,8 @@ def _durable_window(
         "txn/aborted": aborted,
         "txn/retried": 0,
         "txn/abort_rate": aborted / completed,
-        "txn/latency_ms_p50": latencies_ms[len(latencies_ms) // 2] if latencies_ms else 0.0,
-        "txn/latency_ms_p99": latencies_ms[int(0.99 * len(latencies_ms))] if latencies_ms else 0.0,
+        "txn/latency_ms_p50": percentile(latencies_ms, 0.50),
+        "txn/latency_ms_p99": percentile(latencies_ms, 0.99),
         "timing_s/window": elapsed_s,
         "cpu/client_cores": cpu_s / elapsed_s,  # driver and engine share one process here
         "cpu/server_cores": cpu_s / elapsed_s,

@@ -83,3 +83,40 @@ def test_ycsb_draws_every_key_of_a_longer_partition():
         key for request in request_pool(config, 0, 0.0, 1, 3000) for key in request.params["keys"]
     }
     assert drawn == set(range(21))
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.6])
+def test_a_smallbank_fraction_crosses_through_two_customer_calls_and_keeps_the_mix(fraction):
+    """Only Amalgamate and SendPayment name a second customer (40% of the mix): each crosses
+    with fraction / 0.4 (capped at all of them), and the mix stays the standard one."""
+    from collections import Counter
+
+    from dgcc.workloads import get_workload
+
+    config = local_config(2, workload="smallbank", workload_options={"accounts": 1000})
+    workload = get_workload("smallbank", accounts=1000)
+    pool = request_pool(config, 0, fraction, seed=3, count=CALLS)
+    crossing = [
+        r for r in pool if any(key[1] >= 500 for key in workload.route_keys(r.procedure, r.params))
+    ]
+    assert len(crossing) / CALLS == pytest.approx(min(fraction, 0.4), abs=0.03)
+    assert {r.procedure for r in crossing} <= {"amalgamate", "send_payment"}
+    mix = Counter(r.procedure for r in pool)
+    assert mix["send_payment"] / CALLS == pytest.approx(0.25, abs=0.03)
+    assert mix["balance"] / CALLS == pytest.approx(0.15, abs=0.03)
+
+
+def test_ycsb_hot_keys_are_spread_over_the_range_partitions():
+    """The workload's own stream scatters the zipfian's ranks, so at theta 0.99 no range
+    partition takes most of the accesses (the hottest ranks all sat on the first one)."""
+    import itertools
+    from collections import Counter
+
+    from dgcc.workloads import get_workload
+
+    workload = get_workload("ycsb", records=100_000, theta=0.99)
+    shares = Counter()
+    for request in itertools.islice(workload.requests(1), 4000):
+        shares.update(key * 4 // 100_000 for key in request.params["keys"])
+    total = sum(shares.values())
+    assert all(0.15 < shares[p] / total < 0.4 for p in range(4)), shares

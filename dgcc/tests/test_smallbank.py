@@ -110,7 +110,9 @@ def test_hotspot_skews_requests_and_partitioning_is_by_customer() -> None:
     customers = Counter()
     for request in itertools.islice(workload.requests(1), 2000):
         customers.update(v for k, v in request.params.items() if k != "amount")
-    hot = sum(count for customer, count in customers.items() if customer < 10)
+    hot_set = {workload.hot_customer(j) for j in range(10)}
+    assert hot_set == set(range(0, 1000, 100))  # spread over the range partitions
+    hot = sum(count for customer, count in customers.items() if customer in hot_set)
     assert hot > 0.8 * sum(customers.values())
     assert workload.partition_of(("savings", 999), 4) == 3
     assert workload.partition_of(("checking", 0), 4) == 0

@@ -3,17 +3,20 @@ percentiles, and the host's CPU ticks that tell how much of a window a hyperviso
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 __all__ = ["host_ticks", "percentile"]
 
 
 def percentile(sorted_values: list[float], fraction: float, empty: float = 0.0) -> float:
-    """The value at ``fraction`` (0..1) of ``sorted_values`` (nearest rank, no interpolation);
-    ``empty`` when there are none."""
+    """The value at ``fraction`` (0..1) of ``sorted_values`` by nearest rank (the smallest value
+    with at least ``fraction`` of the values at or below it; no interpolation): the 99th
+    percentile of 100 values is the 99th, not the largest. ``empty`` when there are none."""
     if not sorted_values:
         return empty
-    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+    rank = math.ceil(fraction * len(sorted_values))
+    return sorted_values[min(len(sorted_values), max(rank, 1)) - 1]
 
 
 def host_ticks(stat: Path = Path("/proc/stat")) -> dict[str, float]:

@@ -2,7 +2,9 @@
 
 ``request_pool`` builds a node's requests: every transaction starts on data the node owns and,
 with probability ``distributed_fraction``, also touches data of another node (YCSB: half of its
-keys; Smallbank: a payment to a remote customer; TPC-C: a remote supply warehouse or a remote
+keys; Smallbank: an Amalgamate or SendPayment with a remote second customer, which only
+those two calls have, so each crosses with probability ``distributed_fraction`` over their
+40% share of the mix, capped at all of them; TPC-C: a remote supply warehouse or a remote
 paying customer, which only NewOrder and Payment can have, so each of those crosses nodes with
 probability ``distributed_fraction`` over their share of the mix, and a fraction above that
 share (88% of the standard mix) makes all of them cross). ``None`` keeps the workload's own
@@ -43,6 +45,7 @@ from dgcc.local_cluster import check, last_log_line, spawn_into, start_local, wa
 from dgcc.net.wire import run_async
 from dgcc.stats import host_ticks, percentile
 from dgcc.workloads import get_workload
+from dgcc.workloads.smallbank import TWO_CUSTOMER_SHARE
 from dgcc.workloads.tpcc.schema import MIX_STANDARD
 from dgcc.workloads.ycsb import ZipfianGenerator
 
@@ -213,6 +216,10 @@ def _smallbank_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
     ranges = _ranges(workload.accounts, config.placement().partitions)
     mine, others = _split(config, node)
     stream = workload.requests(rng.randrange(2**31))
+    # Only the two-customer calls (Amalgamate, SendPayment) can cross nodes: each does with
+    # probability fraction / their share of the mix, so the mix stays the standard one and
+    # ``fraction`` of all calls cross (capped at their share, 40%).
+    cross = min(1.0, (fraction or 0.0) / TWO_CUSTOMER_SHARE)
     pool = []
     for request in itertools.islice(stream, count):
         params = dict(request.params)
@@ -222,15 +229,10 @@ def _smallbank_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
                 params[name] = home[params[name] % len(home)]
         if "target" in params and params["target"] == params["source"]:
             params["target"] = home[(home.index(params["source"]) + 1) % len(home)]
-        procedure = request.procedure
-        if others and fraction and rng.random() < fraction:
-            far = ranges[rng.choice(others)]
-            source = params.get("source", params.get("customer"))
-            procedure = procedure if "target" in params else "send_payment"
-            params = {"source": source, "target": far[rng.randrange(len(far))]}
-            if procedure == "send_payment":
-                params["amount"] = rng.randint(1, 5000)
-        pool.append(TxnRequest(procedure, params))
+        if others and "target" in params and rng.random() < cross:
+            far = ranges[rng.choice(others)]  # the target drawn as the mix draws customers
+            params["target"] = far[workload.draw_customer(rng) % len(far)]
+        pool.append(TxnRequest(request.procedure, params))
     return pool
 
 
@@ -435,16 +437,23 @@ class ClusterBenchConfig:
             )
 
 
+SNAPSHOT_AT = "snapshot/wall_s"
+
+
 def _snapshot(config: ClusterConfig) -> dict[str, float]:
     from dgcc.local_cluster import status
 
     total: dict[str, float] = host_ticks()  # (the host's, once: not summed over nodes)
+    asked_s = time.time()
     for entry in status(config, timeout_s=30):
         if "error" in entry and "ready" not in entry:
             raise ConfigError(f"node {entry['id']} is down: {entry['error']}")
         for key, value in entry.items():
             if "/" in key:
                 total[key] = total.get(key, 0) + value
+    # when the nodes were read: the middle of the status round trip (node CPU rates divide
+    # by the time between two snapshots, not by the clients' window they straddle)
+    total[SNAPSHOT_AT] = (asked_s + time.time()) / 2
     return total
 
 
@@ -548,6 +557,8 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
     counts = {k: sum(r["counts"].get(k, 0) for r in results) for k in COUNTED}
     latencies = sorted(itertools.chain.from_iterable(r["latencies_ms"] for r in results))
     committed = max(1, delta["txn/committed"])
+    node_s = delta.get(SNAPSHOT_AT) or bench.seconds  # the nodes' counters cover this long
+    node_cpu_s = delta["timing_s/cpu"] * bench.seconds / node_s  # over the clients' window
     metrics = {
         "txn/commits_per_s": counts["committed"] / bench.seconds,
         "txn/txns_per_s": sum(counts.values()) / bench.seconds,
@@ -561,11 +572,11 @@ def _record(bench, config, results, before, after) -> dict[str, Any]:
         "txn/multi_node_fraction": delta["txn/multi_node"] / max(1, delta["txn/executed"]),
         "net/messages_per_commit": delta["net/peer_messages"] / committed,
         "net/bytes_per_commit": delta["net/peer_bytes"] / committed,
-        "node/cpu_s_per_s": delta["timing_s/cpu"] / bench.seconds / bench.nodes,
-        "node/wait_inputs_s_per_s": delta["timing_s/wait_inputs"] / bench.seconds / bench.nodes,
-        "node/wait_values_s_per_s": delta["timing_s/wait_values"] / bench.seconds / bench.nodes,
+        "node/cpu_s_per_s": delta["timing_s/cpu"] / node_s / bench.nodes,
+        "node/wait_inputs_s_per_s": delta["timing_s/wait_inputs"] / node_s / bench.nodes,
+        "node/wait_values_s_per_s": delta["timing_s/wait_values"] / node_s / bench.nodes,
         "client/cpu_s_per_s": sum(r["cpu_s"] for r in results) / bench.seconds / bench.nodes,
-        "txn/commits_per_node_cpu_s": counts["committed"] / max(1e-9, delta["timing_s/cpu"]),
+        "txn/commits_per_node_cpu_s": counts["committed"] / max(1e-9, node_cpu_s),
         # the share of the window's CPU time the hypervisor gave other guests (NaN: not counted)
         "host/cpu_stolen": (
             delta["host/stolen_ticks"] / delta["host/ticks"]

@@ -90,8 +90,9 @@ class _Window:
 
     measuring: bool = False
     committed: int = 0
-    aborted: Counter[str] = field(default_factory=Counter)
+    aborted: Counter[str] = field(default_factory=Counter)  # logic aborts (rollbacks)
     retried: int = 0
+    gave_up: int = 0  # still a deadlock or serialization failure after RETRIES_MAX retries
     latencies_ms: list[float] = field(default_factory=list)
 
 
@@ -115,6 +116,8 @@ async def _client(
             window.latencies_ms.append((time.perf_counter() - started_s) * 1e3)
             if outcome.committed:
                 window.committed += 1
+            elif outcome.gave_up:  # apart from logic aborts, as the dgcc benches count them
+                window.gave_up += 1
             else:
                 window.aborted[outcome.reason.split(":")[0]] += 1
 
@@ -158,7 +161,7 @@ def _metrics(
     window: _Window, elapsed_s: float, client_cpu_s: float, server_cpu_s: float
 ) -> dict[str, float]:
     aborted = sum(window.aborted.values())
-    completed = window.committed + aborted
+    completed = window.committed + aborted + window.gave_up
     latencies = sorted(window.latencies_ms)
     metrics = {
         "txn/commits_per_s": window.committed / elapsed_s,
@@ -167,6 +170,8 @@ def _metrics(
         "txn/aborted": aborted,
         "txn/retried": window.retried,
         "txn/abort_rate": aborted / completed if completed else 0.0,
+        "txn/gave_up": window.gave_up,
+        "txn/gave_up_rate": window.gave_up / completed if completed else 0.0,
         "txn/latency_ms_p50": percentile(latencies, 0.50),
         "txn/latency_ms_p99": percentile(latencies, 0.99),
         "timing_s/window": elapsed_s,

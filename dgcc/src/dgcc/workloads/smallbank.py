@@ -38,6 +38,8 @@ MIX = (
     ("write_check", 15),
 )
 _PROCEDURES = frozenset(name for name, _ in MIX)
+TWO_CUSTOMERS = ("amalgamate", "send_payment")  # the calls that name a second customer
+TWO_CUSTOMER_SHARE = sum(w for n, w in MIX if n in TWO_CUSTOMERS) / sum(w for _, w in MIX)
 
 
 def _savings(customer: int) -> tuple[str, int]:
@@ -54,8 +56,10 @@ class SmallbankWorkload(Workload):
 
     Args:
         accounts: number of customers.
-        hot_accounts: size of the hotspot (customers ``0 .. hot_accounts - 1``); by default
-            100, or every customer when there are fewer.
+        hot_accounts: size of the hotspot (customers ``j * accounts // hot_accounts`` for
+            ``j < hot_accounts``: spread evenly over the customers, so every range partition
+            of a cluster holds its share of it); by default 100, or every customer when there
+            are fewer.
         hot_fraction: probability that a customer is drawn from the hotspot; 0 is uniform.
 
     Raises:
@@ -176,11 +180,11 @@ class SmallbankWorkload(Workload):
         weights = [weight for _, weight in MIX]
         while True:
             (name,) = rng.choices(names, weights)
-            first = self._customer(rng)
-            if name in ("amalgamate", "send_payment"):
-                second = self._customer(rng)
+            first = self.draw_customer(rng)
+            if name in TWO_CUSTOMERS:
+                second = self.draw_customer(rng)
                 while second == first:
-                    second = self._customer(rng)
+                    second = self.draw_customer(rng)
                 params: dict[str, int] = {"source": first, "target": second}
                 if name == "send_payment":
                     params["amount"] = rng.randint(1, AMOUNT_MAX_CENTS)
@@ -193,10 +197,15 @@ class SmallbankWorkload(Workload):
                 params = {"customer": first, "amount": rng.randint(1, AMOUNT_MAX_CENTS)}
             yield TxnRequest(name, params)
 
-    def _customer(self, rng: random.Random) -> int:
+    def draw_customer(self, rng: random.Random) -> int:
+        """One customer, as the mix draws them (the hotspot with ``hot_fraction``)."""
         if self.hot_fraction and rng.random() < self.hot_fraction:
-            return rng.randrange(self.hot_accounts)
+            return self.hot_customer(rng.randrange(self.hot_accounts))
         return rng.randrange(self.accounts)
+
+    def hot_customer(self, j: int) -> int:
+        """The customer that is the hotspot's ``j``-th (see ``hot_accounts``)."""
+        return j * self.accounts // self.hot_accounts
 
     def observe(self, batch: Sequence[object], outcomes: Sequence[Outcome]) -> None:
         """Add the external money flows of committed transactions, for ``check``."""
