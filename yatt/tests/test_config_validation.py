@@ -456,3 +456,31 @@ def test_a_repeated_key_in_an_override_value_and_mixed_key_types_are_one_line_er
     mixed.write_text("train:\n  1: 2\n  x: 3\n")
     with pytest.raises(ConfigError, match="unknown config key '1' in 'train'"):
         load_config(str(mixed))
+
+
+def test_a_gpu_is_named_by_its_ordinal_in_the_process(monkeypatch) -> None:
+    """A Ray actor sees only the GPU Ray reserved for it (CUDA_VISIBLE_DEVICES): the run's
+    GPU 3 is then the actor's cuda:0; a process that sees every GPU keeps the index, and one
+    that sees several but not this one is refused with the visible list."""
+    import torch
+
+    from yatt.control.devices import Device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert Device("cuda", 3).torch_device() == torch.device("cuda", 0)
+    assert Device("cuda", 0).torch_device() == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert Device("cuda", 3).torch_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    with pytest.raises(ConfigError, match=r"GPU 3 is not among the 2 .*=4,5\)"):
+        Device("cuda", 3).torch_device()
+    assert Device("cpu", 1).torch_device() == torch.device("cpu")
+
+
+def test_rng_state_leaves_cuda_alone_in_a_process_that_never_used_it() -> None:
+    import torch
+
+    from yatt.common.seeding import rng_state
+
+    assert torch.cuda.is_initialized() or "cuda" not in rng_state()

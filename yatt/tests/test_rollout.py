@@ -9,6 +9,7 @@ reported log-probs with a plain full forward pass. The oneDNN-prepacked matmuls 
 against plain `F.linear` ones, before and after an in-place weight update.
 """
 
+import dataclasses
 import math
 import os
 from types import SimpleNamespace
@@ -491,3 +492,43 @@ def test_vllm_engine_pushes_the_models_weights_and_drops_its_prefix_cache(
     assert engine._llm.calls == [("apply_model", count), ("reset_prefix_cache",)]
     engine.load_state_dict(model.state_dict())
     assert engine._llm.calls[2:] == [("apply_model", count), ("reset_prefix_cache",)]
+
+
+def test_a_stop_string_spanning_the_prompt_does_not_end_an_hf_row():
+    """HF's own stop_strings match across the prompt's last tokens and ended the row at its
+    first token (then failed an assertion); both backends judge generated tokens alone."""
+    model, tokenizer = tiny_model("llama", seed=3)
+    prompt = tokenizer.encode("Hello there, how are you", add_special_tokens=False)
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    first = RolloutEngine(model, tokenizer).generate([prompt], greedy)[0].token_ids
+    for stop, reason in ((tokenizer.decode(prompt[-1:] + first[:1]), "length"),
+                         (tokenizer.decode(first[2:4]), "stop")):  # fmt: skip
+        params = dataclasses.replace(greedy, stop=(stop,))
+        ours = RolloutEngine(model, tokenizer).generate([prompt], params)[0]
+        theirs = HFGenerateEngine(model, tokenizer).generate([prompt], params)[0]
+        assert (ours.token_ids, ours.finish_reason) == (theirs.token_ids, theirs.finish_reason)
+        assert ours.finish_reason == reason, (stop, ours)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "seeds", "needle"),
+    [
+        ([1, 2, 3], None, "prompt 0 must be a list of int token ids"),
+        (["hello"], None, "prompt 0 must be a list of int token ids"),
+        ([[1.0, 2.5]], None, "prompt 0 must be a list of int token ids"),
+        ([[5], [1, 10**6]], None, "prompt 1 holds token id 1000000, outside the vocabulary"),
+        ([[-1]], None, "prompt 0 holds token id -1"),
+        ("abc", None, "a non-empty list of prompts"),
+        ([[1, 2]], [2**64], "seed 0 must be an int in [-2**63, 2**64)"),
+        ([[1, 2]], [1.5], "seed 0 must be an int"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["yatt", "hf"])
+def test_a_malformed_request_is_one_config_error(prompts, seeds, needle, backend):
+    """Bad ids used to fail deep inside the embedding (on CUDA: a device assert that poisons
+    the context); floats were truncated; out-of-range seeds overflowed in the generator."""
+    model, tokenizer = tiny_model("llama", seed=1)
+    engine = make_engine(backend, model, tokenizer)
+    with pytest.raises(ConfigError) as caught:
+        engine.generate(prompts, SamplingParams(max_new_tokens=2), seeds)
+    assert needle in str(caught.value)

@@ -21,8 +21,8 @@ def rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():  # a process that never used CUDA has no state to keep
+        state["cuda"] = torch.cuda.get_rng_state_all()  # (and asking would start CUDA on every GPU)
     return state
 
 
@@ -32,4 +32,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # a host with fewer GPUs than the one that saved: restore those it has
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)

@@ -50,8 +50,11 @@ class Device:
         return tuple(range(self.index, self.index + self.cores))
 
     def torch_device(self) -> torch.device:
-        """Where tensors of a worker on this device live."""
-        return torch.device(self.name) if self.kind == "cuda" else torch.device("cpu")
+        """Where tensors of a worker on this device live (a GPU by its ordinal in this
+        process, see `local_ordinal`)."""
+        if self.kind != "cuda":
+            return torch.device("cpu")
+        return torch.device("cuda", local_ordinal(self.index))
 
     def ray_bundle(self) -> dict[str, float]:
         """The placement-group bundle that reserves this device."""
@@ -60,12 +63,32 @@ class Device:
     def bind(self) -> None:
         """Make the calling process use this device: pin to the core, or select the GPU."""
         if self.kind == "cuda":
-            torch.cuda.set_device(self.index)
+            torch.cuda.set_device(local_ordinal(self.index))
             return
         cores = sorted(os.sched_getaffinity(0) | _bound_cores)
         _bound_cores.update(cores)  # a later re-bind may widen again
         os.sched_setaffinity(0, {cores[i % len(cores)] for i in self.indices})
         torch.set_num_threads(self.cores)
+
+
+def local_ordinal(index: int) -> int:
+    """GPU `index` (among the devices the run was given) as this process numbers it: the same
+    where the process sees every GPU (the in-process backend), 0 where it sees one alone (a Ray
+    actor: Ray sets CUDA_VISIBLE_DEVICES to the GPU it reserved for the actor, which is then
+    the actor's cuda:0 whatever the run calls it).
+
+    Raises:
+        ConfigError: the process sees several GPUs but not `index`.
+    """
+    count = torch.cuda.device_count()
+    if index < count:
+        return index
+    if count == 1:
+        return 0
+    raise ConfigError(
+        f"GPU {index} is not among the {count} this process sees "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+    )
 
 
 def widen(devices: list[Device]) -> Device:

@@ -94,6 +94,8 @@ class Collective:
         start_s = time.perf_counter()
         moved = tensor.to(self.device)
         dist.all_reduce(moved, op=dist.ReduceOp.SUM if op is None else op)
+        if self.device.type == "cuda":  # NCCL returns before the reduction is done
+            torch.cuda.synchronize(self.device)
         self.reduce_s += time.perf_counter() - start_s
         return moved.to(tensor.device)
 
@@ -204,15 +206,14 @@ class RankWorker:
                 param.grad = None
         self.model = model  # kept for later roles (`_module_to_reuse`)
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
-        self._eval_engine: Any = None  # greedy decoding with the policy's own weights
         self.holds_state = kept is not None
         self.policy = kept or (self._build_policy(model) if "policy" in self.roles else None)
         if self.policy is not None:  # a kept policy drops the process group it left
             self.policy.collective = self.collective
-        if kept is not None and control.placement == "disaggregated":
-            # a time-shared placement left its moments in host memory after each update, and
-            # a disaggregated rank never swaps: they come back to the device now
-            self._move_optimizer_state(onto_device=True)
+        if kept is not None:
+            # a time-shared placement keeps the moments in host memory between updates, a
+            # disaggregated rank never swaps: put them where the new placement keeps them
+            self._move_optimizer_state(onto_device=control.placement == "disaggregated")
         # the reference, the initial policy for the KL loss term: a frozen copy, or with LoRA
         # the policy's module with its adapters off (a kept policy's too)
         if self.policy is not None and config.algo.uses_reference:
@@ -401,12 +402,13 @@ class RankWorker:
         numbers = range(self.rank, min(n_examples, len(self.heldout_set)), self.world)
         if not numbers:  # fewer problems than ranks
             return 0, 0
-        if self._eval_engine is None:
-            self._eval_engine = self._policy_engine()
+        # built for each evaluation where the sampler's engine does not serve (its fused
+        # weight copies would otherwise hold device memory for the rest of the run)
+        engine = self._policy_engine()
         cfg = self.config.eval
         with self._phase("policy", "eval"):
             _, records = evaluate_engine(
-                self._eval_engine, self.tokenizer, [self.heldout_set[i] for i in numbers],
+                engine, self.tokenizer, [self.heldout_set[i] for i in numbers],
                 batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                 reward_fn=cfg.reward_fn, use_chat_template=self.config.data.use_chat_template,
                 stop=self.config.rollout.stop,
@@ -600,6 +602,8 @@ class RankWorker:
             assert weights is not None, f"{self.name}: optimizer state without weights"
             load_trained_state(self.policy.model, weights)
             self.policy.load_state_dict(policy_state)  # updated in place later
+            if self.control.placement != "disaggregated":  # loading put the moments on the
+                self._move_optimizer_state(onto_device=False)  # device: park them till update
             self.holds_state = True
         if self.rollout is None:
             return

@@ -61,8 +61,12 @@ class StaticCache:
 class LlamaDecoder:
     """Fused-weight forward of a Llama-family model, reading weights from the HF module.
 
-    The fused copies are rebuilt by `refresh()` whenever a parameter of the model changed
-    (optimizer step, `load_state_dict`, `param.data = ...`), so rollouts never see stale weights.
+    The fused copies are rebuilt by `refresh()` whenever a parameter's version counter or
+    storage changed: writes autograd sees (foreach or for-loop optimizer steps,
+    `load_state_dict`, `copy_` under `no_grad`) and `param.data = ...`. Writes it does not see
+    (`param.data.copy_(...)`, a fused optimizer step) must be followed by
+    `torch.autograd.graph.increment_version(params)`, as `PolicyRole.update` does after its
+    fused AdamW step; otherwise rollouts would mix fresh and stale weights.
     """
 
     def __init__(

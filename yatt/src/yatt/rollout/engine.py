@@ -11,6 +11,7 @@ colocated trainer that updates it is seen by the next `generate`.
 """
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +127,8 @@ class RolloutEngine(EngineBase):
             weights that is refreshed whenever a parameter changes, so it is never stale.
         static: decode with fixed shapes (no dropping of finished rows, attention over the
             whole cache under a mask) so a step can be replayed as a CUDA graph; default on
-            CUDA only. Needs a Llama-family model (`LlamaDecoder.supports`).
+            CUDA for Llama-family models (`LlamaDecoder.supports`), which it needs; other
+            models decode dynamically through HF's forward.
         sync_every: read sampled tokens back to the host every this many steps (stop checks
             and early exit); default 1 for dynamic decoding, 16 for static.
         cuda_graphs: replay the static decode step as a CUDA graph; default on for static
@@ -143,7 +145,8 @@ class RolloutEngine(EngineBase):
         self.device = torch.device(device) if device is not None else model.device
         self._forward = make_forward(model, dtype, prepack)
         on_cuda = self.device.type == "cuda"
-        self.static = on_cuda if static is None else static
+        fused = isinstance(self._forward, DecoderForward)
+        self.static = (on_cuda and fused) if static is None else static
         if self.static and not isinstance(self._forward, DecoderForward):
             raise ConfigError(
                 f"static decoding needs a Llama-family model, got {model.config.model_type!r}"
@@ -176,13 +179,16 @@ class RolloutEngine(EngineBase):
             SamplingError: the policy's logits held a NaN or an infinity at some decode step
                 (found when the step's tokens are read back, every `sync_every` steps).
         """
-        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model))
+        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
+                       model_vocab(self.model))  # fmt: skip
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         was_training = self.model.training
         self.model.eval()
+        # a GPU other than the process's current one: its streams and graph capture too
+        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), on_device:
                 rows = self._run(prompt_ids, params, seeds)
         finally:
             self.model.train(was_training)
@@ -354,6 +360,19 @@ class PromptTooLong(ConfigError):
         self.row = row
 
 
+def model_vocab(model: Any) -> int | None:
+    """The token ids the model can embed (its input embedding's rows), or None where unknown."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError, NotImplementedError):
+        return None
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def model_positions(model: Any) -> int | None:
     """The positions the model has for prompt and response (`max_position_embeddings`), or
     None where its config states none."""
@@ -369,14 +388,26 @@ def _check_request(
     seeds: list[int] | None,
     max_new_tokens: int = 0,
     positions: int | None = None,
+    vocab: int | None = None,
 ) -> None:
-    if not prompt_ids:
-        raise ConfigError("generate needs at least one prompt, got an empty list")
+    if not isinstance(prompt_ids, list | tuple) or not prompt_ids:
+        raise ConfigError(f"generate needs a non-empty list of prompts, got {_brief(prompt_ids)}")
     for i, ids in enumerate(prompt_ids):
+        if not isinstance(ids, list | tuple) or not all(type(t) is int for t in ids):
+            raise ConfigError(f"prompt {i} must be a list of int token ids, got {_brief(ids)}")
         if len(ids) == 0:
             raise ConfigError(f"prompt {i} is empty; every prompt needs at least one token")
+        if vocab is not None and not 0 <= min(ids) <= max(ids) < vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise ConfigError(
+                f"prompt {i} holds token id {bad}, outside the vocabulary 0..{vocab - 1}"
+            )
     if seeds is not None and len(seeds) != len(prompt_ids):
         raise ConfigError(f"got {len(seeds)} seeds for {len(prompt_ids)} prompts; need one each")
+    if seeds is not None:
+        for i, seed in enumerate(seeds):
+            if type(seed) is not int or not -(2**63) <= seed < 2**64:
+                raise ConfigError(f"seed {i} must be an int in [-2**63, 2**64), got {_brief(seed)}")
     # Past its positions a rotary model samples garbage and an absolute one fails its lookup.
     if positions is not None and max(map(len, prompt_ids)) + max_new_tokens > positions:
         row = next(i for i, ids in enumerate(prompt_ids) if len(ids) + max_new_tokens > positions)

@@ -133,7 +133,9 @@ class _CastWeights:
     """The model's parameters cast to another dtype, recast only when a parameter changed.
 
     A parameter counts as changed when its in-place version counter or its storage moved, which
-    covers optimizer steps, `load_state_dict` and `param.data = ...`.
+    covers writes autograd sees, `load_state_dict` and `param.data = ...`; after a write it does
+    not see (a fused optimizer step, `param.data.copy_`) call
+    `torch.autograd.graph.increment_version` on the parameters (see `LlamaDecoder`).
     """
 
     def __init__(self, model: PreTrainedModel, dtype: torch.dtype) -> None:

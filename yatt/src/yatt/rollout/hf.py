@@ -6,9 +6,16 @@ batch reproducible, not each row on its own.
 """
 
 import logging
+from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from yatt.errors import ConfigError
 from yatt.rollout.engine import (
@@ -16,10 +23,12 @@ from yatt.rollout.engine import (
     EngineBase,
     _append_token,
     _check_request,
+    _completes_stop,
     _pad_token_id,
     _Row,
     eos_token_ids,
     model_positions,
+    model_vocab,
 )
 from yatt.rollout.sampling import SamplingParams, non_finite_logits
 
@@ -52,7 +61,8 @@ class HFGenerateEngine(EngineBase):
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
             SamplingError: the policy's logits held a NaN or an infinity.
         """
-        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model))
+        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
+                       model_vocab(self.model))  # fmt: skip
         if params.ignore_eos:
             raise ConfigError("ignore_eos needs the yatt or vllm rollout backend, not hf")
         input_ids, attention_mask = self._left_pad(prompt_ids)
@@ -71,7 +81,7 @@ class HFGenerateEngine(EngineBase):
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
-                    **self._generate_kwargs(params, sorted(eos_ids)),
+                    **self._generate_kwargs(params, sorted(eos_ids), input_ids.shape[1]),
                 )
         except RuntimeError as exc:  # torch.multinomial on NaN/inf probabilities
             if "probability tensor contains" not in str(exc):
@@ -95,7 +105,7 @@ class HFGenerateEngine(EngineBase):
             for p, toks, lps in zip(prompt_ids, new_tokens, token_logps)
         ]
 
-    def _generate_kwargs(self, params: SamplingParams, eos_ids: list[int]) -> dict:
+    def _generate_kwargs(self, params: SamplingParams, eos_ids: list[int], width: int) -> dict:
         kwargs = dict(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
@@ -105,8 +115,9 @@ class HFGenerateEngine(EngineBase):
             output_scores=True,
             use_cache=True,
         )
-        if params.stop:
-            kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if params.stop:  # RolloutEngine's rule: HF's stop_strings also match across the prompt
+            stops = _GeneratedStops(self.tokenizer, tuple(params.stop), width)
+            kwargs.update(stopping_criteria=StoppingCriteriaList([stops]))
         if params.is_greedy:
             return kwargs | dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         return kwargs | dict(
@@ -146,3 +157,19 @@ class HFGenerateEngine(EngineBase):
 
     def _rng_devices(self) -> list:
         return [self.device] if self.device.type == "cuda" else []
+
+
+class _GeneratedStops(StoppingCriteria):
+    """Ends a row once its newest generated token completes a stop string, judged on the
+    generated tokens alone (`_completes_stop`, as RolloutEngine does): a stop string that only
+    appears with the prompt's last tokens does not end the row."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...], width: int) -> None:
+        self.tokenizer, self.stops, self.width = tokenizer, stops, width
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        done = [
+            _completes_stop(self.tokenizer, row[self.width :], self.stops)
+            for row in input_ids.tolist()
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)

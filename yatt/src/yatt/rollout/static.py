@@ -111,13 +111,15 @@ def _warm_up_and_capture(step: _StaticStep) -> Callable[[], None]:
     The eager run is a real decode step (it advances the state) and also the warm-up that CUDA
     graph capture needs (kernel choices, library workspaces). Returns the graph's replay.
     """
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # on the current device (the engine makes it the model's)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # captured on that stream: torch.cuda.graph's default capture stream is made once per
+    # process, on whichever device first captured, and would miss a model on another GPU
+    with torch.cuda.graph(graph, stream=side):
         step()  # recorded, not run: the state does not advance here
     logger.debug("captured a decode step for batch %d", step.cache.batch_size)
     return graph.replay

@@ -20,7 +20,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from yatt.errors import ConfigError
-from yatt.rollout.engine import Completion, EngineBase, _check_request, model_positions
+from yatt.rollout.engine import (
+    Completion,
+    EngineBase,
+    _check_request,
+    model_positions,
+    model_vocab,
+)
 from yatt.rollout.sampling import SamplingParams, check_logprob
 
 __all__ = ["VLLMEngine"]
@@ -89,7 +95,8 @@ class VLLMEngine(EngineBase):
         Raises:
             ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
         """
-        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model))
+        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
+                       model_vocab(self.model))  # fmt: skip
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
@@ -125,7 +132,11 @@ class VLLMEngine(EngineBase):
         return False
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Push new weights (HF names) into vLLM's copy of the model."""
+        """Push new weights (HF names) into vLLM's copy of the model, and into `self.model`
+        (the HF module callers score behaviour log-probs with) unless `state` is its own."""
         items = list(state.items())
         self._llm.apply_model(lambda model: model.load_weights(items))
         self._llm.reset_prefix_cache()  # cached prompt keys and values of the old weights
+        own = {p.data_ptr() for p in self.model.state_dict().values()}
+        if not all(t.data_ptr() in own for t in state.values()):
+            self.model.load_state_dict(state)
