@@ -174,3 +174,30 @@ def test_a_group_of_equal_rewards_has_advantages_of_exactly_zero(name, value, ro
     advantages, _ = compute_advantages(name, rewards=rewards, group_ids=groups)
     assert torch.equal(advantages[:rows, 0], torch.zeros(rows))
     assert advantages[rows, 0] < 0 < advantages[rows + 1, 0]
+
+
+def test_reinforce_pp_with_equal_returns_has_no_advantage():
+    """Every valid return equal (all rewards 0.1, one token each): a float32 mean missed them
+    by an ulp and the whitening blew that up to the same advantage on every token."""
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 38, (64,), generator=generator)
+    mask = (torch.arange(37)[None, :] < lengths[:, None]).float()
+    advantages, _ = compute_advantages(
+        "reinforce_pp", rewards=torch.full((64,), 0.1), group_ids=torch.arange(64), mask=mask,
+        gamma=1.0,
+    )  # fmt: skip
+    assert torch.count_nonzero(advantages) == 0
+
+
+def test_dynamic_sampling_filters_on_scores_not_the_penalised_rewards():
+    """Group 0 is all right but two rows differ by the overlong penalty: DAPO filters on
+    accuracy, so it has no signal; group 1 has differing scores and is kept."""
+    from types import SimpleNamespace
+
+    from yatt.algos.advantages import signal_of
+
+    batch = SimpleNamespace(scores=torch.tensor([1.0, 1.0, 0.0, 1.0]),
+                            rewards=torch.tensor([1.0, 0.7, 0.0, 1.0]))  # fmt: skip
+    keep = dynamic_sampling_mask(signal_of(batch), torch.tensor([0, 0, 1, 1]))
+    assert keep.tolist() == [False, False, True, True]
+    assert signal_of(SimpleNamespace(scores=None, rewards=batch.rewards)) is batch.rewards

@@ -242,3 +242,45 @@ def test_the_critics_token_sum_norm_divides_by_the_budget_not_the_widest_respons
                                         total_updates=1, norm_len=16)  # fmt: skip
         losses.append(critic.update(batch)["critic/vf_loss"])
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+def test_a_non_finite_gradient_skips_the_step_and_three_in_a_row_stop_the_run():
+    """Advantages of 3e38 overflow the gradient: the step is skipped (the weights stay
+    finite and unchanged) instead of writing NaN into every weight; the third such update in a
+    row is a ModelError that says the loss diverged."""
+    from yatt.errors import ModelError
+
+    model, _ = tiny_model(seed=2)
+    policy = _policy(model)
+    before = copy.deepcopy(model.state_dict())
+    metrics = policy.update(_batch([3e38, -3e38, 3e38, -3e38] * 2))
+    assert not torch.isfinite(torch.tensor(metrics["actor/grad_norm"]))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    policy.update(_batch([3e38, -3e38, 3e38, -3e38] * 2))
+    with pytest.raises(ModelError, match="policy: the gradient norm was nan in 3 updates"):
+        policy.update(_batch([3e38, -3e38, 3e38, -3e38] * 2))
+    policy.finite_steps.in_a_row = 0
+    assert torch.isfinite(torch.tensor(policy.update(_batch([1.0, -1.0] * 4))["actor/grad_norm"]))
+
+
+def test_algo_dual_clip_reaches_the_policy_loss(monkeypatch):
+    """algo.dual_clip (0: off) is passed to the loss; a value <= 1 is refused by the config."""
+    import yatt.roles.policy as policy_module
+    from yatt.config import load_config
+    from yatt.errors import ConfigError
+
+    seen = []
+    real = policy_module.policy_loss
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["dual_clip"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policy_module, "policy_loss", spy)
+    for dual_clip, passed in ((0.0, None), (3.0, 3.0)):
+        model, _ = tiny_model(seed=2)
+        _policy(model, dual_clip=dual_clip).update(_batch([1.0, -1.0] * 4))
+        assert seen[-1] == passed
+    assert load_config("tiny_test", ["algo.dual_clip=3"]).algo.dual_clip == 3.0
+    with pytest.raises(ConfigError, match=r"algo\.dual_clip.*0 \(off\) or > 1"):
+        load_config("tiny_test", ["algo.dual_clip=0.5"])

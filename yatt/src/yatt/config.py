@@ -288,6 +288,7 @@ class AlgoConfig:
     micro_batch_size: int = 8
     clip_low: float = 0.2
     clip_high: float = 0.2
+    dual_clip: float = 0.0  # c > 1: negative-advantage losses capped at c * |A| (0 = off)
     loss_agg: str = "token_mean"
     kl_coef: float = 0.0
     kl_kind: str = "low_var_kl"
@@ -314,6 +315,8 @@ class AlgoConfig:
         _require(self.micro_batch_size >= 1, "algo.micro_batch_size", self.micro_batch_size, ">= 1")
         _require(0 <= self.clip_low <= 1, "algo.clip_low", self.clip_low, "in [0, 1]")
         _require(self.clip_high >= 0, "algo.clip_high", self.clip_high, ">= 0")
+        _require(self.dual_clip == 0 or self.dual_clip > 1, "algo.dual_clip", self.dual_clip,
+                 "0 (off) or > 1")  # fmt: skip
         _require(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")
         _require(self.entropy_coef >= 0, "algo.entropy_coef", self.entropy_coef, ">= 0 (0 = off)")
         _require(self.value_clip > 0, "algo.value_clip", self.value_clip, "> 0")

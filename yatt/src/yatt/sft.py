@@ -24,6 +24,7 @@ curves. Accuracy is `yatt eval`'s job.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from yatt.config import Config, save_config
 from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
-from yatt.roles.policy import load_optimizer_state, lr_lambda
+from yatt.roles.policy import FiniteSteps, load_optimizer_state, lr_lambda, step_schedule
 from yatt.run_checks import check_no_control_settings, check_training_dtype
 
 __all__ = ["run_sft"]
@@ -198,6 +199,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     batch_size = config.algo.micro_batch_size
     model.train()
     run_start_s, step = time.perf_counter(), done
+    finite_steps = FiniteSteps("sft")
     try:
         for step in range(done + 1, total + 1):
             start_s = time.perf_counter()
@@ -205,11 +207,12 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             loss = _pair_loss(model, [prompts[i] for i in rows], [answers[i] for i in rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
+            max_norm = optim.grad_clip if optim.grad_clip > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
-            optimizer.step()
-            scheduler.step()
+            if finite_steps.allow(grad_norm, params):
+                optimizer.step()
+            step_schedule(scheduler)
             metrics = {
                 "sft/loss": float(loss.detach()),
                 "sft/epoch": sampler.data_epoch + sampler.position / len(prompts),

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from yatt.algos.advantages import compute_advantages, dynamic_sampling_mask
+from yatt.algos.advantages import compute_advantages, dynamic_sampling_mask, signal_of
 from yatt.algos.kl import kl_mean, kl_penalty_token_rewards
 from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
@@ -361,7 +361,7 @@ class Trainer:
             if not algo.dynamic_sampling:
                 kept.append(last)
                 break
-            keep_rows = dynamic_sampling_mask(last.rewards, last.group_ids)
+            keep_rows = dynamic_sampling_mask(signal_of(last), last.group_ids)
             n_groups = len(set(last.group_ids.tolist()))
             groups_here = len(set(last.group_ids[keep_rows].tolist()))
             kept_groups, dropped_groups = (
@@ -373,7 +373,9 @@ class Trainer:
             if kept_groups >= algo.prompts_per_step:
                 break
         assert last is not None
-        batch = RolloutBatch.concat(kept) if kept else last  # no signal anywhere: a no-op update
+        # no signal anywhere: the update trains no row (its zero gradient still moves AdamW's
+        # momentum, as any step does: skipping rows must not change the result)
+        batch = RolloutBatch.concat(kept) if kept else last
         metrics = {
             key: total if key in counted else total / sampled_rows
             for key, total in component_sums.items()

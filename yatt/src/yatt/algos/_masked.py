@@ -24,11 +24,17 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float, shift_mean: bool = T
     """(values - mean) / (std + eps) over the valid elements of the whole tensor; 0 on padding.
 
     The std is the unbiased one (Bessel's correction) when more than one element is valid.
+    Values are first taken relative to the least valid one, so equal values have deviations of
+    exactly 0 (a float32 mean of equal values can miss them by an ulp, which the division by a
+    std of the same size would blow up to the same nonzero advantage on every token).
     """
-    mean = masked_mean(values, mask)
+    valid = mask.bool()
+    least = values[valid].min() if valid.any() else values.new_zeros(())
+    shifted = values - least
+    mean = masked_mean(shifted, mask)
     count = mask.to(values.dtype).sum()
-    variance = masked_sum((values - mean) ** 2, mask) / (count - 1.0).clamp(min=1.0)
-    whitened = (values - mean) if shift_mean else values
+    variance = masked_sum((shifted - mean) ** 2, mask) / (count - 1.0).clamp(min=1.0)
+    whitened = (shifted - mean) if shift_mean else values
     return whitened / (variance.sqrt() + eps) * mask.to(values.dtype)
 
 

@@ -8,6 +8,7 @@ GAE (Schulman et al. 2016), DAPO dynamic sampling (Yu et al. 2025).
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,6 +21,7 @@ __all__ = [
     "compute_advantages",
     "dynamic_sampling_mask",
     "group_all_equal",
+    "signal_of",
 ]
 
 AdvantageFn = Callable[..., tuple[Tensor, Tensor | None]]
@@ -196,6 +198,16 @@ def group_all_equal(rewards: Tensor, group_ids: Tensor, atol: float = 1e-8) -> T
     highest = highest.scatter_reduce(0, inverse, values, reduce="amax")
     lowest = lowest.scatter_reduce(0, inverse, values, reduce="amin")
     return (highest - lowest) <= atol
+
+
+def signal_of(batch: Any) -> Tensor:
+    """(B,) what DAPO's dynamic sampling filters groups on: the scores (accuracy), not the
+    rewards, which add the overlong penalty (a group all right or all wrong whose lengths
+    differ in the penalty zone has no correctness signal; DAPO and verl's recipe filter on
+    accuracy). Rewards where a batch carries no scores."""
+    signal = batch.scores if batch.scores is not None else batch.rewards
+    assert signal is not None, "dynamic sampling needs scores"
+    return signal
 
 
 def dynamic_sampling_mask(rewards: Tensor, group_ids: Tensor, atol: float = 1e-8) -> Tensor:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from yatt.algos.advantages import group_all_equal
+from yatt.algos.advantages import group_all_equal, signal_of
 from yatt.batch import RolloutBatch
 from yatt.control.shards import Shard, ShardRequest
 from yatt.control.workers import Future, wait_first
@@ -325,8 +325,7 @@ class GroupRollout:
         if not self.dynamic:
             return torch.ones(batch.size, dtype=torch.bool)
         _, inverse = torch.unique(batch.group_ids, return_inverse=True)
-        assert batch.rewards is not None, "dynamic sampling needs rewards"
-        return ~group_all_equal(batch.rewards, batch.group_ids)[inverse]
+        return ~group_all_equal(signal_of(batch), batch.group_ids)[inverse]
 
     def _abort(self, dispatch: StepDispatch, stats: RolloutStats) -> None:
         """Cancel the calls still pending and reclaim their prompts (front of the queue)."""

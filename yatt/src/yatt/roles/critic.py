@@ -6,6 +6,7 @@ align with the response log-probs (B, R).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.roles._forward import chunks, trim_columns
 from yatt.roles.base import Role
-from yatt.roles.policy import load_optimizer_state, lr_lambda
+from yatt.roles.policy import FiniteSteps, load_optimizer_state, lr_lambda, step_schedule
 
 __all__ = ["CriticRole"]
 
@@ -38,6 +39,7 @@ class CriticRole(Role):
         self.algo = algo
         self.optim = optim
         self.norm_len = norm_len
+        self.finite_steps = FiniteSteps("critic")
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=optim.critic_lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
@@ -94,11 +96,12 @@ class CriticRole(Role):
                 loss.backward()
                 total += float(loss.detach())
             params = [p for p in self.model.parameters() if p.requires_grad]
-            if self.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, self.optim.grad_clip)
-            self.optimizer.step()
+            max_norm = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            if self.finite_steps.allow(grad_norm, params):
+                self.optimizer.step()
             metrics = {"critic/vf_loss": total}
-        self.scheduler.step()
+        step_schedule(self.scheduler)
         self.model.eval()
         mask = batch.response_mask
         metrics["critic/values/mean"] = float((batch.values * mask).sum() / mask.sum().clamp(min=1))

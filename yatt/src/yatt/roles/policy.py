@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from yatt.algos.losses import (
 )
 from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
+from yatt.errors import ModelError
 from yatt.roles._forward import (
     chunks,
     response_logits,
@@ -40,9 +42,47 @@ from yatt.roles._forward import (
 )
 from yatt.roles.base import Role
 
-__all__ = ["PolicyRole", "lr_lambda"]
+__all__ = ["FiniteSteps", "PolicyRole", "lr_lambda", "step_schedule"]
 
 logger = logging.getLogger(__name__)
+NONFINITE_STEPS_MAX = 3  # updates in a row whose gradient is not finite before a run stops
+
+
+class FiniteSteps:
+    """Keeps a non-finite gradient out of the weights: an optimizer step whose gradient norm is
+    NaN or infinite is skipped (its gradients zeroed), as verl's actor does; one in a row too
+    many means the loss diverged, and raises."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.in_a_row = 0
+
+    def allow(self, grad_norm: float, params: list[Tensor]) -> bool:
+        """Whether to take the step (``grad_norm`` over ``params``); ModelError after
+        NONFINITE_STEPS_MAX skipped steps in a row."""
+        if math.isfinite(grad_norm):
+            self.in_a_row = 0
+            return True
+        self.in_a_row += 1
+        if self.in_a_row >= NONFINITE_STEPS_MAX:
+            raise ModelError(
+                f"{self.name}: the gradient norm was {grad_norm} in {self.in_a_row} updates in "
+                "a row (the loss diverged); lower optim.lr or set optim.grad_clip"
+            )
+        for param in params:
+            if param.grad is not None:
+                param.grad.zero_()
+        logger.warning("%s: gradient norm %s, update skipped (%d in a row)",
+                       self.name, grad_norm, self.in_a_row)  # fmt: skip
+        return False
+
+
+def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Advance the LR schedule one update, whether or not `FiniteSteps` let the optimizer step
+    (the schedule counts updates; torch warns when the first one had no optimizer step)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
@@ -126,6 +166,7 @@ class PolicyRole(Role):
         # sum_grads(params) over the policy ranks; None on a single process.
         self.collective: Any = None
         self.metric_weights: dict[str, float] = {}  # set by each update, see there
+        self.finite_steps = FiniteSteps("policy")
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
@@ -184,7 +225,7 @@ class PolicyRole(Role):
         totals: dict[str, float] = {}
         for _ in range(self.algo.ppo_passes):
             totals = self._one_pass(batch)
-        self.scheduler.step()
+        step_schedule(self.scheduler)
         self.model.eval()
         return totals
 
@@ -224,6 +265,8 @@ class PolicyRole(Role):
         sums["actor/grad_norm"] = float(grad_norm)
         sums["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         sums["actor/trained_rows_frac"] = len(rows) / max(batch.size, 1)
+        if not self.finite_steps.allow(sums["actor/grad_norm"], params):
+            return sums
         self.optimizer.step()
         # The fused AdamW kernel writes the weights without bumping their autograd version
         # counters; a rollout engine sharing this module detects weight changes by them.
@@ -249,7 +292,8 @@ class PolicyRole(Role):
             )
         loss, metrics = policy_loss(
             logp, old_logp, micro.advantages[:, :width], mask,
-            clip_low=self.algo.clip_low, clip_high=self.algo.clip_high, agg=self.algo.loss_agg,
+            clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
+            dual_clip=self.algo.dual_clip or None, agg=self.algo.loss_agg,
             normalizer=normalizer, norm_len=self.norm_len, is_weights=is_weights,
         )  # fmt: skip
         metrics.update(is_metrics)
