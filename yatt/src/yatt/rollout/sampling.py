@@ -97,7 +97,9 @@ class SamplingParams:
 def draw_uniforms(seeds: list[int], n_steps: int, device: torch.device) -> torch.Tensor:
     """Per-request uniforms in [0, 1): row i comes from `torch.Generator().manual_seed(seeds[i])`.
 
-    Returns a float64 tensor (len(seeds), n_steps) on `device`.
+    Returns a float64 tensor (len(seeds), n_steps) on `device`. torch's CPU generator keys its
+    stream on the seed's low 32 bits: seeds equal modulo 2**32 draw the same row (yatt's own
+    per-row seeds differ in their low bits; a caller packing e.g. `step << 32 | row` should not).
     """
     rows = []
     for seed in seeds:
