@@ -19,7 +19,7 @@ def test_percentile_is_the_nearest_rank_without_interpolation() -> None:
     assert percentile(values, 0.0) == 1.0 and percentile(values, 1.0) == 4.0
     hundred = [float(v) for v in range(1, 101)]  # p99 of 100 values is the 99th, not the max
     assert percentile(hundred, 0.99) == 99.0 and percentile(hundred, 0.5) == 50.0
-    assert percentile(hundred, 0.991) == 100.0
+    assert percentile(hundred, 0.991) == 100.0 and percentile(hundred, 0.07) == 7.0
     assert percentile([], 0.5) == 0.0 and math.isnan(percentile([], 0.5, float("nan")))
 
 

@@ -13,7 +13,7 @@ Two parts, both on the in-process backend (one device, no Ray), colocated placem
 
 Writes ``yatt_gpu_control.json`` and ``.md`` to ``--out-dir`` (default ``$OUT``, else
 ``docs/bench``). Exits 1 when the controller modes disagree. ``--device-kind cpu`` with small
-settings is the CPU smoke test (tests/test_gpu_bench.py).
+settings is the CPU smoke test (yatt/tests/test_bench_gpu.py).
 """
 
 from __future__ import annotations

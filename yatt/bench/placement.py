@@ -410,9 +410,11 @@ def _markdown(
             f"Projection driven by yatt's own costs measured on an {measured['device']} "
             f"(`{Path(measured['source']).name}`, commit {measured['commit']}, "
             "`yatt/bench/gpu.py`): Qwen2.5-0.5B shape, yatt's engine's decode steps at batch "
-            "64 and 256, its bf16 training throughput, and the measured round trip of AdamW's "
-            "moments to pinned host memory as the colocated swap; 64 rows per device, "
-            "responses 256 then 1024 tokens, 30 s respawn per move:",
+            "64 and 256 (CUDA-graph capture included), its training throughput with bf16 "
+            "weights (yatt trains fp32 weights: on the fast side), and the measured round trip "
+            "of AdamW's moments to pinned host memory as the colocated swap, scaled to fp32 "
+            "moments; 64 rows per device, responses 256 then 1024 tokens, 30 s respawn per "
+            "move:",
             "",
         ]
         lines += projection_table(measured["rows"])

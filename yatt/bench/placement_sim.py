@@ -160,14 +160,17 @@ def anchored_costs(anchor: dict, short: int, long: int):
 
 def gpu_measured_costs(gpu: dict, short: int, long: int):
     """`h200_costs` from yatt's own figures on an H200 (`yatt/bench/gpu.py`'s JSON): its
-    engine's decode steps at batch 64 and 256, its training tokens/s, and the measured time to
-    park AdamW's moments in pinned host memory and bring them back (what a colocated policy
-    rank swaps; the sampler shares its weights). Returns (short, long, parameter bytes)."""
+    engine's decode steps at batch 64 and 256, its training tokens/s (bf16 weights there; yatt
+    trains fp32 weights, so this is on the fast side), and the measured time to park AdamW's
+    moments in pinned host memory and bring them back (what a colocated policy rank swaps; the
+    sampler shares its weights), scaled from gpu.py's bf16 moments to the fp32 ones (8 bytes a
+    parameter) yatt's policy keeps. Returns (short, long, parameter bytes)."""
     key = "qwen2.5-0.5b/"
     new_tokens = gpu["plan"]["new_tokens"]
     steps = (gpu[key + f"gen_bs{b}"]["yatt_s"] / new_tokens for b in (64, 256))
     train = gpu[key + "train"]
-    swap_s = (train["offload_s"] + train["onload_s"]) / 2
+    fp32_moments = 8 * train["params"] / train["swap_bytes"]
+    swap_s = (train["offload_s"] + train["onload_s"]) / 2 * fp32_moments
     costs = h200_costs(*steps, train["tok_per_s"], swap_s, short, long)
     return (*costs, 2 * train["params"])
 
@@ -182,12 +185,14 @@ def anchor_projection(args, path: Path) -> dict | None:
 
 def gpu_projection(args, path: Path) -> dict | None:
     """The projection from yatt's measured H200 figures at `path` (None where absent, or
-    where that run predates the swap measurement)."""
+    where that run lacks the swap or a batch size it needs)."""
     if not path.is_file():
         return None
     gpu = json.loads(path.read_text())
-    if "offload_s" not in gpu.get("qwen2.5-0.5b/train", {}):
-        return None
+    key = "qwen2.5-0.5b/"
+    needed = (key + "gen_bs64", key + "gen_bs256")
+    if "swap_bytes" not in gpu.get(key + "train", {}) or not all(k in gpu for k in needed):
+        return None  # a run before the swap was timed, or without both batch sizes
     short, long, param_bytes = gpu_measured_costs(gpu, 256, 1024)
     out = _h200_projection(args, path, short, long, param_bytes)
     return out | {"device": gpu["host"]["device"], "commit": gpu["host"]["git_commit"]}

@@ -478,9 +478,20 @@ def test_a_gpu_is_named_by_its_ordinal_in_the_process(monkeypatch) -> None:
     assert Device("cpu", 1).torch_device() == torch.device("cpu")
 
 
-def test_rng_state_leaves_cuda_alone_in_a_process_that_never_used_it() -> None:
+def test_rng_state_leaves_cuda_alone_in_a_process_that_never_used_it(monkeypatch) -> None:
+    """A CPU-only trainer on a GPU host: asking for every GPU's RNG state would start CUDA on
+    all of them (and fail on busy ones); only a process that used CUDA saves its state."""
     import torch
 
     from yatt.common.seeding import rng_state
 
-    assert torch.cuda.is_initialized() or "cuda" not in rng_state()
+    def refuse() -> None:
+        raise AssertionError("CUDA was started")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", refuse)
+    assert "cuda" not in rng_state()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["state"])
+    assert rng_state()["cuda"] == ["state"]

@@ -211,13 +211,13 @@ def test_gpu_measured_costs_come_from_yatts_engine_training_and_swap(bench_scrip
     gpu = {"plan": {"new_tokens": 100}, "host": {"device": "H200", "git_commit": "abc"},
            key + "gen_bs64": {"yatt_s": 100 * 0.004}, key + "gen_bs256": {"yatt_s": 100 * 0.007},
            key + "train": {"tok_per_s": 1e5, "offload_s": 0.02, "onload_s": 0.04,
-                           "params": 5e8}}  # fmt: skip
+                           "params": 5e8, "swap_bytes": 2e9}}  # fmt: skip
     short, long, param_bytes = sim.gpu_measured_costs(gpu, 10, 40)
     per_row, intercept = 0.003 / 192, 0.004 - 64 * 0.003 / 192
     assert short.gen_s == pytest.approx(10 * per_row * 64)
     assert long.gen_floor_s == pytest.approx(40 * intercept)
     assert long.train_s == pytest.approx(64 * (128 + 40) / 1e5)
-    assert short.swap_s == long.swap_s == pytest.approx(0.03)
+    assert short.swap_s == long.swap_s == pytest.approx(0.03 * 2)  # bf16 -> fp32 moments
     assert param_bytes == 1e9
     path = tmp_path / "yatt_gpu.json"
     path.write_text(json.dumps(gpu))
@@ -225,7 +225,10 @@ def test_gpu_measured_costs_come_from_yatts_engine_training_and_swap(bench_scrip
     projected = sim.gpu_projection(args, path)
     assert projected["device"] == "H200" and projected["commit"] == "abc"
     assert [row["devices"] for row in projected["rows"]] == [8]
-    del gpu[key + "train"]["offload_s"]
+    del gpu[key + "gen_bs256"]
+    path.write_text(json.dumps(gpu))
+    assert sim.gpu_projection(args, path) is None  # a run without batch 256
+    del gpu[key + "train"]["swap_bytes"]
     path.write_text(json.dumps(gpu))
     assert sim.gpu_projection(args, path) is None
     assert sim.gpu_projection(args, tmp_path / "absent.json") is None

@@ -261,6 +261,10 @@ def test_a_non_finite_gradient_skips_the_step_and_three_in_a_row_stop_the_run():
         policy.update(_batch([3e38, -3e38, 3e38, -3e38] * 2))
     policy.finite_steps.in_a_row = 0
     assert torch.isfinite(torch.tensor(policy.update(_batch([1.0, -1.0] * 4))["actor/grad_norm"]))
+    # several PPO passes over one bad batch are one skipped update, not one per pass
+    several = _policy(tiny_model(seed=2)[0], ppo_passes=3)
+    several.update(_batch([3e38, -3e38, 3e38, -3e38] * 2))
+    assert several.finite_steps.in_a_row == 1
 
 
 def test_algo_dual_clip_reaches_the_policy_loss(monkeypatch):
@@ -279,8 +283,9 @@ def test_algo_dual_clip_reaches_the_policy_loss(monkeypatch):
     monkeypatch.setattr(policy_module, "policy_loss", spy)
     for dual_clip, passed in ((0.0, None), (3.0, 3.0)):
         model, _ = tiny_model(seed=2)
-        _policy(model, dual_clip=dual_clip).update(_batch([1.0, -1.0] * 4))
+        metrics = _policy(model, dual_clip=dual_clip).update(_batch([1.0, -1.0] * 4))
         assert seen[-1] == passed
+        assert ("actor/clipfrac_lower" in metrics) == bool(dual_clip)
     assert load_config("tiny_test", ["algo.dual_clip=3"]).algo.dual_clip == 3.0
     with pytest.raises(ConfigError, match=r"algo\.dual_clip.*0 \(off\) or > 1"):
         load_config("tiny_test", ["algo.dual_clip=0.5"])

@@ -15,7 +15,7 @@ def percentile(sorted_values: list[float], fraction: float, empty: float = 0.0) 
     percentile of 100 values is the 99th, not the largest. ``empty`` when there are none."""
     if not sorted_values:
         return empty
-    rank = math.ceil(fraction * len(sorted_values))
+    rank = math.ceil(round(fraction * len(sorted_values), 9))  # 0.07 * 100 is 7.000000000000001
     return sorted_values[min(len(sorted_values), max(rank, 1)) - 1]
 
 

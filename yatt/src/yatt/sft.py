@@ -24,7 +24,6 @@ curves. Accuracy is `yatt eval`'s job.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -207,11 +206,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             loss = _pair_loss(model, [prompts[i] for i in rows], [answers[i] for i in rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            max_norm = optim.grad_clip if optim.grad_clip > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
-            if finite_steps.allow(grad_norm, params):
-                optimizer.step()
+            finite_steps.clip_and_step(optimizer, params, optim.grad_clip)
             step_schedule(scheduler)
             metrics = {
                 "sft/loss": float(loss.detach()),

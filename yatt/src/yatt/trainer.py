@@ -373,8 +373,11 @@ class Trainer:
             if kept_groups >= algo.prompts_per_step:
                 break
         assert last is not None
-        # no signal anywhere: the update trains no row (its zero gradient still moves AdamW's
-        # momentum, as any step does: skipping rows must not change the result)
+        # no signal anywhere: train on the last batch with its rewards set to the scores the
+        # filter judged (equal per group), so no row trains (the overlong penalty alone would);
+        # the zero gradient still moves AdamW's momentum, as any step does
+        if not kept and last.scores is not None:
+            last.rewards = last.scores.clone()
         batch = RolloutBatch.concat(kept) if kept else last
         metrics = {
             key: total if key in counted else total / sampled_rows

@@ -224,14 +224,14 @@ def _smallbank_pool(config, node, fraction, rng, count) -> list[TxnRequest]:
     for request in itertools.islice(stream, count):
         params = dict(request.params)
         home = ranges[rng.choice(mine)]
-        for name in ("customer", "source", "target"):
-            if name in params:
-                params[name] = home[params[name] % len(home)]
+        for name in ("customer", "source", "target"):  # scaled into the home range: the mix's
+            if name in params:  # spread hotspot stays spread, whatever the partitions' sizes
+                params[name] = home[params[name] * len(home) // workload.accounts]
         if "target" in params and params["target"] == params["source"]:
             params["target"] = home[(home.index(params["source"]) + 1) % len(home)]
         if others and "target" in params and rng.random() < cross:
             far = ranges[rng.choice(others)]  # the target drawn as the mix draws customers
-            params["target"] = far[workload.draw_customer(rng) % len(far)]
+            params["target"] = far[workload.draw_customer(rng) * len(far) // workload.accounts]
         pool.append(TxnRequest(request.procedure, params))
     return pool
 

@@ -211,6 +211,7 @@ def signal_of(batch: Any) -> Tensor:
 
 
 def dynamic_sampling_mask(rewards: Tensor, group_ids: Tensor, atol: float = 1e-8) -> Tensor:
-    """(B,) bool: True for rows whose group has differing rewards (rows DAPO keeps)."""
+    """(B,) bool: True for rows whose group has differing values (`signal_of`: the rows DAPO
+    keeps)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)
     return ~group_all_equal(rewards, group_ids, atol)[inverse]

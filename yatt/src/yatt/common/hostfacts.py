@@ -37,13 +37,12 @@ def git_commit(short: bool = True) -> str:
     folder may be stale or absent)."""
     if os.environ.get("YATT_GIT_COMMIT"):
         return os.environ["YATT_GIT_COMMIT"]
-    fallback = "unknown"
     command = ["git", "-C", str(_REPO), "rev-parse", *(["--short"] if short else []), "HEAD"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return fallback
-    return out.stdout.strip() or fallback
+        return "unknown"
+    return out.stdout.strip() or "unknown"
 
 
 def host_facts() -> dict[str, Any]:

@@ -42,6 +42,7 @@ _SUM_KEYS = ("rows", "score", "score_sq", "reward", "response_tokens", "tokens",
 # norm after the all-reduce, learning rate, timings) are alike on every rank: their mean.
 _ACTOR_SUMS = ("actor/pg_loss", "batch/feature_checksum")
 _ACTOR_WEIGHTS = {"actor/clipfrac": "tokens", "actor/ppo_kl": "tokens", "actor/kl": "tokens",
+                  "actor/clipfrac_lower": "tokens",
                   "actor/tis_mean": "trained_tokens", "actor/tis_capped_frac": "trained_tokens",
                   "actor/trained_rows_frac": "rows"}  # fmt: skip
 _WEIGHT = "#weight"

@@ -6,7 +6,6 @@ align with the response log-probs (B, R).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +95,12 @@ class CriticRole(Role):
                 loss.backward()
                 total += float(loss.detach())
             params = [p for p in self.model.parameters() if p.requires_grad]
-            max_norm = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            if self.finite_steps.allow(grad_norm, params):
-                self.optimizer.step()
+            _, stepped = self.finite_steps.clip_and_step(
+                self.optimizer, params, self.optim.grad_clip
+            )
             metrics = {"critic/vf_loss": total}
+            if not stepped:  # the later passes would see the same gradient
+                break
         step_schedule(self.scheduler)
         self.model.eval()
         mask = batch.response_mask

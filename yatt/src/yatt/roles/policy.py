@@ -49,32 +49,39 @@ NONFINITE_STEPS_MAX = 3  # updates in a row whose gradient is not finite before 
 
 
 class FiniteSteps:
-    """Keeps a non-finite gradient out of the weights: an optimizer step whose gradient norm is
-    NaN or infinite is skipped (its gradients zeroed), as verl's actor does; one in a row too
-    many means the loss diverged, and raises."""
+    """Keeps a non-finite gradient out of the weights: an update whose gradient norm is NaN or
+    infinite is skipped (gradients zeroed, no optimizer step), as verl's actor does; too many
+    such updates in a row mean the loss diverged, and raise."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.in_a_row = 0
 
-    def allow(self, grad_norm: float, params: list[Tensor]) -> bool:
-        """Whether to take the step (``grad_norm`` over ``params``); ModelError after
-        NONFINITE_STEPS_MAX skipped steps in a row."""
+    def clip_and_step(
+        self, optimizer: torch.optim.Optimizer, params: list[Tensor], grad_clip: float
+    ) -> tuple[float, bool]:
+        """The gradient norm over `params` (clipped to `grad_clip` when > 0) and whether the
+        optimizer stepped; ModelError after NONFINITE_STEPS_MAX skipped updates in a row."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if grad_clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
         if math.isfinite(grad_norm):
             self.in_a_row = 0
-            return True
+            optimizer.step()
+            return grad_norm, True
         self.in_a_row += 1
         if self.in_a_row >= NONFINITE_STEPS_MAX:
             raise ModelError(
                 f"{self.name}: the gradient norm was {grad_norm} in {self.in_a_row} updates in "
-                "a row (the loss diverged); lower optim.lr or set optim.grad_clip"
+                "a row (the loss diverged: check the rewards and advantages, lower optim.lr)"
             )
-        for param in params:
-            if param.grad is not None:
-                param.grad.zero_()
+        for grad in grads:
+            grad.zero_()
         logger.warning("%s: gradient norm %s, update skipped (%d in a row)",
                        self.name, grad_norm, self.in_a_row)  # fmt: skip
-        return False
+        return grad_norm, False
 
 
 def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
@@ -223,8 +230,11 @@ class PolicyRole(Role):
         }
         self.model.train()
         totals: dict[str, float] = {}
+        self.stepped = True
         for _ in range(self.algo.ppo_passes):
             totals = self._one_pass(batch)
+            if not self.stepped:
+                break
         step_schedule(self.scheduler)
         self.model.eval()
         return totals
@@ -241,6 +251,8 @@ class PolicyRole(Role):
         # skipped rows (ratio 1); importance weights exist only on trained rows (if any).
         weighted = {"actor/clipfrac": ("actor/pg_clipfrac", total_tokens),
                     "actor/ppo_kl": ("actor/ppo_kl", total_tokens)}  # fmt: skip
+        if self.algo.dual_clip:  # the share of tokens the dual clip capped
+            weighted["actor/clipfrac_lower"] = ("actor/pg_clipfrac_lower", total_tokens)
         if batch.behaviour_logp is not None:  # 0 with no trained row: every rank, same keys
             for key in ("actor/tis_mean", "actor/tis_capped_frac"):
                 weighted[key] = (key, trained_tokens)
@@ -258,16 +270,15 @@ class PolicyRole(Role):
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.collective is not None:
             self.collective.sum_grads(params)
-        if self.optim.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.optim.grad_clip)
-        else:
-            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
-        sums["actor/grad_norm"] = float(grad_norm)
         sums["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         sums["actor/trained_rows_frac"] = len(rows) / max(batch.size, 1)
-        if not self.finite_steps.allow(sums["actor/grad_norm"], params):
+        grad_norm, stepped = self.finite_steps.clip_and_step(
+            self.optimizer, params, self.optim.grad_clip
+        )
+        sums["actor/grad_norm"] = grad_norm
+        if not stepped:  # the later passes would see the same gradient: the update ends
+            self.stepped = False
             return sums
-        self.optimizer.step()
         # The fused AdamW kernel writes the weights without bumping their autograd version
         # counters; a rollout engine sharing this module detects weight changes by them.
         increment_version(params)

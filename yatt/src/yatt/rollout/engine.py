@@ -174,7 +174,8 @@ class RolloutEngine(EngineBase):
             seeds: one seed per prompt; row i's sample depends only on seeds[i], its prompt and
                 the weights. None draws seeds from torch's global generator.
         Raises:
-            ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids);
+            ConfigError: a malformed request (prompts as non-empty lists of token ids in the
+                vocabulary, one int seed each in [-2**63, 2**64));
                 PromptTooLong: a prompt plus the budget needs more positions than the model has.
             SamplingError: the policy's logits held a NaN or an infinity at some decode step
                 (found when the step's tokens are read back, every `sync_every` steps).

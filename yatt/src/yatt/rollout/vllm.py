@@ -93,7 +93,8 @@ class VLLMEngine(EngineBase):
         """Sample one completion per prompt with vLLM; see RolloutEngine.generate.
 
         Raises:
-            ConfigError: empty prompt list or prompt, or len(seeds) != len(prompt_ids).
+            ConfigError: a malformed request (see `_check_request`: prompts as lists of token ids
+                in the vocabulary, one int seed each in [-2**63, 2**64)).
         """
         _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
                        model_vocab(self.model))  # fmt: skip
