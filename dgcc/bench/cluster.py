@@ -39,8 +39,9 @@ TARGET_SPEEDUP = 1.5
 
 
 def grid(quick: bool, rounds: int) -> list[dict[str, Any]]:
-    """The runs: first the TPC-C scaling rounds (1 and 2 nodes taking turns, so drift in the
-    host's load hits both alike), then one run per grid point."""
+    """The runs: first the TPC-C scaling rounds (1 and 2 nodes taking turns, the first of each
+    round alternating, so drift in the host's load hits both alike), then one run per grid
+    point."""
     tpcc = (
         dict(TPCC, items=2000, customers_per_district=60, orders_per_district=60) if quick else TPCC
     )
@@ -50,7 +51,7 @@ def grid(quick: bool, rounds: int) -> list[dict[str, Any]]:
     runs = [
         {"workload": "tpcc", "nodes": n, "fraction": None, "options": tpcc, "phase": f"round{r}"}
         for r in range(rounds)
-        for n in (1, 2)
+        for n in ((1, 2) if r % 2 == 0 else (2, 1))
     ]
     points = [("tpcc", n, None, tpcc) for n in nodes if n > 2]
     for name, options in (("tpcc", tpcc), ("ycsb", ycsb)):

@@ -232,8 +232,9 @@ def markdown(
         "",
         "| scenario | protocol | inflight no log / logged | commits/s no log | commits/s logged "
         "| overhead | overhead round by round "
-        "| p50 ms no log | p50 ms logged | p99 ms logged | cc aborts logged |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p50 ms no log | p50 ms logged | p99 ms logged | cc aborts logged "
+        "| gave up no log / logged |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, pair in pairs.items():
         base, record = median_run(pair["unlogged"]), median_run(pair["logged"])
@@ -246,7 +247,9 @@ def markdown(
             f"| {median:.0%} | {_percent_range(rounds_of)} "
             f"| {base['metrics']['txn/latency_ms_p50']:.1f} "
             f"| {m['txn/latency_ms_p50']:.1f} | {m['txn/latency_ms_p99']:.1f} "
-            f"| {m['txn/cc_abort_rate']:.1%} |"
+            f"| {m['txn/cc_abort_rate']:.1%} "
+            f"| {base['metrics'].get('txn/gave_up_rate', 0.0):.1%} / "
+            f"{m.get('txn/gave_up_rate', 0.0):.1%} |"
         )
     lines.append("")
     for scenario, (ratio, rival, rounds_of) in equal_durability_ratios(pairs).items():

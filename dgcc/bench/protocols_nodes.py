@@ -147,6 +147,8 @@ def markdown(best: dict[Key, dict[str, Any]], ran: list[str], facts: dict, args)
         "same code, and their ratio shows only how far apart runs of the same code on this "
         "shared host can land.",
         "",
+        protocols.CALVIN_CAVEAT,
+        "",
         "| scenario | nodes | " + " | ".join(ran) + " | DistDGCC / best baseline |",
         "|---|---:|" + "---:|" * (len(ran) + 1),
     ]

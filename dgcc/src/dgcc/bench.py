@@ -300,8 +300,9 @@ def run_side_by_side(
 ) -> list[dict[str, Any]]:
     """Load and warm up every config, then alternate ``rounds`` measured windows between them.
 
-    Each config's ``seconds`` is split over the rounds, so drift in machine load (a shared
-    machine) hits every protocol alike; ``progress`` gets a line per step.
+    Each config's ``seconds`` is split over the rounds, taken in reverse order every other
+    round, so drift in machine load (a shared machine) hits every protocol alike and none
+    always runs first; ``progress`` gets a line per step.
 
     Raises:
         ConfigError: rounds < 1, or a bad config.
@@ -317,7 +318,7 @@ def run_side_by_side(
             runner.run_window(config.warmup_s, measure=False)
         runners.append(runner)
     for round_index in range(rounds):
-        for runner in runners:
+        for runner in runners if round_index % 2 == 0 else runners[::-1]:
             if progress is not None:
                 label = f"{runner.config.protocol} on {runner.config.workload}"
                 progress(f"{label}: round {round_index + 1}/{rounds}")

@@ -38,7 +38,6 @@ it durable. A restart replays the blocks with this epoch run (``LoggedCalvinEpoc
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -66,7 +65,8 @@ def _is_grant(piece: Piece) -> bool:
 def lock_graph(txns: Sequence[PlannedTxn]) -> Graph:
     """Transaction-granularity lock order of ``txns`` (in global order) as a piece graph.
 
-    A transaction's grant step (if any) heads its chain: it takes the lock edges, and the
+    A transaction's grant step (if any: the last of its pieces here, as ``_placement_of``
+    appends grants after the plan's pieces) heads its chain: it takes the lock edges, and the
     transaction's last piece releases its locks.
     """
     pieces: list[Piece] = []
@@ -76,37 +76,54 @@ def lock_graph(txns: Sequence[PlannedTxn]) -> Graph:
     exclusive: dict[Hashable, int] = {}  # key -> last piece of its latest exclusive holder
     shared: dict[Hashable, list[int]] = {}  # key -> last pieces of shared holders since then
     for slot, txn in enumerate(txns):
-        if not txn.pieces:
+        local = txn.pieces
+        count = len(local)
+        if not count:
             continue
         base = len(pieces)
-        grants = [k for k, piece in enumerate(txn.pieces) if _is_grant(piece)]
-        assert len(grants) <= 1, f"{txn.procedure.name}: {len(grants)} grant steps on one node"
-        chain = grants + [k for k in range(len(txn.pieces)) if k not in grants]
-        first, last = base + chain[0], base + chain[-1]
-        modes: dict[Hashable, str] = {}
-        for piece in txn.pieces:
-            modes.update(dict.fromkeys(piece.reads, "S"))
-        for piece in txn.pieces:
-            modes.update(dict.fromkeys(piece.writes, "X"))
+        granted = _is_grant(local[-1])
+        if debug.check_invariants:
+            grants = sum(map(_is_grant, local))
+            assert grants == granted, f"{txn.procedure.name}: grant steps {grants} not last"
+        # the chain: the grant step first, then the plan's pieces in order
+        first = base + count - 1 if granted else base
+        last = base + count - 2 if granted and count > 1 else base + count - 1
+        writes: set[Hashable] = set()
+        for piece in local:
+            writes.update(piece.writes)
         preds: set[int] = set()
-        for key, mode in modes.items():
+        for key in writes:  # exclusive: after the last writer and every reader since
             holder = exclusive.get(key)
             if holder is not None:
                 preds.add(holder)
-            if mode == "X":
-                preds.update(shared.pop(key, ()))
-                exclusive[key] = last
-            else:
-                shared.setdefault(key, []).append(last)
-        pieces.extend(txn.pieces)
-        owners.extend([slot] * len(txn.pieces))
-        in_degrees.extend([0] * len(txn.pieces))
+            readers = shared.pop(key, None)
+            if readers:
+                preds.update(readers)
+            exclusive[key] = last
+        seen: set[Hashable] = set()
+        for piece in local:
+            for key in piece.reads:  # shared: after the last writer
+                if key in writes or key in seen:
+                    continue
+                seen.add(key)
+                holder = exclusive.get(key)
+                if holder is not None:
+                    preds.add(holder)
+                readers = shared.get(key)
+                if readers is None:
+                    shared[key] = [last]
+                else:
+                    readers.append(last)
+        pieces.extend(local)
+        owners.extend([slot] * count)
+        in_degrees.extend([1] * count)  # each piece waits for its predecessor in the chain
         for pred in preds:
             successors.setdefault(pred, []).append(first)
         in_degrees[first] = len(preds)
-        for before, after in itertools.pairwise(chain):  # the chain, one at a time
-            successors.setdefault(base + before, []).append(base + after)
-            in_degrees[base + after] = 1
+        if granted and count > 1:
+            successors.setdefault(first, []).append(base)  # grant, then the plan's pieces
+        for piece_id in range(base, base + count - 1 - granted):
+            successors.setdefault(piece_id, []).append(piece_id + 1)
     graph = Graph(pieces, owners, successors, in_degrees, sum(in_degrees))
     if debug.check_invariants:
         _check_graph(graph, forward=False)  # (grant steps head chains from the plan's end)
