@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
-from yatt.algos.advantages import compute_advantages, dynamic_sampling_mask, signal_of
+from yatt.algos.advantages import (
+    compute_advantages,
+    dynamic_sampling_mask,
+    signal_of,
+    without_signal,
+)
 from yatt.algos.kl import kl_mean, kl_penalty_token_rewards
 from yatt.algos.losses import overlong_penalty
 from yatt.batch import RolloutBatch
@@ -373,12 +378,9 @@ class Trainer:
             if kept_groups >= algo.prompts_per_step:
                 break
         assert last is not None
-        # no signal anywhere: train on the last batch with its rewards set to the scores the
-        # filter judged (equal per group), so no row trains (the overlong penalty alone would);
-        # the zero gradient still moves AdamW's momentum, as any step does
-        if not kept and last.scores is not None:
-            last.rewards = last.scores.clone()
-        batch = RolloutBatch.concat(kept) if kept else last
+        # no signal anywhere: the last batch, training no row (its zero gradient still moves
+        # AdamW's momentum, as any step does)
+        batch = RolloutBatch.concat(kept) if kept else without_signal(last)
         metrics = {
             key: total if key in counted else total / sampled_rows
             for key, total in component_sums.items()

@@ -22,6 +22,7 @@ __all__ = [
     "dynamic_sampling_mask",
     "group_all_equal",
     "signal_of",
+    "without_signal",
 ]
 
 AdvantageFn = Callable[..., tuple[Tensor, Tensor | None]]
@@ -208,6 +209,15 @@ def signal_of(batch: Any) -> Tensor:
     signal = batch.scores if batch.scores is not None else batch.rewards
     assert signal is not None, "dynamic sampling needs scores"
     return signal
+
+
+def without_signal(batch: Any) -> Any:
+    """`batch` (no group kept by the filter) with its rewards set to the scores `signal_of`
+    judged, equal within each group, so its update trains no row: the overlong penalty alone
+    would otherwise train it."""
+    if batch.scores is not None:
+        batch.rewards = batch.scores.clone()
+    return batch
 
 
 def dynamic_sampling_mask(rewards: Tensor, group_ids: Tensor, atol: float = 1e-8) -> Tensor:

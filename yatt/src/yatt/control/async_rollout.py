@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from yatt.algos.advantages import dynamic_sampling_mask, signal_of
+from yatt.algos.advantages import dynamic_sampling_mask, signal_of, without_signal
 from yatt.batch import RolloutBatch
 from yatt.control.shards import Shard, ShardRequest
 from yatt.control.workers import Future, wait_first
@@ -313,9 +313,9 @@ class GroupRollout:
         stats.dispatched = dispatch.next_slot
         self._abort(dispatch, stats)
         assert last is not None, f"step {dispatch.step}: nothing was dispatched"
-        # No valid group anywhere: train on the last batch, its rewards set to the scores the
-        # filter judged (all equal per group: no row trains; the overlong penalty alone would)
-        shard = self._first_groups(kept, stats) if kept else _without_signal(last)
+        if not kept:  # no valid group anywhere: the last batch, training no row
+            without_signal(last.batch)
+        shard = self._first_groups(kept, stats) if kept else last
         self.queue.reclaim(stats.reclaimed_prompts)
         stats.kept = len(stats.trained_prompts)
         stats.dropped = len(stats.dropped_prompts)
@@ -372,13 +372,6 @@ class GroupRollout:
         gids = list(dict.fromkeys(shard.batch.group_ids.tolist()))[: self.need]
         rows = torch.isin(shard.batch.group_ids, torch.tensor(gids)).nonzero().flatten()
         return _select(shard, rows)
-
-
-def _without_signal(shard: Shard) -> Shard:
-    """`shard` with its rewards replaced by its scores (see `collect`'s fallback)."""
-    if shard.batch.scores is not None:
-        shard.batch.rewards = shard.batch.scores.clone()
-    return shard
 
 
 def _select(shard: Shard, rows: torch.Tensor) -> Shard:

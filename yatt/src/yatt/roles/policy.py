@@ -230,16 +230,16 @@ class PolicyRole(Role):
         }
         self.model.train()
         totals: dict[str, float] = {}
-        self.stepped = True
         for _ in range(self.algo.ppo_passes):
-            totals = self._one_pass(batch)
-            if not self.stepped:
+            totals, stepped = self._one_pass(batch)
+            if not stepped:  # the later passes would see the same gradient: the update ends
                 break
         step_schedule(self.scheduler)
         self.model.eval()
         return totals
 
-    def _one_pass(self, batch: RolloutBatch) -> dict[str, float]:
+    def _one_pass(self, batch: RolloutBatch) -> tuple[dict[str, float], bool]:
+        """One optimizer step over the batch: its metrics, and whether the step was taken."""
         mask = batch.response_mask
         normalizer = loss_normalizer(mask, self.algo.loss_agg, self.norm_len)
         if self.collective is not None:  # every rank divides by the global batch's normaliser
@@ -276,13 +276,12 @@ class PolicyRole(Role):
             self.optimizer, params, self.optim.grad_clip
         )
         sums["actor/grad_norm"] = grad_norm
-        if not stepped:  # the later passes would see the same gradient: the update ends
-            self.stepped = False
-            return sums
+        if not stepped:
+            return sums, False
         # The fused AdamW kernel writes the weights without bumping their autograd version
         # counters; a rollout engine sharing this module detects weight changes by them.
         increment_version(params)
-        return sums
+        return sums, True
 
     def _micro_step(self, micro: RolloutBatch, normalizer: float) -> dict[str, float]:
         ids, attention, mask, prompt_width = trim_columns(

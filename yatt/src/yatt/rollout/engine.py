@@ -180,8 +180,7 @@ class RolloutEngine(EngineBase):
             SamplingError: the policy's logits held a NaN or an infinity at some decode step
                 (found when the step's tokens are read back, every `sync_every` steps).
         """
-        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
-                       model_vocab(self.model))  # fmt: skip
+        _check_request(prompt_ids, seeds, params.max_new_tokens, self.model)
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         was_training = self.model.training
@@ -388,9 +387,12 @@ def _check_request(
     prompt_ids: list[list[int]],
     seeds: list[int] | None,
     max_new_tokens: int = 0,
-    positions: int | None = None,
-    vocab: int | None = None,
+    model: Any = None,
 ) -> None:
+    """Refuse a malformed request (ConfigError, one line); `model` bounds the token ids and
+    the positions a prompt plus `max_new_tokens` may take (unchecked where it is None)."""
+    positions = model_positions(model) if model is not None else None
+    vocab = model_vocab(model) if model is not None else None
     if not isinstance(prompt_ids, list | tuple) or not prompt_ids:
         raise ConfigError(f"generate needs a non-empty list of prompts, got {_brief(prompt_ids)}")
     for i, ids in enumerate(prompt_ids):

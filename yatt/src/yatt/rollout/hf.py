@@ -27,8 +27,6 @@ from yatt.rollout.engine import (
     _pad_token_id,
     _Row,
     eos_token_ids,
-    model_positions,
-    model_vocab,
 )
 from yatt.rollout.sampling import SamplingParams, non_finite_logits
 
@@ -62,8 +60,7 @@ class HFGenerateEngine(EngineBase):
                 in the vocabulary, one int seed each in [-2**63, 2**64)).
             SamplingError: the policy's logits held a NaN or an infinity.
         """
-        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
-                       model_vocab(self.model))  # fmt: skip
+        _check_request(prompt_ids, seeds, params.max_new_tokens, self.model)
         if params.ignore_eos:
             raise ConfigError("ignore_eos needs the yatt or vllm rollout backend, not hf")
         input_ids, attention_mask = self._left_pad(prompt_ids)

@@ -24,8 +24,6 @@ from yatt.rollout.engine import (
     Completion,
     EngineBase,
     _check_request,
-    model_positions,
-    model_vocab,
 )
 from yatt.rollout.sampling import SamplingParams, check_logprob
 
@@ -96,8 +94,7 @@ class VLLMEngine(EngineBase):
             ConfigError: a malformed request (see `_check_request`: prompts as lists of token ids
                 in the vocabulary, one int seed each in [-2**63, 2**64)).
         """
-        _check_request(prompt_ids, seeds, params.max_new_tokens, model_positions(self.model),
-                       model_vocab(self.model))  # fmt: skip
+        _check_request(prompt_ids, seeds, params.max_new_tokens, self.model)
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),)).tolist()
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
