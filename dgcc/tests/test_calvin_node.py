@@ -1,8 +1,9 @@
 """Calvin's node schedule: locks held across the read exchange, in the nodes' epoch runs.
 
-A multi-node transaction's writing pieces must wait for the grant (read) message of every other
-participant, a later conflicting transaction must wait behind it, and DistDGCC's piece graph must
-not; and a simulated 3-node cluster with shuffled messages must equal the serial executor.
+A multi-node transaction holds its locks on a node until the grant (read) message of every other
+participant came, a later conflicting transaction must wait behind it, and DistDGCC's piece
+schedule must not; a participant's output leaves with its grant; and a simulated 3-node cluster
+with shuffled messages must equal the serial executor.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 from dgcc import debug
 from dgcc.api import TxnRequest
-from dgcc.net.servers.calvin import GRANT, CalvinEpochRun
+from dgcc.net.servers.calvin import GRANT, STEP, CalvinEpochRun
 from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_dgcc import EpochRun
 from dgcc.protocols.dist_placement import Placement, Router
@@ -44,24 +45,50 @@ def _two_node_runs(run_class):
     return [run_class(n, dbs[n], workload.registry(), router, batches) for n in range(2)]
 
 
-def test_active_participant_waits_for_every_remote_read_and_blocks_later_conflicts() -> None:
+def test_active_participant_holds_its_locks_until_every_remote_read() -> None:
     dist = _two_node_runs(EpochRun)[1]
     assert dist.step(100) == 2 and dist.finished  # DistDGCC: nothing waits on node 0
 
     node0, node1 = _two_node_runs(CalvinEpochRun)
-    ran = node1.step(100)
-    assert ran == 1 and not node1.has_ready and not node1.finished  # only A's grant ran
+    assert node1.step(100) == 2  # A's grant and its write of 399, which needs no remote read
     grants = node1.take_outbox()
-    assert list(grants) == [0] and grants[0][0][0] == 0  # A's grant goes to node 0
-    assert node1.step(100) == 0  # A's write and B (behind A's lock) wait for node 0's read
-    assert node0.step(100) == 1 and not node0.finished
+    assert list(grants) == [0] and [entry[0] for entry in grants[0]] == [0]  # A's grant
+    assert node1.step(100) == 0  # A keeps its lock until node 0's read comes; B waits behind it
+    assert not node1.has_ready and not node1.finished
+    assert node0.step(100) == 2 and not node0.finished  # A's grant and write; A holds key 1
     node1.deliver(_wire(node0.take_outbox()[1]))
-    assert node1.step(100) == 2 and node1.finished  # A's write, then B
+    assert node1.step(100) == 2 and node1.finished  # A's release, then B
     node0.deliver(_wire(grants[0]))
     assert node0.step(100) == 1 and node0.finished
     for run in (node0, node1):
         for entries in run.reports().values():
-            assert all(not name.startswith(GRANT) for entry in entries for name in entry[1])
+            assert all(not name.startswith(STEP) for entry in entries for name in entry[1])
+
+
+def test_remote_stock_output_leaves_with_the_grant() -> None:
+    """A distributed NewOrder: the supplying node's stock piece runs at its grant, so the home
+    node finishes on that one message, as Calvin forwards a participant's reads."""
+    workload = get_workload("tpcc", **TPCC)
+    router = Router(workload, Placement.round_robin(2))
+    request = next(
+        r
+        for r in workload.requests(3)
+        if r.procedure == "new_order" and len(router.route(r) or ()) == 2
+    )
+    home = router.node_of_key(("district", request.params["w_id"], request.params["d_id"]))
+    dbs = [workload.build(7) for _ in range(2)]
+    batches = [[request], [None]] if home == 0 else [[None], [request]]
+    runs = [CalvinEpochRun(n, dbs[n], workload.registry(), router, batches) for n in range(2)]
+    supplier = runs[1 - home]
+    assert supplier.step(100) >= 2  # its grant and its stock piece(s)
+    message = supplier.take_outbox()[home]
+    names = [supplier.piece_label(index, piece) for index, piece, *_ in message]
+    assert any(".stock_" in name for name in names) and any(GRANT in name for name in names), names
+    assert runs[home].step(100) >= 1 and not runs[home].finished  # the order line waits
+    runs[home].deliver(_wire(message))
+    assert runs[home].step(100) >= 2 and runs[home].finished  # the order, then the release
+    supplier.deliver(_wire(runs[home].take_outbox()[1 - home]))
+    assert supplier.step(100) == 1 and supplier.finished  # its release
 
 
 @pytest.mark.parametrize(("name", "options"), [("ycsb", YCSB), ("tpcc", TPCC)])

@@ -23,6 +23,7 @@ from collections.abc import Hashable, Sequence
 
 from dgcc.api import (
     Outcome,
+    Piece,
     PieceContext,
     PlannedTxn,
     ProcedureRegistry,
@@ -33,7 +34,7 @@ from dgcc.api import (
 )
 from dgcc.storage import Database
 
-__all__ = ["CalvinProtocol"]
+__all__ = ["CalvinProtocol", "LockQueue", "lock_modes"]
 
 Key = Hashable
 
@@ -60,13 +61,19 @@ class CalvinProtocol(Protocol):
         planned = plan_batch(self.registry, self.db, batch)
         txns = [item for item in planned if isinstance(item, PlannedTxn)]
         planned_s = time.perf_counter()
-        queues, wants = self._request_locks(txns)
+        queues: dict[Key, LockQueue] = {}
+        wants = [lock_modes(txn.pieces) for txn in txns]  # per transaction, its locks
+        waits = [0] * len(txns)  # locks not yet granted, per transaction
+        for position, modes in enumerate(wants):  # every request, in batch order
+            for key, exclusive in modes.items():
+                queue = queues.get(key)
+                if queue is None:
+                    queue = queues[key] = LockQueue()
+                if not queue.request(position, exclusive):
+                    waits[position] += 1
+            self.stats["calvin/lock_requests"] += len(modes)
+        ready = [position for position, count in enumerate(waits) if count == 0]
         locked_s = time.perf_counter()
-        pending = [len(keys) for keys in wants]  # locks not yet granted, per transaction
-        ready = [position for position, count in enumerate(pending) if count == 0]  # no keys
-        for queue in queues.values():
-            ready.extend(queue.grant_next(pending))
-        heapq.heapify(ready)
         done = 0
         while ready:
             if self._rng is None:
@@ -81,8 +88,10 @@ class CalvinProtocol(Protocol):
                 self.stats["calvin/commits"] += 1
             done += 1
             for key in wants[position]:
-                for now_ready in queues[key].release(pending):
-                    heapq.heappush(ready, now_ready)
+                for granted in queues[key].release():
+                    waits[granted] -= 1
+                    if not waits[granted]:
+                        heapq.heappush(ready, granted)
         assert done == len(txns), (
             f"{done} of {len(txns)} transactions ran: a lock was never granted"
         )
@@ -91,61 +100,65 @@ class CalvinProtocol(Protocol):
         self.stats["timing_s/execute"] += time.perf_counter() - locked_s
         return [item.outcome() if isinstance(item, PlannedTxn) else item for item in planned]
 
-    def _request_locks(
-        self, txns: list[PlannedTxn]
-    ) -> tuple[dict[Key, _KeyQueue], list[list[Key]]]:
-        """Per key, its FIFO of requests in batch order; per transaction, its keys."""
-        queues: dict[Key, _KeyQueue] = {}
-        wants: list[list[Key]] = []
-        for position, txn in enumerate(txns):
-            modes: dict[Key, bool] = {}
-            for piece in txn.pieces:
-                for key in piece.reads:
-                    modes.setdefault(key, False)
-                for key in piece.writes:
-                    modes[key] = True
-            for key, exclusive in modes.items():
-                queue = queues.get(key)
-                if queue is None:
-                    queue = queues[key] = _KeyQueue()
-                queue.requests.append((position, exclusive))
-            wants.append(list(modes))
-            self.stats["calvin/lock_requests"] += len(modes)
-        return queues, wants
+
+def lock_modes(pieces: Sequence[Piece]) -> dict[Key, bool]:
+    """A transaction's locks: each key its pieces read or write, exclusive if one writes it."""
+    modes: dict[Key, bool] = {}
+    for piece in pieces:
+        for key in piece.reads:
+            modes.setdefault(key, False)
+        for key in piece.writes:
+            modes[key] = True
+    return modes
 
 
-class _KeyQueue:
-    """One key's lock requests in batch order; holders are granted a group at a time.
+class LockQueue:
+    """One key's lock requests in arrival order, granted a group at a time: one exclusive
+    request, or a run of shared ones; a request waits while any request before it does."""
 
-    A group is one exclusive request, or a maximal run of shared ones. All requests are queued
-    before any is granted, so each is granted exactly once, in order.
-    """
-
-    __slots__ = ("holding", "next", "requests")
+    __slots__ = ("exclusive", "holding", "next", "requests")
 
     def __init__(self) -> None:
-        self.requests: list[tuple[int, bool]] = []
+        self.requests: list[tuple[int, bool]] = []  # (owner, exclusive)
         self.next = 0  # first request not yet granted
         self.holding = 0  # granted requests not yet released
+        self.exclusive = False  # the holders' mode
 
-    def grant_next(self, pending: list[int]) -> list[int]:
-        """Grant the next group; return the transactions that now hold all their locks."""
-        assert self.holding == 0
-        requests, ready = self.requests, []
+    def grantable(self, exclusive: bool) -> bool:
+        """Whether a request in this mode would be granted at once."""
+        return self.next == len(self.requests) and not (
+            self.holding and (exclusive or self.exclusive)
+        )
+
+    def request(self, owner: int, exclusive: bool) -> bool:
+        """Queue ``owner``'s request; returns whether it holds the lock now."""
+        granted = self.grantable(exclusive)
+        self.requests.append((owner, exclusive))
+        if granted:
+            self.next += 1
+            self.holding += 1
+            self.exclusive = exclusive
+        return granted
+
+    def release(self) -> list[int]:
+        """One holder is done; once all are, grant the next group and return its owners."""
+        self.holding -= 1
+        if self.holding:
+            return []
+        requests, granted = self.requests, []
         while self.next < len(requests):
-            position, exclusive = requests[self.next]
-            if exclusive and self.holding:
+            owner, exclusive = requests[self.next]
+            if exclusive and granted:
                 break
             self.next += 1
             self.holding += 1
-            pending[position] -= 1
-            if pending[position] == 0:
-                ready.append(position)
+            self.exclusive = exclusive
+            granted.append(owner)
             if exclusive:
                 break
-        return ready
+        return granted
 
-    def release(self, pending: list[int]) -> list[int]:
-        """One holder is done; once all are, grant the next group."""
-        self.holding -= 1
-        return self.grant_next(pending) if self.holding == 0 else []
+    @property
+    def idle(self) -> bool:
+        """No request holds or waits."""
+        return not self.holding and self.next == len(self.requests)

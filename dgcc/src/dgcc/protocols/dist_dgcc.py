@@ -42,9 +42,7 @@ This module is the protocol logic only; ``dgcc.net.node`` moves its messages. Pe
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +72,7 @@ ValueEntry = tuple[int, int, Any, str | None, str | None]
 # Passes over an epoch run's pending pieces that are due (``EpochRun._next_rescan``): none, one
 # over all of them, or first one over the pending ancestors of senders (values came).
 _NONE, _ALL, _SENDERS_FIRST = 0, 1, 2
-_SOLO = tuple((node,) for node in range(NODES_MAX))  # the nodes running a single-node piece
+SOLO = tuple((node,) for node in range(NODES_MAX))  # the nodes running a single-node piece
 
 
 @dataclass(slots=True)
@@ -123,7 +121,6 @@ class EpochRun:
     """
 
     abort_edges = True  # only the canary test turns cross-node abort edges off
-    whole_graph = False  # Calvin: a graph over every piece of an epoch where values cross
 
     def __init__(
         self,
@@ -242,7 +239,7 @@ class EpochRun:
                 f"gave {sorted(routed)} (params {dict(planned.params)}): the workload's "
                 "route_keys must name every partition the pieces touch"
             )
-        solo = _SOLO  # one tuple per node, shared: ``_cross_edges`` compares by identity
+        solo = SOLO  # one tuple per node, shared: ``_cross_edges`` compares by identity
         return [participants if n == REPLICATED else solo[n] for n in owners]
 
     def _build(self) -> None:
@@ -254,10 +251,9 @@ class EpochRun:
         access, or, conservatively, a later piece of its transaction), decided by the keys of
         the pending pieces alone. Pending pieces run in later passes over them, as values free
         them. The pieces whose values peers wait for, with their local ancestors
-        (``_ancestry``), head the pass, so values leave early. Calvin's lock order
-        (``whole_graph``) takes a graph over every piece of an epoch where values
-        cross. With ``debug.check_invariants`` the whole local graph is also built, and every
-        piece checks it before it runs.
+        (``_ancestry``), head the pass, so values leave early (``_schedule``; Calvin's node
+        scans whole transactions instead). With ``debug.check_invariants`` the whole local
+        graph is also built, and every piece checks it before it runs.
         """
         pieces: list[Piece] = []
         piece_index: list[int] = []  # pid -> index of the piece in its transaction's plan
@@ -285,20 +281,17 @@ class EpochRun:
         self._check: Graph | None = None  # the whole local graph, to check the schedule
         if debug.check_invariants:
             self._check = self.local_graph(self._views())
-        self._graph: Graph | None = None  # Calvin's, with its ready pieces:
-        self._urgent: list[int] = []  # a heap of those peers wait on
-        self._ready: list[int] = []  # a stack of the others
         self._rescan: _Scan | None = None  # a pass over the pending pieces, once one started
         self._dirty = _NONE  # which passes over the pending pieces are due (values came)
-        self._ancestors: set[int] = set()  # senders and their local ancestors
-        if (self._waiters or self._sends) and self.whole_graph:
-            self._schedule_graph()
-            self._initial = _Scan(())
-            return
         self._owners: list[int] = []  # pid -> slot of its transaction in ``self._subs``
         for slot, sub in enumerate(self._subs):
             self._owners.extend([slot] * len(sub.local))
-        count = len(pieces)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """The first pass: senders and their local ancestors, then the rest, in serial order."""
+        self._ancestors: set[int] = set()  # senders and their local ancestors
+        count = len(self._pieces)
         if not self._sends:
             self._initial = _Scan(range(count))
             return
@@ -306,25 +299,6 @@ class EpochRun:
         self._ancestors = ancestors = set(first)
         rest = itertools.filterfalse(ancestors.__contains__, range(count))
         self._initial = _Scan(first + list(rest), urgent_end=len(first))
-
-    def _schedule_graph(self) -> None:
-        """Calvin's schedule: the graph of every piece here, cross-node in-degree on top."""
-        graph = self.local_graph(self._views())
-        self._owners = graph.owners  # the views are the transactions in slot order
-        graph.in_degrees = in_degrees = list(map(operator.add, graph.in_degrees, self._cross_in))
-        self._graph = graph
-        # Transactions whose values other nodes wait for run first (oldest first among them:
-        # a heap), and so do the pieces they wait on, so the peers' executors are not left
-        # idle at the end of the epoch. The others only have to run before the epoch ends: a
-        # stack (O(1), where a heap costs a log per piece) that starts oldest first and then
-        # runs the pieces each piece frees next, depth first.
-        urgent = self._urgent_pids
-        _add_ancestors(urgent, graph.successors)
-        self._urgent = [pid for pid in sorted(urgent) if not in_degrees[pid]]
-        count = len(in_degrees)
-        self._ready = [
-            pid for pid in range(count - 1, -1, -1) if not in_degrees[pid] and pid not in urgent
-        ]
 
     def _ancestry(self) -> list[int]:
         """Pieces of transactions that send values, and every piece with a path to one in the
@@ -431,8 +405,6 @@ class EpochRun:
     @property
     def has_ready(self) -> bool:
         """Whether a piece can run now (otherwise this node waits for value messages)."""
-        if self._graph is not None:
-            return bool(self._urgent or self._ready)
         initial = self._initial
         return not initial.done or self._rescan is not None or bool(self._dirty and initial.pending)
 
@@ -447,12 +419,12 @@ class EpochRun:
         so they leave before local-only pieces run. Zero with pieces remaining means this node
         waits for value messages.
         """
-        ran = self._step_graph(budget) if self._graph is not None else self._step_scan(budget)
+        ran = self._run_pieces(budget)
         self.remaining -= ran
         assert self.remaining >= 0, f"{self.remaining} pieces remaining"
         return ran
 
-    def _step_scan(self, budget: int) -> int:
+    def _run_pieces(self, budget: int) -> int:
         initial = self._initial
         ran = 0
         while ran < budget:
@@ -558,52 +530,6 @@ class EpochRun:
         scan.position = position + visited
         return ran
 
-    def _step_graph(self, budget: int) -> int:
-        """Calvin's pieces by in-degree, urgent ones first."""
-        graph = self._graph
-        assert graph is not None
-        pieces, ready, urgent = self._pieces, self._ready, self._urgent
-        owners, in_degrees, contexts = self._owners, graph.in_degrees, self._contexts
-        txns, successors_of, sends = self._txns, graph.successors.get, self._urgent_pids
-        sends_of, outbox, check, failed = self._sends.get, self.outbox, self._check, self._failed
-        pop, push, ready_pop = heapq.heappop, heapq.heappush, ready.pop
-        ran = 0
-        while ran < budget:
-            if urgent:
-                pid = pop(urgent)
-            elif ready:
-                pid = ready_pop()
-            else:
-                break
-            if check is not None:
-                _check_turn(check, pid)
-            slot = owners[pid]
-            txn = txns[slot]
-            if pid in failed and txn.error is None:
-                txn.error = failed[pid]
-            if txn.abort_reason is None:
-                run_piece(contexts[slot], txn, pieces[pid])
-                if txn.abort_reason is not None:
-                    self._subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
-            if txn.error is not None:
-                self._note_error(slot, pid)
-            ran += 1
-            targets = sends_of(pid)
-            if targets is not None:
-                self._post(self._subs[slot], self._piece_index[pid], targets)
-            successors = successors_of(pid)
-            if successors is not None:
-                for target in successors:
-                    in_degrees[target] -= 1
-                    if not in_degrees[target]:
-                        if target in sends:
-                            push(urgent, target)
-                        else:
-                            ready.append(target)
-            if outbox and not urgent:
-                break  # peers wait on these values: send them before the local-only pieces
-        return ran
-
     def _note_error(self, slot: int, pid: int) -> None:
         """Keep where the transaction first failed here: the origin answers with the failure
         (abort or error) of the lowest piece index over every node, as a serial run does."""
@@ -637,8 +563,7 @@ class EpochRun:
         """
         keys = self._checked_keys(entries)
         self._dirty = _SENDERS_FIRST
-        graph = self._graph
-        cross_in = self._cross_in if graph is None else graph.in_degrees
+        cross_in = self._cross_in
         sub_of_index, pop_waiters = self._sub_of_index, self._waiters.pop
         for key, (index, piece_index, output, reason, error) in zip(keys, entries, strict=True):
             waiters = pop_waiters(key)
@@ -655,11 +580,6 @@ class EpochRun:
                 txn.outputs[txn.pieces[piece_index].name] = output
             for pid in waiters:
                 cross_in[pid] -= 1
-                if graph is not None and not cross_in[pid]:
-                    if pid in self._urgent_pids:
-                        heapq.heappush(self._urgent, pid)
-                    else:
-                        self._ready.append(pid)
 
     def _checked_keys(self, entries: Sequence[Sequence[Any]]) -> list[tuple[Any, Any]]:
         """Each entry's (txn index, piece index), once every entry has five fields and names
@@ -683,7 +603,6 @@ class EpochRun:
         assert self.finished, f"{self.remaining} pieces still to run"
         if self._check is not None:
             assert not any(self._check.in_degrees), "pieces left with unmet dependencies"
-            assert self._graph is None or not any(self._graph.in_degrees), "pieces left"
             assert not self._initial.pending, f"pending pieces left: {self._initial.pending[:5]}"
             assert not self._waiters, f"values never received: {sorted(self._waiters)[:5]}"
         reports: dict[int, list[ReportEntry]] = {}
@@ -709,15 +628,3 @@ def _check_turn(graph: Graph, pid: int) -> None:
     assert not graph.in_degrees[pid], f"piece {pid} would run before a local predecessor"
     for target in graph.successors.get(pid, ()):
         graph.in_degrees[target] -= 1
-
-
-def _add_ancestors(pids: set[int], successors: dict[int, list[int]]) -> None:
-    """Add to ``pids`` every piece with a path to one of them (edges only point forward)."""
-    if not pids:
-        return
-    get = successors.get
-    for pid in range(max(pids) - 1, -1, -1):
-        if pid not in pids:
-            targets = get(pid)
-            if targets is not None and not pids.isdisjoint(targets):
-                pids.add(pid)
