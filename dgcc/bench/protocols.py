@@ -307,9 +307,9 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         "(`dgcc.net.servers.calvin`) runs a deterministic lock manager: a transaction gets all "
         "its locks on a node in the global order and holds them until its last piece there; "
         "a multi-node transaction, once it holds its locks on a node, sends its reads to the "
-        "other participants, and a participant that writes waits for the reads of every other "
-        "participant (real messages between the node processes) before writing, so its locks "
-        "are held across that message and later conflicting transactions wait behind it. "
+        "other participants, and a participant that writes holds its locks until the reads of "
+        "every other participant came (real messages between the node processes), so later "
+        "conflicting transactions wait behind it across that message. "
         "`node cpu` is the CPU share each node process got (1.0 = a whole core): below 1, "
         "nodes wait (on peers, locks or backoff) rather than compute; `commits/node-cpu-s` "
         "divides commits by the CPU time the node processes used, which is less sensitive "
@@ -435,10 +435,9 @@ def sweep_markdown(records: list[dict[str, Any]], fractions: tuple[float, ...]) 
     lines += ["", "A share in brackets is the calls that protocol gave up on (out of retries)."]
     if 0.0 in fractions:
         lines.append(
-            "At 0% distributed no value crosses nodes, and a Calvin node then runs DistDGCC's "
-            "own schedule (`protocols/dist_dgcc.py` builds Calvin's lock graph only for epochs "
-            "whose values cross nodes): its 0% column is the same code as DistDGCC's, a noise "
-            "band, not a baseline."
+            "At 0% distributed no value crosses nodes, so neither protocol ever waits: both run "
+            "each epoch in global order, Calvin a transaction at a time and DistDGCC a piece at "
+            "a time, near the same work; the 0% column is mostly a noise band, not a baseline."
         )
     return lines + headroom_markdown(records, scenarios, fractions)
 
@@ -644,17 +643,18 @@ def sweep_points(
 
 
 CALVIN_CAVEAT = (
-    "How this Calvin differs from the paper's, beyond the protocol: (1) in an epoch where any "
-    "value crosses nodes it orders every local piece through a lock graph built in Python "
-    "(DistDGCC's node scans its pieces instead), which costs it CPU on its single-node "
-    "transactions too; (2) a node starts an epoch only once the previous one has finished, "
-    "where Calvin's lock manager keeps granting locks across batches, so later "
-    "non-conflicting transactions wait out a distributed one's read exchange; (3) a "
-    "distributed TPC-C NewOrder's remote stock piece sends its output after its grant, one "
-    "message round more than Calvin's forwarded reads; (4) a remote Payment locks its "
-    "customer's whole district (TPC-C's coarse virtual record). Each costs Calvin "
-    "throughput, so the ratios over Calvin here are an upper bound on what a faithful Calvin "
-    "would show."
+    "How this Calvin is built: each node's lock manager queues a transaction's locks on the "
+    "node's records (every key its pieces there touch) in global order and holds them until "
+    "its work there is done, and an active participant's until every other participant's "
+    "reads (its grant) arrived; a participant's outputs leave with its grant, as Calvin "
+    "forwards reads. A transaction that meets no held lock skips the queues, as DistDGCC's "
+    "node scans its pieces, so the two differ in what they lock, not in scheduler speed. "
+    "Two differences from the paper's remain, both costing Calvin throughput, so the ratios "
+    "over Calvin are an upper bound: (1) a node starts an epoch only once the previous one "
+    "has finished (as DistDGCC's does), where Calvin's lock manager keeps granting across "
+    "batches, so later non-conflicting transactions wait out a distributed one's read "
+    "exchange; (2) a remote Payment locks its customer's whole district (TPC-C's coarse "
+    "virtual record, which DistDGCC's pieces lock too, but only for the piece)."
 )
 
 

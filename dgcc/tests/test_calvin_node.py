@@ -14,6 +14,7 @@ from dgcc import debug
 from dgcc.api import TxnRequest
 from dgcc.net.servers.calvin import GRANT, STEP, CalvinEpochRun
 from dgcc.net.wire import decode, encode
+from dgcc.protocols.calvin import LockQueue
 from dgcc.protocols.dist_dgcc import EpochRun
 from dgcc.protocols.dist_placement import Placement, Router
 from dgcc.protocols.serial import SerialProtocol
@@ -95,8 +96,7 @@ def test_remote_stock_output_leaves_with_the_grant() -> None:
 @pytest.mark.parametrize("checked", [False, True])
 def test_simulated_calvin_cluster_equals_serial(cluster_sim, name, options, checked) -> None:
     """``checked``: every access against its declaration and every piece against the lock
-    graph. A multi-node call's grant step, heading its chain from the end of the plan, used
-    to fail the check that edges point forward, so no Calvin node could run checked."""
+    graph (each transaction's chain here, its grant step first)."""
     workload = get_workload(name, **options)
     with debug.invariants(checked):
         order, outcomes, merged = cluster_sim(
@@ -109,3 +109,18 @@ def test_simulated_calvin_cluster_equals_serial(cluster_sim, name, options, chec
         (o.status, _wire(o.result)) for o in expected
     ]
     assert merged == _wire(serial_db.dump())
+
+
+def test_lock_queue_grants_groups_in_arrival_order() -> None:
+    queue = LockQueue()
+    assert queue.request(1, False) and queue.request(2, False)  # readers share the lock
+    assert not queue.request(3, True)  # a writer waits for both
+    assert not queue.grantable(False)  # a reader behind a waiting writer waits too
+    assert not queue.request(4, False) and not queue.request(5, False)
+    assert queue.release() == []  # one reader left
+    assert queue.release() == [3]  # the writer alone
+    assert not queue.grantable(False) and not queue.grantable(True)
+    assert queue.release() == [4, 5]  # then the readers after it, together
+    assert not queue.grantable(True) and queue.grantable(False)  # 4, 5 hold: a reader joins
+    assert queue.release() == [] and queue.release() == []
+    assert queue.idle and queue.grantable(True)

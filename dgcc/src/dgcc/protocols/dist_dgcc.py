@@ -92,7 +92,8 @@ class _SubTxn:
 @dataclass(slots=True)
 class _Scan:
     """A pass over pieces (``EpochRun._scan``): those that can run do, the others stay pending
-    and hold back every later piece with a path from one of them."""
+    and hold back every later piece with a path from one of them. (Calvin's node makes one
+    first pass over transactions with it: ``pids`` then holds slots.)"""
 
     pids: Sequence[int]  # the pieces to visit, in serial order (see ``EpochRun._scan``)
     urgent_end: int = 0  # the senders' part ends here: the values leave before the rest runs

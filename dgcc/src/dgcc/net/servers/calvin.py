@@ -15,12 +15,14 @@ sequence)), the value messages and the reports with the DistDGCC node; the local
 Calvin's:
 
   * Locks are per transaction: its lock set on this node is every key any of its pieces here
-    reads or writes. A scan in global order (``CalvinEpochRun._scan``) runs a transaction
-    once no earlier transaction still holding a lock conflicts with its set (the lock
-    manager's FIFO queues, whose grants follow the same order), runs all its pieces here
-    together, as a Calvin worker runs a transaction's logic, and keeps its locks while any of
-    them waits for a message. That is DistDGCC's one-pass scan at transaction granularity, so
-    the two differ in what they lock, not in how fast their schedulers are.
+    reads or writes. Per-key FIFO queues (``LockQueue``) grant them in global order, and a
+    transaction runs once it holds them all: its pieces here run together, as a Calvin worker
+    runs a transaction's logic, up to the first that waits for a message, and it keeps its
+    locks until its last piece here ran. A first pass meets the transactions in global order
+    (those whose grants peers wait for, with every earlier one they conflict with, first);
+    one that meets no held lock runs at once without queuing (nothing could wait behind
+    it), as DistDGCC's node scans its pieces, and one that waits, or parks on a message,
+    holds its requests in the queues.
   * A multi-node transaction gets a grant step per participant (``GRANT``), first among its
     pieces there: it runs once the transaction holds its locks there and stands for the
     participant's local reads being served; its value message goes to every other
@@ -213,15 +215,17 @@ class CalvinEpochRun(EpochRun):
         accessed: set[Hashable] = set()  # keys they read or write
         for slot in range(max(seeds), -1, -1):
             modes = lock_modes_of(slot)
-            if (
-                slot not in seeds
-                and written.isdisjoint(modes)
-                and not any(exclusive and key in accessed for key, exclusive in modes.items())
-            ):
-                continue
+            if slot not in seeds:
+                for key, exclusive in modes.items():
+                    if key in written or (exclusive and key in accessed):
+                        break
+                else:
+                    continue
             found.append(slot)
-            accessed.update(modes)
-            written.update(key for key, exclusive in modes.items() if exclusive)
+            for key, exclusive in modes.items():
+                accessed.add(key)
+                if exclusive:
+                    written.add(key)
         found.reverse()
         return found
 
@@ -245,11 +249,13 @@ class CalvinEpochRun(EpochRun):
                 slot = initial.pids[initial.position]
                 initial.position += 1
                 if self._table and self._queue(slot):
+                    if self.outbox and initial.position == initial.urgent_end:
+                        break  # the first part's values leave now
                     continue
             else:
                 break
             ran += self._run_slot(slot)
-            if ran and self.outbox and initial.position >= initial.urgent_end:
+            if self.outbox and initial.position >= initial.urgent_end:
                 break  # peers wait on these values: they leave before the local-only pieces
         return ran
 
@@ -276,7 +282,8 @@ class CalvinEpochRun(EpochRun):
         """Run ``slot``'s pieces here up to the first that waits for a value; returns how many
         ran. Once all ran it releases its locks; otherwise it holds them, parked."""
         pieces, cross_in, subs = self._pieces, self._cross_in, self._subs
-        failed, check, sends_of = self._failed, self._check, self._sends.get
+        failed, check = self._failed, self._check
+        sends_of = self._sends.get if slot in self._ancestors else None  # (every sender is)
         pid = begin = self._resume[slot]
         end = self._starts[slot + 1]
         txn, ctx = self._txns[slot], self._contexts[slot]
@@ -291,7 +298,7 @@ class CalvinEpochRun(EpochRun):
                     subs[slot].local_abort = (self._piece_index[pid], txn.abort_reason)
             if txn.error is not None:
                 self._note_error(slot, pid)
-            if (targets := sends_of(pid)) is not None:
+            if sends_of is not None and (targets := sends_of(pid)) is not None:
                 self._post(subs[slot], self._piece_index[pid], targets)
             pid += 1
         self._resume[slot] = pid
@@ -341,13 +348,15 @@ class CalvinEpochRun(EpochRun):
 
     def reports(self) -> dict[int, list[Any]]:
         """DistDGCC's reports without the grant and release steps' (empty) outputs."""
-        reports = super().reports()
-        for entries in reports.values():
-            for entry in entries:
-                outputs = entry[1]
+        if self._check is not None:
+            assert not self._table, f"locks still held or queued: {list(self._table)[:5]}"
+            assert not self._ready and not any(self._parked), "transactions left to run"
+        for sub in self._subs:
+            if sub.runs_on is not None:
+                outputs = sub.txn.outputs
                 for name in [name for name in outputs if name.startswith(STEP)]:
                     del outputs[name]
-        return reports
+        return super().reports()
 
 
 class LoggedCalvinEpochRun(LoggedEpochRun, CalvinEpochRun):
