@@ -7,7 +7,9 @@ sum of what the scripts last measured. Run by ``make bench`` after the scripts.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +44,71 @@ and where. Ratios measured side by side in one run are the figures to quote; abs
 vary with the machine's load.
 """
 _IMAGE = re.compile(r"(!\[[^\]]*\]\()([^/)]+)\)")
+# sections that share a JSON file: (file, its key holding the section's run)
+_JSON_OF = {
+    "yatt_control_controllers": ("yatt_control", "controllers_host"),
+    "yatt_control_placement": ("yatt_control", "placement"),
+}
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+
+
+def measured_commit(bench: Path, name: str) -> str | None:
+    """The commit a section's run recorded in its JSON (the shallowest ``git_commit`` or
+    ``commit`` there: its host facts before any figure it reused), if any."""
+    stem, key = _JSON_OF.get(name, (name, None))
+    try:
+        data = json.loads((bench / f"{stem}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    level = [data.get(key) if key and isinstance(data, dict) else data]
+    while level:  # breadth first
+        deeper = []
+        for node in level:
+            if isinstance(node, dict):
+                for field in ("git_commit", "commit"):
+                    value = node.get(field)
+                    if isinstance(value, str) and _COMMIT.fullmatch(value):
+                        return value
+                deeper += [value for value in node.values() if isinstance(value, dict | list)]
+            elif isinstance(node, list):
+                deeper += [value for value in node[:1] if isinstance(value, dict | list)]
+        level = deeper
+    return None
+
+
+def changes_since(repo: Path, commit: str, package: str) -> int | None:
+    """Commits that changed ``package`` (a path in ``repo``) after ``commit``; None when git
+    cannot tell (no git, or a commit this clone lacks)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-list", "--count", f"{commit}..HEAD", "--", package],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return int(done.stdout) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+
+def freshness(repo: Path, names: list[str]) -> list[str]:
+    """A table of each section's commit and how many commits changed the code it measures
+    since (dgcc/src for the dgcc sections, yatt/src for yatt's), so a stale one shows."""
+    lines = [
+        "| section | measured at | commits to its code since |",
+        "|---|---|---:|",
+    ]
+    for name in names:
+        package = "yatt/src" if name.startswith("yatt_") else "dgcc/src"
+        commit = measured_commit(repo / "docs" / "bench", name)
+        if commit is None:
+            lines.append(f"| {name} | not recorded | ? |")
+            continue
+        count = changes_since(repo, commit, package)
+        since = "?" if count is None else f"{count}" if count == 0 else f"**{count}**"
+        lines.append(f"| {name} | {commit[:8]} | {since} |")
+    return lines
 
 
 def main(docs: Path) -> int:
@@ -60,7 +127,14 @@ def main(docs: Path) -> int:
             file=sys.stderr,
         )
     names = [name for name in ORDER if name in sections]
-    parts = [HEADER]
+    freshness_text = "\n".join([
+        "Where each section's numbers come from: the commit its run recorded, and how many "
+        "commits have changed the code it measures since (in bold where any have: that "
+        "section's figures predate them).",
+        "",
+        *freshness(docs.parent, names),
+    ])  # fmt: skip
+    parts = [HEADER, freshness_text + "\n"]
     for name in names:
         text = sections[name].read_text().strip() + "\n"
         problems += [

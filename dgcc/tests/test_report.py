@@ -7,6 +7,9 @@ file; the real report code runs them as real child processes.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -232,3 +235,33 @@ def test_the_real_stitch_tool_refuses_a_report_with_holes(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert f"{required[1]}.md is missing" in err and f"links {required[0]}.png" in err
     assert (tmp_path / "benchmarks.md").read_text() == report  # nothing written
+
+
+def _stitch_module():
+    spec = importlib.util.spec_from_file_location(
+        "stitch_benchmarks", Path(__file__).resolve().parents[2] / "tools" / "stitch_benchmarks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stitched_report_marks_sections_measured_before_their_code_changed(tmp_path) -> None:
+    stitch = _stitch_module()
+    repo = tmp_path
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git[:5], "init", "-q", str(repo)], check=True)
+    (repo / "dgcc" / "src").mkdir(parents=True)
+    (repo / "dgcc" / "src" / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    (repo / "dgcc" / "src" / "a.py").write_text("x = 2\n")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    bench = repo / "docs" / "bench"
+    bench.mkdir(parents=True)
+    (bench / "dgcc_engine.json").write_text(json.dumps({"host": {"git_commit": first.strip()}}))
+    (bench / "tpcc_soak.json").write_text("{not json")
+    rows = stitch.freshness(repo, ["dgcc_engine", "tpcc_soak"])
+    assert rows[2] == f"| dgcc_engine | {first[:8]} | **1** |"
+    assert rows[3] == "| tpcc_soak | not recorded | ? |"

@@ -204,3 +204,16 @@ def test_kl_loss_and_reward_penalty():
 def test_unknown_kl_kind_lists_valid_names():
     with pytest.raises(ConfigError, match=r"'k4'.*k1.*k2.*k3.*low_var_kl"):
         kl_estimate(torch.zeros(1), torch.zeros(1), "k4")
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_ranks_normalisers_sum_to_the_whole_batchs_even_with_an_empty_rank(agg) -> None:
+    """Data-parallel ranks sum their normalisers; a rank with no token to train (all its rows
+    masked) must add nothing, or every rank would divide by one more than a single process."""
+    mask = (torch.rand(6, 5, generator=torch.Generator().manual_seed(3)) > 0.3).float()
+    mask[:, 0] = 1.0
+    empty = torch.zeros(2, 5)
+    whole = loss_normalizer(torch.cat([mask, empty]), agg, norm_len=5)
+    shards = [loss_normalizer(part, agg, norm_len=5, least=0.0) for part in (mask, empty)]
+    assert shards[1] == 0.0
+    assert max(sum(shards), 1.0) == whole

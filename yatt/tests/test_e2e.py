@@ -324,3 +324,39 @@ def test_refill_rounds_of_more_than_4099_rows_draw_fresh_seeds(tmp_path, monkeyp
     trainer._sample(0)
     trainer._sample(1)
     assert len(drawn[0]) == 4200 and len(set(drawn[0]) | set(drawn[1])) == 8400
+
+
+class _FlatReward(DirectionReward):
+    """Every row scores the same: no group carries signal."""
+
+    def score(self, batch):
+        return torch.ones(batch.size), {}
+
+
+def test_dynamic_sampling_with_no_group_kept_trains_on_scores_with_no_signal(tmp_path) -> None:
+    """Every group dropped on every refill: the step trains the last batch with its rewards set
+    to the scores (the overlong penalty would otherwise give rows advantages the filter saw
+    none in), so no row moves the policy."""
+    model, tokenizer = tiny_model(seed=0)
+    config = load_config(
+        "tiny_test",
+        [
+            "train.steps=1",
+            "eval.n=0",
+            "algo.dynamic_sampling=true",
+            "algo.max_refill_batches=2",
+            "algo.overlong_buffer=4",
+            f"logging.run_dir={tmp_path}",
+        ],
+    )
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=_FlatReward(model))
+    trained = []
+    update = trainer.policy.update
+    trainer.policy.update = lambda batch: trained.append(batch) or update(batch)
+    (row,) = [row for row in trainer.fit().history if "timing_s/step" in row]
+    assert row["batch/kept_groups"] == 0
+    assert row["batch/dropped_groups"] == 3 * config.algo.prompts_per_step  # 1 + 2 refills
+    (batch,) = trained
+    assert torch.equal(batch.rewards, batch.scores)  # not the length-penalised rewards
+    assert torch.count_nonzero(batch.advantages) == 0
+    assert row["actor/pg_loss"] == 0.0

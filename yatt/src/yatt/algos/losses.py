@@ -45,15 +45,19 @@ def _check_agg(agg: str) -> None:
         raise ConfigError(f"unknown loss aggregation {agg!r}; valid: {list(AGG_MODES)}")
 
 
-def loss_normalizer(mask: Tensor, agg: str, norm_len: int | None = None) -> float:
+def loss_normalizer(
+    mask: Tensor, agg: str, norm_len: int | None = None, *, least: float = 1.0
+) -> float:
     """The denominator `aggregate_loss` uses for this mask (B, T) and mode (see AGG_MODES).
 
-    Compute it once on the full mini-batch and pass it to every micro-batch's loss call.
+    Compute it once on the full mini-batch and pass it to every micro-batch's loss call. Its
+    token or row count is at least `least`; a data-parallel rank passes 0 and floors the sum
+    over ranks instead, so a rank with nothing to train adds nothing to the global count.
     """
     _check_agg(agg)
     if agg == "token_mean":
-        return max(float(mask.sum()), 1.0)
-    rows = max(float(mask.bool().any(dim=-1).sum()), 1.0)
+        return max(float(mask.sum()), least)
+    rows = max(float(mask.bool().any(dim=-1).sum()), least)
     if agg == "token_sum_norm":
         return rows * float(norm_len if norm_len is not None else mask.shape[-1])
     return rows

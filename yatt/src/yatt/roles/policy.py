@@ -241,9 +241,11 @@ class PolicyRole(Role):
     def _one_pass(self, batch: RolloutBatch) -> tuple[dict[str, float], bool]:
         """One optimizer step over the batch: its metrics, and whether the step was taken."""
         mask = batch.response_mask
-        normalizer = loss_normalizer(mask, self.algo.loss_agg, self.norm_len)
-        if self.collective is not None:  # every rank divides by the global batch's normaliser
-            normalizer = self.collective.sum_scalar(normalizer)
+        if self.collective is None:
+            normalizer = loss_normalizer(mask, self.algo.loss_agg, self.norm_len)
+        else:  # every rank divides by the global batch's normaliser, floored once summed
+            local = loss_normalizer(mask, self.algo.loss_agg, self.norm_len, least=0.0)
+            normalizer = max(self.collective.sum_scalar(local), 1.0)
         total_tokens = max(float(mask.sum()), 1.0)
         rows = self._trained_rows(batch)
         trained_tokens = max(float(mask[rows].sum()), 1.0)
