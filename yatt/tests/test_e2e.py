@@ -88,22 +88,24 @@ class _HalfFlatReward(DirectionReward):
         return scores * (batch.group_ids % 2 == 1), {"reward/direction/mean": float(scores.mean())}
 
 
-def test_dynamic_sampling_metrics_describe_the_batch_trained_on(tmp_path) -> None:
+def _dapo_trainer(tmp_path, reward: type, overrides: list[str]) -> tuple[Trainer, list]:
+    """A DAPO trainer (dynamic sampling) and the list its policy's updates append batches to."""
     model, tokenizer = tiny_model(seed=0)
     config = load_config(
         "tiny_test",
-        [
-            "train.steps=3",
-            "eval.n=0",
-            "algo.dynamic_sampling=true",
-            "algo.max_refill_batches=3",
-            f"logging.run_dir={tmp_path}",
-        ],
+        ["eval.n=0", "algo.dynamic_sampling=true", f"logging.run_dir={tmp_path}", *overrides],
     )
-    trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=_HalfFlatReward(model))
-    trained = []
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=reward(model))
+    trained: list = []
     update = trainer.policy.update
     trainer.policy.update = lambda batch: trained.append(batch) or update(batch)
+    return trainer, trained
+
+
+def test_dynamic_sampling_metrics_describe_the_batch_trained_on(tmp_path) -> None:
+    trainer, trained = _dapo_trainer(
+        tmp_path, _HalfFlatReward, ["train.steps=3", "algo.max_refill_batches=3"]
+    )
     history = trainer.fit().history
     assert any(row["batch/dropped_groups"] > 0 for row in history)
     for row, batch in zip(history, trained, strict=True):
@@ -337,25 +339,14 @@ def test_dynamic_sampling_with_no_group_kept_trains_on_scores_with_no_signal(tmp
     """Every group dropped on every refill: the step trains the last batch with its rewards set
     to the scores (the overlong penalty would otherwise give rows advantages the filter saw
     none in), so no row moves the policy."""
-    model, tokenizer = tiny_model(seed=0)
-    config = load_config(
-        "tiny_test",
-        [
-            "train.steps=1",
-            "eval.n=0",
-            "algo.dynamic_sampling=true",
-            "algo.max_refill_batches=2",
-            "algo.overlong_buffer=4",
-            f"logging.run_dir={tmp_path}",
-        ],
+    trainer, trained = _dapo_trainer(
+        tmp_path,
+        _FlatReward,
+        ["train.steps=1", "algo.max_refill_batches=2", "algo.overlong_buffer=4"],
     )
-    trainer = Trainer(config, model=model, tokenizer=tokenizer, reward=_FlatReward(model))
-    trained = []
-    update = trainer.policy.update
-    trainer.policy.update = lambda batch: trained.append(batch) or update(batch)
     (row,) = [row for row in trainer.fit().history if "timing_s/step" in row]
     assert row["batch/kept_groups"] == 0
-    assert row["batch/dropped_groups"] == 3 * config.algo.prompts_per_step  # 1 + 2 refills
+    assert row["batch/dropped_groups"] == 3 * trainer.config.algo.prompts_per_step  # 1 + 2 refills
     (batch,) = trained
     assert torch.equal(batch.rewards, batch.scores)  # not the length-penalised rewards
     assert torch.count_nonzero(batch.advantages) == 0
