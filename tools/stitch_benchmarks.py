@@ -1,8 +1,9 @@
 """Rebuild docs/benchmarks.md from the sections the bench scripts write under docs/bench/.
 
 Each benchmark script owns one section file ``docs/bench/<name>.md`` (with its JSON and PNG
-beside it). This script only concatenates them in a fixed order, so the report is always the
-sum of what the scripts last measured. Run by ``make bench`` after the scripts.
+beside it). This script concatenates them in a fixed order, so the report is always the sum of
+what the scripts last measured, under a table of the commit each section was measured at and
+the commits to its code since. Run by ``make bench`` after the scripts.
 """
 
 from __future__ import annotations
@@ -53,22 +54,26 @@ _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 def measured_commit(bench: Path, name: str) -> str | None:
-    """The commit a section's run recorded in its JSON (the shallowest ``git_commit`` or
-    ``commit`` there: its host facts before any figure it reused), if any."""
+    """The commit a section's run recorded in its JSON: its host facts' ``git_commit`` (or a
+    top-level one), else the shallowest ``git_commit`` or ``commit`` field; None where there is
+    none, or the run could not tell (``unknown``)."""
     stem, key = _JSON_OF.get(name, (name, None))
     try:
         data = json.loads((bench / f"{stem}.json").read_text())
     except (OSError, ValueError):
         return None
     level = [data.get(key) if key and isinstance(data, dict) else data]
+    if isinstance(level[0], dict):
+        for facts in (level[0].get("host"), level[0].get("facts"), level[0]):
+            if isinstance(facts, dict) and "git_commit" in facts:
+                return _commit(facts["git_commit"])
     while level:  # breadth first
         deeper = []
         for node in level:
             if isinstance(node, dict):
                 for field in ("git_commit", "commit"):
-                    value = node.get(field)
-                    if isinstance(value, str) and _COMMIT.fullmatch(value):
-                        return value
+                    if field in node:
+                        return _commit(node[field])
                 deeper += [value for value in node.values() if isinstance(value, dict | list)]
             elif isinstance(node, list):
                 deeper += [value for value in node[:1] if isinstance(value, dict | list)]
@@ -76,12 +81,16 @@ def measured_commit(bench: Path, name: str) -> str | None:
     return None
 
 
-def changes_since(repo: Path, commit: str, package: str) -> int | None:
-    """Commits that changed ``package`` (a path in ``repo``) after ``commit``; None when git
-    cannot tell (no git, or a commit this clone lacks)."""
+def _commit(value: object) -> str | None:
+    return value if isinstance(value, str) and _COMMIT.fullmatch(value) else None
+
+
+def changes_since(repo: Path, commit: str, paths: list[str]) -> int | None:
+    """Commits that touched ``paths`` (in ``repo``) after ``commit``; None when git cannot
+    tell (no git, or a commit this clone lacks)."""
     try:
         done = subprocess.run(
-            ["git", "rev-list", "--count", f"{commit}..HEAD", "--", package],
+            ["git", "rev-list", "--count", f"{commit}..HEAD", "--", *paths],
             cwd=repo,
             capture_output=True,
             text=True,
@@ -92,23 +101,33 @@ def changes_since(repo: Path, commit: str, package: str) -> int | None:
     return int(done.stdout) if done.returncode == 0 and done.stdout.strip().isdigit() else None
 
 
-def freshness(repo: Path, names: list[str]) -> list[str]:
-    """A table of each section's commit and how many commits changed the code it measures
-    since (dgcc/src for the dgcc sections, yatt/src for yatt's), so a stale one shows."""
+def freshness(bench: Path, repo: Path, names: list[str]) -> list[str]:
+    """A table of each section's commit and how many commits have touched its package's code
+    or bench scripts since (dgcc's or yatt's), so a stale section shows."""
     lines = [
         "| section | measured at | commits to its code since |",
         "|---|---|---:|",
     ]
     for name in names:
-        package = "yatt/src" if name.startswith("yatt_") else "dgcc/src"
-        commit = measured_commit(repo / "docs" / "bench", name)
+        package = "yatt" if name.startswith("yatt_") else "dgcc"
+        commit = measured_commit(bench, name)
         if commit is None:
             lines.append(f"| {name} | not recorded | ? |")
             continue
-        count = changes_since(repo, commit, package)
+        count = changes_since(repo, commit, [f"{package}/src", f"{package}/bench"])
         since = "?" if count is None else f"{count}" if count == 0 else f"**{count}**"
         lines.append(f"| {name} | {commit[:8]} | {since} |")
     return lines
+
+
+def _head(repo: Path) -> str:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+        )
+    except OSError:
+        return "an unknown commit"
+    return done.stdout.strip() if done.returncode == 0 else "an unknown commit"
 
 
 def main(docs: Path) -> int:
@@ -128,11 +147,13 @@ def main(docs: Path) -> int:
         )
     names = [name for name in ORDER if name in sections]
     freshness_text = "\n".join([
-        "Where each section's numbers come from: the commit its run recorded, and how many "
-        "commits have changed the code it measures since (in bold where any have: that "
-        "section's figures predate them).",
+        f"Where each section's figures come from: the commit its run recorded, and how many "
+        f"commits up to {_head(docs.parent)} (when this report was joined) touched its "
+        "package's code or bench scripts since, in bold where any did. That count is an upper "
+        "bound on what could have moved its figures: it includes changes the section does "
+        "not exercise.",
         "",
-        *freshness(docs.parent, names),
+        *freshness(docs / "bench", docs.parent, names),
     ])  # fmt: skip
     parts = [HEADER, freshness_text + "\n"]
     for name in names:

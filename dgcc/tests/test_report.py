@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -246,22 +248,42 @@ def _stitch_module():
     return module
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_stitched_report_marks_sections_measured_before_their_code_changed(tmp_path) -> None:
     stitch = _stitch_module()
     repo = tmp_path
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
-    subprocess.run([*git[:5], "init", "-q", str(repo)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | {
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
+
+    def git(*args: str) -> str:
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo), *args]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
     (repo / "dgcc" / "src").mkdir(parents=True)
     (repo / "dgcc" / "src" / "a.py").write_text("x = 1\n")
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    first = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    first = git("rev-parse", "HEAD")
     (repo / "dgcc" / "src" / "a.py").write_text("x = 2\n")
-    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    git("commit", "-qam", "two")
     bench = repo / "docs" / "bench"
     bench.mkdir(parents=True)
-    (bench / "dgcc_engine.json").write_text(json.dumps({"host": {"git_commit": first.strip()}}))
+    facts = {"host": {"git_commit": first}, "reused": {"commit": "abcdef1"}}
+    (bench / "dgcc_engine.json").write_text(json.dumps(facts))
+    (bench / "dgcc_cluster.json").write_text(json.dumps({"git_commit": git("rev-parse", "HEAD")}))
     (bench / "tpcc_soak.json").write_text("{not json")
-    rows = stitch.freshness(repo, ["dgcc_engine", "tpcc_soak"])
-    assert rows[2] == f"| dgcc_engine | {first[:8]} | **1** |"
-    assert rows[3] == "| tpcc_soak | not recorded | ? |"
+    (bench / "protocols.json").write_text(json.dumps({"host": {"git_commit": "unknown"}}))
+    (bench / "yatt_step.json").write_text(json.dumps({"host": {"git_commit": "0badc0de"}}))
+    names = ["dgcc_engine", "dgcc_cluster", "tpcc_soak", "protocols", "yatt_step"]
+    rows = stitch.freshness(bench, repo, names)
+    assert rows[2:] == [
+        f"| dgcc_engine | {first[:8]} | **1** |",
+        f"| dgcc_cluster | {git('rev-parse', 'HEAD')[:8]} | 0 |",
+        "| tpcc_soak | not recorded | ? |",
+        "| protocols | not recorded | ? |",  # the run could not tell: no reused commit instead
+        "| yatt_step | 0badc0de | ? |",  # a commit this clone lacks
+    ]

@@ -348,6 +348,7 @@ def test_dynamic_sampling_with_no_group_kept_trains_on_scores_with_no_signal(tmp
     assert row["batch/kept_groups"] == 0
     assert row["batch/dropped_groups"] == 3 * trainer.config.algo.prompts_per_step  # 1 + 2 refills
     (batch,) = trained
+    assert (batch.response_lengths > 4).any()  # some rows are in the penalty's buffer
     assert torch.equal(batch.rewards, batch.scores)  # not the length-penalised rewards
     assert torch.count_nonzero(batch.advantages) == 0
     assert row["actor/pg_loss"] == 0.0

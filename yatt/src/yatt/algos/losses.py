@@ -52,7 +52,8 @@ def loss_normalizer(
 
     Compute it once on the full mini-batch and pass it to every micro-batch's loss call. Its
     token or row count is at least `least`; a data-parallel rank passes 0 and floors the sum
-    over ranks instead, so a rank with nothing to train adds nothing to the global count.
+    over ranks at 1 instead, so a rank with nothing to train adds nothing to the global count
+    (the floors differ only when no rank has a token, where every loss is 0 anyway).
     """
     _check_agg(agg)
     if agg == "token_mean":
