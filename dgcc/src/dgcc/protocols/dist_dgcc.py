@@ -290,9 +290,13 @@ class EpochRun:
         self._schedule()
 
     def _schedule(self) -> None:
-        """The first pass: senders and their local ancestors, then the rest, in serial order."""
-        self._ancestors: set[int] = set()  # senders and their local ancestors
-        count = len(self._pieces)
+        """The first pass over the pieces (``_first_pass``)."""
+        self._first_pass(len(self._pieces))
+
+    def _first_pass(self, count: int) -> None:
+        """The first pass over ``count`` units (pieces; Calvin's node: transactions): the
+        senders and their ancestors (``_ancestry``), then the rest, each part in serial order."""
+        self._ancestors: set[int] = set()  # senders and their ancestors
         if not self._sends:
             self._initial = _Scan(range(count))
             return

@@ -55,7 +55,7 @@ from dgcc.api import Piece, PieceContext, PlannedTxn, run_piece
 from dgcc.net.node import Node
 from dgcc.protocols.calvin import LockQueue, lock_modes
 from dgcc.protocols.dgcc import Graph, _check_graph
-from dgcc.protocols.dist_dgcc import SOLO, EpochRun, _check_turn, _Scan
+from dgcc.protocols.dist_dgcc import SOLO, EpochRun, _check_turn
 from dgcc.wal.node_log import LoggedEpochRun
 
 __all__ = [
@@ -150,11 +150,9 @@ class CalvinEpochRun(EpochRun):
         grants = [f"{GRANT}{node}" for node in participants]
         steps = [Piece(name, _step) for name in grants]
         releases = [node for node in participants if node in writers]
-        steps += [
-            Piece(f"{RELEASE}{node}", _step, after=tuple(g for g in grants if g != grants[k]))
-            for k, node in enumerate(participants)
-            if node in writers
-        ]
+        for node in releases:  # each waits for every other participant's grant
+            others = tuple(grant for grant in grants if grant != f"{GRANT}{node}")
+            steps.append(Piece(f"{RELEASE}{node}", _step, after=others))
         planned.pieces = [*planned.pieces, *steps]
         return [*runs_on, *(SOLO[node] for node in participants + releases)]
 
@@ -166,7 +164,7 @@ class CalvinEpochRun(EpochRun):
                 continue  # all here (checked runs place single-node transactions too)
             grant = local[-2] if pieces[local[-1]].name.startswith(RELEASE) else local[-1]
             assert pieces[grant].name == f"{GRANT}{self.node}", pieces[grant].name
-            sub.local = [grant, *local[: local.index(grant)], *local[local.index(grant) + 1 :]]
+            sub.local = [grant, *(k for k in local if k != grant)]
         super()._build()
 
     def local_graph(self, txns: list[PlannedTxn]) -> Graph:
@@ -189,14 +187,7 @@ class CalvinEpochRun(EpochRun):
         self._queued = bytearray(count)  # slot -> whether its requests are in the table
         self._table: dict[Hashable, LockQueue] = {}  # key -> its requests (while any)
         self._ready: list[int] = []  # heap of runnable slots, urgent ones (+0) first (+count)
-        self._ancestors: set[int] = set()  # slots: senders and their ancestors
-        if not self._sends:
-            self._initial = _Scan(range(count))
-            return
-        first = self._ancestry()
-        self._ancestors = ancestors = set(first)
-        rest = [slot for slot in range(count) if slot not in ancestors]
-        self._initial = _Scan(first + rest, urgent_end=len(first))
+        self._first_pass(count)
 
     def _lock_modes(self, slot: int) -> dict[Hashable, bool]:
         modes = self._modes[slot]
@@ -261,22 +252,26 @@ class CalvinEpochRun(EpochRun):
 
     def _queue(self, slot: int) -> bool:
         """Queue ``slot``'s lock requests if one would wait; returns whether it waits."""
-        table, modes = self._table, self._lock_modes(slot)
-        for key, exclusive in modes.items():
+        table = self._table
+        for key, exclusive in self._lock_modes(slot).items():
             queue = table.get(key)
             if queue is not None and not queue.grantable(exclusive):
                 break
         else:
             return False
-        waits = 0
-        for key, exclusive in modes.items():
+        self._waits[slot] = self._request(slot)
+        return True
+
+    def _request(self, slot: int) -> int:
+        """Queue every lock request of ``slot``; returns how many wait."""
+        table, waits = self._table, 0
+        for key, exclusive in self._lock_modes(slot).items():
             queue = table.get(key)
             if queue is None:
                 queue = table[key] = LockQueue()
             waits += not queue.request(slot, exclusive)
-        self._waits[slot] = waits
         self._queued[slot] = 1
-        return True
+        return waits
 
     def _run_slot(self, slot: int) -> int:
         """Run ``slot``'s pieces here up to the first that waits for a value; returns how many
@@ -305,14 +300,8 @@ class CalvinEpochRun(EpochRun):
         if pid < end:  # waits for a value, holding its locks
             self._parked[slot] = 1
             if not self._queued[slot]:  # it ran as no request conflicted: all are granted now
-                table = self._table
-                for key, exclusive in self._lock_modes(slot).items():
-                    queue = table.get(key)
-                    if queue is None:
-                        queue = table[key] = LockQueue()
-                    granted = queue.request(slot, exclusive)
-                    assert granted, f"slot {slot} ran without its lock on {key!r}"
-                self._queued[slot] = 1
+                waiting = self._request(slot)
+                assert not waiting, f"slot {slot} ran without {waiting} of its locks"
         elif self._queued[slot]:
             self._release(slot)
         return pid - begin
