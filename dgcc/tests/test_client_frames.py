@@ -56,11 +56,32 @@ def test_a_client_that_stops_reading_its_answers_is_closed(caplog):
     link = ClientLink(writer, "slow")  # type: ignore[arg-type]
     link._results = [(1, "committed", 7, "")]
     link._flush()
-    assert not writer.aborted  # at the limit: kept
+    assert not writer.aborted and writer.data  # at the limit: kept
+    written = writer.data
     writer.buffered += 1
     link._results = [(2, "committed", 7, "")]
     link._flush()
     assert writer.aborted and "closing client slow" in caplog.text
+    assert writer.data == written  # the answer it would not read is dropped, not buffered
+
+
+def test_one_answer_larger_than_the_bound_goes_to_a_client_that_reads(monkeypatch):
+    # A node's dump of 1 TPC-C warehouse is about 128 MB, twice ANSWERS_BUFFERED_MAX: it must
+    # reach a client that has read everything before (the bound is on answers left unread).
+    import dgcc.net.calls as calls
+
+    monkeypatch.setattr(calls, "ANSWERS_BUFFERED_MAX", 1000)
+    writer = _Writer()
+
+    async def go() -> None:
+        link = calls.ClientLink(writer, "checker")  # type: ignore[arg-type]
+        link.send(("dump", 1, {"rows": "r" * 5000}))
+        await asyncio.sleep(0)  # the flush scheduled by send runs
+
+    asyncio.run(go())
+    assert not writer.aborted
+    [(_, answer)] = _written_frames(writer.data)
+    assert answer == ("dump", 1, {"rows": "r" * 5000})
 
 
 def _written_frames(data: bytes) -> list[tuple[int, Any]]:

@@ -17,6 +17,7 @@ __all__ = ["RESULTS_PER_FRAME_MAX", "ClientLink", "call_problem"]
 RESULTS_PER_FRAME_MAX = 1000  # keeps a results frame far below any sane frame limit
 # Answers written but not yet taken by the client (the socket's buffers full): a client that
 # stops reading while its calls go on committing would otherwise grow the node without bound.
+# Checked before each write, so one answer may exceed it (a dump of a node's rows).
 ANSWERS_BUFFERED_MAX = 64 * 2**20
 
 logger = logging.getLogger(__name__)
@@ -82,10 +83,13 @@ class ClientLink:
         data, self._frames = b"".join(self._frames), []
         if self.writer.is_closing():  # a client that died mid-call just loses its answers
             return
-        self.writer.write(data)
+        # What earlier flushes left unread decides, not this one: a single answer larger than
+        # the bound (a whole node's rows for ``dump``) still goes out to a client that reads.
         buffered = self.writer.transport.get_write_buffer_size()
         if buffered > ANSWERS_BUFFERED_MAX:  # it stopped reading: its later answers are lost
             self._overflow(buffered)
+            return
+        self.writer.write(data)
 
     def _result_frames(self, chunk: list[tuple]) -> list[bytes]:
         """``results`` frames of the answers in ``chunk``, halved until each fits the
