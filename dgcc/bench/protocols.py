@@ -653,10 +653,10 @@ CALVIN_CAVEAT = (
     "over Calvin are an upper bound: (1) a node starts an epoch only once the previous one "
     "has finished (as DistDGCC's does), where Calvin's lock manager keeps granting across "
     "batches, so later non-conflicting transactions wait out a distributed one's read "
-    "exchange; (2) TPC-C's customer rows share their district's key (a coarse virtual "
-    "record, which DistDGCC's pieces lock too, but only for a piece), so a remote Payment "
-    "holds its customer's whole district across the exchange, where a row-locking Calvin "
-    "would hold one customer."
+    "exchange; (2) TPC-C's customers of a district share one key (a coarse virtual record, "
+    "which DistDGCC's pieces lock too, but only for a piece), so a remote Payment holds every "
+    "customer of its district across the exchange (not the district row, which the "
+    "district's NewOrders write), where a row-locking Calvin would hold one customer."
 )
 
 

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dgcc import Database, Outcome, Status, TxnRequest, debug, get_protocol
+from dgcc.api import plan_batch
 from dgcc.errors import BadParams
 from dgcc.workloads import get_workload
 from dgcc.workloads.tpcc import procedures
@@ -137,6 +138,40 @@ def test_payment_by_id_to_a_remote_bad_credit_customer(tpcc) -> None:
     shown = {k: outcome.result[k] for k in ("c_middle", "c_since", "c_credit_lim", "c_discount")}
     assert shown == {k: customer[k] for k in shown}  # as the spec's Payment screen (2.5.3.4)
     assert (outcome.result["h_amount"], outcome.result["h_date"]) == (12_345, DATE)
+
+
+def test_customers_have_a_key_of_their_own_that_new_orders_do_not_take(tpcc) -> None:
+    # A district's customers and history are one virtual record, ("customers", w, d), apart
+    # from the district row's key: a NewOrder (whose customer columns never change and are read
+    # at plan time) does not order against a Payment to a customer of its district, so a
+    # remote Payment holds no district's NewOrders behind its exchange under Calvin's locks.
+    db, protocol = tpcc
+    registry = get_workload("tpcc", warehouses=2, items=ITEMS).registry()
+    line = (1, 1, 5)
+    requests = {
+        "new_order": dict(w_id=2, d_id=5, c_id=4, lines=[line], entry_d=DATE),
+        "remote payment": dict(_PAY, w_id=1, d_id=2, c_w_id=2, c_d_id=5, c_id=4, h_amount=9),
+        "home payment": dict(_PAY, w_id=2, d_id=5, c_w_id=2, c_d_id=5, c_id=4, h_amount=9),
+        "order_status": dict(w_id=2, d_id=5, c_id=4, c_last=""),
+        "delivery": dict(w_id=2, o_carrier_id=3, ol_delivery_d=DATE),
+    }
+    keys: dict[str, set[tuple[str, frozenset, frozenset]]] = {}
+    for label, params in requests.items():
+        procedure = label.split()[-1]
+        [planned] = plan_batch(registry, db, [TxnRequest(procedure, params)])
+        keys[label] = {(p.name, frozenset(p.reads), frozenset(p.writes)) for p in planned.pieces}
+    customers, district = ("customers", 2, 5), ("district", 2, 5)
+    assert all(customers not in reads | writes for _, reads, writes in keys["new_order"])
+    assert ("order", frozenset(), frozenset({district})) in keys["new_order"]
+    assert ("customer", frozenset(), frozenset({customers})) in keys["remote payment"]
+    assert ("customer", frozenset(), frozenset({district, customers})) in keys["home payment"]
+    assert keys["order_status"] == {("status", frozenset({customers, district}), frozenset())}
+    assert ("d5", frozenset(), frozenset({district, customers})) in keys["delivery"]
+    # and a NewOrder still answers the customer's columns (read at plan time)
+    outcome = _run(protocol, "new_order", **requests["new_order"])
+    row = db["customer"].get((2, 5, 4))
+    shown = {k: outcome.result[k] for k in ("c_last", "c_credit", "c_discount")}
+    assert shown == {k: row[k] for k in shown}
 
 
 @pytest.mark.parametrize(("count", "expected_c_id"), [(3, 7), (4, 7)])

@@ -3,19 +3,24 @@
 Conflict granularity (a design decision). A piece touches one record or one coarse virtual
 record, and its keys are known from the parameters before the batch runs:
 
-  * ``("district", w, d)`` covers the district row *and* that district's customers, history,
-    orders, new-orders, order lines and their index entries. Every NewOrder and Payment writes
-    the district row anyway, so little concurrency is lost, and it makes the data-dependent keys
-    safe without reconnaissance: NewOrder's O_ID (D_NEXT_O_ID), Delivery's oldest new order and
-    its customer, and the by-last-name customer, which is resolved through the index *inside* a
-    piece that declares the district key (the index maps to the same key).
+  * ``("district", w, d)`` covers the district row *and* that district's orders, new-orders,
+    order lines and their index entries. Every NewOrder writes the district row anyway, so
+    little concurrency is lost, and it makes the data-dependent keys safe without
+    reconnaissance: NewOrder's O_ID (D_NEXT_O_ID) and Delivery's oldest new order.
+  * ``("customers", w, d)`` covers the district's customers and history and the C_LAST index:
+    the customer a Delivery charges (its oldest order's) and the by-last-name customer are
+    found inside a piece that declares it. A key of its own, not the district's, so a Payment's
+    customer does not order it against the district's NewOrders (whose customer columns, never
+    updated, are read at plan time), nor hold them behind a remote Payment's exchange under a
+    lock-holding protocol such as Calvin.
   * ``("warehouse", w)``, ``("stock", w, i)``: one record each.
   * ``("item", 0)``: the whole ITEM table, read-only, never written; replicated on every
     partition.
 
-Columns no transaction changes (W_TAX, W_NAME, D_NAME, C_LAST) are read or checked at plan
-time. StockLevel, which the spec allows at read-committed isolation, fixes its 20-order range at
-plan time and reads the stock in its serial position; see ``procedures``.
+Columns no transaction changes (W_TAX, W_NAME, D_NAME, C_LAST, C_CREDIT, C_DISCOUNT) are read
+or checked at plan time. StockLevel, which the spec allows at read-committed isolation, fixes
+its 20-order range at plan time and reads the stock in its serial position; see
+``procedures``.
 """
 
 from __future__ import annotations
@@ -53,8 +58,8 @@ class TpccWorkload(Workload):
     """TPC-C over ``TpccConfig`` options (``warehouses=4``, ``items=1000`` ...)."""
 
     name = "tpcc"
-    # W_TAX, W_NAME and D_NAME (never updated) and the C_LAST index (customers never change
-    # name nor get added) are read at plan time by every participant.
+    # W_TAX, W_NAME, D_NAME, NewOrder's customer columns (never updated) and the C_LAST index
+    # (customers never change name nor get added) are read at plan time by every participant.
     plan_tables = ("warehouse", "district", "customer")
 
     def __init__(self, **options: Any) -> None:
@@ -92,7 +97,7 @@ class TpccWorkload(Workload):
         if not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"partitions={partitions!r} must be an integer >= 1")
         if isinstance(key, tuple) and len(key) >= 2 and isinstance(key[1], int):
-            if key[0] in ("warehouse", "district", "stock"):
+            if key[0] in ("warehouse", "district", "customers", "stock"):
                 return (key[1] - 1) % partitions
             if key[0] == "item":
                 return REPLICATED
