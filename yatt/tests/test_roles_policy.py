@@ -46,9 +46,9 @@ def _batch(advantage_rows: list[float], padding: int = 0) -> RolloutBatch:
     ).check()  # fmt: skip
 
 
-def _policy(model, **algo_overrides) -> PolicyRole:
+def _policy(model, grad_clip: float = 1.0, **algo_overrides) -> PolicyRole:
     algo = AlgoConfig(**{"micro_batch_size": 8, **algo_overrides})
-    optim = OptimConfig(lr=1e-3, schedule="constant")
+    optim = OptimConfig(lr=1e-3, schedule="constant", grad_clip=grad_clip)
     return PolicyRole(model, algo=algo, optim=optim, total_updates=10)
 
 
@@ -289,3 +289,67 @@ def test_algo_dual_clip_reaches_the_policy_loss(monkeypatch):
     assert load_config("tiny_test", ["algo.dual_clip=3"]).algo.dual_clip == 3.0
     with pytest.raises(ConfigError, match=r"algo\.dual_clip.*0 \(off\) or > 1"):
         load_config("tiny_test", ["algo.dual_clip=0.5"])
+
+
+class _ThreadRanks:
+    """The collective of data-parallel policy ranks run as threads of one process: each sum
+    waits for every rank's part (a barrier), so the ranks run in lockstep as over gloo."""
+
+    def __init__(self, world: int) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.parts: list = [None] * world
+        self.scalar_rounds = 0
+
+    def rank(self, rank: int):
+        hub = self
+
+        class Rank:
+            def sum_scalar(self, value: float) -> float:
+                hub.scalar_rounds += rank == 0
+                return float(hub._sum(rank, torch.tensor([value], dtype=torch.float64))[0])
+
+            def sum_grads(self, params) -> None:
+                flat = hub._sum(rank, torch.cat([p.grad.flatten() for p in params]))
+                offset = 0
+                for param in params:
+                    param.grad.copy_(flat[offset : offset + param.numel()].view_as(param.grad))
+                    offset += param.numel()
+
+        return Rank()
+
+    def _sum(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
+        self.parts[rank] = tensor.clone()
+        self.barrier.wait()
+        total = torch.stack(self.parts).sum(dim=0)
+        self.barrier.wait()  # every rank has read the parts before the next round writes them
+        return total
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_sum", "token_sum_norm"])
+def test_data_parallel_ranks_train_as_one_policy_on_the_whole_batch(base_model, loss_agg):
+    """Two ranks, each updating on half the batch through a collective, end with the weights
+    one policy gets from the whole batch, over several PPO passes; one rank's half carries no
+    signal (it trains no row but still counts its tokens in the global normaliser)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batch = _batch([0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 0.5, -0.5])
+    # (no clipping: it would rescale a gradient whose normaliser were wrong)
+    overrides = dict(loss_agg=loss_agg, ppo_passes=2, skip_zero_adv=True, grad_clip=0.0)
+    whole = copy.deepcopy(base_model)
+    _policy(whole, **overrides).update(batch)
+    ranks = _ThreadRanks(world=2)
+    models = [copy.deepcopy(base_model) for _ in range(2)]
+    policies = [_policy(model, **overrides) for model in models]
+    for rank, policy in enumerate(policies):
+        policy.collective = ranks.rank(rank)
+    shards = [batch.select([0, 1, 2, 3]), batch.select([4, 5, 6, 7])]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda rank: policies[rank].update(shards[rank]), range(2)))
+    assert ranks.scalar_rounds == 1  # one normaliser per update, not one per pass
+    moved = dict(models[0].named_parameters())
+    assert any(not torch.equal(moved[n], p) for n, p in base_model.named_parameters())
+    for model in models:  # (AdamW's steps hardly see a gradient's scale: the gradients too)
+        _assert_close(_grads(model), _grads(whole), atol=1e-12)
+        _assert_close(dict(model.named_parameters()), dict(whole.named_parameters()), atol=1e-9)

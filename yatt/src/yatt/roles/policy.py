@@ -228,26 +228,30 @@ class PolicyRole(Role):
             "rows": float(batch.size),
             "trained_tokens": float(mask[trained].sum()) if trained else 0.0,
         }
+        # The mask and advantages stay put over the passes: one normaliser (one collective
+        # round on data-parallel ranks) and one set of trained rows per update.
+        if self.collective is None:
+            normalizer = loss_normalizer(mask, self.algo.loss_agg, self.norm_len)
+        else:  # every rank divides by the global batch's normaliser, floored once summed
+            local = loss_normalizer(mask, self.algo.loss_agg, self.norm_len, least=0.0)
+            normalizer = max(self.collective.sum_scalar(local), 1.0)
         self.model.train()
         totals: dict[str, float] = {}
         for _ in range(self.algo.ppo_passes):
-            totals, stepped = self._one_pass(batch)
+            totals, stepped = self._one_pass(batch, normalizer, trained)
             if not stepped:  # the later passes would see the same gradient: the update ends
                 break
         step_schedule(self.scheduler)
         self.model.eval()
         return totals
 
-    def _one_pass(self, batch: RolloutBatch) -> tuple[dict[str, float], bool]:
-        """One optimizer step over the batch: its metrics, and whether the step was taken."""
+    def _one_pass(
+        self, batch: RolloutBatch, normalizer: float, rows: list[int]
+    ) -> tuple[dict[str, float], bool]:
+        """One optimizer step over the batch's trained ``rows``, each micro-batch's loss over
+        ``normalizer``: its metrics, and whether the step was taken."""
         mask = batch.response_mask
-        if self.collective is None:
-            normalizer = loss_normalizer(mask, self.algo.loss_agg, self.norm_len)
-        else:  # every rank divides by the global batch's normaliser, floored once summed
-            local = loss_normalizer(mask, self.algo.loss_agg, self.norm_len, least=0.0)
-            normalizer = max(self.collective.sum_scalar(local), 1.0)
         total_tokens = max(float(mask.sum()), 1.0)
-        rows = self._trained_rows(batch)
         trained_tokens = max(float(mask[rows].sum()), 1.0)
         # Reported key -> (micro-step metric, tokens it is a mean over): clip metrics count the
         # skipped rows (ratio 1); importance weights exist only on trained rows (if any).
