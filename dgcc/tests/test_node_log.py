@@ -24,7 +24,7 @@ from dgcc.net.wire import decode, encode
 from dgcc.protocols.dist_placement import Placement, Router, global_batch, owned_rows
 from dgcc.protocols.serial import SerialProtocol
 from dgcc.wal.checkpoint import ACKED_RECORD, read_acked
-from dgcc.wal.format import decode_payload
+from dgcc.wal.format import WalCorrupt, decode_payload
 from dgcc.wal.node_log import (
     LoggedEpochRun,
     NodeDurability,
@@ -159,6 +159,27 @@ def test_single_node_recovers_alone(tmp_path: Path, stream: list) -> None:
     assert any(decode_payload(block)["values"] for block in blocks)  # remote values are logged
 
 
+def test_a_log_cut_before_its_acked_epoch_is_refused_and_left_as_it_is(
+    tmp_path: Path, stream: list
+) -> None:
+    # A tail inside the epochs the log records as durable on every node is no crash's torn
+    # tail (those epochs were fsync'd everywhere; clients may have been answered): recovering
+    # alone must refuse, as a whole-cluster restart does, and cut nothing.
+    cluster = Cluster(tmp_path)
+    rng = random.Random(SEED)
+    for batches in stream:
+        cluster.run_epoch(batches, rng)
+    cluster.close()
+    directory = tmp_path / "node0"
+    _, segment = list_segments(directory)[-1]
+    data = segment.read_bytes()
+    segment.write_bytes(data[: len(data) // 2])
+    with pytest.raises(WalCorrupt, match=r"node 0's log ends at epoch \d+, before epoch \d+.*"
+                       "nothing was cut"):  # fmt: skip
+        recover_node(directory, 0, cluster.workload.schema, cluster.registry, cluster.router)
+    assert segment.read_bytes() == data[: len(data) // 2]
+
+
 def test_checkpoints_while_running_then_recover_alone(tmp_path: Path, stream: list) -> None:
     cluster = Cluster(tmp_path, checkpoint_every=2)
     rng = random.Random(SEED + 2)
@@ -183,6 +204,8 @@ def test_whole_cluster_restart_replays_the_epochs_all_made_durable(
     for batches in stream:
         cluster.run_epoch(batches, rng)
     cluster.close()
+    for node in range(NODES):  # a crash, not a stop: no node recorded ACKED on the way out
+        (tmp_path / f"node{node}" / ACKED_RECORD).unlink()
     _, segment = list_segments(tmp_path / "node2")[-1]  # node 2's last fsync never happened
     data = segment.read_bytes()
     segment.write_bytes(data[: len(data) - 5])

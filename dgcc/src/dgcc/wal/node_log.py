@@ -152,6 +152,15 @@ class NodeRecovered:
     timing_s: dict[str, float]  # read_log, load_checkpoint, replay (wall and CPU), recover
 
 
+def acked_epoch(directory: Path, checkpoint_epoch: int, blocks: list[Any]) -> int:
+    """The newest epoch a node's log records as durable on every node: its checkpoint's, the
+    ``ACKED`` record of its last stop, or its last intact block's ``acked``."""
+    acked = max(checkpoint_epoch, read_acked(directory))
+    if blocks:
+        acked = max(acked, decode_payload(blocks[-1]).get("acked", 0))  # 0: older logs
+    return acked
+
+
 def recover_node(
     directory: Path,
     node: int,
@@ -171,7 +180,8 @@ def recover_node(
 
     Raises:
         WalCorrupt: no checkpoint, damage that is not a torn tail, a block of another node,
-            or a checkpoint newer than ``upto_epoch``.
+            a checkpoint newer than ``upto_epoch``, or a log that ends before the epoch it
+            records as durable on every node (a tail cut there was no crash's).
     """
     started_s = time.perf_counter()
     manifest = read_manifest(directory)
@@ -183,6 +193,13 @@ def recover_node(
     blocks, dropped = read_log(directory, checkpoint_epoch)
     read_s = time.perf_counter()
     durable = blocks[-1].epoch if blocks else checkpoint_epoch
+    acked = acked_epoch(directory, checkpoint_epoch, blocks)
+    if durable < acked:  # (before anything is cut)
+        raise WalCorrupt(
+            f"{directory}: node {node}'s log ends at epoch {durable}, before epoch {acked}, "
+            "which it records as durable on every node (clients may have been answered for "
+            "it): damage no crash leaves, or not the log this node wrote; nothing was cut"
+        )
     if upto_epoch is not None:
         blocks = [block for block in blocks if block.epoch <= upto_epoch]
     with collector_paused():  # as in single-node recovery: none while loading and replaying
@@ -418,11 +435,8 @@ class NodeDurability:
         if manifest is None:
             return 0, 0
         blocks, _ = read_log(self.directory, manifest[0])
-        acked = max(manifest[0], read_acked(self.directory))  # (what the last stop recorded)
-        if not blocks:
-            return manifest[0], acked
-        acked = max(acked, decode_payload(blocks[-1]).get("acked", 0))  # 0: older logs
-        return blocks[-1].epoch, acked
+        acked = acked_epoch(self.directory, manifest[0], blocks)
+        return (blocks[-1].epoch if blocks else manifest[0]), acked
 
     @property
     def durable_epoch(self) -> int:
