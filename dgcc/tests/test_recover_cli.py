@@ -136,12 +136,27 @@ def test_damage_followed_by_intact_epochs_exits_2_and_changes_nothing(
     assert segment.read_bytes() == bytes(data), "recovery changed the damaged log"
 
 
-def test_violation_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Without a workload record, recovery takes the flags' word (here: too few records).
-    _run_engine(tmp_path, "ycsb", YCSB, "command", record=False)
-    argv = ["recover", str(tmp_path), "--workload", "ycsb", "--records", "400", "--theta", "0.9"]
-    assert cli.main(argv) == 1
-    assert "usertable has 500 rows, expected 400" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    ("name", "options", "flags", "said"),
+    [
+        ("ycsb", YCSB, ["--records", "400", "--theta", "0.9"], "usertable has 500 rows, expected"),
+        # (the default scale: 100,000 items, 3,000 customers a district)
+        ("tpcc", TPCC, ["--warehouses", "1"], "item has 200 rows, expected 100,000 (options"),
+    ],
+)
+def test_wrong_workload_options_are_a_violation_that_exits_1(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    options: dict,
+    flags: list[str],
+    said: str,
+) -> None:
+    # Without a workload record, recovery takes the flags' word; the scale they give must
+    # show in the recovered rows (it also decides which calls the replay refuses).
+    _run_engine(tmp_path, name, options, "command", record=False)
+    assert cli.main(["recover", str(tmp_path), "--workload", name, *flags]) == 1
+    assert said in capsys.readouterr().out
 
 
 def test_a_recorded_workload_needs_no_flags(

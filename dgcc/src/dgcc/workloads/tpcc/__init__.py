@@ -90,7 +90,23 @@ class TpccWorkload(Workload):
         return requests(self.config, seed)
 
     def check(self, db: Database) -> list[str]:
-        return check(db)
+        """The scale's row counts (the tables no transaction grows), then the spec's
+        consistency conditions."""
+        c = self.config
+        districts = DISTRICTS_PER_WAREHOUSE * c.warehouses
+        expected = {
+            "warehouse": (c.warehouses, "warehouses"),
+            "district": (districts, "warehouses"),
+            "customer": (districts * c.customers_per_district, "customers_per_district"),
+            "item": (c.items, "items"),
+            "stock": (c.warehouses * c.items, "warehouses and items"),
+        }
+        found = [
+            f"{table} has {len(db[table]):,} rows, expected {count:,} (options: {options})"
+            for table, (count, options) in expected.items()
+            if len(db[table]) != count
+        ]
+        return found + check(db)
 
     def partition_of(self, key: Hashable, partitions: int) -> int:
         """Warehouse w lives on partition (w - 1) % partitions; ITEM keys are ``REPLICATED``."""
