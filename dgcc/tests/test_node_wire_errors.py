@@ -643,3 +643,28 @@ def test_a_raising_done_callback_does_not_cost_the_other_calls_their_answers(cap
     assert [outcome.status for outcome in answers] == [Status.COMMITTED]
     assert "a call's done callback raised" in logged
     assert "was closed" in closed and "None" not in closed
+
+
+def test_a_stop_request_ends_a_node_still_waiting_for_its_peers():
+    """A node listens before it connects to its peers; a stop request then (``dgcc cluster
+    stop`` while a peer never came up) ends it at once, not once its connect timeout (60 s)
+    has run out with a "peer unreachable" failure."""
+    from dgcc.net.node import run_node
+
+    config = local_config(2, **YCSB)  # node 1 never starts
+
+    async def go() -> None:
+        ready: list[Any] = []
+        running = asyncio.create_task(run_node(config, 0, ready.append))
+        for _ in range(10_000):  # yield to the node until it listens (no timed wait)
+            try:
+                client = await AsyncClient.connect("127.0.0.1", config.nodes[0].port)
+                break
+            except ConnectionLost:
+                await asyncio.sleep(0)
+        async with client:
+            await client.stop_node(timeout_s=WAIT_S)
+        await asyncio.wait_for(running, WAIT_S)  # returns: no NodeFailed, no timeout
+        assert ready == []  # it never had its peers
+
+    asyncio.run(go())

@@ -22,6 +22,7 @@ reorders them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import itertools
@@ -29,7 +30,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dgcc.api import Outcome, Status, TxnRequest
@@ -694,12 +695,35 @@ async def run_node(
     ``node_class`` is the protocol's server (``dgcc.net.servers``); DistDGCC's ``Node`` by default.
     """
     node = (node_class or Node)(config, node_id)
-    await node.start()
-    collector = asyncio.create_task(_collect_garbage())  # the data is loaded (or recovered)
-    await node.ready.wait()
-    on_ready(node)
+    # A stop request may come while the node still waits for its peers (it listens first):
+    # it stops then, not once the peers' connect timeout has run out.
+    started = await _unless_stopped(node, node.start())
+    collector = None
+    if started:
+        collector = asyncio.create_task(_collect_garbage())  # the data is loaded (or recovered)
+        if await _unless_stopped(node, node.ready.wait()):
+            on_ready(node)
     await node.stopped.wait()
-    collector.cancel()
+    if collector is not None:
+        collector.cancel()
     await asyncio.sleep(0)  # let the stop answer leave the socket
     if node.failure is not None:
         raise NodeFailed(node.failure)
+
+
+async def _unless_stopped(node: Node, awaitable: Awaitable[Any]) -> bool:
+    """Await ``awaitable`` unless ``node`` stops first (then it is cancelled); whether it
+    finished. What it raises is raised."""
+    task = asyncio.ensure_future(awaitable)
+    stopped = asyncio.create_task(node.stopped.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
