@@ -229,7 +229,7 @@ def test_a_2pc_node_directory_says_what_it_is(
     for flags in (["--cluster", str(config_path), "--node", "0"], ["--workload", "ycsb"]):
         err = _one_error_line(["recover", str(directory), *flags], capsys)
         assert f"{directory} is a 2PC node's log" in err
-        assert "restart the node in its cluster" in err
+        assert "restart its whole cluster" in err
     empty = tmp_path / "empty"
     empty.mkdir()
     err = _one_error_line(["recover", str(empty), "--workload", "ycsb"], capsys)
@@ -355,11 +355,14 @@ def test_a_cluster_node_directory_is_recovered_only_as_its_own_node(
     NodeLog(node1, 1, workload.registry(), Router(workload, config.placement()),
             lambda: workload.build(1), workload.schema).close()  # fmt: skip
     three = local_config(3, workload="ycsb", workload_options=options, data_dir=str(tmp_path))
-    for name, cluster, node in (("c2.json", config, 0), ("c3.json", three, 2)):
+    for name, cluster, node, said in (
+        ("c2.json", config, 0, "holds the log of node 1 of this cluster, not of node 0"),
+        ("c3.json", three, 2, "holds the log of another cluster: node 1 (not 2), nodes 2 (not 3)"),
+    ):
         (tmp_path / name).write_text(json.dumps(cluster.to_dict()))
         argv = ["recover", str(node1), "--cluster", str(tmp_path / name), "--node", str(node)]
         assert cli.main(argv) == 2
-        assert f"node 1 (not {node})" in capsys.readouterr().err
+        assert said in capsys.readouterr().err
     assert cli.main(["recover", str(node1), "--workload", "ycsb", "-o", "records=200"]) == 2
     assert "holds a cluster node's log (LAYOUT)" in capsys.readouterr().err
     (tmp_path / "c2.json").write_text(json.dumps(config.to_dict()))

@@ -235,6 +235,11 @@ def check_layout_record(directory: Path, layout: Mapping[str, Any], *, claim: bo
     recorded, text = found
     if not isinstance(recorded, dict):
         raise WalCorrupt(f"{path}: bad layout record {text.strip()!r:.120}: expected an object")
+    if recorded != wanted and {**recorded, "node": wanted.get("node")} == wanted:
+        raise ConfigError(
+            f"{directory} holds the log of node {recorded.get('node')!r} of this cluster, not "
+            f"of node {wanted.get('node')!r}: give each node the data dir it wrote"
+        )
     if recorded != wanted:
         changed = ", ".join(
             f"{key} {recorded.get(key)!r} (not {wanted.get(key)!r})"

@@ -119,8 +119,9 @@ def no_checkpoint(directory: Path) -> WalCorrupt:
         return WalCorrupt(
             f"{directory} is a 2PC node's log: it has no checkpoint and its transactions in "
             "doubt need their coordinators' decisions, so it cannot be recovered offline; "
-            "restart the node in its cluster (dgcc cluster start --node ID, or dgcc node), "
-            "which redoes the log"
+            "restart its whole cluster (dgcc cluster stop, then dgcc cluster start, or every "
+            "node with dgcc node): each node redoes its log (2PC nodes do not rejoin running "
+            "peers)"
         )
     return WalCorrupt(f"{directory}: a log but no checkpoint manifest; nothing to recover from")
 
