@@ -118,6 +118,14 @@ def test_bad_cluster_configs(changes, match):
         local_config(2, **changes).shared_secret()
 
 
+def test_a_local_config_names_its_data_dir_from_any_working_directory(tmp_path, monkeypatch):
+    # (a drill's trial config, written with a relative data dir, restarted from elsewhere
+    # started afresh in a new directory instead of recovering the logs it had)
+    monkeypatch.chdir(tmp_path)
+    config = local_config(2, workload="ycsb", data_dir="trial0/data")
+    assert config.data_dir == str(tmp_path / "trial0" / "data")
+
+
 def test_config_files_toml_and_json(tmp_path):
     toml = tmp_path / "cluster.toml"
     toml.write_text(

@@ -325,9 +325,16 @@ def _free_ports(count: int) -> list[int]:
 
 
 def local_config(nodes: int, **options: Any) -> ClusterConfig:
-    """A loopback cluster of ``nodes`` nodes on free ports; ``options`` as in ClusterConfig."""
+    """A loopback cluster of ``nodes`` nodes on free ports; ``options`` as in ClusterConfig.
+
+    A relative ``data_dir`` is made absolute here, so the config, once written to a file, names
+    the same directory from any working directory (a restart from elsewhere would otherwise
+    log into a new directory and start afresh).
+    """
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= NODES_MAX:
         raise ConfigError(f"nodes must be an int in 1..{NODES_MAX}, got {nodes!r}")
+    if isinstance(options.get("data_dir"), str | Path):
+        options["data_dir"] = str(Path(options["data_dir"]).resolve())
     ports = _free_ports(nodes)
     addresses = tuple(NodeAddress(n, "127.0.0.1", port) for n, port in enumerate(ports))
     return ClusterConfig(nodes=addresses, **options)
