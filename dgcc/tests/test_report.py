@@ -115,6 +115,8 @@ def test_a_script_stopped_on_timeout_cleans_up_what_it_started(tmp_path: Path) -
     )
     (result,) = run_report(config)
     assert result.status == "timeout" and marker.exists()
+    # one line, not the tail of the traceback the interrupt left in the script's output
+    assert result.detail == f"no result after 1 s (its output: {result.log})"
 
 
 def test_bad_config_is_rejected(tmp_path: Path) -> None:

@@ -151,8 +151,11 @@ def _run_script(config: ReportConfig, name: str, log_dir: Path) -> ScriptResult:
     seconds = time.perf_counter() - started_s
     lines = log.read_text(errors="replace").splitlines()
     summary = tuple(line for line in lines if line.startswith("[summary]"))
-    if status != "ok":
+    if status == "failed":  # its last lines say why
         detail += ": " + " | ".join(lines[-TAIL_LINES:])
+    elif status == "timeout":  # (its last lines are the interrupt's traceback: the log has all)
+        detail += f" (its output: {log})"
+    if status != "ok":
         logger.error("%s %s (%s)", name, status, detail)
     return ScriptResult(name, status, seconds, summary, log, detail, _closing(lines))
 
