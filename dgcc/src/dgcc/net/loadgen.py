@@ -524,6 +524,8 @@ def _measure_with(bench, config, directory: Path, progress, processes: list) -> 
     before = _snapshot(config)
     _wait_until(until, progress, "measure", measure_from)
     after = _snapshot(config)
+    if progress:  # the clients wait for their calls in flight (2PC retries can take a while)
+        progress("draining calls in flight", bench.warmup_s + bench.seconds)
     for process in processes:
         code = process.wait(timeout=CLIENT_EXIT_TIMEOUT_S + 30)  # (its own drain wait, then)
         if code != 0:  # (``_measure`` stops the others: a rerun may follow)

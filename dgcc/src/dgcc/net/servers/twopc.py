@@ -508,9 +508,10 @@ class TwoPhaseCommitNode(Node):
             if attempt == 0:
                 self.stats["txn/executed"] += 1
                 self.stats["txn/multi_node"] += len({node for node, _ in runs}) > 1
-            self.stats["txn/attempts"] += 1
             branch_id = (self.id, seq, attempt, self._incarnation)
             result = await self._attempt(branch_id, ts, planned, runs)
+            # Counted as it ends, as its abort is: a window's cc_aborts / attempts stays <= 1.
+            self.stats["txn/attempts"] += 1
             if isinstance(result, Outcome):
                 return result
             self.stats["txn/cc_aborts"] += 1
