@@ -326,6 +326,23 @@ def _node_that_never_answers(server: socket.socket, hang_up: bool) -> None:
             conn.recv(1)  # returns once the client gave up and closed its end
 
 
+def _silent_listener(server: socket.socket) -> None:
+    """Accept one connection and say nothing until the client leaves (not a dgcc node)."""
+    conn, _ = server.accept()
+    with conn:
+        conn.recv(1)
+
+
+def test_a_port_that_accepts_but_never_greets_is_named_so(tmp_path, capsys):
+    # (not "sent nothing ... (connection closed)", which reads as a node that went quiet)
+    code, port = _against_a_fake_node(
+        tmp_path, _silent_listener, ["call", "balance", "{}", "--timeout-s", "0.5"]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1, err
+    assert f"127.0.0.1:{port} accepted the connection but sent no greeting within 0.5 s" in err
+
+
 @pytest.mark.parametrize("hang_up", [False, True])
 def test_a_call_sent_but_not_answered_exits_3_as_unknown(tmp_path, capsys, hang_up):
     # The node may still commit such a call: a user who read "error" would call it again.

@@ -328,7 +328,14 @@ class Client:
             raise ConnectionLost(f"cannot connect to {self.where}: {error}") from None
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._send(_hello_answer(self._read(), secret, self.where))
+            try:
+                hello = self._read()
+            except CallTimeout:  # something accepted the connection, but no node greeted
+                raise CallTimeout(
+                    f"{self.where} accepted the connection but sent no greeting within "
+                    f"{self.timeout_s} s: not a dgcc node, or one too busy to answer"
+                ) from None
+            self._send(_hello_answer(hello, secret, self.where))
             _check_ready(self._read(), self.where)
         except BaseException:
             self._sock.close()
