@@ -127,3 +127,22 @@ def test_drill_command_runs_trials_and_rejects_bad_counts(
     a_file.write_text("")
     assert cli.main(["drill", "--trials", "1", "--dir", str(a_file)]) == 2
     assert f"--dir {a_file}: cannot use it (Not a directory)" in capsys.readouterr().err
+
+
+def test_an_interrupted_drill_removes_its_temp_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from dgcc import cli, cli_drill
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes its folder
+    started: list[Path] = []
+
+    def interrupted(args: object, root: Path, number: int, rng: object) -> str:
+        started.append(root)
+        raise KeyboardInterrupt  # Ctrl-C during the first trial
+
+    monkeypatch.setattr(cli_drill, "_one", interrupted)
+    assert cli.main(["drill", "--trials", "3"]) == 128 + 2  # (SIGINT's exit status)
+    assert started and started[0].parent == tmp_path and not started[0].exists()

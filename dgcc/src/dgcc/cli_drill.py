@@ -97,6 +97,10 @@ def command(args: argparse.Namespace, console: Console) -> int:
     except trials.DrillFailure as failure:
         console.print(f"[red]trial failed (seed {args.seed}): {failure}[/] (kept {root})")
         return 1
+    except BaseException:  # Ctrl-C, SIGTERM, an error: a temp folder of ours is not kept
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     if args.dir is None:
         shutil.rmtree(root, ignore_errors=True)
     table = Table(title="dgcc drill")
