@@ -85,6 +85,34 @@ def test_shard_queues_partition_each_draw_and_reclaim_at_the_front():
     assert features.shape == (2, 16) and int(features[1, 0]) == 2
 
 
+class _Setup:
+    def __init__(self, ok: bool) -> None:
+        if not ok:
+            raise ConfigError("data row 3: no 'answer' field")
+        self.value = 7
+
+    def get(self, plus: int = 0) -> int:
+        return self.value + plus
+
+    @staticmethod
+    def name() -> str:
+        return "setup"
+
+
+def test_an_init_guarded_worker_raises_its_setup_error_at_each_call():
+    # (what a Ray actor's caller then sees, as a WorkerError naming the worker: raised from
+    # __init__ itself, the error would end the actor's process and say only that it died)
+    from yatt.control.workers import init_guarded
+
+    guarded = init_guarded(_Setup)
+    assert guarded is init_guarded(_Setup) and guarded.__name__ == "_Setup"
+    assert guarded(True).get(plus=1) == 8 and guarded.name() == "setup"
+    broken = guarded(False)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="data row 3: no 'answer' field"):
+            broken.get()
+
+
 def test_payload_nbytes_counts_tensors_and_texts():
     value = {"a": torch.zeros(4, 8, dtype=torch.float32), "b": ["xy", "z"]}
     assert payload_nbytes(value) == 1 + 128 + 1 + 3

@@ -56,6 +56,45 @@ def test_cpu_workers_keep_the_memory_a_step_frees(ray_session):
     assert not set(CPU_WORKER_MALLOC) & set(os.environ)
 
 
+def test_ray_leaves_this_process_its_sigterm_handler(ray_session):
+    """ray.init installs its own SIGTERM handler (a sys.exit; its core worker's crash report
+    printed a stack and aborted): init_ray puts back the process's own, so `yatt train` on
+    Ray stops on SIGTERM as on Ctrl-C, with its one line and resume hint."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGTERM)
+    assert not getattr(handler, "__module__", "").startswith("ray"), handler
+
+
+def test_a_worker_that_cannot_set_up_says_why(ray_session):
+    """Its construction error reaches the caller as one line naming the worker, not "died:
+    its process exited" with the reason only in Ray's worker log."""
+    from yatt.control.devices import discover_devices
+    from yatt.control.workers import RayBackend
+    from yatt.errors import WorkerError
+
+    class _BadSetup:  # (local: pickled whole, the workers cannot import this test module)
+        """Its construction refuses its input, as a rank does a prompt too long for the
+        model."""
+
+        def __init__(self, length: int) -> None:
+            from yatt.errors import ConfigError
+
+            raise ConfigError(f"a prompt of {length} tokens does not fit the model")
+
+        def ping(self) -> str:
+            return "pong"
+
+    devices = discover_devices("cpu", 1)
+    backend = RayBackend(devices)
+    try:
+        handle = backend.spawn(_BadSetup, devices[0], "rank0", 99999)
+        with pytest.raises(WorkerError, match=r"^rank0: a prompt of 99999 tokens does not fit"):
+            handle.call("ping")
+    finally:
+        backend.shutdown()
+
+
 # A final held-out eval (each policy rank scores its share of the problems), judged by a user's
 # function by import path: length parity, on which a random tiny model gets a mix of 0 and 1.
 EVAL = ["data.n_heldout=6", "eval.n=6", "eval.at_start=false", "eval.at_end=true",

@@ -15,10 +15,15 @@ controller benchmarks compare data movement. Only this module and its Ray backen
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
+import inspect
 import logging
 import os
+import signal
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -299,6 +304,11 @@ def init_ray(num_cpus: int, num_gpus: int = 0) -> None:
         auth_log.addFilter(_QuietAuthDefault())
     added = [] if num_gpus else [key for key in CPU_WORKER_MALLOC if key not in os.environ]
     os.environ.update({key: CPU_WORKER_MALLOC[key] for key in added})
+    # ray.init replaces this process's SIGTERM handler (with a sys.exit, and its core worker's
+    # crash reporter): the one this process had (the CLI's, which stops a run as Ctrl-C does,
+    # with a resume hint) comes back once it has started.
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)  # fmt: skip
@@ -308,6 +318,40 @@ def init_ray(num_cpus: int, num_gpus: int = 0) -> None:
     finally:  # the started processes have them; later children of this one do not
         for key in added:
             del os.environ[key]
+        if sigterm is not None:  # (None: a handler not set from Python, left as Ray set it)
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+@functools.cache
+def init_guarded(cls: type) -> type:
+    """``cls`` for a Ray actor whose construction may fail on bad input: the exception is kept
+    and every call raises it, so the caller's WorkerError names it (a data row too long for
+    the model, a bad config value). Raised from ``__init__``, Ray would end the actor's
+    process and the caller would see only that it died."""
+
+    def init(self: Any, *args: Any) -> None:
+        self._yatt_init_error = None
+        try:
+            cls.__init__(self, *args)
+        except Exception as error:  # (raised again by each call; what a worker cannot set up)
+            self._yatt_init_error = error
+
+    def guard(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._yatt_init_error is not None:
+                raise self._yatt_init_error
+            return method(self, *args, **kwargs)
+
+        return guarded
+
+    methods = {
+        name: guard(member)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("__")
+        and not isinstance(inspect.getattr_static(cls, name), staticmethod | classmethod)
+    }
+    return type(cls.__name__, (cls,), {"__init__": init, **methods})
 
 
 class RayBackend(Backend):
@@ -341,7 +385,7 @@ class RayBackend(Backend):
                 self.group, placement_group_bundle_index=bundle
             ),
         }
-        actor = ray.remote(cls).options(**options).remote(*args)
+        actor = ray.remote(init_guarded(cls)).options(**options).remote(*args)
         self._actors.append(actor)
         return _RayHandle(actor, device, name)
 
