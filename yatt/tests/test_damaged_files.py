@@ -78,6 +78,25 @@ def test_damaged_trainer_state_is_one_line(checkpoint, damage):
         assert "['policy', 'sampler', 'rng']" in message
 
 
+def test_resuming_with_or_without_a_critic_names_the_algorithm(checkpoint, caplog):
+    # (a GRPO checkpoint resumed by PPO was called "unreadable (truncated ...)": it is whole)
+    with pytest.raises(ConfigError) as exc_info:
+        load_trainer_state(checkpoint, needs_critic=True)
+    message = _one_line(exc_info)
+    assert "was written by a run without a critic (not algo.name=ppo)" in message
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    torch.save({**state, "critic": {}}, checkpoint / "trainer_state.pt")
+    assert "critic" in load_trainer_state(checkpoint)  # (a PPO checkpoint, resumed by GRPO)
+    assert "the critic is not carried on" in caplog.text
+
+
+def test_a_checkpoint_without_its_policy_folder_says_so(checkpoint):
+    assert policy_folder(checkpoint) == checkpoint / "policy"
+    shutil.rmtree(checkpoint / "policy")
+    with pytest.raises(ConfigError, match=r"has no policy/ folder \(its weights\)"):
+        policy_folder(checkpoint)
+
+
 def test_resume_from_truncated_state_fails_before_training(checkpoint, tmp_path):
     _truncate(checkpoint / "trainer_state.pt")
     model, tokenizer = tiny_model(seed=0)

@@ -67,10 +67,22 @@ _CONTROL_STATE_KEYS = ("step", "policy")  # what a policy rank reads (`RankWorke
 
 
 def policy_folder(checkpoint: Path) -> Path:
-    """The model folder inside a checkpoint (or the folder itself if it is a plain model)."""
+    """The model folder inside a checkpoint (or the folder itself if it is a plain model).
+
+    Raises ConfigError for a checkpoint (it holds a trainer or controller state) that lacks
+    its `policy/` folder: read as a plain model, it would be "a model folder without
+    config.json".
+    """
     checkpoint = Path(checkpoint)
     inner = checkpoint / "policy"
-    return inner if inner.is_dir() else checkpoint
+    if inner.is_dir():
+        return inner
+    if any((checkpoint / name).is_file() for name in (_STATE_FILE, _CONTROL_FILE)):
+        raise ConfigError(
+            f"checkpoint {checkpoint} has no policy/ folder (its weights): it was damaged or "
+            "only partly copied"
+        )
+    return checkpoint
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -336,10 +348,21 @@ def load_trainer_state(
     if not isinstance(state, dict):
         raise ConfigError(_unreadable(checkpoint, f"holds a {type(state).__name__}, not a dict"))
     keys = _CONTROL_STATE_KEYS if writer == CONTROLLERS else _STATE_KEYS
-    wanted = (*keys, "critic") if needs_critic else keys
-    missing = [key for key in wanted if key not in state]
+    missing = [key for key in keys if key not in state]
     if missing:
         raise ConfigError(_unreadable(checkpoint, f"missing keys {missing}"))
+    if needs_critic and "critic" not in state:  # a whole state, of another algorithm's run
+        raise ConfigError(
+            f"checkpoint.resume={checkpoint} was written by a run without a critic (not "
+            "algo.name=ppo): this run's algorithm needs one; resume with the algo.name that "
+            "wrote it, or start a new run"
+        )
+    if not needs_critic and "critic" in state:
+        logger.warning(
+            "resuming %s, written by a run with a critic (algo.name=ppo): this run's "
+            "algorithm has none, so the critic is not carried on",
+            checkpoint,
+        )
     return state
 
 
