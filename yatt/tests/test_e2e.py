@@ -197,6 +197,18 @@ def test_auto_without_a_checkpoint_refuses_a_used_folder(tmp_path) -> None:
     assert "checkpoint.resume=auto found no checkpoint" in message
     assert "logging.overwrite=true" in message and "pass checkpoint.resume" not in message
     assert (tmp_path / "metrics.jsonl").read_bytes() == before  # nothing touched
+    # The same command again (a restart loop) after its own attempt stopped before any
+    # checkpoint: it starts again rather than being refused for ever.
+    again = tmp_path / "again"
+    _run(again, [*overrides, "checkpoint.resume=auto"], steps=3, until_step=1)
+    trainer, _ = _run(again, [*overrides, "checkpoint.resume=auto"], steps=3)
+    logged = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    assert trainer.step == 3 and [row["step"] for row in logged] == [1, 2, 3]
+    # That attempt finished (with no checkpoint to say so): its outputs are not replaced.
+    finished = (again / "metrics.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match=r"checkpoint\.resume=auto found no checkpoint"):
+        _run(again, [*overrides, "checkpoint.resume=auto"], steps=3)
+    assert (again / "metrics.jsonl").read_bytes() == finished
 
 
 def test_resuming_from_another_run_folder_claims_this_one_afresh(tmp_path) -> None:

@@ -241,6 +241,37 @@ def _foreign_config(path: Path) -> bool:
         return file.read(len(SAVED_CONFIG_HEADER.encode())) != SAVED_CONFIG_HEADER.encode()
 
 
+def _same_job(saved: Path, config: Any) -> bool:
+    """Whether `saved` is the config.yaml yatt wrote for a run of exactly `config`."""
+    import yaml
+
+    from yatt.config import to_dict
+
+    if not saved.is_file() or _foreign_config(saved):
+        return False
+    try:
+        before = yaml.safe_load(saved.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return before == yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _finished(folder: Path, config: Any) -> bool:
+    """Whether the run in `folder` got to its end: it wrote its final model (`model/`: SFT,
+    the distributed controllers), or its metrics reached `train.steps` (the trainer)."""
+    import json
+
+    if _holds_output(folder / "model"):
+        return True
+    try:
+        lines = (folder / "metrics.jsonl").read_text().split("\n")
+        last = json.loads(next(line for line in reversed(lines) if line.strip()))
+    except (OSError, ValueError, StopIteration):
+        return False
+    step = last.get("step") if isinstance(last, dict) else None
+    return isinstance(step, int) and step >= config.train.steps
+
+
 def _holds_output(path: Path) -> bool:
     """True for a non-empty file, or a folder with anything in it."""
     if path.is_dir():
@@ -254,11 +285,23 @@ def claim_run_dir(
     """`check_run_dir` for a job of `config` (`logging.*`, `model.path`, `checkpoint.resume`)
     that resumes from the checkpoint `resume` (resolved; "" for a fresh start), in place or
     not: a refused folder under `checkpoint.resume=auto` says that no checkpoint was found."""
+    overwrite = config.logging.overwrite
+    if config.checkpoint.resume == RESUME_AUTO and not resume and not overwrite:
+        # The folder may hold this very job's earlier attempt, stopped before its first
+        # checkpoint: a restart loop rerunning the command must not be refused forever. (One
+        # that finished is kept, and refused as before.)
+        folder = Path(config.logging.run_dir)
+        overwrite = _same_job(folder / _SAVED_CONFIG, config) and not _finished(folder, config)
+        if overwrite:
+            logger.warning(
+                "checkpoint.resume=auto: %s holds an earlier attempt of this same config that "
+                "left no checkpoint; starting it again",
+                config.logging.run_dir,
+            )
     try:
         return check_run_dir(
-            config.logging.run_dir, outputs, resuming=in_place,
-            overwrite=config.logging.overwrite, resumable=not config.checkpoint.resume,
-            model_path=config.model.path,
+            config.logging.run_dir, outputs, resuming=in_place, overwrite=overwrite,
+            resumable=not config.checkpoint.resume, model_path=config.model.path,
         )  # fmt: skip
     except ConfigError as exc:
         if config.checkpoint.resume == RESUME_AUTO and not resume:
