@@ -31,6 +31,21 @@ def test_checkpoint_round_trip_keeps_logits_and_chat_template(arch, tmp_path):
     assert "What is 2 + 3?" in rendered
 
 
+def test_saved_model_files_follow_the_umask(tmp_path):
+    # safetensors 0.8 writes owner-only files whatever the umask (a shared run folder's group
+    # could not read the weights)
+    import os
+
+    model, tokenizer = tiny_model("llama", seed=7)
+    previous = os.umask(0o027)
+    try:
+        folder = save_checkpoint(model, tokenizer, tmp_path / "ckpt")
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == 0o640 and set(modes.values()) == {0o640}, modes
+
+
 def test_tiny_models_differ_by_seed_and_use_the_real_tokenizer():
     first, tokenizer = tiny_model("llama", seed=0)
     second, _ = tiny_model("llama", seed=1)

@@ -16,7 +16,7 @@ from transformers import AutoModel, PreTrainedModel
 
 from yatt.algos.logprobs import position_ids_from_mask
 from yatt.errors import ModelError
-from yatt.models import from_pretrained_checked
+from yatt.models import follow_umask, from_pretrained_checked
 
 __all__ = ["ScalarHeadModel"]
 
@@ -108,6 +108,7 @@ class ScalarHeadModel(nn.Module):
         (folder / _META_FILE).write_text(json.dumps(meta, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
+        follow_umask(folder)
         return folder
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

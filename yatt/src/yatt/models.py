@@ -274,7 +274,31 @@ def save_checkpoint(
         for stale in (ADAPTER_FILE, ADAPTER_META):  # a plain model has none
             (folder / stale).unlink(missing_ok=True)
     tokenizer.save_pretrained(folder)
+    follow_umask(folder)
     return folder
+
+
+def follow_umask(folder: Path) -> None:
+    """Give the files in `folder` the permissions this process's umask allows (safetensors
+    0.8 writes its files owner-only, 0600, whatever the umask: a run folder on shared storage
+    then holds weights its group cannot read)."""
+    umask = _umask()
+    for path in Path(folder).iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux shows it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)  # (elsewhere: set and put back at once)
+    os.umask(umask)
+    return umask
 
 
 def tiny_model(
