@@ -91,7 +91,7 @@ def test_report_of_a_distributed_run_shows_its_control_record(tmp_path, capsys) 
             "reason": "move to partial(1/2): ..."}  # fmt: skip
     parts = [
         Segment(0, [1.0, 2.0], 0.0, 2.0, 2, 512.0, 2048, settings="parallel controllers, colocate"),
-        Segment(2, [3.0], 2.0, 1.0, 2, 256.0, 1024, settings="single controllers, colocate",
+        Segment(2, [3.0], 2.0, 1.0, 2, 256.0, 1024, settings="one controller, colocate",
                 decisions=[move]),
     ]  # fmt: skip
     (tmp_path / "control.json").write_text(json.dumps(merged_summary(parts)))
@@ -99,7 +99,7 @@ def test_report_of_a_distributed_run_shows_its_control_record(tmp_path, capsys) 
     table = capsys.readouterr().err
     assert "distributed run (control.json)" in table
     assert "steps 1-2" in table and "parallel controllers, colocate" in table
-    assert "steps 3-3" in table and "single controllers, colocate" in table
+    assert "steps 3-3" in table and "one controller, colocate" in table
     assert "3,072" in table and "512 MiB" in table  # bytes summed, the driver's peak
     assert "move before step 3" in table and "colocate(2) -> partial(1/2)" in table
     (tmp_path / "control.json").write_text("{")  # damaged: named, the metrics still shown

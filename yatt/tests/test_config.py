@@ -80,6 +80,9 @@ def test_unknown_key_lists_valid_keys() -> None:
 def test_bad_preset_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="neither a YAML file nor a preset"):
         load_config("no_such_preset")
+    plain = tmp_path / "my_config"  # a YAML file without a suffix is read as one
+    plain.write_text("train:\n  steps: 7\n")
+    assert load_config(str(plain)).train.steps == 7
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: {steps: [1, 2}\n")
     with pytest.raises(ConfigError, match="not valid YAML"):

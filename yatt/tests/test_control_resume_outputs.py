@@ -135,7 +135,7 @@ def test_settings_and_decisions_follow_the_parts_of_a_run(tmp_path):
     all, and a resume with other settings is named in the title and at its mark."""
     first = _segment(0, 4, 1000.0, settings="parallel controllers, colocate, 2 devices",
                      decisions=_moves(2, 4))  # fmt: skip
-    second = _segment(3, 2, 2000.0, settings="single controllers, colocate, 2 devices",
+    second = _segment(3, 2, 2000.0, settings="one controller, colocate, 2 devices",
                       decisions=_moves(5))  # fmt: skip
     save_segments(tmp_path, [first, second])
     assert load_segments(tmp_path) == [first, second]
@@ -143,15 +143,15 @@ def test_settings_and_decisions_follow_the_parts_of_a_run(tmp_path):
     assert [d["step"] for d in kept[0].decisions] == [2]
     summary = merged_summary([kept[0], second])
     assert [d["step"] for d in summary["decisions"]] == [2, 5]
-    assert summary["segments"][1]["settings"] == "single controllers, colocate, 2 devices"
+    assert summary["segments"][1]["settings"] == "one controller, colocate, 2 devices"
     assert settings_text([first, second]) == (
         "settings changed on resume: parallel controllers, colocate, 2 devices / "
-        "single controllers, colocate, 2 devices"
+        "one controller, colocate, 2 devices"
     )
     assert settings_text([first, first]) == "parallel controllers, colocate, 2 devices"
     assert settings_text([_segment(0, 1, 0.0)]) == ""  # a record from before the field
     _, marks = merged_spans([first, second])
-    assert marks[0][1] == "resumed at step 3 as single controllers, colocate, 2 devices"
+    assert marks[0][1] == "resumed at step 3 as one controller, colocate, 2 devices"
 
 
 @pytest.mark.parametrize(

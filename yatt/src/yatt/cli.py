@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "overrides",
         nargs="*",
+        default=[],  # (without, a missing model reads as if overrides were required too)
         help="dotted overrides of the saved config, e.g. eval.n=200 data.path=... model.dtype=...",
     )
     _add_training_command(
@@ -98,7 +99,9 @@ def _add_training_command(
     """`yatt train` or `yatt sft`: a config (a preset or a YAML file) and dotted overrides."""
     command = commands.add_parser(name, help=help, description=f"{summary} {_OVERRIDES_HELP}")
     command.add_argument("config", help=f"a YAML file or a preset name ({presets})")
-    command.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
+    command.add_argument(
+        "overrides", nargs="*", default=[], help=f"dotted overrides, e.g. {example}"
+    )
 
 
 def _presets() -> list[str]:
@@ -466,7 +469,8 @@ def _demo(overrides: list[str]) -> None:
         (_, before), (last_step, after) = result.evals[0], result.evals[-1]
         console.print(
             f"[bold]held-out accuracy: {100 * before:.1f}% -> {100 * after:.1f}% "
-            f"after {last_step} GRPO steps ({wall_s / 60:.1f} min in all); "
+            f"after {last_step} GRPO step{'s' if last_step != 1 else ''} "
+            f"({wall_s / 60:.1f} min in all); "
             f"plots and metrics in {result.run_dir}/"
         )
 

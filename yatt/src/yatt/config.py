@@ -63,7 +63,8 @@ THREADS_MAX = 1024  # more torch threads than any machine's cores (100000 crashe
 # `logging.run_dir=~/runs` as it is).
 PATH_KEYS = ("model.path", "data.path", "reward.model_path", "logging.run_dir", "checkpoint.resume")
 # Those that only ever name files or folders (model.path may be a model's name, resume a
-# keyword): made absolute, as relative to the folder the config is loaded in.
+# keyword): made absolute, as relative to the working directory the config is loaded from (as
+# a command line's paths are; not to the YAML file's own folder).
 _FILE_KEYS = ("data.path", "reward.model_path")
 
 
@@ -782,8 +783,9 @@ _StrictLoader.add_implicit_resolver(
 
 def _read_preset(preset: str) -> dict[str, Any]:
     path = Path(preset)
-    if not path.suffix:
-        path = PRESET_DIR / f"{preset}.yaml"
+    named = PRESET_DIR / f"{preset}.yaml"
+    if (not path.suffix and named.is_file()) or not path.is_file():
+        path = named  # a preset's name wins over a file of that name without a suffix
     if not path.is_file():
         raise ConfigError(
             f"config '{preset}' is neither a YAML file nor a preset; presets: {preset_names()}"

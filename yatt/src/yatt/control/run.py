@@ -171,7 +171,7 @@ def recorded_config(config: Config, control: ControlConfig) -> Config:
 def settings_label(control: ControlConfig, n_devices: int) -> str:
     """The `control.*` settings that shape a run's timeline, in a few words."""
     mode = "parallel" if control.replace_every else control.mode  # (see make_controller)
-    parts = [f"{mode} controllers", control.placement]
+    parts = ["one controller" if mode == "single" else "parallel controllers", control.placement]
     if control.placement != "colocate" and control.n_sampler:
         parts[-1] += f" ({control.n_sampler} sampler devices)"
     parts.append(f"{n_devices} device{'s' if n_devices != 1 else ''}")
