@@ -293,16 +293,10 @@ def warn_changed_scoring(checkpoint: Path, config: Config) -> list[str]:
     but the run's metrics then mix two scales (its report's first and last rewards)."""
     import os
 
-    import yaml
+    from yatt.config import read_saved_config, to_dict
 
-    from yatt.config import to_dict
-
-    saved = Path(checkpoint) / "config.yaml"
-    try:  # as written: loading it as a config would import its reward modules
-        before = yaml.safe_load(saved.read_text())
-    except (OSError, ValueError, yaml.YAMLError):  # none, or unreadable: nothing to compare
-        return []
-    if not isinstance(before, dict):
+    before = read_saved_config(Path(checkpoint) / "config.yaml")
+    if before is None:  # none, or unreadable: nothing to compare
         return []
     now = to_dict(config)
     keys = [("reward", key) for key in now["reward"]] + [("eval", "reward_fn")]

@@ -897,3 +897,13 @@ def save_config(config: Config, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(SAVED_CONFIG_HEADER + yaml.safe_dump(to_dict(config), sort_keys=False))
     return path
+
+
+def read_saved_config(path: Path) -> dict[str, Any] | None:
+    """The mapping a saved config.yaml holds, as written (not built into a Config, which would
+    import its reward modules); None when it is missing, unreadable or not a mapping."""
+    try:
+        values = yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return values if isinstance(values, dict) else None

@@ -245,31 +245,26 @@ def _same_job(saved: Path, config: Any) -> bool:
     """Whether `saved` is the config.yaml yatt wrote for a run of exactly `config`."""
     import yaml
 
-    from yatt.config import to_dict
+    from yatt.config import read_saved_config, to_dict
 
     if not saved.is_file() or _foreign_config(saved):
         return False
-    try:
-        before = yaml.safe_load(saved.read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
+    before = read_saved_config(saved)
     return before == yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def _finished(folder: Path, config: Any) -> bool:
     """Whether the run in `folder` got to its end: it wrote its final model (`model/`: SFT,
     the distributed controllers), or its metrics reached `train.steps` (the trainer)."""
-    import json
+    from yatt.common.metrics import read_metrics
 
     if _holds_output(folder / "model"):
         return True
     try:
-        lines = (folder / "metrics.jsonl").read_text().split("\n")
-        last = json.loads(next(line for line in reversed(lines) if line.strip()))
-    except (OSError, ValueError, StopIteration):
+        rows, _ = read_metrics(folder / "metrics.jsonl")
+    except (OSError, ValueError):  # none, or damaged: not known to be finished
         return False
-    step = last.get("step") if isinstance(last, dict) else None
-    return isinstance(step, int) and step >= config.train.steps
+    return bool(rows) and rows[-1][1]["step"] >= config.train.steps
 
 
 def _holds_output(path: Path) -> bool:
