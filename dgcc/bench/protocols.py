@@ -649,14 +649,14 @@ CALVIN_CAVEAT = (
     "reads (its grant) arrived; a participant's outputs leave with its grant, as Calvin "
     "forwards reads. A transaction that meets no held lock skips the queues, as DistDGCC's "
     "node scans its pieces, so the two differ in what they lock, not in scheduler speed. "
-    "Two differences from the paper's remain, both costing Calvin throughput, so the ratios "
-    "over Calvin are an upper bound: (1) a node starts an epoch only once the previous one "
-    "has finished (as DistDGCC's does), where Calvin's lock manager keeps granting across "
+    "One difference from the paper's remains, costing Calvin throughput, so the ratios over "
+    "Calvin are an upper bound: a node starts an epoch only once the previous one has "
+    "finished (as DistDGCC's does), where Calvin's lock manager keeps granting across "
     "batches, so later non-conflicting transactions wait out a distributed one's read "
-    "exchange; (2) TPC-C's customers of a district share one key (a coarse virtual record, "
-    "which DistDGCC's pieces lock too, but only for a piece), so a remote Payment holds every "
-    "customer of its district across the exchange (not the district row, which the "
-    "district's NewOrders write), where a row-locking Calvin would hold one customer."
+    "exchange. Where it matters here its locks are a row-locking Calvin's: a remote TPC-C "
+    "Payment holds its one customer across the exchange (each customer is a key of its own, "
+    "in its district's group key, which only Delivery, finding its customer as it runs, "
+    "writes whole)."
 )
 
 

@@ -4,6 +4,8 @@ Method: a two-account transfer procedure with a logic-abort check piece; each co
 broken on purpose once and must be reported, and bad requests fail alone.
 """
 
+import asyncio
+
 import pytest
 
 from dgcc import (
@@ -299,3 +301,91 @@ def test_a_write_that_leaves_the_index_entries_alone_declares_none():
             [TxnRequest("put", {"pk": 1, "op": "touch", "g": 1})]
         )[0]
     assert outcome.status is Status.COMMITTED and db["t"].get(1) == {"g": 1, "n": 1}
+
+
+def _teams(plan) -> tuple[Database, ProcedureRegistry]:
+    """Players (team, n) in the group key ("team", team); each its own key ("player", team, n)."""
+    table = Table(
+        "player",
+        conflict_key=lambda pk: ("player", *pk),
+        group_key=lambda pk: ("team", pk[0]),
+    )
+    db = Database((table,))
+    for n in range(3):
+        db["player"].insert((1, n), {"score": 0})
+    return db, ProcedureRegistry([Procedure("score", {"n": int}, plan)])
+
+
+@pytest.mark.parametrize(
+    ("reads", "writes", "error"),
+    [
+        ((("team", 1),), (("player", 1, 0),), None),  # its own key, reading the group
+        ((), (("team", 1),), None),  # the whole group
+        ((), (("player", 1, 0),), "declared .* but not its group key \\('team', 1\\)"),
+        ((("team", 1),), (), "undeclared conflict key \\('player', 1, 0\\)"),  # the group read
+    ],
+)
+@pytest.mark.parametrize("protocol", ["serial", "dgcc", "no_wait", "occ", "calvin"])
+def test_a_record_in_a_group_is_written_under_its_own_key_and_the_group_or_the_group(
+    protocol, reads, writes, error
+):
+    def plan(params, view):
+        def score(ctx):
+            pk = (1, params["n"])
+            ctx.update("player", pk, {"score": ctx.get("player", pk)["score"] + 1})
+
+        return [Piece("score", score, reads=reads, writes=writes)]
+
+    db, registry = _teams(plan)
+    request = TxnRequest("score", {"n": 0})
+    with debug.invariants():
+        if error is None:
+            [outcome] = get_protocol(protocol)(db, registry).run_batch([request])
+            assert outcome.status is Status.COMMITTED and db["player"].get((1, 0)) == {"score": 1}
+        else:
+            with pytest.raises(ProcedureError, match=error):
+                get_protocol(protocol)(db, registry).run_batch([request])
+
+
+def test_cluster_occ_versions_the_group_of_a_member_it_wrote():
+    """A whole-group writer read a member, then that member's own writer committed: the group
+    writer's 2PC vote must fail (it validates the group key, which the member's commit
+    versions), or its write would overwrite the member's (a lost update)."""
+    from dgcc.api import plan_batch, run_piece
+    from dgcc.net.servers.cc import OccCC
+
+    def plan_one(params, view):
+        def score(ctx):
+            ctx.update("player", (1, 0), {"score": ctx.get("player", (1, 0))["score"] + 1})
+
+        return [Piece("score", score, reads=(("team", 1),), writes=(("player", 1, 0),))]
+
+    def plan_all(params, view):
+        def bonus(ctx):
+            ctx.update("player", (1, 0), {"score": ctx.get("player", (1, 0))["score"] + 10})
+
+        return [Piece("bonus", bonus, writes=(("team", 1),))]
+
+    db, _ = _teams(plan_one)
+    registry = ProcedureRegistry([Procedure("one", {}, plan_one), Procedure("all", {}, plan_all)])
+    cc = OccCC(db)
+    whole, member = (
+        cc.branch((n, 0, 0), txn)
+        for n, txn in enumerate(
+            plan_batch(registry, db, [TxnRequest(p, {}) for p in ("all", "one")])
+        )
+    )
+
+    def run(branch) -> None:
+        [piece] = branch.txn.pieces
+        keys = dict.fromkeys(piece.reads, "S") | dict.fromkeys(piece.writes, "X")
+        assert asyncio.run(cc.before_piece(branch, keys)) is None
+        run_piece(branch.ctx, branch.txn, piece)
+
+    run(whole)  # reads the member's score (0) into its buffer
+    run(member)
+    assert cc.prepare(member)
+    assert ("team", 1) in cc.commit(member)
+    assert not cc.prepare(whole)
+    cc.abort(whole)
+    assert db["player"].get((1, 0)) == {"score": 1}

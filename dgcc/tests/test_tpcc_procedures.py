@@ -140,19 +140,31 @@ def test_payment_by_id_to_a_remote_bad_credit_customer(tpcc) -> None:
     assert (outcome.result["h_amount"], outcome.result["h_date"]) == (12_345, DATE)
 
 
-def test_customers_have_a_key_of_their_own_that_new_orders_do_not_take(tpcc) -> None:
-    # A district's customers and history are one virtual record, ("customers", w, d), apart
-    # from the district row's key: a NewOrder (whose customer columns never change and are read
-    # at plan time) does not order against a Payment to a customer of its district, so a
-    # remote Payment holds no district's NewOrders behind its exchange under Calvin's locks.
+def test_customers_have_keys_of_their_own_in_their_districts_group(tpcc) -> None:
+    # A customer and its history rows are one conflict key, ("customer", w, d, c), in the
+    # group ("customers", w, d) of its district's customers, apart from the district row's
+    # key: Payment and OrderStatus name their customer at plan time (by last name too) and
+    # read the group key; Delivery, which finds its customer as it runs, writes the group. A
+    # NewOrder (whose customer columns never change and are read at plan time) takes neither,
+    # so a remote Payment holds one customer behind its exchange under Calvin's locks.
     db, protocol = tpcc
     registry = get_workload("tpcc", warehouses=2, items=ITEMS).registry()
     line = (1, 1, 5)
+    c_last = db["customer"].get((2, 5, 4))["c_last"]
+    named = sorted(
+        (db["customer"].get(pk)["c_first"], pk)
+        for pk in db["customer"].indexes["by_last"].lookup((2, 5, c_last))
+    )
+    by_name = named[(len(named) - 1) // 2][1][2]
     requests = {
         "new_order": dict(w_id=2, d_id=5, c_id=4, lines=[line], entry_d=DATE),
         "remote payment": dict(_PAY, w_id=1, d_id=2, c_w_id=2, c_d_id=5, c_id=4, h_amount=9),
         "home payment": dict(_PAY, w_id=2, d_id=5, c_w_id=2, c_d_id=5, c_id=4, h_amount=9),
+        "named payment": dict(
+            _PAY, w_id=1, d_id=2, c_w_id=2, c_d_id=5, c_id=0, c_last=c_last, h_amount=9
+        ),
         "order_status": dict(w_id=2, d_id=5, c_id=4, c_last=""),
+        "named order_status": dict(w_id=2, d_id=5, c_id=0, c_last=c_last),
         "delivery": dict(w_id=2, o_carrier_id=3, ol_delivery_d=DATE),
     }
     keys: dict[str, set[tuple[str, frozenset, frozenset]]] = {}
@@ -160,13 +172,19 @@ def test_customers_have_a_key_of_their_own_that_new_orders_do_not_take(tpcc) -> 
         procedure = label.split()[-1]
         [planned] = plan_batch(registry, db, [TxnRequest(procedure, params)])
         keys[label] = {(p.name, frozenset(p.reads), frozenset(p.writes)) for p in planned.pieces}
-    customers, district = ("customers", 2, 5), ("district", 2, 5)
-    assert all(customers not in reads | writes for _, reads, writes in keys["new_order"])
+    group, district = ("customers", 2, 5), ("district", 2, 5)
+    customer, named_one = ("customer", 2, 5, 4), ("customer", 2, 5, by_name)
+    for _, reads, writes in keys["new_order"]:
+        assert not {group, customer} & (reads | writes)
     assert ("order", frozenset(), frozenset({district})) in keys["new_order"]
-    assert ("customer", frozenset(), frozenset({customers})) in keys["remote payment"]
-    assert ("customer", frozenset(), frozenset({district, customers})) in keys["home payment"]
-    assert keys["order_status"] == {("status", frozenset({customers, district}), frozenset())}
-    assert ("d5", frozenset(), frozenset({district, customers})) in keys["delivery"]
+    assert ("customer", frozenset({group}), frozenset({customer})) in keys["remote payment"]
+    assert ("customer", frozenset({group}), frozenset({named_one})) in keys["named payment"]
+    assert ("customer", frozenset({group}), frozenset({district, customer})) in keys["home payment"]
+    assert keys["order_status"] == {("status", frozenset({customer, group, district}), frozenset())}
+    assert keys["named order_status"] == {
+        ("status", frozenset({named_one, group, district}), frozenset())
+    }
+    assert ("d5", frozenset(), frozenset({district, group})) in keys["delivery"]
     # and a NewOrder still answers the customer's columns (read at plan time)
     outcome = _run(protocol, "new_order", **requests["new_order"])
     row = db["customer"].get((2, 5, 4))

@@ -409,7 +409,7 @@ class PieceContext:
     def get(self, table: str, pk: Hashable) -> Mapping[str, Any] | None:
         if debug.check_invariants:
             t = self._tables[table]
-            self._check_declared(t.conflict_key(pk), write=False)
+            self._check_record(t, pk, write=False)
             row = t.rows.get(pk)
             return None if row is None else debug.frozen(row)
         return self._tables[table].rows.get(pk)
@@ -442,7 +442,7 @@ class PieceContext:
     def update(self, table: str, pk: Hashable, changes: Mapping[str, Any]) -> None:
         t = self._tables[table]
         if debug.check_invariants:
-            self._check_declared(t.conflict_key(pk), write=True)
+            self._check_record(t, pk, write=True)
             row = t.rows.get(pk)
             if row is not None:
                 self._check_index_entries(t, pk, row, {**row, **changes})
@@ -455,7 +455,7 @@ class PieceContext:
         return it as an output."""
         t = self._tables[table]
         if debug.check_invariants:
-            self._check_declared(t.conflict_key(pk), write=True)
+            self._check_record(t, pk, write=True)
             self._check_index_entries(t, pk, None, row)
         self._wrote = True
         t.insert(pk, row)
@@ -463,7 +463,7 @@ class PieceContext:
     def delete(self, table: str, pk: Hashable) -> None:
         t = self._tables[table]
         if debug.check_invariants:
-            self._check_declared(t.conflict_key(pk), write=True)
+            self._check_record(t, pk, write=True)
             self._check_index_entries(t, pk, t.rows.get(pk), None)
         self._wrote = True
         t.delete(pk)
@@ -506,15 +506,30 @@ class PieceContext:
                 if row is not None:
                     self._check_declared(t.index_conflict_key(index.name, index_key), write=True)
 
-    def _check_declared(self, key: Key, *, write: bool) -> None:
+    def _check_record(self, t: Table, pk: Hashable, *, write: bool) -> None:
+        group = None if t.group_key is None else t.group_key(pk)
+        self._check_declared(t.conflict_key(pk), write=write, group=group)
+
+    def _check_declared(self, key: Key, *, write: bool, group: Key | None = None) -> None:
+        """``key`` (or the ``group`` key covering it, see ``Table``) is declared for the access;
+        a record touched under its own key needs its group key declared too."""
         piece = self._piece
         assert piece is not None
-        allowed = piece.writes if write else (*piece.reads, *piece.writes)
+        declared = (*piece.reads, *piece.writes)
+        allowed = piece.writes if write else declared
+        if group is not None and group in allowed:
+            return
         if key not in allowed:
             kind = "write" if write else "read"
             raise ProcedureError(
                 f"piece {piece.name!r} of {self._txn.procedure.name} did a {kind} under "
                 f"undeclared conflict key {key!r}"
+            )
+        if group is not None and group not in declared:
+            raise ProcedureError(
+                f"piece {piece.name!r} of {self._txn.procedure.name} declared {key!r} but not "
+                f"its group key {group!r}, so no protocol orders it against a piece that "
+                f"declares the whole group"
             )
 
 

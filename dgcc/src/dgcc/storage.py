@@ -113,6 +113,11 @@ class Table:
         indexes: secondary indexes maintained on every insert, update and delete.
         index_conflict_key: maps ``(index name, index key)`` to the conflict key that guards
             that index entry; by default the entry itself.
+        group_key: maps a primary key to a coarser key covering a group of records (TPC-C: a
+            district's customers), for pieces that cannot name the record before they run. A
+            piece may touch a record under its group key, or under its own key if it also
+            declares the group key (reading it at least), so that protocols order it against
+            a piece that declares the whole group.
     """
 
     def __init__(
@@ -122,8 +127,10 @@ class Table:
         conflict_key: Callable[[Any], Hashable] | None = None,
         indexes: tuple[Index, ...] = (),
         index_conflict_key: Callable[[str, Hashable], Hashable] | None = None,
+        group_key: Callable[[Any], Hashable] | None = None,
     ) -> None:
         self.name = name
+        self.group_key = group_key
         self.rows: dict[Any, Row] = {}
         self.conflict_key: Callable[[Any], Hashable] = conflict_key or (lambda pk: (name, pk))
         self.index_conflict_key: Callable[[str, Hashable], Hashable] = index_conflict_key or (

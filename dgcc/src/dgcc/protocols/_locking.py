@@ -17,7 +17,7 @@ import enum
 import random
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,6 +287,12 @@ class InterleavedProtocol(Protocol):
             if key not in seen:
                 seen[key] = versions.get(key, 0)
 
+    def written_groups(self, attempt: Attempt) -> Iterable[Key]:
+        """Group keys (see ``storage.Table``) whose version the attempt's commit bumps besides
+        its declared writes: none under locks, where a member's writer holds the group key
+        shared and a whole-group reader or writer waits for it."""
+        return ()
+
     def _record_commit(self, attempt: Attempt) -> None:
         if not (self.record_history or self.track_versions):
             return
@@ -296,6 +302,9 @@ class InterleavedProtocol(Protocol):
             for key in piece.writes:
                 if key not in writes:
                     writes[key] = versions[key] = versions.get(key, 0) + 1
+        for key in self.written_groups(attempt):
+            if key not in writes:
+                writes[key] = versions[key] = versions.get(key, 0) + 1
         if self.record_history:
             ts = attempt.ts
             self.history.append(CommittedTxn(ts[0], ts[1], attempt.request, attempt.seen, writes))

@@ -189,6 +189,9 @@ class OccCC(NodeCC):
 
     def prepare(self, branch: Branch) -> bool:
         versions, prepared = self.versions, self._prepared
+        ctx = branch.ctx
+        assert isinstance(ctx, BufferedContext)
+        branch.written.update(ctx.written_groups())  # locked X, versioned at commit
         for key, version in branch.seen.items():
             mode = "X" if key in branch.written else "S"
             stale = self.validate and versions.get(key, 0) != version

@@ -7,12 +7,16 @@ record, and its keys are known from the parameters before the batch runs:
     order lines and their index entries. Every NewOrder writes the district row anyway, so
     little concurrency is lost, and it makes the data-dependent keys safe without
     reconnaissance: NewOrder's O_ID (D_NEXT_O_ID) and Delivery's oldest new order.
-  * ``("customers", w, d)`` covers the district's customers and history and the C_LAST index:
-    the customer a Delivery charges (its oldest order's) and the by-last-name customer are
-    found inside a piece that declares it. A key of its own, not the district's, so a Payment's
-    customer does not order it against the district's NewOrders (whose customer columns, never
-    updated, are read at plan time), nor hold them behind a remote Payment's exchange under a
-    lock-holding protocol such as Calvin.
+  * ``("customer", w, d, c)`` covers a customer and its history rows, in the group
+    ``("customers", w, d)`` of the district's customers (see ``storage.Table``'s
+    ``group_key``), which also guards the C_LAST index. Payment and OrderStatus name their
+    customer at plan time (a by-last-name one through the C_LAST index: C_LAST and C_FIRST
+    never change, and the customer table is kept whole on every node for plan-time reads),
+    declare its key and read the group key. Delivery finds the customer it charges (its oldest
+    order's) only as it runs, so it writes the group key. Two Payments order only on one
+    customer, and none orders against the district's NewOrders (whose customer columns, never
+    updated, are read at plan time): a remote Payment holds one customer across its exchange
+    under a lock-holding protocol such as Calvin, as a row-locking one would.
   * ``("warehouse", w)``, ``("stock", w, i)``: one record each.
   * ``("item", 0)``: the whole ITEM table, read-only, never written; replicated on every
     partition.
@@ -113,7 +117,7 @@ class TpccWorkload(Workload):
         if not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"partitions={partitions!r} must be an integer >= 1")
         if isinstance(key, tuple) and len(key) >= 2 and isinstance(key[1], int):
-            if key[0] in ("warehouse", "district", "customers", "stock"):
+            if key[0] in ("warehouse", "district", "customer", "customers", "stock"):
                 return (key[1] - 1) % partitions
             if key[0] == "item":
                 return REPLICATED

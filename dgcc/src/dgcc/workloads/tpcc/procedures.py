@@ -101,17 +101,23 @@ class _Scale:
         if not 1 <= d <= DISTRICTS_PER_WAREHOUSE:
             raise BadParams(f"{name}={brief(d)} outside 1..{DISTRICTS_PER_WAREHOUSE}")
 
-    def customer(self, params: Mapping[str, Any], view: ReadView, w: int, d: int) -> None:
-        """Exactly one of c_id (> 0) and c_last (non-empty) names an existing customer."""
+    def customer(self, params: Mapping[str, Any], view: ReadView, w: int, d: int) -> int:
+        """The C_ID of the customer that exactly one of c_id (> 0) and c_last (non-empty) names:
+        by last name, the middle one (rounded up) in C_FIRST order (clause 2.5.2.2).
+
+        C_LAST and C_FIRST never change and customers are never added, so the plan-time answer
+        is exact (and every node's: each keeps the customer table whole for plans)."""
         c_id, c_last = params["c_id"], params["c_last"]
         if (c_id == 0) == (c_last == ""):
             raise BadParams(f"give exactly one of c_id={brief(c_id)} and c_last={brief(c_last)}")
-        if c_last:
-            # C_LAST never changes and customers are never added: a plan-time check is exact.
-            if view.first("customer", "by_last", (w, d, c_last)) is None:
-                raise BadParams(f"no customer named c_last={brief(c_last)} in district {(w, d)}")
-        elif not 1 <= c_id <= self.customers:
-            raise BadParams(f"c_id={brief(c_id)} outside 1..{self.customers}")
+        if not c_last:
+            if not 1 <= c_id <= self.customers:
+                raise BadParams(f"c_id={brief(c_id)} outside 1..{self.customers}")
+            return c_id  # type: ignore[no-any-return]
+        c = _named_customer(view, w, d, c_last)
+        if c is None:
+            raise BadParams(f"no customer named c_last={brief(c_last)} in district {(w, d)}")
+        return c
 
     def plan_new_order(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
         w, d, c = params["w_id"], params["d_id"], params["c_id"]
@@ -162,25 +168,24 @@ class _Scale:
         self.district("d_id", d)
         self.warehouse("c_w_id", c_w)
         self.district("c_d_id", c_d)
-        self.customer(params, view, c_w, c_d)
+        c = self.customer(params, view, c_w, c_d)
         if not 0 < params["h_amount"] <= H_AMOUNT_MAX:  # (balances are 64-bit on the wire)
             raise BadParams(f"h_amount={params['h_amount']!r} outside 1..{H_AMOUNT_MAX:,} cents")
         w_name = view.get("warehouse", w)["w_name"]  # type: ignore[index]
         d_name = view.get("district", (w, d))["d_name"]  # type: ignore[index]
-        return _payment_pieces(params, w_name + "    " + d_name)
+        return _payment_pieces(params, c, w_name + "    " + d_name)
 
     def plan_order_status(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
         w, d = params["w_id"], params["d_id"]
         self.warehouse("w_id", w)
         self.district("d_id", d)
-        self.customer(params, view, w, d)
-        c_id, c_last = params["c_id"], params["c_last"]
+        c = self.customer(params, view, w, d)
 
         def status(ctx: PieceContext) -> dict[str, Any]:
-            customer = _find_customer(ctx, w, d, c_id, c_last)
-            return _order_status(ctx, w, d, customer)
+            return _order_status(ctx, w, d, c)
 
-        return [Piece("status", status, reads=(("customers", w, d), ("district", w, d)))]
+        keys = (("customer", w, d, c), ("customers", w, d), ("district", w, d))
+        return [Piece("status", status, reads=keys)]
 
     def plan_delivery(self, params: Mapping[str, Any], view: ReadView) -> list[Piece]:
         w, carrier, date = params["w_id"], params["o_carrier_id"], params["ol_delivery_d"]
@@ -452,24 +457,21 @@ def _insert_order_lines(
 # -- Payment and OrderStatus ------------------------------------------------------------------
 
 
-def _find_customer(
-    ctx: PieceContext, w: int, d: int, c_id: int, c_last: str
-) -> tuple[tuple[int, int, int], Mapping[str, Any]]:
-    """By id, or by last name: the middle one (rounded up) in C_FIRST order (clause 2.5.2.2)."""
-    if not c_last:
-        pk = (w, d, c_id)
-        return pk, ctx.get("customer", pk)  # type: ignore[return-value]
-    pks = ctx.lookup("customer", "by_last", (w, d, c_last))
-    named = [(ctx.get("customer", pk), pk) for pk in pks]
-    assert named, f"customer {c_last!r} vanished from district {(w, d)}"
-    named.sort(key=lambda entry: (entry[0]["c_first"], entry[1]))  # type: ignore[index]
-    row, pk = named[(len(named) - 1) // 2]
-    return pk, row  # type: ignore[return-value]
+def _named_customer(view: ReadView, w: int, d: int, c_last: str) -> int | None:
+    """The C_ID of district (w, d)'s middle customer (rounded up) named ``c_last``, in C_FIRST
+    order (clause 2.5.2.2); None if none is."""
+    pks = view.lookup("customer", "by_last", (w, d, c_last))
+    if not pks:
+        return None
+    rows = view.rows("customer")
+    named = sorted((rows[pk]["c_first"], pk) for pk in pks)
+    return named[(len(named) - 1) // 2][1][2]  # type: ignore[no-any-return]
 
 
-def _payment_pieces(params: Mapping[str, Any], h_data: str) -> list[Piece]:
-    """Warehouse and district YTD, then the customer; a home customer's piece does its district
-    too (both keys lie in one partition, and the district piece would come first anyway)."""
+def _payment_pieces(params: Mapping[str, Any], c: int, h_data: str) -> list[Piece]:
+    """Warehouse and district YTD, then customer ``c``; a home customer's piece does its
+    district too (both keys lie in one partition, and the district piece would come first
+    anyway)."""
     w, d, c_w, c_d = params["w_id"], params["d_id"], params["c_w_id"], params["c_d_id"]
     amount = params["h_amount"]
 
@@ -480,27 +482,32 @@ def _payment_pieces(params: Mapping[str, Any], h_data: str) -> list[Piece]:
         ctx.update("district", (w, d), {"d_ytd": ctx.get("district", (w, d))["d_ytd"] + amount})
 
     def customer(ctx: PieceContext) -> dict[str, Any]:
-        return _pay_customer(ctx, params, h_data)
+        return _pay_customer(ctx, params, c, h_data)
 
     def district_and_customer(ctx: PieceContext) -> dict[str, Any]:
         district(ctx)
-        return _pay_customer(ctx, params, h_data)
+        return _pay_customer(ctx, params, c, h_data)
 
+    group = (("customers", c_w, c_d),)  # read: ordered after a Delivery in the district
     pieces = [Piece("warehouse", warehouse, writes=(("warehouse", w),))]
     if (c_w, c_d) == (w, d):  # a home customer: one piece does both (one partition)
-        both = (("district", w, d), ("customers", w, d))
-        pieces.append(Piece("customer", district_and_customer, writes=both))
+        both = (("district", w, d), ("customer", w, d, c))
+        pieces.append(Piece("customer", district_and_customer, reads=group, writes=both))
     else:
         pieces.append(Piece("district", district, writes=(("district", w, d),)))
-        pieces.append(Piece("customer", customer, writes=(("customers", c_w, c_d),)))
+        mine = (("customer", c_w, c_d, c),)
+        pieces.append(Piece("customer", customer, reads=group, writes=mine))
     return pieces
 
 
-def _pay_customer(ctx: PieceContext, params: Mapping[str, Any], h_data: str) -> dict[str, Any]:
-    """Charge the customer, prepend to a bad-credit C_DATA, and record the HISTORY row."""
+def _pay_customer(
+    ctx: PieceContext, params: Mapping[str, Any], c: int, h_data: str
+) -> dict[str, Any]:
+    """Charge customer ``c``, prepend to a bad-credit C_DATA, and record the HISTORY row."""
     w, d, c_w, c_d = params["w_id"], params["d_id"], params["c_w_id"], params["c_d_id"]
     amount = params["h_amount"]
-    pk, row = _find_customer(ctx, c_w, c_d, params["c_id"], params["c_last"])
+    pk = (c_w, c_d, c)
+    row: Mapping[str, Any] = ctx.get("customer", pk)  # type: ignore[assignment]
     count = row["c_payment_cnt"] + 1
     changes: dict[str, Any] = {
         "c_balance": row["c_balance"] - amount,
@@ -539,10 +546,9 @@ def _pay_customer(ctx: PieceContext, params: Mapping[str, Any], h_data: str) -> 
     return result
 
 
-def _order_status(
-    ctx: PieceContext, w: int, d: int, customer: tuple[tuple[int, int, int], Mapping[str, Any]]
-) -> dict[str, Any]:
-    pk, row = customer
+def _order_status(ctx: PieceContext, w: int, d: int, c: int) -> dict[str, Any]:
+    pk = (w, d, c)
+    row: Mapping[str, Any] = ctx.get("customer", pk)  # type: ignore[assignment]
     result: dict[str, Any] = {
         "c_id": pk[2],
         "c_first": row["c_first"],
@@ -689,13 +695,17 @@ def _replay_new_order(db: Database, params: Mapping[str, Any]) -> None:
 
 def _replay_payment(db: Database, params: Mapping[str, Any]) -> None:
     """Payment's three pieces in order (the YTDs changed in place); W_NAME and D_NAME never
-    change, so they are read now."""
+    change, nor does a by-last-name customer's choice, so they are read now."""
     w, d, amount = params["w_id"], params["d_id"], params["h_amount"]
     warehouse, district = db.tables["warehouse"], db.tables["district"]
     w_row, d_row = warehouse.changer(("w_ytd",))(w), district.changer(("d_ytd",))((w, d))
     w_row["w_ytd"] += amount
     d_row["d_ytd"] += amount
-    _pay_customer(_Direct(db), params, w_row["w_name"] + "    " + d_row["d_name"])  # type: ignore[arg-type]
+    direct = _Direct(db)
+    c = params["c_id"] or _named_customer(
+        direct, params["c_w_id"], params["c_d_id"], params["c_last"]
+    )
+    _pay_customer(direct, params, c, w_row["w_name"] + "    " + d_row["d_name"])  # type: ignore[arg-type]
 
 
 def _replay_delivery(db: Database, params: Mapping[str, Any]) -> None:

@@ -168,6 +168,10 @@ def _district_index_key(index: str, index_key: Any) -> Hashable:
     return ("district", index_key[0], index_key[1])
 
 
+def _customer_key(pk: Any) -> Hashable:  # a customer row, or one of its HISTORY rows
+    return ("customer", pk[0], pk[1], pk[2])
+
+
 def _customers_key(pk: Any) -> Hashable:
     return ("customers", pk[0], pk[1])
 
@@ -180,13 +184,18 @@ def create_tables() -> Database:
     """The nine empty tables with their conflict keys and secondary indexes.
 
     Conflict keys: ``("warehouse", w)``, ``("district", w, d)`` for the district row and its
-    orders, new-orders and order lines (and their index entries), ``("customers", w, d)`` for
-    the district's customers and history (and the C_LAST index), ``("stock", w, i)``, and one
+    orders, new-orders and order lines (and their index entries), ``("customer", w, d, c)`` for
+    a customer and its history rows, in the group ``("customers", w, d)`` of the district's
+    customers (which also guards the C_LAST index), ``("stock", w, i)``, and one
     ``ITEM_KEY`` for the whole ITEM table: nothing writes it, so per-item keys would order
     nothing and only cost every NewOrder ten keys to track.
     """
     district_table = {"conflict_key": _district_key, "index_conflict_key": _district_index_key}
-    customers_table = {"conflict_key": _customers_key, "index_conflict_key": _customers_index_key}
+    customers_table = {
+        "conflict_key": _customer_key,
+        "group_key": _customers_key,
+        "index_conflict_key": _customers_index_key,
+    }
     return Database(
         (
             Table("warehouse", conflict_key=lambda w: ("warehouse", w)),
