@@ -95,6 +95,36 @@ def test_a_worker_that_cannot_set_up_says_why(ray_session):
         backend.shutdown()
 
 
+_GCS_KILLED = """
+import os, signal
+import ray
+from yatt.control.devices import discover_devices
+from yatt.control.workers import RayBackend
+devices = discover_devices("cpu", 1)
+backend = RayBackend(devices)
+backend.spawn(dict, devices[0], "rank0")
+# as a signal to the whole process group takes Ray's control store (GCS) with this process
+gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process
+os.kill(gcs.pid, signal.SIGKILL)
+gcs.wait()
+backend.shutdown()
+print("released", flush=True)
+"""
+
+
+def test_a_backend_whose_ray_died_with_it_shuts_down():
+    """Ray's own processes killed with the driver (a SIGTERM to the process group): shutdown
+    releases nothing rather than wait on the dead GCS, which made Ray end the process after
+    60 s. (Its own process: this one's Ray session stays whole.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _GCS_KILLED], capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0 and "released" in done.stdout, done.stderr[-2000:]
+
+
 # A final held-out eval (each policy rank scores its share of the problems), judged by a user's
 # function by import path: length parity, on which a random tiny model gets a mix of 0 and 1.
 EVAL = ["data.n_heldout=6", "eval.n=6", "eval.at_start=false", "eval.at_end=true",

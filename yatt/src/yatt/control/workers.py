@@ -21,6 +21,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -322,6 +323,18 @@ def init_ray(num_cpus: int, num_gpus: int = 0) -> None:
             signal.signal(signal.SIGTERM, sigterm)
 
 
+def gcs_reachable(timeout_s: float = 1.0) -> bool:
+    """Whether the Ray cluster's GCS (its control store) still accepts connections."""
+    import ray
+
+    host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 @functools.cache
 def init_guarded(cls: type) -> type:
     """``cls`` for a Ray actor whose construction may fail on bad input: the exception is kept
@@ -400,6 +413,12 @@ class RayBackend(Backend):
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if not gcs_reachable():
+            # Ray's own processes went with it (a signal to the whole process group): what it
+            # held went with them, and each call below would wait 60 s for the GCS, then end
+            # this process.
+            self._actors = []
+            return
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []
