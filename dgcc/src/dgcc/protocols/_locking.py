@@ -14,6 +14,7 @@ serializability check (``_history``).
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 import time
 from collections import deque
@@ -298,11 +299,8 @@ class InterleavedProtocol(Protocol):
             return
         versions = self.versions
         writes: dict[Key, int] = {}
-        for piece in attempt.txn.pieces:
-            for key in piece.writes:
-                if key not in writes:
-                    writes[key] = versions[key] = versions.get(key, 0) + 1
-        for key in self.written_groups(attempt):
+        declared = (key for piece in attempt.txn.pieces for key in piece.writes)
+        for key in itertools.chain(declared, self.written_groups(attempt)):
             if key not in writes:
                 writes[key] = versions[key] = versions.get(key, 0) + 1
         if self.record_history:
