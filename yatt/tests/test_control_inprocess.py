@@ -91,15 +91,24 @@ def test_a_reward_model_scores_on_the_workers_in_both_modes(tmp_path, placement)
     assert all(torch.equal(single_w[k], parallel_w[k]) for k in single_w)
 
 
-def test_who_scores_in_each_mode():
-    """The driver scores only a single controller's rule rewards. Runtime re-placement runs
-    parallel controllers whatever control.mode says, so its workers score (they once built no
-    reward role under mode=single and the run failed at its first reward)."""
+def test_who_scores_in_each_mode(tmp_path, monkeypatch):
+    """The driver scores only a single controller's rule rewards: a reward model, or a batch
+    scorer such as an LLM judge (a model of its own) in reward.fns or control.extra_rewards,
+    scores on the reward workers, where the placement puts the reward role (a judge once ran
+    on the driver). Runtime re-placement runs parallel controllers whatever control.mode says,
+    so its workers score (they once built no reward role under mode=single and the run failed
+    at its first reward)."""
+    (tmp_path / "counting_scorer.py").write_text(SCORER)
+    monkeypatch.syspath_prepend(str(tmp_path))
     config = load_config("tiny_test", OVERRIDES)
     assert driver_scores(config, _control(mode="single"))
     assert not driver_scores(config, _control(mode="parallel"))
     model = dataclasses.replace(config, reward=dataclasses.replace(config.reward, model_path="rm"))
     assert not driver_scores(model, _control(mode="single"))
+    scorer = "counting_scorer:row_counter"
+    assert not driver_scores(config, _control(mode="single", extra_rewards=(*REWARD, scorer)))
+    in_fns = load_config("tiny_test", [*OVERRIDES, f"reward.fns=[math_answer,{scorer}]"])
+    assert not driver_scores(in_fns, _control(mode="single"))
     adaptive = make_controller(config, _control(mode="single", replace_every=1))
     try:
         assert adaptive.fit().history[-1]["critic/score/mean"] >= 0
@@ -471,6 +480,8 @@ def test_a_batch_scorers_declared_counts_add_up_over_every_scoring_call(tmp_path
         controller = make_controller(config, _control(mode=mode, extra_rewards=extra))
         try:
             history = controller.fit().history
+            if mode == "single":  # the scorer ran on the reward workers, not on the driver
+                assert controller.reward is None
         finally:
             controller.close()
         for row in history:

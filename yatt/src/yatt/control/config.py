@@ -190,11 +190,17 @@ def max_new_tokens_at(control: ControlConfig, step: int, default: int) -> int:
 
 def driver_scores(config, control: ControlConfig) -> bool:
     """Whether the driver scores the rollouts: a single controller does with rule rewards, as
-    verl's reward manager does; a reward model runs on the reward workers in every mode (on
-    the devices the placement gives the reward role, as verl's reward-model worker group).
-    Runtime re-placement runs parallel controllers whatever `control.mode` says."""
+    verl's reward manager does; a reward model, and a batch scorer in `reward.fns` or
+    `control.extra_rewards` (a generative judge: a model of its own), run on the reward
+    workers in every mode (on the devices the placement gives the reward role, as verl's
+    reward-model worker group). Runtime re-placement runs parallel controllers whatever
+    `control.mode` says."""
+    from yatt.rewards import is_batch_scorer
+
     single = control.mode == "single" and not control.replace_every
-    return single and not config.reward.model_path
+    if not single or config.reward.model_path:
+        return False
+    return not any(map(is_batch_scorer, (*config.reward.fns, *control.extra_rewards)))
 
 
 def make_reward_role(config, control: ControlConfig, device: Any = "cpu"):

@@ -228,12 +228,12 @@ def _try_rewards_once(config: Config) -> None:
     services), on the first training prompt rendered as the workers render it."""
     from yatt.builders import build_data, build_tokenizer
     from yatt.data import render_prompt
-    from yatt.rewards import CombinedReward, get_reward_fn
+    from yatt.rewards import CombinedReward, is_batch_scorer
 
     rules = [
         (name, weight)
         for name, weight in zip(config.reward.fns, config.reward.weights, strict=True)
-        if not hasattr(get_reward_fn(name), "score_batch")
+        if not is_batch_scorer(name)
     ]
     if not rules:
         return

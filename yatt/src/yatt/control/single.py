@@ -1,8 +1,9 @@
 """Single controller (verl's HybridFlow driver): one process moves all the data.
 
 The driver plans the step, collects every shard from the samplers and scores it (rule rewards
-on the driver; a reward model on the reward workers, each shard sent there and back; over-dispatch,
-aborts and DAPO refills run here, per data-parallel group, as in async_rollout.py),
+on the driver; a reward model or a batch scorer such as an LLM judge on the reward workers, each
+shard sent there and back; over-dispatch, aborts and DAPO refills run here, per data-parallel
+group, as in async_rollout.py),
 concatenates them into the global batch (with every sample's features), computes advantages
 on it, splits it back and sends each policy rank its shard, then relays weights from rank 0 to
 the samplers. The arithmetic is the parallel controller's (same shards, same samplers, same

@@ -37,6 +37,7 @@ __all__ = [
     "checked_score",
     "format_reward",
     "get_reward_fn",
+    "is_batch_scorer",
     "load_callable",
     "math_answer",
     "math_boxed",
@@ -113,6 +114,14 @@ def get_reward_fn(name: str, *, scorers: bool = True, **options: Any) -> RewardF
         return REWARD_FNS[name](**options)
     except TypeError as exc:
         raise ConfigError(f"bad options {options} for reward {name!r}: {exc}") from exc
+
+
+def is_batch_scorer(name: str) -> bool:
+    """Whether the reward setting `name` is a batch scorer (an object with `score_batch`,
+    such as a GenerativeJudge or a reward model: a model of its own) rather than a rule
+    function. Registered rewards are all functions; a "package.module:name" path is imported
+    (config loading imported it already)."""
+    return ":" in name and hasattr(load_callable(name), "score_batch")
 
 
 def load_callable(path: str, key: str = "reward", *, scorers: bool = True):
