@@ -3,7 +3,8 @@ vs runtime re-placement, measured on CPU "devices", then simulated and projected
 
 Usage: ``python yatt/bench/placement.py [--quick] [--model smollm2] [--steps 45] [--shift 30]
 [--short 4] [--long 96] [--prompts 1] [--samples 3] [--every 1] [--staleness 1]
-[--cpu-mapping threads] [--lora-rank 0] [--tag NAME] [--repeats 1] [--out-dir DIR] [--resim]``
+[--cpu-mapping threads] [--lora-rank 0] [--task addition] [--tag NAME] [--repeats 1]
+[--out-dir DIR] [--resim]``
 
 Real part (Ray, 2 CPU devices, parallel controllers): each static plan and the adaptive controller
 (starting colocated, re-planning every ``--every`` steps) run the same GRPO steps; the response
@@ -79,6 +80,7 @@ def _config(args: argparse.Namespace):
         None,
         [
             f"model.path={args.model}",
+            f"data.task={args.task}",
             "data.n_train=256",
             "data.n_heldout=0",
             "eval.n=0",
@@ -339,9 +341,10 @@ def _markdown(
     lines = [
         title,
         "",
-        f"GRPO on `{args.model}`{adapters}, {args.prompts} prompts x {args.samples} samples per "
-        f"step, {args.steps} steps; the response budget jumps from {args.short} to {args.long} "
-        f'tokens at step {args.shift}. Ray, parallel controllers, 2 CPU "devices" (cores), '
+        f"GRPO on `{args.model}`{adapters}, {args.prompts} `{args.task}` prompts x "
+        f"{args.samples} samples per step, {args.steps} steps; the response budget jumps from "
+        f"{args.short} to {args.long} tokens at step {args.shift}. Ray, parallel controllers, "
+        '2 CPU "devices" (cores), '
         f"CPU mapping `{args.cpu_mapping}` ({mapping}); disaggregated runs are async "
         f"(staleness {args.staleness}), partial ones sample in sync (their sampler core also "
         "trains). Calibration (median of 3): decode step on one core "
@@ -626,6 +629,7 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
         setattr(args, key, stored["args"][key])
     args.lora_rank = stored["args"].get("lora_rank", 0)
     args.shift = stored["args"].get("shift", args.steps // 2)
+    args.task = stored["args"].get("task", "addition")  # runs stored before: the default
     args.warmup = stored["args"].get("warmup", 0)  # runs stored before: whole walls
     sim = stored["sim"]
     resimulate(args, sim, stored["runs"]["adaptive"]["move_cost_s"])
@@ -650,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the comparison")
     parser.add_argument("--cpu-mapping", default="threads", choices=("ranks", "threads"))
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters (0: full)")
+    parser.add_argument("--task", default="addition", help="data.task: the prompts")
     parser.add_argument(
         "--tag", default="", help="name suffix of the JSON section and files (a second workload)"
     )

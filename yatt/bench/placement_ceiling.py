@@ -2,7 +2,7 @@
 and the most free moves could gain over the best static plan, for a grid of workload shapes.
 
 Usage: ``python yatt/bench/placement_ceiling.py [--quick] [--samples 3,4,6] [--short 1,4]
-[--long 96,160] [--lora-rank 0] [--repeats 3] [--out-dir DIR]``
+[--long 96,160] [--lora-rank 0] [--task addition] [--repeats 3] [--out-dir DIR]``
 
 Runtime re-placement gains only where the fastest static plan differs between the steps of
 one run, and by at most how much faster each step's fastest plan is than the plan that is best
@@ -162,8 +162,8 @@ def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: floa
     lines = [
         "### Where re-placement could pay on this machine (`yatt/bench/placement_ceiling.py`)",
         "",
-        f"Model `{args.model}`, {model}, one prompt per step with the placement bench's "
-        f"data and reward, sampling that ignores EOS; the median of {args.repeats} run(s) after a "
+        f"Model `{args.model}`, {model}, one `{args.task}` prompt per step with the placement "
+        f"bench's reward, sampling that ignores EOS; the median of {args.repeats} run(s) after a "
         f"warm-up, in one process pinned to core 0 (1 thread) or cores 0-1 (2 threads), {malloc} "
         f"the Ray CPU workers' malloc settings. Host: {host['cpus']} CPUs ({host['processor']}), "
         f"torch {host['torch']}, commit {host['git_commit']}; the hypervisor took {stolen} of "
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", type=_ints, default=[1, 4], help="short budgets, e.g. 1,4")
     parser.add_argument("--long", type=_ints, default=[96, 160], help="long budgets, e.g. 96")
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters (0: full)")
+    parser.add_argument("--task", default="addition", help="data.task: the prompts")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)

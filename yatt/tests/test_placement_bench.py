@@ -184,8 +184,9 @@ def test_a_tagged_workload_names_its_files_and_refuses_bad_tags(bench_script, ca
             bench.main(bad)
     assert "--lora-rank -1 must be >= 0" in capsys.readouterr().err
     config = bench._config(SimpleNamespace(model="tiny", steps=2, prompts=1, samples=2, short=4,
-                                           lora_rank=8))  # fmt: skip
+                                           lora_rank=8, task="gsm8k_style"))  # fmt: skip
     assert config.model.lora_rank == 8
+    assert config.data.task == "gsm8k_style"
 
 
 def test_resim_without_a_measured_run_is_one_line(bench_script, tmp_path, capsys):
