@@ -96,31 +96,43 @@ def test_a_worker_that_cannot_set_up_says_why(ray_session):
 
 
 _GCS_KILLED = """
-import os, signal
+import os, signal, sys
 import ray
 from yatt.control.devices import discover_devices
 from yatt.control.workers import RayBackend
 devices = discover_devices("cpu", 1)
 backend = RayBackend(devices)
 backend.spawn(dict, devices[0], "rank0")
-# as a signal to the whole process group takes Ray's control store (GCS) with this process
-gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process
-os.kill(gcs.pid, signal.SIGKILL)
-gcs.wait()
+
+
+def kill_gcs():
+    # as a signal to the whole process group takes Ray's control store (GCS) with this process
+    gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process
+    os.kill(gcs.pid, signal.SIGKILL)
+    gcs.wait()
+
+
+if sys.argv[1] == "before":
+    kill_gcs()
+else:  # the signal comes while shutdown releases: its first call meets a dead GCS
+    kill = ray.kill
+    ray.kill = lambda actor: (kill_gcs(), kill(actor))
 backend.shutdown()
 print("released", flush=True)
 """
 
 
-def test_a_backend_whose_ray_died_with_it_shuts_down():
-    """Ray's own processes killed with the driver (a SIGTERM to the process group): shutdown
-    releases nothing rather than wait on the dead GCS, which made Ray end the process after
-    60 s. (Its own process: this one's Ray session stays whole.)"""
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_backend_whose_ray_died_with_it_shuts_down(when):
+    """Ray's own processes killed with the driver (a SIGTERM to the process group), before
+    shutdown or while it releases: it leaves the release rather than wait on the dead GCS,
+    which made Ray end the process after 60 s. (Its own process: this one's Ray session stays
+    whole.)"""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", _GCS_KILLED], capture_output=True, text=True, timeout=50
+        [sys.executable, "-c", _GCS_KILLED, when], capture_output=True, text=True, timeout=50
     )
     assert done.returncode == 0 and "released" in done.stdout, done.stderr[-2000:]
 

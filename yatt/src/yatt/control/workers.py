@@ -410,19 +410,44 @@ class RayBackend(Backend):
         self._actors.remove(handle.actor)
 
     def shutdown(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
+        """Kill the actors and remove the placement group, unless Ray's GCS (its control
+        store) is gone, before or while this runs: Ray's own processes then went with it (a
+        signal to the whole process group), and with them what it held, and a call waiting
+        on the GCS would wait 60 s, then Ray would end this process. The calls run in a
+        thread of their own so that a GCS dying under them is noticed: this returns then and
+        leaves the thread waiting."""
+        actors, self._actors = self._actors, []
         if not gcs_reachable():
-            # Ray's own processes went with it (a signal to the whole process group): what it
-            # held went with them, and each call below would wait 60 s for the GCS, then end
-            # this process.
-            self._actors = []
             return
-        for actor in self._actors:
+        errors: list[BaseException] = []
+        releasing = threading.Thread(
+            target=_release_ray, args=(actors, self.group, errors), daemon=True,
+            name="yatt-ray-release",
+        )  # fmt: skip
+        releasing.start()
+        while releasing.is_alive():
+            releasing.join(RELEASE_POLL_S)
+            if releasing.is_alive() and not gcs_reachable():
+                return
+        if errors:
+            raise errors[0]
+
+
+# how often a shutdown waiting on Ray's release calls checks that the GCS still lives
+RELEASE_POLL_S = 0.5
+
+
+def _release_ray(actors: list[Any], group: Any, errors: list[BaseException]) -> None:
+    """Kill `actors` and remove placement `group`; an exception goes to `errors`."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        for actor in actors:
             ray.kill(actor)
-        self._actors = []
-        remove_placement_group(self.group)
+        remove_placement_group(group)
+    except BaseException as error:  # raised again by the waiting shutdown
+        errors.append(error)
 
 
 def require_backend(name: str) -> None:
