@@ -3,6 +3,7 @@ distributed entry point writes its outputs, and bad splits are refused."""
 
 import dataclasses
 import json
+import subprocess
 import sys
 
 import pytest
@@ -316,6 +317,17 @@ def test_fit_distributed_refuses_trainer_only_settings(tmp_path, overrides, monk
 
 def _no_workers(*args):
     raise AssertionError("a worker backend was made for a refused config")
+
+
+def test_the_driver_imports_no_model_library():
+    """A single controller's driver moves batches and scores rules; it loads no model, so
+    importing the control layer must not pull in transformers (~110 MiB of the driver's peak
+    memory in the controllers bench, where a controller imported an exception class from the
+    rollout package)."""
+    heavy = "{'transformers', 'accelerate'}"
+    code = f"import sys, yatt.control.run; print(sorted({heavy} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_ray_backend_without_ray_is_one_line_before_the_run_folder(tmp_path, monkeypatch, capsys):

@@ -2,7 +2,8 @@
 
     YattError
      ├── ConfigError   bad config key/value/type (message names key, value, allowed)
-     │    └── RunComplete  checkpoint.resume=auto on a run that already took all its steps
+     │    ├── RunComplete  checkpoint.resume=auto on a run that already took all its steps
+     │    └── PromptTooLong a prompt plus the response budget exceeds the model's positions
      ├── DataError     bad dataset file or row (names file, line/row number, field)
      ├── ModelError    model folder missing/unloadable, unknown model name
      └── SamplingError the policy's logits hold a NaN or an infinity (a diverged policy)
@@ -10,7 +11,15 @@
 Messages are one line and name the bad value; entry points print them without a traceback.
 """
 
-__all__ = ["ConfigError", "DataError", "ModelError", "RunComplete", "SamplingError", "YattError"]
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "ModelError",
+    "PromptTooLong",
+    "RunComplete",
+    "SamplingError",
+    "YattError",
+]
 
 
 class YattError(Exception):
@@ -35,6 +44,17 @@ class RunComplete(ConfigError):
     def __init__(self, message: str, run_dir: str, checkpoint: str) -> None:
         super().__init__(message)
         self.run_dir, self.checkpoint = run_dir, checkpoint
+
+
+class PromptTooLong(ConfigError):
+    """A prompt plus the response budget needs more positions than the model has; `row` is
+    the prompt's index in the request (a caller names where it came from). Raised by the
+    rollout engines; defined here so a process that only catches it (a controller) need not
+    import them."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 class DataError(YattError):

@@ -46,14 +46,13 @@ from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
 from yatt.data import PromptSampler, check_draw_order, draw_order
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, PromptTooLong
 from yatt.rewards import RewardError
 from yatt.roles.critic import CriticRole
 from yatt.roles.policy import PolicyRole
 from yatt.roles.reference import ReferenceRole
 from yatt.roles.reward import RewardRole
 from yatt.roles.rollout import RolloutRole
-from yatt.rollout.engine import PromptTooLong
 from yatt.run_checks import (
     check_budgets_fit_model,
     check_eval_data,

@@ -28,7 +28,7 @@ from yatt.control.devices import Device
 from yatt.control.shards import Shard, ShardRequest, actor_terms, make_features
 from yatt.control.transfer import pack, unpack
 from yatt.data import draw_order
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, PromptTooLong
 from yatt.lora import (
     check_same_base,
     has_lora,
@@ -36,7 +36,6 @@ from yatt.lora import (
     read_adapters,
     trained_state,
 )
-from yatt.rollout.engine import PromptTooLong
 from yatt.run_checks import (
     check_budgets_fit_model,
     check_prompts_fit_model,

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from yatt.errors import ConfigError
+from yatt.errors import ConfigError, PromptTooLong
 from yatt.lora import load_trained_state
 from yatt.rollout.forward import DecoderForward, make_forward
 from yatt.rollout.kv import PromptLayout
 from yatt.rollout.sampling import SamplingParams, check_logprob, draw_uniforms, sample_next
 from yatt.rollout.static import decode_static
 
-__all__ = ["Completion", "PromptTooLong", "RolloutEngine", "eos_token_ids", "model_positions"]
+__all__ = ["Completion", "RolloutEngine", "eos_token_ids", "model_positions"]
 
 logger = logging.getLogger(__name__)
 
@@ -349,15 +349,6 @@ def _completes_stop(
     window = max(len(s.encode()) for s in stops) + 1
     tail = tokenizer.decode(token_ids[-window:], skip_special_tokens=False)
     return any(stop in tail for stop in stops)
-
-
-class PromptTooLong(ConfigError):
-    """A prompt plus the response budget needs more positions than the model has; `row` is
-    the prompt's index in the request (a caller names where it came from)."""
-
-    def __init__(self, message: str, row: int) -> None:
-        super().__init__(message)
-        self.row = row
 
 
 def model_vocab(model: Any) -> int | None:
