@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from yatt.cli import main
-from yatt.config import _StrictLoader, load_config
+from yatt.config import load_config
+from yatt.config.files import _StrictLoader
 from yatt.control.config import ControlConfig
 from yatt.errors import ConfigError
 from yatt.rewards import get_reward_fn, load_callable
