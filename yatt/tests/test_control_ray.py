@@ -102,7 +102,7 @@ from yatt.control.devices import discover_devices
 from yatt.control.workers import RayBackend
 devices = discover_devices("cpu", 1)
 backend = RayBackend(devices)
-backend.spawn(dict, devices[0], "rank0")
+handle = backend.spawn(dict, devices[0], "rank0")
 
 
 def kill_gcs():
@@ -114,20 +114,23 @@ def kill_gcs():
 
 if sys.argv[1] == "before":
     kill_gcs()
-else:  # the signal comes while shutdown releases: its first call meets a dead GCS
+else:  # the signal comes while it releases: its first call meets a dead GCS
     kill = ray.kill
     ray.kill = lambda actor: (kill_gcs(), kill(actor))
-backend.shutdown()
+if sys.argv[1] == "move":  # one worker released, as a re-placement does
+    backend.release(handle)
+else:
+    backend.shutdown()
 print("released", flush=True)
 """
 
 
-@pytest.mark.parametrize("when", ["before", "during"])
+@pytest.mark.parametrize("when", ["before", "during", "move"])
 def test_a_backend_whose_ray_died_with_it_shuts_down(when):
     """Ray's own processes killed with the driver (a SIGTERM to the process group), before
-    shutdown or while it releases: it leaves the release rather than wait on the dead GCS,
-    which made Ray end the process after 60 s. (Its own process: this one's Ray session stays
-    whole.)"""
+    shutdown, while it releases, or while a move releases one worker: it leaves the release
+    rather than wait on the dead GCS, which made Ray end the process after 60 s. (Its own
+    process: this one's Ray session stays whole.)"""
     import subprocess
     import sys
 

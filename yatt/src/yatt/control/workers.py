@@ -367,6 +367,10 @@ def init_guarded(cls: type) -> type:
     return type(cls.__name__, (cls,), {"__init__": init, **methods})
 
 
+# how often a release waiting on Ray's calls checks that the GCS still lives
+RELEASE_POLL_S = 0.5
+
+
 class RayBackend(Backend):
     """Workers are Ray actors on the bundles of one placement group (one bundle per device)."""
 
@@ -403,49 +407,51 @@ class RayBackend(Backend):
         return _RayHandle(actor, device, name)
 
     def release(self, handle: WorkerHandle) -> None:
-        import ray
-
+        """Kill one worker (a move); as ``shutdown``, a GCS gone under it ends the wait."""
         assert isinstance(handle, _RayHandle), f"{handle.name} is not a Ray worker"
-        ray.kill(handle.actor)
+        if gcs_reachable():
+            _while_gcs_lives(_release_ray, [handle.actor], None)
         self._actors.remove(handle.actor)
 
     def shutdown(self) -> None:
         """Kill the actors and remove the placement group, unless Ray's GCS (its control
         store) is gone, before or while this runs: Ray's own processes then went with it (a
         signal to the whole process group), and with them what it held, and a call waiting
-        on the GCS would wait 60 s, then Ray would end this process. The calls run in a
-        thread of their own so that a GCS dying under them is noticed: this returns then and
-        leaves the thread waiting."""
+        on the GCS would wait 60 s, then Ray would end this process (``_while_gcs_lives``)."""
         actors, self._actors = self._actors, []
-        if not gcs_reachable():
+        if gcs_reachable():
+            _while_gcs_lives(_release_ray, actors, self.group)
+
+
+def _while_gcs_lives(release: Callable[..., None], *args: Any) -> None:
+    """``release(*args, errors)`` in a thread of its own, waited for while the GCS lives: a
+    GCS dying under its calls is noticed (and a signal handler gets its turn in this thread
+    between checks), and this returns then, leaving the thread waiting. An error the release
+    put in ``errors`` is raised here."""
+    errors: list[BaseException] = []
+    releasing = threading.Thread(
+        target=release, args=(*args, errors), daemon=True, name="yatt-ray-release"
+    )
+    releasing.start()
+    while releasing.is_alive():
+        releasing.join(RELEASE_POLL_S)
+        if releasing.is_alive() and not gcs_reachable():
             return
-        errors: list[BaseException] = []
-        releasing = threading.Thread(
-            target=_release_ray, args=(actors, self.group, errors), daemon=True,
-            name="yatt-ray-release",
-        )  # fmt: skip
-        releasing.start()
-        while releasing.is_alive():
-            releasing.join(RELEASE_POLL_S)
-            if releasing.is_alive() and not gcs_reachable():
-                return
-        if errors:
-            raise errors[0]
-
-
-# how often a shutdown waiting on Ray's release calls checks that the GCS still lives
-RELEASE_POLL_S = 0.5
+    if errors:
+        raise errors[0]
 
 
 def _release_ray(actors: list[Any], group: Any, errors: list[BaseException]) -> None:
-    """Kill `actors` and remove placement `group`; an exception goes to `errors`."""
+    """Kill `actors` and remove placement `group` (None: keep it); an exception goes to
+    `errors`."""
     import ray
     from ray.util.placement_group import remove_placement_group
 
     try:
         for actor in actors:
             ray.kill(actor)
-        remove_placement_group(group)
+        if group is not None:
+            remove_placement_group(group)
     except BaseException as error:  # raised again by the waiting shutdown
         errors.append(error)
 
