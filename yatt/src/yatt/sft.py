@@ -103,10 +103,54 @@ def heldout_loss(model: Any, prompts: list[list[int]], answers: list[list[int]],
 
 
 class _Trained:
-    """The model, optimizer and schedule of an SFT run, as a checkpoint saves them."""
+    """The model, optimizer and schedule of an SFT run: its training step, and its state as a
+    checkpoint saves it."""
 
     def __init__(self, model: Any, optimizer: Any, scheduler: Any) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.finite_steps = FiniteSteps("sft")  # a non-finite gradient skips its step
+
+    @classmethod
+    def build(cls, model: Any, optim: Any, total_steps: int) -> _Trained:
+        """AdamW over the trainable parameters (LoRA: the adapters) with `optim`'s schedule."""
+        params = [param for param in model.parameters() if param.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+            weight_decay=optim.weight_decay, fused=True,
+        )  # fmt: skip
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_steps)
+        )
+        return cls(model, optimizer, scheduler)
+
+    def step(
+        self, prompts: list[list[int]], answers: list[list[int]], grad_clip: float
+    ) -> dict[str, float]:
+        """One optimizer step on the answers' loss; its loss, learning rate and time."""
+        start_s = time.perf_counter()
+        loss = _pair_loss(self.model, prompts, answers)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        lr = self.optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
+        params = self.optimizer.param_groups[0]["params"]
+        self.finite_steps.clip_and_step(self.optimizer, params, grad_clip)
+        step_schedule(self.scheduler)
+        return {
+            "sft/loss": float(loss.detach()),
+            "sft/lr": lr,
+            "timing_s/step": time.perf_counter() - start_s,
+        }
+
+    def checkpoint(
+        self, run_dir: Path, step: int, config: Config, tokenizer: Any, state: dict[str, Any]
+    ) -> None:
+        """A training checkpoint at `step` (`state`: the data position and RNG states)."""
+        self.model.eval()  # (as saved; training mode is not part of the weights)
+        save_training_checkpoint(
+            run_dir, step, config=config, policy=self, tokenizer=tokenizer,
+            keep_last=config.checkpoint.keep_last, sft=True, trainer_state=state,
+        )  # fmt: skip
+        self.model.train()
 
     def save_pretrained(self, folder: Path, tokenizer: Any) -> Path:
         from yatt.models import save_checkpoint
@@ -126,63 +170,28 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     weights (`check_training_dtype`), a `checkpoint.resume` that names no SFT checkpoint or one
     of other data, or a run folder holding another run, before any step.
     """
-    from yatt.builders import adapt_model, build_data, build_model, resume_into
-    from yatt.common import TensorBoardSink
     from yatt.data import PromptSampler
     from yatt.evaluate import examples_due
-    from yatt.models import save_checkpoint
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
     check_training_dtype(config)
     check_no_control_settings(config, "yatt sft")
-    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
-    if resume:
-        check_resumed_by(Path(resume), SFT)
-    # A checkpoint of this run folder continues the run in place; one of another folder
-    # starts a new run there from its state (the folder is claimed as for a fresh run).
-    in_place = bool(resume) and checkpoint_run_dir(Path(resume)) == (
-        Path(config.logging.run_dir).resolve()
-    )
+    resume, in_place = _resume_target(config)
     eval_cfg, total = config.eval, config.train.steps
-    train_set, heldout_set = build_data(config.data)
-    if not train_set:
-        raise DataError("SFT needs training rows; the data has none")
-    evaluates = eval_cfg.n > 0 and (eval_cfg.every > 0 or eval_cfg.at_end)
-    if evaluates and not heldout_set:
-        raise DataError(
-            f"SFT's held-out loss (eval.n={eval_cfg.n}) needs held-out rows; data has none "
-            "(set data.n_heldout, or eval.n=0)"
-        )
-    for index, example in enumerate([*train_set, *heldout_set[: eval_cfg.n]]):
-        if example.answer is None:  # refused before the run folder is claimed
-            where = example.source or f"example {index}"
-            raise DataError(f"SFT needs an answer on every row; {where} has none")
+    train_set, heldout_set = _sft_data(config)
     claim = claim_run_dir(config, RUN_OUTPUTS, resume=resume, in_place=in_place)
     configure_threads(config.train.torch_threads)
     seed_everything(config.train.seed)
-    if model is None:
-        model, tokenizer = build_model(config.model, resume_from=resume or None)
-    else:
-        adapt_model(model, config.model)  # a caller's own model: LoRA as configured
-        if resume:
-            resume_into(model, config.model, resume)
+    model, tokenizer = _sft_model(config, model, tokenizer, resume)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
     heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
-    optim = config.optim
-    params = [param for param in model.parameters() if param.requires_grad]  # LoRA: adapters
-    optimizer = torch.optim.AdamW(
-        params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-        weight_decay=optim.weight_decay, fused=True,
-    )  # fmt: skip
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total)
-    )
+    trained = _Trained.build(model, config.optim, total)
     sampler = PromptSampler(len(prompts), config.data.seed + config.train.seed)
     order = draw_order(config, train_set)  # what the data position depends on
     done = 0  # steps taken before this process (a resumed run's)
     if resume:
-        done = _resume(Path(resume), optimizer, scheduler, sampler, order, config)
+        done = _resume(Path(resume), trained.optimizer, trained.scheduler, sampler, order, config)
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
     if in_place:
         drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
@@ -190,31 +199,16 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     if resume:  # (said once nothing can refuse it any more)
         logger.info("resumed SFT from %s at step %d", resume, done)
     save_config(config, run_dir)
-    sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
-    if config.logging.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard", done))
-    metrics_logger = MetricsLogger(sinks)
-    trained = _Trained(model, optimizer, scheduler)
-    batch_size = config.algo.micro_batch_size
+    metrics_logger = _metrics_logger(config, run_dir, done)
     model.train()
+    batch_size = config.algo.micro_batch_size
     run_start_s, step = time.perf_counter(), done
-    finite_steps = FiniteSteps("sft")
     try:
         for step in range(done + 1, total + 1):
-            start_s = time.perf_counter()
             rows = sampler.take(batch_size)
-            loss = _pair_loss(model, [prompts[i] for i in rows], [answers[i] for i in rows])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
-            finite_steps.clip_and_step(optimizer, params, optim.grad_clip)
-            step_schedule(scheduler)
-            metrics = {
-                "sft/loss": float(loss.detach()),
-                "sft/epoch": sampler.data_epoch + sampler.position / len(prompts),
-                "sft/lr": lr,
-                "timing_s/step": time.perf_counter() - start_s,
-            }
+            batch = [prompts[i] for i in rows], [answers[i] for i in rows]
+            metrics = trained.step(*batch, config.optim.grad_clip)
+            metrics["sft/epoch"] = sampler.data_epoch + sampler.position / len(prompts)
             out_of_time = time_limit_reached(config.train.time_limit_s, run_start_s, step, total)
             due = examples_due(eval_cfg, step, total, out_of_time)  # n, or n_periodic mid-run
             if due:
@@ -226,27 +220,90 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             if progress is not None:
                 progress(step, total, metrics)
             if checkpoint_due(config, step, out_of_time):
-                model.eval()  # (as saved; training mode is not part of the weights)
-                save_training_checkpoint(
-                    run_dir, step, config=config, policy=trained, tokenizer=tokenizer,
-                    keep_last=config.checkpoint.keep_last, sft=True,
-                    trainer_state={"sampler": {**sampler.state_dict(), **order},
-                                   "rng": rng_state()},
-                )  # fmt: skip
-                model.train()
+                state = {"sampler": {**sampler.state_dict(), **order}, "rng": rng_state()}
+                trained.checkpoint(run_dir, step, config, tokenizer, state)
             if out_of_time:
                 break
     finally:
         metrics_logger.close()
     model.eval()
+    folder = _save_model(model, tokenizer, config, run_dir / "model")
+    logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
+    return folder
+
+
+def _resume_target(config: Config) -> tuple[str, bool]:
+    """The checkpoint the run resumes from ("" for none), and whether it continues its own
+    run folder in place: a checkpoint of another folder starts a new run there from its
+    state (the folder is claimed as for a fresh run).
+
+    Raises:
+        ConfigError: `checkpoint.resume` names no SFT checkpoint (``check_resumed_by``).
+    """
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
+    if not resume:
+        return "", False
+    check_resumed_by(Path(resume), SFT)
+    in_place = checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
+    return resume, in_place
+
+
+def _sft_model(config: Config, model: Any, tokenizer: Any, resume: str) -> tuple[Any, Any]:
+    """The model to fine-tune: built from `model` settings (or the checkpoint resumed), or a
+    caller's own with LoRA as configured and the checkpoint's weights loaded."""
+    from yatt.builders import adapt_model, build_model, resume_into
+
+    if model is None:
+        return build_model(config.model, resume_from=resume or None)
+    adapt_model(model, config.model)
+    if resume:
+        resume_into(model, config.model, resume)
+    return model, tokenizer
+
+
+def _metrics_logger(config: Config, run_dir: Path, done: int) -> MetricsLogger:
+    """sft_metrics.jsonl, and TensorBoard where `logging.tensorboard` (from step `done`)."""
+    from yatt.common import TensorBoardSink
+
+    sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
+    if config.logging.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard", done))
+    return MetricsLogger(sinks)
+
+
+def _sft_data(config: Config) -> tuple[list[Any], list[Any]]:
+    """The training and held-out examples, refused (DataError) before the run folder is
+    claimed when there are no training rows, an evaluation has no held-out rows, or a row
+    it reads has no answer."""
+    from yatt.builders import build_data
+
+    eval_cfg = config.eval
+    train_set, heldout_set = build_data(config.data)
+    if not train_set:
+        raise DataError("SFT needs training rows; the data has none")
+    evaluates = eval_cfg.n > 0 and (eval_cfg.every > 0 or eval_cfg.at_end)
+    if evaluates and not heldout_set:
+        raise DataError(
+            f"SFT's held-out loss (eval.n={eval_cfg.n}) needs held-out rows; data has none "
+            "(set data.n_heldout, or eval.n=0)"
+        )
+    for index, example in enumerate([*train_set, *heldout_set[: eval_cfg.n]]):
+        if example.answer is None:
+            where = example.source or f"example {index}"
+            raise DataError(f"SFT needs an answer on every row; {where} has none")
+    return train_set, heldout_set
+
+
+def _save_model(model: Any, tokenizer: Any, config: Config, folder: Path) -> Path:
+    """The fine-tuned model, its tokenizer and the run's config (`yatt eval` evaluates on its
+    data), written whole or not at all."""
+    from yatt.models import save_checkpoint
 
     def write(staging: Path) -> None:
         save_checkpoint(model, tokenizer, staging)
-        save_config(config, staging / "config.yaml")  # `yatt eval` evaluates on this data
+        save_config(config, staging / "config.yaml")
 
-    folder = write_folder(run_dir / "model", write)
-    logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
-    return folder
+    return write_folder(folder, write)
 
 
 def _resume(

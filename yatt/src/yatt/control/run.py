@@ -39,6 +39,60 @@ logger = logging.getLogger(__name__)
 MODEL_FOLDER = "model"  # the trained policy, with checkpoint.at_end
 
 
+def _check_run(config: Config, control: ControlConfig) -> None:
+    """Refuse (ConfigError) what the controllers cannot run, before the run folder is claimed
+    or any worker starts; log the settings they ignore."""
+    from yatt.control.workers import require_backend
+
+    check_controller_settings(config, control)
+    require_backend(control.backend)
+    check_eval_data(config)
+    for note in ignored_settings(control):
+        logger.warning("%s", note)
+    check_training_dtype(config)
+    check_rewards_grade_task(config)
+    if control.backend == "ray" and config.train.torch_threads:
+        logger.info(
+            "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "
+            "core of its device (control.cpu_mapping)",
+            config.train.torch_threads,
+        )
+
+
+def _restore(
+    controller: Any, config: Config, resume: Path, state: dict[str, Any], run_dir: Path
+) -> list[Segment]:
+    """Load checkpoint `resume` into the workers; resumed in place, drop the run's later
+    checkpoints, metric rows and segment records. Returns the segments kept (the run's parts
+    before this one)."""
+    from yatt.checkpoint import checkpoint_run_dir, drop_later_checkpoints, truncate_metrics
+
+    controller.restore(resume, state)
+    if checkpoint_run_dir(resume) != run_dir.resolve():  # another run's: a new run here
+        return []
+    step = state["step"]
+    drop_later_checkpoints(run_dir, resume, step, config.logging.overwrite)
+    truncate_metrics(run_dir / "metrics.jsonl", step)
+    if not (run_dir / SEGMENTS_FILE).is_file():
+        return []
+    earlier = cut_segments(load_segments(run_dir), step)  # the steps run again leave them now
+    save_segments(run_dir, earlier)
+    return earlier
+
+
+def _save_policy(controller: Any, config: Config, control: ControlConfig, folder: Path) -> None:
+    """The trained policy as a model folder `yatt eval` reads, with the run's config."""
+    from yatt.checkpoint import write_folder
+    from yatt.config import save_config
+
+    def write(staging: Path) -> None:
+        controller.save_policy(staging)
+        save_config(recorded_config(config, control), staging / "config.yaml")
+
+    saved = write_folder(folder, write)
+    logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
+
+
 def fit_distributed(config: Config, control: ControlConfig, progress: Any = None) -> RunResult:
     """Train `config.train.steps` steps with the controller `control` selects, evaluating on
     held-out problems as `eval.*` asks; writes `metrics.jsonl` (a row per step as it ends, and
@@ -65,30 +119,11 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     REINFORCE++, a KL term under re-placement), for control.backend=ray
     without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
     the controllers did not write or whose data position does not fit this run."""
-    from yatt.checkpoint import (
-        checkpoint_run_dir,
-        drop_later_checkpoints,
-        truncate_metrics,
-        write_folder,
-    )
     from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
     from yatt.config import save_config
     from yatt.control import make_controller
-    from yatt.control.workers import require_backend
 
-    check_controller_settings(config, control)
-    require_backend(control.backend)
-    check_eval_data(config)
-    for note in ignored_settings(control):
-        logger.warning("%s", note)
-    check_training_dtype(config)
-    check_rewards_grade_task(config)
-    if control.backend == "ray" and config.train.torch_threads:
-        logger.info(
-            "train.torch_threads=%d does not apply to Ray workers: each runs one thread per "
-            "core of its device (control.cpu_mapping)",
-            config.train.torch_threads,
-        )
+    _check_run(config, control)
     resume, state, claim = _claim(config)
     run_dir = claim.path
     start_step = 0 if state is None else state["step"]
@@ -99,13 +134,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     earlier: list[Segment] = []  # the records of the run's parts before this one
     try:
         if state is not None:  # before anything in the folder changes: a misfit is refused
-            controller.restore(Path(resume), state)
-            if checkpoint_run_dir(Path(resume)) == run_dir.resolve():  # in place
-                drop_later_checkpoints(run_dir, Path(resume), start_step, config.logging.overwrite)
-                truncate_metrics(metrics_path, start_step)
-                if (run_dir / SEGMENTS_FILE).is_file():  # the steps run again leave them now
-                    earlier = cut_segments(load_segments(run_dir), start_step)
-                    save_segments(run_dir, earlier)
+            earlier = _restore(controller, config, Path(resume), state, run_dir)
             if progress is not None:  # the bar starts at the resumed step, as the trainer's
                 progress(start_step, config.train.steps, _logged_row(Path(resume), start_step))
         if claim.previous:  # logging.overwrite: the rewards work before the previous run goes
@@ -134,13 +163,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
             stream.close()
         n_devices = len(controller.cluster.devices)
         if config.checkpoint.at_end:
-
-            def write(staging: Path) -> None:
-                controller.save_policy(staging)
-                save_config(recorded_config(config, control), staging / "config.yaml")
-
-            saved = write_folder(run_dir / MODEL_FOLDER, write)
-            logger.info("saved the trained policy in %s (yatt eval %s)", saved, saved)
+            _save_policy(controller, config, control, run_dir / MODEL_FOLDER)
     finally:
         controller.close()
     _rewrite_metrics(config, run_dir, start_step, start_rows, result.history)
