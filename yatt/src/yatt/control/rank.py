@@ -160,8 +160,6 @@ class RankWorker:
         same config, the others keep their module and the weights it holds
         (`_module_to_reuse`): a move's hand-over (`import_state`) then sets them. A reward
         service alone holds no module, so one given a policy or sampler role loads the model."""
-        from yatt.builders import build_data, build_model
-
         kept = getattr(self, "policy", None)
         if not roles or "policy" not in roles or config != self.config:
             kept = None
@@ -190,19 +188,7 @@ class RankWorker:
             # a policy rank's); a move that gives it a module's role loads the model then
             model = None
         else:
-            if reused is None:
-                reused, self.tokenizer = build_model(config.model)
-                self.train_set, self.heldout_set = build_data(config.data)
-                check_rows_have_answers(config, self.train_set, self.heldout_set)
-                check_prompts_fit_model(
-                    config, reused, self.tokenizer, self.train_set, self.heldout_set,
-                    length_schedule=control.length_schedule,
-                )  # fmt: skip
-                self._rendered: dict[int, str] = {}
-            check_budgets_fit_model(config, reused, length_schedule=control.length_schedule)
-            model = reused.to(self.device.torch_device()).eval()
-            for param in model.parameters():  # a former policy's gradients
-                param.grad = None
+            model = self._module_on_device(config, control, reused)
         self.model = model  # kept for later roles (`_module_to_reuse`)
         self._staged: dict[int, dict[str, Any]] = {}  # packed weights by version
         self.holds_state = kept is not None
@@ -228,6 +214,28 @@ class RankWorker:
         self.reward_service: Any = None
         self.owns_sampler = False
         self.first_step = 0
+
+    def _module_on_device(
+        self, config: Config, control: ControlConfig, reused: torch.nn.Module | None
+    ) -> torch.nn.Module:
+        """The policy module on this process's device: `reused` (a move's), or loaded anew
+        with the data, whose rows and prompts are checked against the model first."""
+        from yatt.builders import build_data, build_model
+
+        if reused is None:
+            reused, self.tokenizer = build_model(config.model)
+            self.train_set, self.heldout_set = build_data(config.data)
+            check_rows_have_answers(config, self.train_set, self.heldout_set)
+            check_prompts_fit_model(
+                config, reused, self.tokenizer, self.train_set, self.heldout_set,
+                length_schedule=control.length_schedule,
+            )  # fmt: skip
+            self._rendered: dict[int, str] = {}
+        check_budgets_fit_model(config, reused, length_schedule=control.length_schedule)
+        model = reused.to(self.device.torch_device()).eval()
+        for param in model.parameters():  # a former policy's gradients
+            param.grad = None
+        return model
 
     # ------------------------------------------------------------------ set-up
 
