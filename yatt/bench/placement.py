@@ -71,6 +71,7 @@ PROJECT_DEVICES = (8, 32, 128, 512, 1024)
 # the same machine
 STEAL_SPREAD_POINTS = 5
 QUICK_PROJECT_DEVICES = (8, 32)
+WARMUP_UPDATES = 2  # untimed updates at each width before the calibration times one
 
 
 def _config(args: argparse.Namespace):
@@ -142,7 +143,10 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
     step and of an update (`prompts` groups, `budget` response tokens) on a worker owning 2 cores
     (threads) vs 1, and the model's fp32 weight bytes. The median of three runs each: the
     machine is shared, and a slow run at one width misranks the plans (a best of two once
-    measured an update on 2 cores 3.4x faster than on 1)."""
+    measured an update on 2 cores 3.4x faster than on 1). The timed runs follow
+    `WARMUP_UPDATES` untimed ones at each width: a worker's first updates allocate and first
+    touch the optimizer's state and the gradients (on one core the first two took 4.5-5.0 s
+    where the next took 1.1 s), which made an update look 5x faster on 2 cores."""
     import torch
 
     from yatt.control.config import ControlConfig
@@ -166,13 +170,17 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
     def median3(measure) -> float:
         return statistics.median(measure(seed) for seed in range(3))
 
+    def train_s() -> float:
+        for seed in range(WARMUP_UPDATES):
+            timed_phases(worker, budget, prompts, 100 + seed)
+        return median3(lambda seed: timed_phases(worker, budget, prompts, seed)[1])
+
     rows = prompts * config.rollout.n_samples
     one = {"step1": median3(lambda _: step_s(1)), "step_rows": median3(lambda _: step_s(rows))}
-    one["train"] = median3(lambda seed: timed_phases(worker, budget, prompts, seed)[1])
+    one["train"] = train_s()
     worker.reset(config, control, ("policy", "sampler", "reward"), "c", Device("cpu", 0, 2))
     engine = worker.rollout.engine
-    two = {"step1": median3(lambda _: step_s(1))}
-    two["train"] = median3(lambda seed: timed_phases(worker, budget, prompts, seed)[1])
+    two = {"step1": median3(lambda _: step_s(1)), "train": train_s()}
     os.sched_setaffinity(0, affinity)
     torch.set_num_threads(threads)
     per_row = max(one["step_rows"] - one["step1"], 0.0) / max(rows - 1, 1)

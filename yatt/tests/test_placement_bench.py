@@ -154,6 +154,29 @@ def test_a_timed_update_runs_on_a_real_worker(bench_script):
     assert gen_s > 0 and update_s > 0
 
 
+def test_the_calibration_times_updates_after_the_warm_up(bench_script, monkeypatch):
+    """A worker's first updates are slow (allocations, first touch of the optimizer state);
+    timed, they made an update look 5x faster on 2 cores than on 1. Here the first
+    WARMUP_UPDATES updates at each width take 5 s and the others 1 s: the calibration sees
+    only the 1 s ones."""
+    from yatt.config import load_config
+
+    bench = bench_script("placement")
+    calls: list[int] = []
+
+    def timed_phases(worker, budget, prompts, seed):
+        calls.append(seed)
+        per_width = 3 + bench.WARMUP_UPDATES  # (three timed runs a width)
+        return 0.1, 5.0 if (len(calls) - 1) % per_width < bench.WARMUP_UPDATES else 1.0
+
+    monkeypatch.setattr(bench, "timed_phases", timed_phases)
+    config = load_config("tiny_test", ["rollout.n_samples=2"])
+    calib = bench.calibrate(config, prompts=1, budget=4, tokens=2)
+    assert len(calls) == 2 * (3 + bench.WARMUP_UPDATES)
+    assert calib["train_s_1"] == calib["train_s_2"] == 1.0
+    assert calib["train_parallel"] == 0.0  # no faster on 2 cores
+
+
 def test_the_planner_models_ranks_as_data_parallel_and_threads_as_calibrated(bench_script):
     bench = bench_script("placement")
     calib = {"gen_parallel": 0.57, "train_parallel": 0.5}
