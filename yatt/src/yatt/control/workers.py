@@ -452,7 +452,7 @@ def _release_ray(actors: list[Any], group: Any, errors: list[BaseException]) -> 
             ray.kill(actor)
         if group is not None:
             remove_placement_group(group)
-    except BaseException as error:  # raised again by the waiting shutdown
+    except BaseException as error:  # raised again by the waiting caller
         errors.append(error)
 
 
