@@ -191,10 +191,18 @@ def calibrate(config, prompts: int, budget: int, tokens: int = 32) -> dict[str, 
         "train_parallel": amdahl_fraction(one["train"], two["train"], 2),
         "train_s_1": one["train"],
         "train_s_2": two["train"],
+        "warmup_updates": WARMUP_UPDATES,
         # what a weight sync or a move's hand-over carries: the trained tensors (adapters
         # alone under LoRA)
         "param_bytes": 4.0 * sum(t.numel() for t in trained_state(worker.policy.model).values()),
     }
+
+
+def _warmup_text(calib: dict) -> str:
+    """How many untimed updates preceded the timed ones, where the run recorded it (runs
+    before 95d4e26 timed from the first update)."""
+    warmup = calib.get("warmup_updates")
+    return f" (after {warmup} untimed ones at each width)" if warmup else ""
 
 
 def planner_fractions(args: argparse.Namespace, calib: dict) -> dict[str, float]:
@@ -358,7 +366,8 @@ def _markdown(
         "trains). Calibration (median of 3): decode step on one core "
         f"{1000 * calib['decode_step_s']:.1f} ms + {1000 * calib['decode_row_s']:.2f} ms per "
         f"row; update of {args.prompts * args.samples} rows at the short budget "
-        f"{calib['train_s_1']:.2f} s on 1 core, {calib['train_s_2']:.2f} s on 2 threads; "
+        f"{calib['train_s_1']:.2f} s on 1 core, {calib['train_s_2']:.2f} s on 2 threads"
+        f"{_warmup_text(calib)}; "
         f"Amdahl fractions on 2 cores: decode {calib['gen_parallel']:.2f}, update "
         f"{calib['train_parallel']:.2f}"
         + (

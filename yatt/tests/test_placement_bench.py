@@ -175,6 +175,10 @@ def test_the_calibration_times_updates_after_the_warm_up(bench_script, monkeypat
     assert len(calls) == 2 * (3 + bench.WARMUP_UPDATES)
     assert calib["train_s_1"] == calib["train_s_2"] == 1.0
     assert calib["train_parallel"] == 0.0  # no faster on 2 cores
+    # the report says so, and says nothing for a run that recorded no warm-up (older ones)
+    warmed = f" (after {bench.WARMUP_UPDATES} untimed ones at each width)"
+    assert bench._warmup_text(calib) == warmed
+    assert bench._warmup_text({"train_s_1": 1.0}) == ""
 
 
 def test_the_planner_models_ranks_as_data_parallel_and_threads_as_calibrated(bench_script):
