@@ -51,7 +51,12 @@ from yatt.config import Config, save_config
 from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
 from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
-from yatt.roles.policy import FiniteSteps, load_optimizer_state, lr_lambda, step_schedule
+from yatt.roles.policy import (
+    FiniteSteps,
+    adamw_with_schedule,
+    load_optimizer_state,
+    step_schedule,
+)
 from yatt.run_checks import check_no_control_settings, check_training_dtype
 
 __all__ = ["run_sft"]
@@ -113,15 +118,7 @@ class _Trained:
     @classmethod
     def build(cls, model: Any, optim: Any, total_steps: int) -> _Trained:
         """AdamW over the trainable parameters (LoRA: the adapters) with `optim`'s schedule."""
-        params = [param for param in model.parameters() if param.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-            weight_decay=optim.weight_decay, fused=True,
-        )  # fmt: skip
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_steps)
-        )
-        return cls(model, optimizer, scheduler)
+        return cls(model, *adamw_with_schedule(model, optim, optim.lr, total_steps, fused=True))
 
     def step(
         self, prompts: list[list[int]], answers: list[list[int]], grad_clip: float
@@ -227,7 +224,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     finally:
         metrics_logger.close()
     model.eval()
-    folder = _save_model(model, tokenizer, config, run_dir / "model")
+    folder = _save_model(trained, tokenizer, config, run_dir / "model")
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
 
@@ -294,13 +291,12 @@ def _sft_data(config: Config) -> tuple[list[Any], list[Any]]:
     return train_set, heldout_set
 
 
-def _save_model(model: Any, tokenizer: Any, config: Config, folder: Path) -> Path:
+def _save_model(trained: _Trained, tokenizer: Any, config: Config, folder: Path) -> Path:
     """The fine-tuned model, its tokenizer and the run's config (`yatt eval` evaluates on its
     data), written whole or not at all."""
-    from yatt.models import save_checkpoint
 
     def write(staging: Path) -> None:
-        save_checkpoint(model, tokenizer, staging)
+        trained.save_pretrained(staging, tokenizer)
         save_config(config, staging / "config.yaml")
 
     return write_folder(folder, write)

@@ -17,7 +17,12 @@ from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.roles._forward import chunks, trim_columns
 from yatt.roles.base import Role
-from yatt.roles.policy import FiniteSteps, load_optimizer_state, lr_lambda, step_schedule
+from yatt.roles.policy import (
+    FiniteSteps,
+    adamw_with_schedule,
+    load_optimizer_state,
+    step_schedule,
+)
 
 __all__ = ["CriticRole"]
 
@@ -39,13 +44,8 @@ class CriticRole(Role):
         self.optim = optim
         self.norm_len = norm_len
         self.finite_steps = FiniteSteps("critic")
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=optim.critic_lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )  # fmt: skip
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_updates)
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            model, optim, optim.critic_lr, total_updates, fused=False
         )
 
     @classmethod

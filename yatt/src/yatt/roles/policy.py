@@ -42,7 +42,7 @@ from yatt.roles._forward import (
 )
 from yatt.roles.base import Role
 
-__all__ = ["FiniteSteps", "PolicyRole", "lr_lambda", "step_schedule"]
+__all__ = ["FiniteSteps", "PolicyRole", "adamw_with_schedule", "lr_lambda", "step_schedule"]
 
 logger = logging.getLogger(__name__)
 NONFINITE_STEPS_MAX = 3  # updates in a row whose gradient is not finite before a run stops
@@ -90,6 +90,23 @@ def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before")
         scheduler.step()
+
+
+def adamw_with_schedule(
+    model: torch.nn.Module, optim: Any, lr: float, total_steps: int, *, fused: bool
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `model`'s trainable parameters (LoRA: the adapters) at base rate `lr`,
+    `optim`'s betas, eps and weight decay, and its schedule over `total_steps` steps (the
+    policy's, the critic's and SFT's optimizers)."""
+    params = [param for param in model.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+        weight_decay=optim.weight_decay, fused=fused,
+    )  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_steps)
+    )
+    return optimizer, scheduler
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
@@ -174,17 +191,12 @@ class PolicyRole(Role):
         self.collective: Any = None
         self.metric_weights: dict[str, float] = {}  # set by each update, see there
         self.finite_steps = FiniteSteps("policy")
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-            weight_decay=optim.weight_decay, fused=True,
-        )  # fmt: skip
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_updates)
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            model, optim, optim.lr, total_updates, fused=True
         )
         # Gradients live as zero tensors, never None: AdamW skips a None-grad parameter but
         # updates a zero-grad one (momentum), and skipping must not change the result.
-        for param in params:
+        for param in self.optimizer.param_groups[0]["params"]:
             param.grad = torch.zeros_like(param)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
