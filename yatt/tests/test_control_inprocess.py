@@ -182,13 +182,24 @@ def test_length_schedule_changes_the_response_budget():
     assert max(lengths[:2]) <= 2 < lengths[2] <= 5
 
 
-def test_adaptive_controller_measures_its_decode_floor(monkeypatch):
+def test_adaptive_controller_measures_its_decode_floor(monkeypatch, caplog):
     """`yatt train ... control.replace_every=K` gives no calibration: the re-placing controller
-    times batch-1 decoding on its sampler (about one step per token, prefill included)."""
+    times batch-1 decoding on its sampler (about one step per token, prefill included). The
+    Amdahl fractions are data-parallel ranks' here, and also for in-process workers under
+    cpu_mapping=threads: they are not pinned, so no thread scaling is measured."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="yatt.control.adaptive")
     config = load_config("tiny_test", OVERRIDES)
+    threads = make_controller(config, _control(replace_every=1, n_devices=2,
+                                               cpu_mapping="threads"))  # fmt: skip
+    threads.close()
+    assert threads.parallel == {"gen_parallel": 0.0, "train_parallel": 1.0}
+    assert "inprocess workers are not pinned" in caplog.text
     controller = make_controller(config, _control(replace_every=1))
     try:
         assert 0 < controller.decode_step_s < 1.0
+        assert controller.parallel == {"gen_parallel": 0.0, "train_parallel": 1.0}
         observed = []
         observe_step = controller.replanner.observe_step
 

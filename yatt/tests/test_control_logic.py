@@ -1,6 +1,8 @@
 """Pure-logic tests of yatt.control: devices, placements, shards, workers (in-process), the cost
 model and its decisions, the simulator and timelines. No Ray, no models."""
 
+import os
+
 import pytest
 import torch
 
@@ -317,6 +319,44 @@ def test_threads_mapping_gives_each_role_one_multi_core_worker():
     assert role_devices(partial, cpus, "ranks")["policy"] == cpus  # one rank per core
     gpus = [Device("cuda", i) for i in range(4)]
     assert role_devices(partial, gpus, "threads")["policy"] == gpus  # GPUs stay ranks
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to")
+def test_a_thread_scaling_probe_runs_on_one_core_then_on_all_and_pins_its_worker_back():
+    """Re-placement's probes (`RankWorker.decode_scaling`, `update_scaling`) time a phase
+    pinned to one core with one thread, then on the run's first `cores` cores with that many
+    threads; the worker is pinned back to its own device after, also when a probe fails."""
+    from types import SimpleNamespace
+
+    from yatt.control.rank import RankWorker
+
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    core = sorted(affinity)[1]
+    worker = SimpleNamespace(device=Device("cpu", 1), control=SimpleNamespace(backend="ray"),
+                             name="r")  # fmt: skip
+    seen: list[tuple[set[int], int]] = []
+
+    def measure() -> float:
+        seen.append((os.sched_getaffinity(0), torch.get_num_threads()))
+        return float(len(seen))
+
+    def failing() -> float:
+        raise RuntimeError("probe failed")
+
+    try:
+        assert RankWorker._on_one_and_many(worker, 2, measure) == (1.0, 2.0)
+        assert seen == [({core}, 1), (set(sorted(affinity)[:2]), 2)]
+        assert (os.sched_getaffinity(0), torch.get_num_threads()) == ({core}, 1)  # its device
+        worker.device = Device("cpu", 0, 2)
+        with pytest.raises(RuntimeError, match="probe failed"):
+            RankWorker._on_one_and_many(worker, 2, failing)
+        assert (os.sched_getaffinity(0), torch.get_num_threads()) == (set(sorted(affinity)[:2]), 2)
+        worker.control.backend = "inprocess"  # unpinned workers cannot be probed
+        with pytest.raises(AssertionError, match="pinned CPU worker"):
+            RankWorker._on_one_and_many(worker, 2, measure)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
 
 
 def test_re_placement_moves_only_to_plans_whose_ranks_split_the_prompts_evenly():

@@ -291,6 +291,8 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     targets = {1: make_placement("partial", 2, 1), 2: make_placement("colocate", 2)}
     _script_moves(monkeypatch, targets)
     controller = AdaptiveController(config, control, decode_step_s=0.001)
+    # one rank per core, as on GPUs: the decode floor does not divide, an update's rows do
+    assert controller.parallel == {"gen_parallel": 0.0, "train_parallel": 1.0}
     first_actors = {h.actor for h in controller.cluster.all_handles()}
     try:
         run = controller.fit()
@@ -316,11 +318,17 @@ def test_runtime_replacement_moves_and_continues_the_run(ray_session, monkeypatc
     _assert_close(weights, _inprocess_weights(config))
 
 
-def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
+def test_threads_mapping_moves_between_plans(ray_session, monkeypatch, caplog):
     """cpu_mapping="threads": colocate(2) is one worker pinned to both cores (2 threads, no
     all-reduce) beside a parked spare process; a move to disaggregated(1/2) re-pins the policy
     worker to one core (keeping its optimizer state) and makes the spare the sampler, a move
-    back re-pins it to both cores. Synchronous plans, so the run equals the unmoved one."""
+    back re-pins it to both cores. Synchronous plans, so the run equals the unmoved one.
+    Before the run the worker timed a decode step and an update's passes on one core and on
+    both for the planner's Amdahl fractions (the probes leave the policy as it was: the
+    weights still match)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="yatt.control.adaptive")
     from yatt.control.adaptive import AdaptiveController
     from yatt.control.placement import make_placement
 
@@ -332,6 +340,11 @@ def test_threads_mapping_moves_between_plans(ray_session, monkeypatch):
     _script_moves(monkeypatch, targets)
     controller = AdaptiveController(config, control, decode_step_s=0.001)
     assert [h.device.name for h in controller.cluster.all_handles()] == ["cpu:0-1"]
+    assert controller.decode_step_s == 0.001  # given: kept
+    assert set(controller.parallel) == {"gen_parallel", "train_parallel"}
+    assert all(0 <= fraction <= 1 for fraction in controller.parallel.values())
+    measured = [r.getMessage() for r in caplog.records if "Amdahl fraction" in r.getMessage()]
+    assert len(measured) == 2 and "with 2 threads" in measured[1], measured
     processes = {h.actor for h in controller.cluster.all_handles() + controller.cluster.spares}
     assert len(processes) == 2  # the worker and a parked spare: a move starts no process
     try:

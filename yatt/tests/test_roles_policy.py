@@ -353,3 +353,24 @@ def test_data_parallel_ranks_train_as_one_policy_on_the_whole_batch(base_model, 
     for model in models:  # (AdamW's steps hardly see a gradient's scale: the gradients too)
         _assert_close(_grads(model), _grads(whole), atol=1e-12)
         _assert_close(dict(model.named_parameters()), dict(whole.named_parameters()), atol=1e-9)
+
+
+def test_a_probe_pass_runs_the_backward_pass_and_leaves_the_policy_as_it_was(base_model):
+    """`probe_pass` (re-placement's timing of an update on one core and on several) computes
+    the update's gradients over every micro-batch and then zeroes them, with no optimizer step:
+    a later update equals one on a policy that was never probed."""
+    batch = _batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
+    probed, fresh = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    policy = _policy(probed, micro_batch_size=3)
+    weight = next(p for p in probed.parameters() if p.requires_grad)
+    seen: list[float] = []
+    weight.register_hook(lambda grad: seen.append(float(grad.abs().sum())))
+    before = {name: p.detach().clone() for name, p in probed.named_parameters()}
+    policy.probe_pass(batch)
+    assert len(seen) == 3 and all(total > 0 for total in seen)  # 8 rows, micro-batches of 3
+    assert not probed.training
+    assert all(float(p.grad.abs().sum()) == 0 for p in probed.parameters())
+    _assert_close({n: p.detach() for n, p in probed.named_parameters()}, before, atol=0)
+    policy.update(batch)
+    _policy(fresh, micro_batch_size=3).update(batch)
+    _assert_close(dict(probed.named_parameters()), dict(fresh.named_parameters()), atol=0)

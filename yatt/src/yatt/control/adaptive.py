@@ -32,7 +32,7 @@ from yatt.control.config import ControlConfig, max_new_tokens_at
 from yatt.control.controller import Controller, RunResult, closing_on_error
 from yatt.control.parallel import ParallelController, ParallelRank
 from yatt.control.placement import Placement
-from yatt.control.replacement import Decision, Replanner, costs_from_spans
+from yatt.control.replacement import Decision, Replanner, amdahl_fraction, costs_from_spans
 from yatt.control.segments import merge_stats
 from yatt.control.timeline import Span
 
@@ -48,32 +48,40 @@ class AdaptiveController(Controller):
 
     `decode_step_s`: seconds of one decode step at batch 1 on one device (the generation floor
     per token); a gen call's floor is that times the decode steps it ran (the step's response
-    budget where a call's steps are unknown). None (as `yatt
-    train` passes): a sampler worker of the first plan measures it on its devices before the
-    run (`RankWorker.decode_step_s`), which is one device's where a worker owns one device
-    (GPUs, `control.cpu_mapping=ranks`). `gen_parallel`, `train_parallel`: the Amdahl
-    fractions of that floor and of an update over one worker's devices (see replacement.py;
-    the defaults are data-parallel ranks' and GPUs'), measured by the caller for multi-core CPU
-    workers (`control.cpu_mapping=threads`; yatt/bench/placement.py's `calibrate`).
+    budget where a call's steps are unknown). `gen_parallel`, `train_parallel`: the Amdahl
+    fractions of that floor and of an update over one worker's devices (see replacement.py).
+    Each None (as `yatt train` passes) is measured before the run:
+    - where a worker owns one device (GPUs, `control.cpu_mapping=ranks`), a sampler worker of
+      the first plan times a decode step on its device (`RankWorker.decode_step_s`); the
+      fractions are data-parallel ranks' (the floor does not divide, an update's rows do);
+    - where a worker owns several CPU cores (`control.cpu_mapping=threads`, Ray, two or more
+      devices), the first plan's sampler times a decode step and its first policy rank an
+      update's passes over a micro-batch on one core and with a thread on each of the run's
+      cores
+      (`RankWorker.decode_scaling`, `update_scaling`): the one-core step is the floor, and the
+      fractions come from the ratios (memory-bound work scales below linear on a CPU).
+    yatt/bench/placement.py's `calibrate` measures them with whole updates and passes them in.
     """
 
     mode = "adaptive"
 
     def __init__(self, config: Config, control: ControlConfig, decode_step_s: float | None = None,
-                 gen_parallel: float = 0.0, train_parallel: float = 1.0) -> None:  # fmt: skip
+                 gen_parallel: float | None = None, train_parallel: float | None = None
+                 ) -> None:  # fmt: skip
         assert control.replace_every > 0, "runtime re-placement needs control.replace_every > 0"
         super().__init__(config, control, build_cluster(config, control, ParallelRank))
         with closing_on_error(self.cluster, owned=True):
             self._set_up(config, control, decode_step_s, gen_parallel, train_parallel)
 
     def _set_up(self, config: Config, control: ControlConfig, decode_step_s: float | None,
-                gen_parallel: float, train_parallel: float) -> None:  # fmt: skip
-        if decode_step_s is None:
-            decode_step_s = self.cluster.sampler_for(0).call("decode_step_s")
-            logger.info("re-placement: decode step at batch 1 measured at %.1f ms",
-                        1000 * decode_step_s)  # fmt: skip
-        self.decode_step_s = decode_step_s
-        self.parallel = {"gen_parallel": gen_parallel, "train_parallel": train_parallel}
+                gen_parallel: float | None, train_parallel: float | None) -> None:  # fmt: skip
+        given = {"decode_step_s": decode_step_s, "gen_parallel": gen_parallel,
+                 "train_parallel": train_parallel}  # fmt: skip
+        missing = {key for key, value in given.items() if value is None}
+        if missing:
+            given |= self._measure_scaling(config, control, missing)
+        self.decode_step_s = given.pop("decode_step_s")
+        self.parallel = given
         self.plan: Placement = self.cluster.placement
         self.controller = ParallelController(config, control, self.cluster)
         overlap = control.async_staleness > 0
@@ -97,6 +105,51 @@ class AdaptiveController(Controller):
         self._last_move: tuple[Decision | None, float | None] = (None, None)
         self._spans: list[tuple] = []  # timeline.Span's fields
         self._workers: dict[str, dict[str, float]] = {}
+
+    def _measure_scaling(self, config: Config, control: ControlConfig, missing: set[str]
+                         ) -> dict[str, float]:  # fmt: skip
+        """The `missing` ones of the decode floor per token on one device and the Amdahl
+        fractions, measured on the first plan's workers (see the class docstring)."""
+        sampler, rank = self.cluster.sampler_for(0), self.cluster.ranks.handles[0]
+        n = len(self.cluster.devices)
+        threads = control.cpu_mapping == "threads" and self.cluster.devices[0].kind == "cpu"
+        if not (threads and control.backend == "ray" and n >= 2 and not control.oversubscribe):
+            if threads:
+                logger.info(
+                    "re-placement: %s workers are not pinned to their cores; an update is "
+                    "taken to divide over them, the decode floor not",
+                    "oversubscribed" if control.oversubscribe else control.backend,
+                )
+            measured = {"gen_parallel": 0.0, "train_parallel": 1.0}
+            if "decode_step_s" in missing:
+                measured["decode_step_s"] = sampler.call("decode_step_s")
+                logger.info("re-placement: decode step at batch 1 measured at %.1f ms",
+                            1000 * measured["decode_step_s"])  # fmt: skip
+            return {key: measured[key] for key in missing}
+        measured = {}
+        if missing & {"decode_step_s", "gen_parallel"}:
+            one_s, many_s = sampler.call("decode_scaling", n)
+            measured["decode_step_s"] = one_s
+            measured["gen_parallel"] = amdahl_fraction(one_s, many_s, n)
+            logger.info("re-placement: a decode step at batch 1 took %.1f ms on 1 core, %.1f ms "
+                        "with %d threads: Amdahl fraction %.2f", 1000 * one_s, 1000 * many_s, n,
+                        measured["gen_parallel"])  # fmt: skip
+        if "train_parallel" in missing:
+            budget = max_new_tokens_at(control, 0, config.rollout.max_new_tokens)
+            # an update runs its micro-batches one after another, so one micro-batch (at most)
+            # scales as the whole update does
+            rows = (
+                config.algo.prompts_per_step // len(self.cluster.ranks) * config.rollout.n_samples
+            )
+            rows = min(rows, config.algo.micro_batch_size)
+            one_s, many_s = rank.call("update_scaling", n, rows, budget)
+            measured["train_parallel"] = amdahl_fraction(one_s, many_s, n)
+            logger.info(
+                "re-placement: an update's passes over a micro-batch (%d rows of %d tokens) took "
+                "%.2f s on 1 core, %.2f s with %d threads: Amdahl fraction %.2f",
+                rows, budget, one_s, many_s, n, measured["train_parallel"],
+            )  # fmt: skip
+        return {key: measured[key] for key in missing}
 
     def _drain(self) -> list[tuple[int, str, str, float, float]]:
         events = []

@@ -456,6 +456,67 @@ class RankWorker:
             best_s = min(best_s, (time.perf_counter() - start_s) / len(completion.token_ids))
         return best_s
 
+    # The thread-scaling probes below run before a run's first step, while every other worker
+    # idles: a probe may pin its worker to cores another worker owns.
+
+    def decode_scaling(self, cores: int) -> tuple[float, float]:
+        """Sampler on a CPU device (`control.cpu_mapping=threads`): `decode_step_s` pinned to
+        one core, then with `cores` threads on the run's first `cores` cores; the worker is
+        pinned back to its device after. Runtime re-placement's Amdahl fraction of the decode
+        floor comes from the pair."""
+        return self._on_one_and_many(cores, self.decode_step_s)
+
+    def update_scaling(self, cores: int, rows: int, tokens: int) -> tuple[float, float]:
+        """Policy rank on a CPU device: an update's forward and backward passes over `rows`
+        rows of `tokens` response tokens (`PolicyRole.probe_pass`: no optimizer step, the
+        policy stays as it was), on one core and then with `cores` threads, as
+        `decode_scaling`; each the median of 3 after an untimed pass (the first allocates the
+        activations and the gradients' first touch)."""
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        policy, batch = self.policy, self._probe_batch(rows, tokens)
+
+        def update_s() -> float:
+            policy.probe_pass(batch)
+            times = []
+            for _ in range(3):
+                start_s = time.perf_counter()
+                policy.probe_pass(batch)
+                times.append(time.perf_counter() - start_s)
+            return sorted(times)[1]
+
+        return self._on_one_and_many(cores, update_s)
+
+    def _on_one_and_many(self, cores: int, measure: Any) -> tuple[float, float]:
+        assert self.device.kind == "cpu" and self.control.backend == "ray", (
+            f"{self.name}: thread scaling needs a pinned CPU worker (Ray), not "
+            f"{self.device.name} on {self.control.backend}"
+        )
+        assert cores >= 2, f"cores={cores}"
+        try:
+            Device("cpu", self.device.index).bind()
+            one_s = measure()
+            Device("cpu", 0, cores).bind()
+            return one_s, measure()
+        finally:
+            self.device.bind()
+
+    def _probe_batch(self, rows: int, tokens: int) -> Any:
+        """`rows` copies of the first training prompt, each with `tokens` response tokens
+        drawn (seeded) from the vocabulary, advantages of alternating sign (every row trains),
+        and zero reference log-probs where the loss has a KL term."""
+        from yatt.batch import RolloutBatch
+
+        assert self.policy is not None, f"{self.name} hosts no policy"
+        prompt = self.tokenizer(self._prompt(0), add_special_tokens=False)["input_ids"]
+        vocab = self.policy.model.get_input_embeddings().num_embeddings
+        drawn = torch.randint(vocab, (rows, tokens), generator=torch.Generator().manual_seed(0))
+        batch = RolloutBatch.from_token_lists([prompt] * rows, drawn.tolist())
+        signs = torch.tensor([1.0, -1.0]).repeat(rows)[:rows, None]
+        batch.advantages = signs * batch.response_mask
+        if self.config.algo.kl_coef > 0 and not self.config.algo.kl_in_reward:
+            batch.ref_logp = torch.zeros_like(batch.response_mask)
+        return batch.check("advantages")
+
     def load_weights(self, version: int, state: dict[str, Any]) -> int:
         """Sampler: stage the policy weights of `version` (weight sync; `state` as `weights(
         packed=True)` gives it). A request names the version it needs, so the order in which

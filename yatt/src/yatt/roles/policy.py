@@ -301,6 +301,22 @@ class PolicyRole(Role):
         increment_version(params)
         return sums, True
 
+    def probe_pass(self, batch: RolloutBatch) -> None:
+        """An update's forward and backward passes over every row of `batch` (advantages
+        set), with no optimizer step, the gradients zeroed after: the policy is left as it
+        was. A timing probe (runtime re-placement's, see `RankWorker.update_scaling`)."""
+        batch.check("advantages")
+        normalizer = loss_normalizer(batch.response_mask, self.algo.loss_agg, self.norm_len)
+        self.model.train()
+        try:
+            for micro_rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
+                self._micro_step(batch.select(micro_rows).to(self.device), normalizer)
+        finally:
+            self.model.eval()
+            for param_group in self.optimizer.param_groups:
+                for param in param_group["params"]:
+                    param.grad.zero_()
+
     def _micro_step(self, micro: RolloutBatch, normalizer: float) -> dict[str, float]:
         ids, attention, mask, prompt_width = trim_columns(
             micro.input_ids, micro.attention_mask, micro.response_mask, micro.prompt_width
