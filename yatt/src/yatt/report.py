@@ -68,45 +68,9 @@ def progress_bar(
     if not enabled:
         yield lambda step, total, metrics: None
         return
-    rewards: list[float] = []
-    step_times: list[float] = []
-    held_out = [""]
-
-    def note(metrics: dict[str, float]) -> tuple[float, float, str]:
-        """Take in a row (a step's; an evaluation-only row has no step time or reward)."""
-        if metric in metrics:
-            rewards.append(metrics[metric])
-        if "timing_s/step" in metrics:
-            step_times.append(metrics["timing_s/step"])
-        if "eval/accuracy" in metrics:
-            held_out[0] = f"acc {100 * metrics['eval/accuracy']:.1f}%"
-        if "sft/heldout_loss" in metrics:
-            held_out[0] = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
-        return (
-            statistics.fmean(rewards[-_RECENT:]) if rewards else math.nan,
-            statistics.fmean(step_times[-_RECENT:]) if step_times else math.nan,
-            held_out[0],
-        )
-
+    recent = _Recent(metric)
     if not console.is_terminal and not console.is_jupyter:  # (a notebook draws the bar)
-        started_s, last_s = time.monotonic(), -math.inf
-
-        def log_line(step: int, total: int, metrics: dict[str, float]) -> None:
-            nonlocal last_s
-            reward, step_s, extra = note(metrics)
-            now_s = time.monotonic()
-            if now_s - last_s < PLAIN_PROGRESS_EVERY_S and step < total:
-                return
-            last_s = now_s
-            # From the recent steps: a resumed run's earlier ones ran in another process.
-            eta = step_s * (total - step)
-            logger.info(
-                "step %d/%d: %s %.3f, %.2f s/step (last %d steps)%s, elapsed %s, eta %s",
-                step, total, label, reward, step_s, min(len(step_times), _RECENT),
-                f", {extra}" if extra else "", _clock(now_s - started_s), _clock(eta),
-            )  # fmt: skip
-
-        yield log_line
+        yield _log_lines(recent, label)
         return
     columns = (
         TextColumn("[bold]step {task.completed:>4.0f}/{task.total:.0f}"),
@@ -124,10 +88,60 @@ def progress_bar(
         )
 
         def update(step: int, total: int, metrics: dict[str, float]) -> None:
-            reward, step_s, extra = note(metrics)
+            reward, step_s, extra = recent.note(metrics)
             bar.update(task, completed=step, reward=reward, step_s=step_s, extra=extra)
 
         yield update
+
+
+class _Recent:
+    """What the progress shows of the rows so far: the means over the last `_RECENT` steps of
+    `metric` and of the step time, and the latest held-out result."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.rewards: list[float] = []
+        self.step_times: list[float] = []
+        self.held_out = ""
+
+    def note(self, metrics: dict[str, float]) -> tuple[float, float, str]:
+        """Take in a row (a step's; an evaluation-only row has no step time or reward)."""
+        if self.metric in metrics:
+            self.rewards.append(metrics[self.metric])
+        if "timing_s/step" in metrics:
+            self.step_times.append(metrics["timing_s/step"])
+        if "eval/accuracy" in metrics:
+            self.held_out = f"acc {100 * metrics['eval/accuracy']:.1f}%"
+        if "sft/heldout_loss" in metrics:
+            self.held_out = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
+        return (
+            statistics.fmean(self.rewards[-_RECENT:]) if self.rewards else math.nan,
+            statistics.fmean(self.step_times[-_RECENT:]) if self.step_times else math.nan,
+            self.held_out,
+        )
+
+
+def _log_lines(recent: _Recent, label: str) -> ProgressFn:
+    """The progress as a log line every `PLAIN_PROGRESS_EVERY_S` seconds and at the last step
+    (stderr is no terminal: a log file, a batch job)."""
+    started_s, last_s = time.monotonic(), -math.inf
+
+    def log_line(step: int, total: int, metrics: dict[str, float]) -> None:
+        nonlocal last_s
+        reward, step_s, extra = recent.note(metrics)
+        now_s = time.monotonic()
+        if now_s - last_s < PLAIN_PROGRESS_EVERY_S and step < total:
+            return
+        last_s = now_s
+        # From the recent steps: a resumed run's earlier ones ran in another process.
+        eta = step_s * (total - step)
+        logger.info(
+            "step %d/%d: %s %.3f, %.2f s/step (last %d steps)%s, elapsed %s, eta %s",
+            step, total, label, reward, step_s, min(len(recent.step_times), _RECENT),
+            f", {extra}" if extra else "", _clock(now_s - started_s), _clock(eta),
+        )  # fmt: skip
+
+    return log_line
 
 
 def _clock(seconds: float) -> str:

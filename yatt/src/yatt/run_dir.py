@@ -133,25 +133,7 @@ def check_run_dir(
     refused reuse.
     """
     run_dir = os.fspath(run_dir)  # (a Path, from Python)
-    if not run_dir.strip():
-        raise ConfigError("logging.run_dir is empty; name a folder for the run's outputs")
-    folder = Path(run_dir)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"logging.run_dir={run_dir} is a file, not a folder")
-    created = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"logging.run_dir={run_dir}: cannot create it ({exc})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
-    try:
-        lock = _lock(folder, run_dir)
-    except ConfigError:
-        if created:  # (not the folder of the job holding the lock: that one made its own)
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only if empty: never the lock file another job holds
-        raise
+    folder, created, lock = _make_and_lock(run_dir)
     found = [name for name in outputs if _holds_output(folder / name)]
     if not (found or resuming) and _foreign_config(folder / _SAVED_CONFIG):
         if not overwrite:
@@ -174,17 +156,48 @@ def check_run_dir(
             f"logging.run_dir={run_dir} already holds a run ({shown}): "
             f"{resume_hint}choose another folder, or set logging.overwrite=true to replace it"
         )
-    if model_path and Path(model_path).exists():
-        used = Path(model_path).resolve()
-        for name in found:
-            if used.is_relative_to((folder / name).resolve()):
-                raise ConfigError(
-                    f"logging.overwrite=true would delete {folder / name}, which holds "
-                    f"model.path={model_path}: write this run to another folder"
-                )
+    _refuse_deleting_the_model(folder, found, model_path)
     return RunDirClaim(
         folder, tuple(folder / name for name in found), shown, created=created, lock=lock
     )
+
+
+def _make_and_lock(run_dir: str) -> tuple[Path, bool, _FolderLock | None]:
+    """The run folder `run_dir`, made if missing, checked writable and locked for this job;
+    whether this call made it; the lock. A folder made here goes again if the lock fails."""
+    if not run_dir.strip():
+        raise ConfigError("logging.run_dir is empty; name a folder for the run's outputs")
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"logging.run_dir={run_dir} is a file, not a folder")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"logging.run_dir={run_dir}: cannot create it ({exc})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"logging.run_dir={run_dir}: the folder is not writable")
+    try:
+        return folder, created, _lock(folder, run_dir)
+    except ConfigError:
+        if created:  # (not the folder of the job holding the lock: that one made its own)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: never the lock file another job holds
+        raise
+
+
+def _refuse_deleting_the_model(folder: Path, found: list[str], model_path: str) -> None:
+    """Raise ConfigError where overwriting `found` in `folder` would delete the run's own
+    `model.path` (an SFT run's `model/` that an RL run in the same folder starts from)."""
+    if not model_path or not Path(model_path).exists():
+        return
+    used = Path(model_path).resolve()
+    for name in found:
+        if used.is_relative_to((folder / name).resolve()):
+            raise ConfigError(
+                f"logging.overwrite=true would delete {folder / name}, which holds "
+                f"model.path={model_path}: write this run to another folder"
+            )
 
 
 def _remove_empty(folder: Path) -> None:
