@@ -44,7 +44,7 @@ from yatt.checkpoint import (
     truncate_metrics,
     write_folder,
 )
-from yatt.common import JsonlSink, MetricsLogger
+from yatt.common import MetricsLogger
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
@@ -260,12 +260,8 @@ def _sft_model(config: Config, model: Any, tokenizer: Any, resume: str) -> tuple
 
 def _metrics_logger(config: Config, run_dir: Path, done: int) -> MetricsLogger:
     """sft_metrics.jsonl, and TensorBoard where `logging.tensorboard` (from step `done`)."""
-    from yatt.common import TensorBoardSink
-
-    sinks: list[Any] = [JsonlSink(run_dir / "sft_metrics.jsonl")]
-    if config.logging.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard", done))
-    return MetricsLogger(sinks)
+    board = run_dir / "tensorboard" if config.logging.tensorboard else None
+    return MetricsLogger.to_files(run_dir / "sft_metrics.jsonl", board, done)
 
 
 def _sft_data(config: Config) -> tuple[list[Any], list[Any]]:

@@ -41,7 +41,7 @@ from yatt.checkpoint import (
     truncate_metrics,
     warn_changed_scoring,
 )
-from yatt.common import JsonlSink, MetricsLogger, PhaseTimer, TensorBoardSink
+from yatt.common import MetricsLogger, PhaseTimer
 from yatt.common.seeding import rng_state, seed_everything, set_rng_state
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
@@ -495,10 +495,8 @@ class Trainer:
             path.unlink(missing_ok=True)
         else:
             truncate_metrics(path, self.step)
-        sinks: list[Any] = [JsonlSink(path)]
-        if self.config.logging.tensorboard:
-            sinks.append(TensorBoardSink(self.run_dir / "tensorboard", self.step))
-        return MetricsLogger(sinks)
+        board = self.run_dir / "tensorboard" if self.config.logging.tensorboard else None
+        return MetricsLogger.to_files(path, board, self.step)
 
     def _maybe_checkpoint(self, out_of_time: bool = False) -> Path | None:
         """The checkpoint due after this step (`checkpoint_due`), if one is."""

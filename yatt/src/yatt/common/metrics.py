@@ -59,6 +59,18 @@ class MetricsLogger:
         self.sinks = sinks
         self.history: list[dict[str, float]] = []
 
+    @classmethod
+    def to_files(
+        cls, jsonl: Path, tensorboard: Path | None, start_step: int = 0
+    ) -> "MetricsLogger":
+        """A run's logger: rows appended to `jsonl`, and scalars to TensorBoard event files
+        in the folder `tensorboard` where one is given (a run resumed after `start_step`
+        purges the later steps' events, see `TensorBoardSink`)."""
+        sinks: list[Any] = [JsonlSink(jsonl)]
+        if tensorboard is not None:
+            sinks.append(TensorBoardSink(tensorboard, start_step))
+        return cls(sinks)
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
             assert isinstance(value, float | int), f"metric {key} is {type(value).__name__}"

@@ -119,7 +119,7 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     REINFORCE++, a KL term under re-placement), for control.backend=ray
     without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
     the controllers did not write or whose data position does not fit this run."""
-    from yatt.common import JsonlSink, MetricsLogger, TensorBoardSink
+    from yatt.common import MetricsLogger
     from yatt.config import save_config
     from yatt.control import make_controller
 
@@ -142,10 +142,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
         save_config(recorded_config(config, control), run_dir)
         warn_if_nothing_kept(config)
-        sinks: list[Any] = [JsonlSink(metrics_path)]
-        if config.logging.tensorboard:
-            sinks.append(TensorBoardSink(run_dir / "tensorboard", start_step))
-        stream = MetricsLogger(sinks)
+        board = run_dir / "tensorboard" if config.logging.tensorboard else None
+        stream = MetricsLogger.to_files(metrics_path, board, start_step)
 
         start_rows: list[dict[str, float]] = []  # step 0: the evaluation before training
 
