@@ -698,7 +698,28 @@ def _report_again(saved: Path, out_dir: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print_ratios(records: list[dict], fractions: list[float], console) -> None:
+    """DistDGCC over the best baseline per scenario (commits/s, with the rounds' range, and
+    per node CPU second), then at each distributed fraction of the sweep."""
+    best = best_by_protocol(records)
+    per_cpu = ratios(best, metric=CPU_METRIC)
+    for scenario, (ratio, rival) in ratios(best).items():
+        cpu_ratio, cpu_rival = per_cpu[scenario]
+        rounds = round_ratios(records)[scenario]
+        spread = f" ({_range(rounds)} round by round)" if len(rounds) > 1 else ""
+        console.print(
+            f"{scenario}: DistDGCC / {rival} = {ratio:.2f}x commits/s{spread}, "
+            f"/ {cpu_rival} = {cpu_ratio:.2f}x commits per node CPU second"
+        )
+    for fraction in fractions if len(fractions) > 1 else ():
+        for scenario in high_scenarios(records):
+            ratio, rival = ratios(best_by_protocol(records, fraction))[scenario]
+            console.print(
+                f"{scenario} at {fraction:.0%} distributed: DistDGCC / {rival} = {ratio:.2f}x"
+            )
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, 2 scenarios, temp out")
     parser.add_argument(
@@ -740,6 +761,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="no runs: write the markdown and plot again from a saved protocols.json",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.from_json is not None:
         return _report_again(args.from_json, args.out_dir or args.from_json.parent)
@@ -762,22 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     (out_dir / "protocols.md").write_text(markdown(records, facts, args))
     plot(records, args.fractions, out_dir / "protocols.png")
-    best = best_by_protocol(records)
-    per_cpu = ratios(best, metric=CPU_METRIC)
-    for scenario, (ratio, rival) in ratios(best).items():
-        cpu_ratio, cpu_rival = per_cpu[scenario]
-        rounds = round_ratios(records)[scenario]
-        spread = f" ({_range(rounds)} round by round)" if len(rounds) > 1 else ""
-        console.print(
-            f"{scenario}: DistDGCC / {rival} = {ratio:.2f}x commits/s{spread}, "
-            f"/ {cpu_rival} = {cpu_ratio:.2f}x commits per node CPU second"
-        )
-    for fraction in args.fractions if len(args.fractions) > 1 else ():
-        for scenario in high_scenarios(records):
-            ratio, rival = ratios(best_by_protocol(records, fraction))[scenario]
-            console.print(
-                f"{scenario} at {fraction:.0%} distributed: DistDGCC / {rival} = {ratio:.2f}x"
-            )
+    _print_ratios(records, args.fractions, console)
     console.print(f"wrote {out_dir}/protocols.{{json,md,png}}")
     if args.log:
         import protocols_logged  # dgcc/bench/protocols_logged.py, next to this script
