@@ -480,31 +480,52 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     trainer.train()
     train_wall_s = curve.train_wall_s()
     final_dir = Path(output_dir) / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
-    from yatt.models import load_model, load_tokenizer
-
-    reloaded = load_model(final_dir, dtype=torch.float32)
-    saved = heldout_accuracy(reloaded, load_tokenizer(final_dir), heldout, settings.eval_batch_size)
+    saved = _saved_model_accuracy(trainer, tokenizer, final_dir, heldout, settings)
     if saved != curve.points[-1][1]:
         logger.warning("TRL's saved model scores %.3f, in memory %.3f", saved, curve.points[-1][1])
-    step_logs = [log for log in records if "reward" in log]
-    assert len(step_logs) == len(step_s) == settings.steps, (len(step_logs), len(step_s))
-    steps = []
-    for index, log in enumerate(step_logs):
-        phases = {"gen": gen_s[index], "reward": reward_s[index],
-                  "gen_and_score": score_s[index],
-                  "update": step_s[index] - score_s[index]}  # fmt: skip
-        if "step_time" in log:
-            phases["trl_step_time"] = log["step_time"]
-        tokens = log["completions/mean_length"] * settings.batch_completions
-        steps.append(_step_record(step_s[index], log["reward"], tokens, phases, cpu_s=cpu_s[index],
-                                  zero_signal_frac=log["frac_reward_zero_std"]))  # fmt: skip
+    timings = {"step": step_s, "cpu": cpu_s, "gen": gen_s, "reward": reward_s, "score": score_s}
+    steps = _trl_steps([log for log in records if "reward" in log], timings, settings)
     return {"run": "trl", "framework": "trl", "version": trl_report.version("trl"), "steps": steps,
             "train_wall_s": train_wall_s, **curve.result(),
             "torch_threads": _threads(), "accuracy_saved_model": saved,
             "final_model_dir": str(final_dir),
             "prompt_ids_match_yatt": prompts_match}  # fmt: skip
+
+
+def _saved_model_accuracy(trainer: Any, tokenizer: Any, final_dir: Path, heldout: Any,
+                          settings: BenchSettings) -> float:  # fmt: skip
+    """TRL's trained model saved into `final_dir`, loaded back as yatt loads a model, and its
+    held-out accuracy (the in-memory one should match)."""
+    import torch
+
+    from yatt.models import load_model, load_tokenizer
+
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+    reloaded = load_model(final_dir, dtype=torch.float32)
+    return heldout_accuracy(reloaded, load_tokenizer(final_dir), heldout, settings.eval_batch_size)
+
+
+def _trl_steps(step_logs: list[dict], timings: dict[str, list[float]],
+               settings: BenchSettings) -> list[dict[str, Any]]:  # fmt: skip
+    """One step record per TRL step from its logged row and the step's timings (wall and CPU
+    seconds of the step, of generate, of the reward function, of generating and scoring; the
+    update is the step's rest)."""
+    assert len(step_logs) == len(timings["step"]) == settings.steps, (
+        len(step_logs), len(timings["step"]),
+    )  # fmt: skip
+    steps = []
+    for index, log in enumerate(step_logs):
+        step_s, score_s = timings["step"][index], timings["score"][index]
+        phases = {"gen": timings["gen"][index], "reward": timings["reward"][index],
+                  "gen_and_score": score_s, "update": step_s - score_s}  # fmt: skip
+        if "step_time" in log:
+            phases["trl_step_time"] = log["step_time"]
+        tokens = log["completions/mean_length"] * settings.batch_completions
+        steps.append(_step_record(step_s, log["reward"], tokens, phases,
+                                  cpu_s=timings["cpu"][index],
+                                  zero_signal_frac=log["frac_reward_zero_std"]))  # fmt: skip
+    return steps
 
 
 def _threads() -> int:
