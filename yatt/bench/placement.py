@@ -343,6 +343,24 @@ def _run_plans(args: argparse.Namespace, calib: dict, console) -> tuple[dict, li
 def _markdown(
     args, runs: dict, decisions: list, sim: dict, calib: dict, host: dict | None = None
 ) -> str:
+    lines = [*_setup_lines(args, calib, host), *_runs_table(runs, args.warmup)]
+    lines += ["", "Re-placement decisions:", ""]
+    lines += [f"- step {d.step}: {d.reason}" for d in decisions] or ["- none"]
+    lines += [
+        "",
+        "Simulator at 2 devices, driven by the colocated run's measured phase costs (as "
+        "one-core work through the calibrated scaling fractions) and the partial run's "
+        "measured weight push:",
+        "",
+    ]
+    lines += sim_vs_measured(runs, sim["sim_total_s_at_2"])
+    lines += _projection_lines(args, sim)
+    lines += ["", _reading(runs, args)]
+    return "\n".join(lines) + "\n"
+
+
+def _setup_lines(args, calib: dict, host: dict | None) -> list[str]:
+    """The section's title and its paragraph on the workload, the plans and the calibration."""
     from yatt.common.hostfacts import describe
 
     mapping = (
@@ -354,7 +372,7 @@ def _markdown(
     title = "## yatt: placements and runtime re-placement"
     if args.tag:
         title += f" (`--tag {args.tag}`: CPU mapping `{args.cpu_mapping}`{adapters})"
-    lines = [
+    return [
         title,
         "",
         f"GRPO on `{args.model}`{adapters}, {args.prompts} `{args.task}` prompts x "
@@ -379,17 +397,12 @@ def _markdown(
         + describe(host),
         "",
     ]
-    lines += _runs_table(runs, args.warmup)
-    lines += ["", "Re-placement decisions:", ""]
-    lines += [f"- step {d.step}: {d.reason}" for d in decisions] or ["- none"]
-    lines += [
-        "",
-        "Simulator at 2 devices, driven by the colocated run's measured phase costs (as "
-        "one-core work through the calibrated scaling fractions) and the partial run's "
-        "measured weight push:",
-        "",
-    ]
-    lines += sim_vs_measured(runs, sim["sim_total_s_at_2"])
+
+
+def _projection_lines(args, sim: dict) -> list[str]:
+    """The simulated jump sweep at 2 devices and the projections to many devices: from the
+    measured costs, from the H200 anchors and from yatt's own H200 costs (those present)."""
+    lines: list[str] = []
     if sim.get("shift_sweep"):
         lines += [
             "",
@@ -438,8 +451,7 @@ def _markdown(
             "",
         ]
         lines += projection_table(measured["rows"])
-    lines += ["", _reading(runs, args)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _runs_table(runs: dict, warmup: int) -> list[str]:
@@ -659,7 +671,7 @@ def _resim(args: argparse.Namespace, out_dir: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--model", default="smollm2", help="model.path (quick: tiny)")
@@ -694,6 +706,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="recompute the simulated sections from the stored measurements",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.tag and not args.tag.isalnum():
         parser.error(f"--tag {args.tag!r} must be letters and digits (it names files)")
@@ -738,9 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     _plots(runs, out_dir, suffix)
     section = out_dir / f"yatt_control_placement{suffix}.md"
     section.write_text(_markdown(args, runs, decisions, sim, calib, host))
-    json_path = out_dir / "yatt_control.json"
-    data = json.loads(json_path.read_text()) if json_path.is_file() else {}
-    data["placement" + suffix] = {
+    record = {
         "runs": {k: {kk: vv for kk, vv in v.items() if kk != "events"} for k, v in runs.items()},
         "decisions": [d.__dict__ for d in decisions],
         "sim": sim,
@@ -748,9 +763,17 @@ def main(argv: list[str] | None = None) -> int:
         "host": host,
         "args": vars(args) | {"out_dir": str(out_dir)},
     }
-    json_path.write_text(json.dumps(data, indent=1, default=str))
+    _store_section(out_dir / "yatt_control.json", "placement" + suffix, record)
     console.print(section.read_text())
     return 0
+
+
+def _store_section(json_path: Path, key: str, record: dict) -> None:
+    """Put `record` under `key` in the JSON file `json_path` (the controllers bench writes its
+    sections there too), keeping the other sections."""
+    data = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    data[key] = record
+    json_path.write_text(json.dumps(data, indent=1, default=str))
 
 
 if __name__ == "__main__":
