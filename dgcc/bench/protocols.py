@@ -319,6 +319,19 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
         "| gave up | p50 ms | p99 ms | multi-node | node cpu | commits/node-cpu-s |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    lines += _best_rows(records, best)
+    lines += _ratio_lines(records, best)
+    lines += ["", CALVIN_CAVEAT, ""]
+    lines += sweep_markdown(records, args.fractions)
+    lines += understated_markdown(records, tuple(dict.fromkeys((FRACTION, *args.fractions))))
+    lines += ["", "![protocols side by side](protocols.png)", ""]
+    return "\n".join(lines)
+
+
+def _best_rows(records: list[dict[str, Any]], best: dict) -> list[str]:
+    """The table's rows, each protocol at its best calls in flight per scenario, and a note
+    where a best point lies at an edge of the calls in flight tried."""
+    lines: list[str] = []
     tried = sorted({r["config"]["inflight"] for r in records})
     edges = {tried[0], tried[-1]} if tried else set()
     at_edge = False
@@ -338,7 +351,13 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
     if at_edge:
         lines += ["", f"† best at an edge of the calls in flight tried ({tried[0]} or "
                       f"{tried[-1]}): its peak may lie beyond the grid."]  # fmt: skip
-    lines.append("")
+    return [*lines, ""]
+
+
+def _ratio_lines(records: list[dict[str, Any]], best: dict) -> list[str]:
+    """Per scenario: DistDGCC over the best baseline against its target, with the rounds'
+    range, over the best 2PC baseline, and per node CPU second."""
+    lines: list[str] = []
     two_phase = ratios(best, TWO_PHASE)
     per_cpu = ratios(best, metric=CPU_METRIC)
     rounds = round_ratios(records)
@@ -357,11 +376,7 @@ def markdown(records: list[dict[str, Any]], facts: dict[str, Any], args) -> str:
             f"({verdict} the {target:g}x target); {versus_2pc}per node CPU second, over the "
             f"best baseline ({per_cpu[scenario][1]}) {per_cpu[scenario][0]:.2f}x"
         )
-    lines += ["", CALVIN_CAVEAT, ""]
-    lines += sweep_markdown(records, args.fractions)
-    lines += understated_markdown(records, tuple(dict.fromkeys((FRACTION, *args.fractions))))
-    lines += ["", "![protocols side by side](protocols.png)", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def understated_markdown(records: list[dict[str, Any]], fractions: tuple[float, ...]) -> list[str]:
