@@ -304,13 +304,31 @@ def _report(
         "git_commit": git_commit(),
         "host": host_facts(),
     }
+    lines, table = _overhead_lines(options, batch, result["git_commit"], overhead)
+    lines += _recovery_lines(recovery)
+    lines += NOTES
+    lines += _wide_lines(wide)
+    lines += _cluster_lines(cluster)
+    (out / "dgcc_logging.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "dgcc_logging.md").write_text("\n".join(lines))
+    _plot(out, overhead, recovery)
+    console.print(table)
+    _print_replay(console, recovery, wide, cluster)
+    console.print(f"wrote {out}/dgcc_logging.{{json,md,png}}")
+
+
+def _overhead_lines(
+    options: dict, batch: int, commit: str, overhead: dict
+) -> tuple[list[str], Table]:
+    """The section's title, its setup paragraph and the overhead table (markdown lines and
+    the same rows as a rich table for the console)."""
     table = Table(title="logging overhead (TPC-C, fsync per epoch, pipelined)")
     for column in ("mode", "txn/s", "overhead (wall)", "CPU ms/txn", "overhead (CPU)"):
         table.add_column(column)
     lines = ["## dgcc: logging overhead and recovery", "",
              f"TPC-C {options}, {batch} txns per epoch, one write + fsync per epoch on a "
              "background thread overlapping the next epoch; clients answered after the fsync. "
-             f"Commit {result['git_commit']}, `python -O dgcc/bench/wal_logging.py`.",
+             f"Commit {commit}, `python -O dgcc/bench/wal_logging.py`.",
              "", "| mode | txn/s | overhead (wall) | CPU ms/txn | overhead (CPU) |",
              "|---|---|---|---|---|"]  # fmt: skip
     for mode, numbers in overhead.items():
@@ -323,6 +341,12 @@ def _report(
         )
         table.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
+    return lines, table
+
+
+def _recovery_lines(recovery: list) -> list[str]:
+    """The replay table (a row per log length) and what each part of dependency logging buys."""
+    lines: list[str] = []
     lines += ["", "Replay seconds after the checkpoint is loaded, wall (CPU of this process); "
               "whole recovery (read log + load checkpoint + replay) in brackets:", "",
               "| epochs | command s | value s | dependency 1w s | dependency 2w s | "
@@ -352,15 +376,7 @@ def _report(
         f"parallel replay on top: 2 workers {last['dependency_s'] / last['dependency_2w_s']:.2f}x "
         "over one (wall).",
     ]
-    lines += NOTES
-    lines += _wide_lines(wide)
-    lines += _cluster_lines(cluster)
-    (out / "dgcc_logging.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "dgcc_logging.md").write_text("\n".join(lines))
-    _plot(out, overhead, recovery)
-    console.print(table)
-    _print_replay(console, recovery, wide, cluster)
-    console.print(f"wrote {out}/dgcc_logging.{{json,md,png}}")
+    return lines
 
 
 def _critical(row: dict[str, Any], name: str) -> str:
