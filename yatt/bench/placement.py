@@ -505,24 +505,8 @@ def _reading(runs: dict, args) -> str:
         if adaptive["moves"] == 0
         else ""
     )
-    pairs = {
-        "short": (adaptive["step_s_short"], best_short["step_s_short"]),
-        "long": (adaptive["step_s_long"], best_long["step_s_long"]),
-    }
-    faster = [kind for kind, (mine, best_s) in pairs.items() if mine < best_s]
-    compared = ", ".join(
-        f"{kind} {mine:.2f} vs {best_s:.2f} s" for kind, (mine, best_s) in pairs.items()
-    )
-    beat_ceiling = _steady_s(adaptive) < ideal_s and faster
-    under = (
-        f" The re-placement run came in under that ceiling: its {' and '.join(faster)} steps "
-        f"ran faster than the fastest static run's of that length ({compared}), so part of "
-        "its measured gain does not come from the choice of plan (run-to-run variation, or "
-        "worker processes in another state than the static runs' fresh ones); the ceiling "
-        "bounds what the choice itself gives."
-        if beat_ceiling
-        else ""
-    )
+    under = _under_the_ceiling(adaptive, best_short, best_long, ideal_s)
+    beat_ceiling = bool(under)
     # a gain beyond what the choice of plan can give is not evidence for the target, nor is
     # one between runs of which the hypervisor took different shares of the CPU (the runs
     # compared: re-placement, the best static plan and the ceiling's per-length bests)
@@ -557,6 +541,29 @@ def _reading(runs: dict, args) -> str:
         f"{100 * (mix_ceiling(plan_steps) - 1):.0f}% over the best static plan for that mix."
         + under
         + _steal_note(static, best, adaptive)
+    )
+
+
+def _under_the_ceiling(adaptive: dict, best_short: dict, best_long: dict, ideal_s: float) -> str:
+    """A note where the re-placement run beat the ceiling (`ideal_s`: each step on the fastest
+    static plan for its length) with steps faster than the fastest static run's of that
+    length; empty otherwise."""
+    pairs = {
+        "short": (adaptive["step_s_short"], best_short["step_s_short"]),
+        "long": (adaptive["step_s_long"], best_long["step_s_long"]),
+    }
+    faster = [kind for kind, (mine, best_s) in pairs.items() if mine < best_s]
+    if not (_steady_s(adaptive) < ideal_s and faster):
+        return ""
+    compared = ", ".join(
+        f"{kind} {mine:.2f} vs {best_s:.2f} s" for kind, (mine, best_s) in pairs.items()
+    )
+    return (
+        f" The re-placement run came in under that ceiling: its {' and '.join(faster)} steps "
+        f"ran faster than the fastest static run's of that length ({compared}), so part of "
+        "its measured gain does not come from the choice of plan (run-to-run variation, or "
+        "worker processes in another state than the static runs' fresh ones); the ceiling "
+        "bounds what the choice itself gives."
     )
 
 
