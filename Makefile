@@ -50,6 +50,7 @@ bench: install
 	$(PY) yatt/bench/rollout.py
 	$(PY) yatt/bench/step.py --threads 1
 	$(PY) yatt/bench/lora.py --threads 1
+	$(PY) yatt/bench/checkpointing.py
 	$(PY) yatt/bench/controllers.py
 	$(PY) yatt/bench/placement.py
 	$(PY) yatt/bench/placement_ceiling.py

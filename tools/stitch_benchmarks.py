@@ -26,6 +26,7 @@ ORDER = [
     "yatt_rollout",
     "yatt_step",
     "yatt_lora",
+    "yatt_checkpointing",
     "yatt_gpu",
     "yatt_gpu_control",
     "yatt_trl",

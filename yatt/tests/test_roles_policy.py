@@ -374,3 +374,59 @@ def test_a_probe_pass_runs_the_backward_pass_and_leaves_the_policy_as_it_was(bas
     policy.update(batch)
     _policy(fresh, micro_batch_size=3).update(batch)
     _assert_close(dict(probed.named_parameters()), dict(fresh.named_parameters()), atol=0)
+
+
+@pytest.mark.parametrize("shared_prefix", [True, False])
+def test_gradient_checkpointing_recomputes_each_layer_and_leaves_the_gradients_alone(
+    base_model, shared_prefix
+):
+    """`train.gradient_checkpointing`: the update's forward keeps only each decoder layer's
+    input and the backward pass runs the layer again (two calls of a layer per micro-batch,
+    where a plain forward over whole rows makes one), with the same gradients and weights as
+    the plain update, with and without a shared prompt pass (a checkpointed forward runs whole
+    rows: HF drops a KV cache passed to a checkpointed layer)."""
+    batch = _batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
+    results = {}
+    for checkpointing in (False, True):
+        model = copy.deepcopy(base_model)
+        algo = AlgoConfig(micro_batch_size=4)
+        optim = OptimConfig(lr=1e-3, schedule="constant", grad_clip=1.0)
+        policy = PolicyRole(model, algo=algo, optim=optim, total_updates=10,
+                            shared_prefix=shared_prefix, gradient_checkpointing=checkpointing)  # fmt: skip
+        calls = []
+        # A layer's own hooks stay outside its checkpoint; its MLP is entered again in the
+        # replay (which stops once it has what the backward pass needs: a pre-hook counts).
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        policy.update(batch)
+        results[checkpointing] = (len(calls), _grads(model), dict(model.named_parameters()))
+    plain_calls = 2 * 2 if shared_prefix else 2  # 2 micro-batches; a shared prefix: 2 passes
+    assert results[False][0] == plain_calls
+    assert results[True][0] == 2 * 2  # whole rows, then the layer again in the backward pass
+    # (as close as a shared prompt pass is to whole rows; AdamW's first step moves a weight by
+    # about lr = 1e-3 either way, so a wrong gradient's sign shows far above 1e-5)
+    _assert_close(results[True][1], results[False][1], atol=1e-7)
+    _assert_close(results[True][2], results[False][2], atol=1e-5)
+
+
+def test_a_checkpointed_critic_recomputes_its_backbone_layers_with_the_same_update(base_model):
+    """PPO's critic under `train.gradient_checkpointing`: its backbone's layers run again in
+    the backward pass, and the value loss and the trained weights are the plain update's."""
+    from yatt.roles.critic import CriticRole
+
+    batch = _batch([0.0] * 8)
+    batch.values = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+    batch.returns = batch.response_mask.clone()
+    results = {}
+    for checkpointing in (False, True):
+        critic = CriticRole.from_policy(
+            base_model, algo=AlgoConfig(micro_batch_size=4),
+            optim=OptimConfig(lr=1e-3, schedule="constant"), total_updates=1,
+            gradient_checkpointing=checkpointing,
+        )  # fmt: skip
+        calls = []
+        critic.model.backbone.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        loss = critic.update(batch)["critic/vf_loss"]
+        results[checkpointing] = (len(calls), loss, dict(critic.model.named_parameters()))
+    assert (results[False][0], results[True][0]) == (2, 4)  # 2 micro-batches, then replayed
+    assert results[True][1] == pytest.approx(results[False][1], rel=1e-9)
+    _assert_close(results[True][2], results[False][2], atol=1e-9)

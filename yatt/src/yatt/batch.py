@@ -158,6 +158,17 @@ class RolloutBatch:
         )
 
     @staticmethod
+    def synthetic(prompt_ids: list[int], rows: int, tokens: int, vocab: int) -> RolloutBatch:
+        """`rows` copies of one prompt, each with `tokens` response tokens drawn (seeded) from
+        `vocab`, advantages of alternating sign (every row trains): an update's input of a
+        given shape, for timing and memory probes."""
+        drawn = torch.randint(vocab, (rows, tokens), generator=torch.Generator().manual_seed(0))
+        batch = RolloutBatch.from_token_lists([prompt_ids] * rows, drawn.tolist())
+        signs = torch.tensor([1.0, -1.0]).repeat(rows)[:rows, None]
+        batch.advantages = signs * batch.response_mask
+        return batch.check("advantages")
+
+    @staticmethod
     def concat(batches: list[RolloutBatch]) -> RolloutBatch:
         """Stack batches row-wise, re-padding prompts (left) and responses (right) as needed."""
         assert batches, "concat of no batches"

@@ -175,6 +175,7 @@ class Trainer:
             model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
             temperature=cfg.rollout.temperature or 1.0, norm_len=cfg.rollout.max_new_tokens,
             bf16_autocast=cfg.train.bf16_autocast, shared_prefix=cfg.train.shared_prefix,
+            gradient_checkpointing=cfg.train.gradient_checkpointing,
         )  # fmt: skip
         self.reference = None
         if cfg.algo.uses_reference:
@@ -190,6 +191,7 @@ class Trainer:
             self.critic = CriticRole.from_policy(
                 model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
                 norm_len=cfg.rollout.max_new_tokens,
+                gradient_checkpointing=cfg.train.gradient_checkpointing,
             )  # fmt: skip
         device = next(model.parameters()).device  # a reward model scores beside the policy
         self.reward = reward if reward is not None else RewardRole(cfg.reward, device=device)

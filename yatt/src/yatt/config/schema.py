@@ -428,8 +428,12 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """Loop length, seed, device and execution knobs (results do not depend on the knobs
-    beyond float rounding: `shared_prefix` runs each prompt once per group in the update).
-    `time_limit_s` > 0 ends training early (then evaluates) once the loop has run that long."""
+    beyond float rounding: `shared_prefix` runs each prompt once per group in the update;
+    `gradient_checkpointing` keeps only each decoder layer's input through a training forward
+    and recomputes the rest in the backward pass, trading about one more forward for the
+    activation memory of long responses; its forward runs whole rows, so the policy's update
+    then shares no prompt pass). `time_limit_s` > 0 ends training early (then evaluates) once
+    the loop has run that long."""
 
     steps: int = 100
     seed: int = 0
@@ -437,6 +441,7 @@ class TrainConfig:
     torch_threads: int = 0
     bf16_autocast: bool = False
     shared_prefix: bool = True
+    gradient_checkpointing: bool = False
     time_limit_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -260,6 +260,7 @@ class RankWorker:
             model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
             temperature=cfg.rollout.temperature or 1.0, norm_len=cfg.rollout.max_new_tokens,
             bf16_autocast=cfg.train.bf16_autocast, shared_prefix=cfg.train.shared_prefix,
+            gradient_checkpointing=cfg.train.gradient_checkpointing,
         )  # fmt: skip
 
     def _build_reference(self, model: torch.nn.Module) -> Any:
@@ -501,21 +502,17 @@ class RankWorker:
             self.device.bind()
 
     def _probe_batch(self, rows: int, tokens: int) -> Any:
-        """`rows` copies of the first training prompt, each with `tokens` response tokens
-        drawn (seeded) from the vocabulary, advantages of alternating sign (every row trains),
-        and zero reference log-probs where the loss has a KL term."""
+        """`RolloutBatch.synthetic` of the first training prompt, with zero reference
+        log-probs where the loss has a KL term."""
         from yatt.batch import RolloutBatch
 
         assert self.policy is not None, f"{self.name} hosts no policy"
         prompt = self.tokenizer(self._prompt(0), add_special_tokens=False)["input_ids"]
         vocab = self.policy.model.get_input_embeddings().num_embeddings
-        drawn = torch.randint(vocab, (rows, tokens), generator=torch.Generator().manual_seed(0))
-        batch = RolloutBatch.from_token_lists([prompt] * rows, drawn.tolist())
-        signs = torch.tensor([1.0, -1.0]).repeat(rows)[:rows, None]
-        batch.advantages = signs * batch.response_mask
+        batch = RolloutBatch.synthetic(prompt, rows, tokens, vocab)
         if self.config.algo.kl_coef > 0 and not self.config.algo.kl_in_reward:
             batch.ref_logp = torch.zeros_like(batch.response_mask)
-        return batch.check("advantages")
+        return batch
 
     def load_weights(self, version: int, state: dict[str, Any]) -> int:
         """Sampler: stage the policy weights of `version` (weight sync; `state` as `weights(

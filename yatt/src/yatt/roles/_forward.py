@@ -30,6 +30,19 @@ def trim_columns(
     )
 
 
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Gradient checkpointing for `model` (an HF model): in a training forward with gradients,
+    each decoder layer keeps only its input, and the backward pass runs the layer again to get
+    the rest. Non-reentrant, so it works where no input needs a gradient (frozen embeddings
+    under LoRA). HF drops a KV cache passed to a checkpointed layer, so a caller runs whole
+    rows (`response_logits`), not `shared_prefix_logits`, in such a forward."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def response_logits(model, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
     """Logits (B, R, V) predicting each response token (column P+t is predicted at P+t-1)."""
     response_width = input_ids.shape[1] - prompt_width

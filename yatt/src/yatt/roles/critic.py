@@ -15,7 +15,7 @@ from torch import Tensor
 from yatt.algos.losses import loss_normalizer, value_loss
 from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
-from yatt.roles._forward import chunks, trim_columns
+from yatt.roles._forward import checkpoint_layers, chunks, trim_columns
 from yatt.roles.base import Role
 from yatt.roles.policy import (
     FiniteSteps,
@@ -35,11 +35,15 @@ class CriticRole(Role):
 
     def __init__(
         self, model: Any, *, algo: AlgoConfig, optim: OptimConfig, total_updates: int,
-        norm_len: int | None = None,
+        norm_len: int | None = None, gradient_checkpointing: bool = False,
     ) -> None:  # fmt: skip
         """``norm_len``: the response budget ``token_sum_norm`` divides by, as the policy's
-        (None: the batch's widest response, which changes the loss scale step by step)."""
+        (None: the batch's widest response, which changes the loss scale step by step);
+        ``gradient_checkpointing``: the update recomputes each backbone layer in the backward
+        pass (``checkpoint_layers``)."""
         self.model = model
+        if gradient_checkpointing:
+            checkpoint_layers(model.backbone)
         self.algo = algo
         self.optim = optim
         self.norm_len = norm_len

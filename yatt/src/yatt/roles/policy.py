@@ -34,6 +34,7 @@ from yatt.batch import RolloutBatch
 from yatt.config import AlgoConfig, OptimConfig
 from yatt.errors import ModelError
 from yatt.roles._forward import (
+    checkpoint_layers,
     chunks,
     response_logits,
     shared_prefix_logits,
@@ -178,9 +179,16 @@ class PolicyRole(Role):
         norm_len: int | None = None,
         bf16_autocast: bool = False,
         shared_prefix: bool = True,
+        gradient_checkpointing: bool = False,
     ) -> None:
+        """`shared_prefix`: each prompt goes through the model once per group (log-probs and
+        updates); `gradient_checkpointing`: the update recomputes each decoder layer in the
+        backward pass (`checkpoint_layers`), and its forward runs whole rows."""
         self.model = model
         self.shared_prefix = shared_prefix
+        self._update_shares_prefix = shared_prefix and not gradient_checkpointing
+        if gradient_checkpointing:
+            checkpoint_layers(model)
         self.algo = algo
         self.optim = optim
         self.temperature = temperature
@@ -324,8 +332,9 @@ class PolicyRole(Role):
         width = mask.shape[1]
         with self._autocast():
             logits = _logits(
-                self.model, ids, attention, prompt_width, micro.group_ids, self.shared_prefix
-            )
+                self.model, ids, attention, prompt_width, micro.group_ids,
+                self._update_shares_prefix,
+            )  # fmt: skip
         logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], self.temperature, False)
         old_logp = logp.detach() if micro.old_logp is None else micro.old_logp[:, :width]
         assert micro.advantages is not None
