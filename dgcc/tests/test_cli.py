@@ -78,10 +78,12 @@ def test_bad_flags_give_one_line_and_exit_2(argv, message, capsys) -> None:
     except SystemExit as exit_:
         code = exit_.code
     assert code == 2
-    err = capsys.readouterr().err.strip()
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("dgcc: error: ")
     assert message in err
+    assert captured.out == ""  # (no progress bar began, to leave a blank line behind)
 
 
 def test_top_level_help_gives_the_whole_summary_sentence(capsys) -> None:

@@ -300,6 +300,30 @@ def test_damage_before_the_last_segment_exits_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("dgcc: error: damage before the log's end: ")
+    # it names the block and says nothing changed, not the "dropping" of a torn tail it cuts
+    assert f"{segment}: damaged block at offset" in err and "nothing was changed" in err, err
+    assert "dropping" not in err
+
+
+def test_a_segment_missing_or_out_of_place_names_the_file_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run_engine(tmp_path, "ycsb", YCSB, "command")
+    ((_, segment),) = list_segments(tmp_path)
+    stray = tmp_path / "wal-000000000099.log"
+    stray.write_bytes(segment.read_bytes())  # the same epochs again, under a later number
+
+    def files() -> dict[str, bytes]:  # (the lock file names its holder: not the log's)
+        return {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "LOCK"}
+
+    before = files()
+    assert cli.main(["recover", str(tmp_path), "--workload", "ycsb", *YCSB_FLAGS]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{stray}: the log jumps to epoch 1 at offset 0, expected epoch" in err, err
+    assert "a segment of" in err and "missing, or one out of place" in err
+    assert "nothing was changed" in err
+    assert files() == before
 
 
 def test_recover_a_cluster_node_directory_alone(

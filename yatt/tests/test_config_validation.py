@@ -293,6 +293,16 @@ def test_yaml_numeric_strings_and_empty_sections(tmp_path) -> None:
     assert "'train' expects a mapping" in _error([], str(path))
 
 
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "model:\ntrain:\n", "train: {}\n"])
+def test_a_config_file_that_sets_nothing_is_refused(tmp_path, text) -> None:
+    """An empty file (or one of comments or empty sections) would run every default: 100
+    steps into runs/default. It is refused, naming the presets to start from."""
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    error = _error([], str(path))
+    assert f"config file {path} sets nothing" in error and "tiny_test" in error, error
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

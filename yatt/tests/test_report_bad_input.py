@@ -223,3 +223,22 @@ def test_a_torn_last_line_after_rows_is_left_out_with_a_warning(tmp_path, capsys
     err = capsys.readouterr().err
     assert "its last line is torn" in err and "yatt run summary" in err
     assert re.search(r"steps\s*│\s*1 ", err), err
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[{"step": 0, "eval/accuracy": 0.125}],  # a run stopped before its first step
+     [{"step": 1, "timing_s/step": 1.0}]],  # a step with no phase times and no reward
+)  # fmt: skip
+def test_plots_of_a_run_with_nothing_to_draw_warn_nothing(tmp_path, rows) -> None:
+    """Where a panel has nothing to draw it says so, not matplotlib's warning (two lines of
+    Python on a user's console) about a legend with no entries."""
+    import warnings
+
+    from yatt.common.plots import plot_rewards, plot_timings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_rewards(rows, tmp_path / "rewards.png")
+        plot_timings(rows, tmp_path / "timing.png")
+    assert (tmp_path / "timing.png").stat().st_size > 0

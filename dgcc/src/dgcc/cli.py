@@ -552,7 +552,11 @@ def _parse_key_values(pairs: list[str]) -> dict[str, Any]:
 
 
 def _run_all(configs: list[BenchConfig], console: Console) -> list[dict[str, Any]]:
-    """Run each config (load, warm up, measure) with a progress bar; the result records."""
+    """Run each config (load, warm up, measure) with a progress bar; the result records. A
+    workload or option that does not build, or data that would not fit in memory, fails
+    before the bar draws (its one-line error alone on the console)."""
+    for config in configs:
+        make_workload(config.workload, config.workload_options).check_fits_memory()
     records = []
     columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:

@@ -57,20 +57,27 @@ def read_log(directory: Path, after_epoch: int) -> tuple[list[Block], list[str]]
     segments = list_segments(directory)
     blocks: list[Block] = []
     dropped: list[str] = []
+    expected = after_epoch + 1
     for position, (_, path) in enumerate(segments):
         if position + 1 < len(segments) and segments[position + 1][0] <= after_epoch + 1:
             continue  # every epoch of it is in the checkpoint: not read (nor its damage)
         scan = scan_bytes(path.read_bytes(), str(path))
         if scan.problem is not None:
             if position != len(segments) - 1:
-                raise WalCorrupt(f"damage before the log's end: {scan.problem}")
+                raise WalCorrupt(f"damage before the log's end: {scan.damage}; nothing was changed")
             scan.refuse_damage()
-            logger.warning("%s", scan.problem)
-            dropped.append(scan.problem)
-        blocks.extend(block for block in scan.blocks if block.epoch > after_epoch)
-    for expected, block in enumerate(blocks, after_epoch + 1):
-        if block.epoch != expected:
-            raise WalCorrupt(f"log jumps to epoch {block.epoch}, expected epoch {expected}")
+            dropped.append(scan.problem)  # (said once the caller cuts it: `cut_torn_tail`)
+        for block in scan.blocks:
+            if block.epoch <= after_epoch:
+                continue
+            if block.epoch != expected:
+                raise WalCorrupt(
+                    f"{path}: the log jumps to epoch {block.epoch} at offset {block.offset}, "
+                    f"expected epoch {expected} (a segment of {directory} missing, or one out "
+                    "of place); nothing was changed"
+                )
+            blocks.append(block)
+            expected += 1
     return blocks, dropped
 
 
@@ -83,6 +90,7 @@ def cut_torn_tail(directory: Path) -> None:
         scan = scan_bytes(path.read_bytes(), str(path))
         if scan.problem is not None:
             scan.refuse_damage()
+            logger.warning("%s", scan.problem)
             _cut(path, scan.valid_bytes)
 
 

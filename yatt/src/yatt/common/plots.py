@@ -23,6 +23,16 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _legend(ax, **kwargs) -> None:
+    """The axes' legend, or (nothing drawn on them: a run stopped before its first step) a
+    note saying so, not matplotlib's warning about a legend of nothing."""
+    if any(len(line.get_xdata()) for line in ax.lines) or ax.patches:
+        ax.legend(**kwargs)
+    else:
+        ax.text(0.5, 0.5, "no steps logged yet", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
+
+
 def plot_rewards(rows: list[dict], path: Path, accuracy_key: str = "eval/accuracy") -> Path:
     """Reward per step (raw + moving average) and held-out accuracy on a second panel."""
     fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
@@ -31,7 +41,7 @@ def plot_rewards(rows: list[dict], path: Path, accuracy_key: str = "eval/accurac
     if rewards:
         ax_reward.plot(steps, _moving_average(rewards, 10), label="moving average (10)")
     ax_reward.set(xlabel="step", ylabel="mean reward", title="training reward")
-    ax_reward.legend()
+    _legend(ax_reward)
     steps, accuracy = _series(rows, accuracy_key)
     ax_acc.plot(steps, [100 * a for a in accuracy], marker="o")
     ax_acc.set(
@@ -56,7 +66,7 @@ def plot_timings(rows: list[dict], path: Path) -> Path:
         ax.bar(steps, values, bottom=bottom, label=key.removeprefix("timing_s/"), width=1.0)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set(xlabel="step", ylabel="seconds", title="step time by phase")
-    ax.legend(fontsize="small", ncol=2)
+    _legend(ax, fontsize="small", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -75,7 +85,7 @@ def plot_sft_loss(rows: list[dict], path: Path) -> Path:
     if held:
         ax_loss.plot(held_steps, held, marker="o", label="held-out loss")
     ax_loss.set(xlabel="step", ylabel="answer-token NLL", title="SFT loss")
-    ax_loss.legend()
+    _legend(ax_loss)
     steps, rates = _series(rows, "sft/lr")
     ax_lr.plot(steps, rates)
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")

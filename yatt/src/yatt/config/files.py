@@ -156,10 +156,14 @@ def _read_preset(preset: str) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", -1) + 1
         raise ConfigError(f"config file {path} is not valid YAML (line {line})") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
+    if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
+    if not loaded or all(value is None or value == {} for value in loaded.values()):
+        # (a run of every default: 100 steps into runs/default; an empty file is a slip)
+        raise ConfigError(
+            f"config file {path} sets nothing (it is empty, or holds only comments or empty "
+            f"sections): give it settings, or start from a preset: {preset_names()}"
+        )
     return loaded
 
 
