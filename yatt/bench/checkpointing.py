@@ -8,9 +8,10 @@ Each (length, setting) runs in its own process: SmolLM2-135M-Instruct in fp32, t
 real update (`PolicyRole.update`: forward, GRPO loss, backward, AdamW step) on a synthetic
 batch of one micro-batch (`RolloutBatch.synthetic`: every row trains, every response as long
 as the budget). One untimed update first allocates the optimizer state; then the process's
-peak resident memory is reset (`/proc/self/clear_refs`), and the timed updates' peak over the
-memory resident before them is the update's working memory (activations, logits, gradients'
-temporaries). The plain update shares each prompt's pass across its rows
+memory the warm-up freed goes back to the system (`malloc_trim`) and the peak resident memory
+is reset (`/proc/self/clear_refs`); the timed updates' peak over the memory resident then
+(model, AdamW's moments, gradients) is the update's working memory (activations, logits,
+gradients' temporaries). The plain update shares each prompt's pass across its rows
 (`train.shared_prefix`, the default); a checkpointed one runs whole rows. Writes
 docs/bench/yatt_checkpointing.{json,md,png}.
 """
@@ -18,6 +19,7 @@ docs/bench/yatt_checkpointing.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -59,7 +61,10 @@ def _child(model_path: str, tokens: int, checkpointing: bool, rows: int, updates
     vocab = model.get_input_embeddings().num_embeddings
     batch = RolloutBatch.synthetic(prompt, rows, tokens, vocab)
     policy.update(batch)  # allocates AdamW's moments
-    Path("/proc/self/clear_refs").write_text("5")  # the peak resident set starts again here
+    # What the warm-up freed goes back to the system (glibc keeps it otherwise, and it would
+    # count as resident), then the peak resident set starts again from the live memory.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
     resident_mb = _status_mb("VmRSS")
     seconds, norms = [], []
     for _ in range(updates):
@@ -99,9 +104,10 @@ def _markdown(results: list[dict], host: dict, run: dict) -> str:
         f"{run['updates']} timed update(s) per setting after an untimed one, each setting in its "
         f"own process with {results[0]['threads']} torch threads: `{run['command']}`. Working "
         "memory is the peak resident set of the timed updates over the memory resident before "
-        "them (model, AdamW's moments, gradients): what activations, logits and the backward "
-        "pass add. The plain update shares each prompt's pass across its rows; a checkpointed "
-        "one keeps only each decoder layer's input and runs whole rows. Host: "
+        "them (model, AdamW's moments, gradients; what the untimed update freed was handed "
+        "back to the system first): what activations, logits and the backward pass add. The "
+        "plain update shares each prompt's pass across its rows; a checkpointed one keeps only "
+        "each decoder layer's input and runs whole rows. Host: "
         f"{host['cpus']} CPUs ({host['processor']}), torch {host['torch']}, transformers "
         f"{host['transformers']}, commit {host['git_commit']}, 1-min load average at the end "
         f"{host['load_avg_1m']:.1f}.",

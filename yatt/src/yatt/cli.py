@@ -1,8 +1,9 @@
-"""The `yatt` command: train, eval, sft, models prepare, report, demo.
+"""The `yatt` command: train, eval, sft, rm, models prepare, report, demo.
 
     yatt train grpo_addition rollout.n_samples=8 train.steps=50
     yatt eval runs/grpo_addition/checkpoints/step_000050 eval.n=200
     yatt sft tiny_test data.path=answers.jsonl
+    yatt rm rm_addition      # a reward model: reward.model_path=runs/rm_addition/reward_model
     yatt models prepare smollm2
     yatt report runs/demo
     yatt demo
@@ -68,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_training_command(
         commands, "sft", "supervised warm start on prompt/answer data",
         "Supervised warm start on prompt/answer rows.", presets, "data.path=rows.jsonl",
+    )  # fmt: skip
+    _add_training_command(
+        commands, "rm", "train a Bradley-Terry reward model on preference pairs",
+        "A reward model for reward.model_path, from prompt/chosen/rejected rows (data.path) or "
+        "pairs made from a task's answers (data.task).", presets, "data.path=pairs.jsonl",
     )  # fmt: skip
     models = commands.add_parser("models", help="manage local models")
     model_commands = models.add_subparsers(
@@ -208,6 +214,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("train", "sft"):
         with contextlib.suppress(_Done):  # a complete run met again: nothing to do, no error
             (_train if args.command == "train" else _sft)(args.config, args.overrides)
+    elif args.command == "rm":
+        _rm(args.config, args.overrides)
     elif args.command == "eval":
         _eval(args.model, args.overrides)
     elif args.command == "models":
@@ -289,6 +297,22 @@ def _sft(preset: str, overrides: list[str]) -> None:
         folder = run_sft(config, progress=_stoppable(bar))
     # From the run folder's metrics: a resumed run's summary covers all of it.
     _report(folder.parent, plots=config.logging.plots)
+
+
+def _rm(preset: str, overrides: list[str]) -> None:
+    """A reward model with a progress bar, then its summary table and plot, from the run
+    folder as the other jobs make them."""
+    from yatt.config import load_config
+    from yatt.report import progress_bar
+    from yatt.rm import run_reward_model
+
+    config = _configured(load_config(preset, overrides))
+    with progress_bar(
+        config.train.steps, 0, config.logging.progress, metric="rm/loss", label="loss"
+    ) as bar:
+        folder = run_reward_model(config, progress=_stoppable(bar))
+    _report(folder.parent, plots=config.logging.plots)
+    logger.info("score with it: yatt train ... reward.model_path=%s", folder)
 
 
 class _Done(Exception):

@@ -46,7 +46,8 @@ def wide_console() -> Console:
 
 
 ProgressFn = Callable[[int, int, dict[str, float]], None]
-_METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl")  # an RL run's, an SFT run's
+# an RL run's, an SFT run's, a reward model's (`yatt rm`)
+_METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "rm_metrics.jsonl")
 
 
 PLAIN_PROGRESS_EVERY_S = 30.0  # a progress line at most this often where no bar can show
@@ -160,6 +161,8 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
     mean is taken over the finite values (the cell says how many others it left out)."""
     if any("sft/loss" in row for row in history):
         return _sft_summary([row for row in history if "sft/loss" in row])
+    if any("rm/loss" in row or "rm/heldout_accuracy" in row for row in history):
+        return _rm_summary(history)
     steps = [row for row in history if "timing_s/step" in row]
     table = Table(title="yatt run summary")
     table.add_column("metric")
@@ -311,11 +314,37 @@ def _sft_summary(rows: list[dict[str, float]]) -> Table:
     return table
 
 
+def _rm_summary(rows: list[dict[str, float]]) -> Table:
+    """A reward model's (`yatt rm`) held-out accuracy before and after training, its loss
+    over the first and last tenth of the steps, and its step time."""
+    table = Table(title="yatt rm summary")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    held = [row for row in rows if _is_number(row.get("rm/heldout_accuracy"))]
+    for row in held[:1] + held[1:][-1:]:
+        pairs = int(row["rm/heldout_pairs"]) if _is_number(row.get("rm/heldout_pairs")) else "?"
+        table.add_row(
+            f"held-out pairs ranked right, step {int(row['step'])}",
+            f"{_show(100 * row['rm/heldout_accuracy'], '.1f')}% of {pairs}",
+        )
+    steps = [row for row in rows if "rm/loss" in row]
+    tenth = max(1, len(steps) // 10)
+    for name, part in (("first", steps[:tenth]), ("last", steps[-tenth:])):
+        loss = _mean_cell(part, "rm/loss", ".4f")
+        if loss is not None and steps:
+            table.add_row(f"loss, {name} {len(part)} steps (mean)", loss)
+    step_s = _mean_cell(steps, "timing_s/step", ".3f")
+    if step_s is not None:
+        table.add_row("mean step time", f"{step_s} s")
+    return table
+
+
 def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     """An RL run's rewards.png (reward + accuracy curves) and timing.png (phase seconds per
-    step); an SFT run's loss.png (train and held-out loss, learning rate). A NaN or an
+    step); an SFT run's loss.png (train and held-out loss, learning rate); a reward model's
+    rm.png (loss, and pairs ranked right in each step and held out). A NaN or an
     infinity is left out of the curves (a gap), as is a value that is not a number."""
-    from yatt.common.plots import plot_rewards, plot_sft_loss, plot_timings
+    from yatt.common.plots import plot_reward_model, plot_rewards, plot_sft_loss, plot_timings
 
     run_dir = _run_folder(run_dir)
     history = [
@@ -325,6 +354,8 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     ]  # fmt: skip
     if any("sft/loss" in row for row in history):
         plots = [(plot_sft_loss, "loss.png")]
+    elif any("rm/loss" in row for row in history):
+        plots = [(plot_reward_model, "rm.png")]
     else:
         plots = [(plot_rewards, "rewards.png"), (plot_timings, "timing.png")]
     written = []
@@ -352,7 +383,7 @@ def _metrics_file(run_dir: Path) -> Path:
             return path
         raise DataError(
             f"{run_dir} is a file, not a run folder: yatt report takes the folder a run wrote "
-            "(it holds metrics.jsonl or sft_metrics.jsonl)"
+            f"(it holds one of {', '.join(_METRICS_FILES)})"
         )
     if not path.exists():
         raise DataError(f"{run_dir}: no such folder")
@@ -361,7 +392,7 @@ def _metrics_file(run_dir: Path) -> Path:
     found = [path / name for name in _METRICS_FILES if (path / name).is_file()]
     if not found:
         raise DataError(
-            f"{run_dir}: no metrics.jsonl or sft_metrics.jsonl here (is it a yatt run folder?)"
+            f"{run_dir}: no {', '.join(_METRICS_FILES)} here (is it a yatt run folder?)"
         )
     return found[0]
 

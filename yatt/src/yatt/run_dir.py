@@ -25,14 +25,16 @@ __all__ = ["RUN_OUTPUTS", "RunDirClaim", "check_run_dir", "claim_run_dir"]
 
 logger = logging.getLogger(__name__)
 _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoint's layout)
-# What any yatt job (the trainer, SFT, the distributed controllers) writes in its run folder:
+# What any yatt job (the trainer, SFT, a reward model, the distributed controllers) writes in
+# its run folder:
 # a fresh job into a folder holding one of them is refused, and `logging.overwrite` deletes
 # them all, so one run's leftovers (a distributed run's control.json, an SFT run's model/)
 # never pass for the next one's. The output holding the job's own `model.path` is kept.
 RUN_OUTPUTS = (
-    "metrics.jsonl", "sft_metrics.jsonl", _CHECKPOINTS, "tensorboard", "model",
-    "control.json", "control_segments.json", "control_segments.json.bad",
-    "timeline.png", "rewards.png", "timing.png",
+    "metrics.jsonl", "sft_metrics.jsonl", "rm_metrics.jsonl", _CHECKPOINTS, "tensorboard",
+    "model", "reward_model", "control.json", "control_segments.json",
+    "control_segments.json.bad", "timeline.png", "rewards.png", "timing.png", "loss.png",
+    "rm.png",
 )  # fmt: skip
 _SAVED_CONFIG = "config.yaml"  # the run's resolved config (`save_config` writes it)
 _LOCK_FILE = ".yatt.lock"  # locked while a job uses the folder; holds the job's pid

@@ -93,3 +93,28 @@ def plot_sft_loss(rows: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def plot_reward_model(rows: list[dict], path: Path) -> Path:
+    """A reward model's (`yatt rm`) Bradley–Terry loss per step (raw + moving average), and the
+    share of pairs it ranked right: each step's (moving average) and the held-out pairs'."""
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    steps, losses = _series(rows, "rm/loss")
+    ax_loss.plot(steps, losses, alpha=0.3, label="loss (per step)")
+    if losses:
+        ax_loss.plot(steps, _moving_average(losses, 10), label="moving average (10)")
+    ax_loss.set(xlabel="step", ylabel="-log sigmoid(chosen - rejected)", title="reward model loss")
+    _legend(ax_loss)
+    steps, accuracy = _series(rows, "rm/accuracy")
+    if accuracy:
+        ax_acc.plot(steps, [100 * a for a in _moving_average(accuracy, 10)],
+                    label="training pairs (moving average, 10)")  # fmt: skip
+    held_steps, held = _series(rows, "rm/heldout_accuracy")
+    if held:
+        ax_acc.plot(held_steps, [100 * a for a in held], marker="o", label="held-out pairs")
+    ax_acc.set(xlabel="step", ylabel="ranked right (%)", title="pairs ranked right", ylim=(0, 100))
+    _legend(ax_acc)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

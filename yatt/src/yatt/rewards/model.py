@@ -6,7 +6,8 @@ always read at an EOS token. Loss: -log sigmoid(s_chosen - s_rejected) (Ouyang e
 """
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -95,38 +96,52 @@ def train_reward_model(
     pairs: Sequence[tuple[str, str]],
     *,
     epochs: int = 1,
+    steps: int | None = None,
     batch_size: int = 8,
     lr: float = 1e-4,
+    weight_decay: float = 0.0,
     max_length: int = 512,
     max_grad_norm: float = 1.0,
     seed: int = 0,
     show_progress: bool = False,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train `model` in place with the Bradley–Terry loss; returns per-step {"loss", "accuracy"}.
+    """Train `model` in place with the Bradley–Terry loss; returns per-step {"loss", "accuracy",
+    "step_s"} (`on_step(step, them)` gets each as it ends, steps counted from 1).
 
-    pairs: (chosen_text, rejected_text), each a full prompt + completion. Batches are shuffled
-    by `seed`; AdamW with gradient clipping. Raises ConfigError for empty or malformed pairs.
+    pairs: (chosen_text, rejected_text), each a full prompt + completion. `steps` optimizer
+    steps of `batch_size` pairs (default: `epochs` passes over the pairs), each pass in an
+    order shuffled by `seed`; AdamW with gradient clipping. Raises ConfigError for empty or
+    malformed pairs.
     """
     _check_pairs(pairs)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
-    n_steps = epochs * ((len(pairs) + batch_size - 1) // batch_size)
-    history = []
+    per_pass = (len(pairs) + batch_size - 1) // batch_size
+    n_steps = epochs * per_pass if steps is None else steps
+    history: list[dict[str, float]] = []
     model.train()
     with Progress(disable=not show_progress) as progress:
         task = progress.add_task("reward model", total=n_steps)
-        for epoch in range(epochs):
+        while len(history) < n_steps:
             order = torch.randperm(len(pairs), generator=generator).tolist()
             for start in range(0, len(pairs), batch_size):
+                start_s = time.perf_counter()
                 batch = [pairs[index] for index in order[start : start + batch_size]]
                 loss, accuracy = _pair_step(model, tokenizer, batch, max_length)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
                 optimizer.step()
-                history.append({"loss": loss.item(), "accuracy": accuracy})
+                metrics = {"loss": loss.item(), "accuracy": accuracy,
+                           "step_s": time.perf_counter() - start_s}  # fmt: skip
+                history.append(metrics)
                 progress.update(task, advance=1, description=f"rm loss {loss.item():.3f}")
-            logger.info("reward model epoch %d: last loss %.4f", epoch, history[-1]["loss"])
+                if on_step is not None:
+                    on_step(len(history), metrics)
+                if len(history) == n_steps:
+                    break
+            logger.info("reward model: %d steps, last loss %.4f", len(history), history[-1]["loss"])
     model.eval()
     return history
 

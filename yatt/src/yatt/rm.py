@@ -1,0 +1,232 @@
+"""Reward-model training (`yatt rm`): a Bradley–Terry scalar-head model learned from preference
+pairs, for `reward.model_path` (RLHF with a learned reward).
+
+Reads these sections of the RL config tree: model (path: the causal LM whose decoder the
+reward model starts from; its LM head gives way to a new scalar head), data (`path`: JSONL or
+parquet rows with `prompt`, `chosen` and `rejected`, the two responses as strings; or `task`:
+pairs made in-process from a task with numeric answers, the reference answer chosen over a
+nearby wrong number; `n_heldout` pairs held out, `n_train`, `seed`, `use_chat_template`),
+algo.micro_batch_size (pairs per step), optim (lr, weight_decay, grad_clip), train (steps,
+seed, torch_threads), eval (n: held-out pairs scored before and after training; at_start,
+at_end) and logging (run_dir, overwrite, progress, plots, tensorboard).
+
+Each pair's texts are the prompt as the policy sees it (its chat template applied with
+`data.use_chat_template`), followed by each response: what `reward.model_path` scores in a
+run. The loss is -log sigmoid(s_chosen - s_rejected). Writes `<run_dir>/reward_model` (the
+backbone, the head, the tokenizer and the run's config.yaml, whole or not at all),
+`rm_metrics.jsonl` (per step: rm/loss and rm/accuracy over the step's pairs; at step 0 and at
+the end: rm/heldout_accuracy, the share of held-out pairs scored the right way round, and
+rm/heldout_margin, the mean s_chosen - s_rejected) and `rm.png`. No checkpoints: a run is
+short, and a stopped one starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yatt.common import MetricsLogger, seed_everything
+from yatt.config import Config, save_config
+from yatt.errors import ConfigError, DataError
+
+__all__ = ["PreferencePair", "preference_pairs", "preferred_responses", "run_reward_model"]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "rm_metrics.jsonl"
+MODEL_FOLDER = "reward_model"
+# What a wrong answer of a generated pair is off by: the slips of carrying and of a digit.
+_SLIPS = (-11, -10, -9, -2, -1, 1, 2, 9, 10, 11)
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A prompt as the policy sees it and two responses to it, `chosen` preferred."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+    def texts(self) -> tuple[str, str]:
+        return self.prompt + self.chosen, self.prompt + self.rejected
+
+
+def preference_pairs(examples: list[Any], tokenizer: Any, config: Config) -> list[PreferencePair]:
+    """The pairs of `examples` (PromptExamples): `preferred_responses`, each after its prompt
+    as the policy sees it (`data.use_chat_template`)."""
+    from yatt.data import render_prompt
+
+    responses = preferred_responses(examples, config)
+    return [
+        PreferencePair(render_prompt(example, tokenizer, config.data.use_chat_template), *pair)
+        for example, pair in zip(examples, responses, strict=True)
+    ]
+
+
+def preferred_responses(examples: list[Any], config: Config) -> list[tuple[str, str]]:
+    """(chosen, rejected) of each of `examples`: their `chosen` and `rejected` fields (a
+    preference file), or, for a generated task, the reference answer over a wrong number
+    (seeded by `data.seed`).
+
+    Raises:
+        DataError: a file row without both responses as different non-empty strings, named
+            by file and line; a task whose answers are not whole numbers.
+    """
+    rng = random.Random(config.data.seed)
+    if config.data.path:
+        pairs = [_responses(example) for example in examples]
+    else:
+        pairs = [_generated_responses(example, config.data.task, rng) for example in examples]
+    return pairs
+
+
+def _responses(example: Any) -> tuple[str, str]:
+    where = example.source or "a row"
+    responses = []
+    for key in ("chosen", "rejected"):
+        value = example.fields.get(key)
+        if not isinstance(value, str) or not value.strip():
+            shown = "missing" if value is None else f"{type(value).__name__} {value!r:.40}"
+            raise DataError(
+                f"{where}: a preference row needs '{key}', a non-empty string (the response); "
+                f"it is {shown}"
+            )
+        responses.append(value)
+    if responses[0] == responses[1]:
+        raise DataError(f"{where}: 'chosen' and 'rejected' are the same text: no preference")
+    return responses[0], responses[1]
+
+
+def _generated_responses(example: Any, task: str, rng: random.Random) -> tuple[str, str]:
+    answer = example.answer
+    try:
+        value = int(answer)
+    except (TypeError, ValueError):
+        raise DataError(
+            f"data.task={task}: pairs are made from whole-number answers (the answer chosen over "
+            f"a wrong number), but an answer is {answer!r:.40}; give data.path, a file of "
+            "prompt/chosen/rejected rows"
+        ) from None
+    return str(value), str(value + rng.choice(_SLIPS))
+
+
+def run_reward_model(config: Config, progress: Any = None) -> Path:
+    """Train a reward model as the module docstring says; returns its folder.
+
+    `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
+    Raises ConfigError for settings it does not read (control.*, checkpoint.*), DataError for
+    bad or missing pairs, before the run folder is claimed.
+    """
+    from yatt.builders import build_data
+    from yatt.run_checks import check_no_control_settings, check_training_dtype
+    from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
+    from yatt.trainer import configure_threads
+
+    check_no_control_settings(config, "yatt rm")
+    check_training_dtype(config)
+    checkpoint = config.checkpoint
+    if checkpoint.resume or checkpoint.every:
+        raise ConfigError(
+            "yatt rm keeps no checkpoints (a run is short; a stopped one starts again): drop "
+            "checkpoint.resume and checkpoint.every"
+        )
+    train_set, heldout_set = build_data(config.data)
+    if not heldout_set and config.eval.n and (config.eval.at_start or config.eval.at_end):
+        raise DataError(
+            f"yatt rm scores eval.n={config.eval.n} held-out pairs, but data holds none out "
+            "(set data.n_heldout, or eval.n=0)"
+        )
+    heldout_set = heldout_set[: config.eval.n]
+    preferred_responses([*train_set, *heldout_set], config)  # bad rows: before the folder
+    claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
+    configure_threads(config.train.torch_threads)
+    seed_everything(config.train.seed)
+    model, tokenizer = _reward_model(config)
+    pairs = preference_pairs(train_set, tokenizer, config)
+    heldout = preference_pairs(heldout_set, tokenizer, config)
+    logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
+                len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
+    run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
+    save_config(config, run_dir)
+    board = run_dir / "tensorboard" if config.logging.tensorboard else None
+    stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
+    try:
+        if heldout and config.eval.at_start:
+            stream.log(0, _heldout_metrics(model, tokenizer, heldout))
+        _train(model, tokenizer, pairs, heldout, config, stream, progress)
+    finally:
+        stream.close()
+    folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
+    logger.info("reward model saved in %s (reward.model_path=%s)", folder, folder)
+    return folder
+
+
+def _reward_model(config: Config) -> tuple[Any, Any]:
+    """A ScalarHeadModel on the decoder of `model.path`'s causal LM, and its tokenizer."""
+    from yatt.builders import build_model
+    from yatt.heads import ScalarHeadModel
+
+    if config.model.lora_rank:
+        raise ConfigError(
+            "yatt rm trains the whole reward model: drop model.lora_rank (a run scores with "
+            "the saved folder, which holds no adapters)"
+        )
+    causal_lm, tokenizer = build_model(config.model)
+    return ScalarHeadModel.from_causal_lm(causal_lm, seed=config.train.seed), tokenizer
+
+
+def _train(model: Any, tokenizer: Any, pairs: list[PreferencePair],
+           heldout: list[PreferencePair], config: Config, stream: MetricsLogger,
+           progress: Any) -> None:  # fmt: skip
+    from yatt.rewards.model import train_reward_model
+
+    total = config.train.steps
+    start_s = time.perf_counter()
+
+    def step_done(step: int, metrics: dict[str, float]) -> None:
+        row = {"rm/loss": metrics["loss"], "rm/accuracy": metrics["accuracy"],
+               "timing_s/step": metrics["step_s"]}  # fmt: skip
+        if step == total and heldout and config.eval.at_end:
+            row.update(_heldout_metrics(model, tokenizer, heldout))
+        stream.log(step, row)
+        if progress is not None:
+            progress(step, total, row)
+
+    optim = config.optim
+    train_reward_model(
+        model, tokenizer, [pair.texts() for pair in pairs], steps=total,
+        batch_size=config.algo.micro_batch_size, lr=optim.lr, weight_decay=optim.weight_decay,
+        max_grad_norm=optim.grad_clip, seed=config.train.seed, on_step=step_done,
+    )  # fmt: skip
+    logger.info("reward model: %d steps in %.1f s", total, time.perf_counter() - start_s)
+
+
+def _heldout_metrics(model: Any, tokenizer: Any, heldout: list[PreferencePair]) -> dict:
+    """The share of held-out pairs scored the right way round, and the mean score margin."""
+    from yatt.rewards.model import score_texts
+
+    start_s = time.perf_counter()
+    chosen = score_texts(model, tokenizer, [pair.texts()[0] for pair in heldout])
+    rejected = score_texts(model, tokenizer, [pair.texts()[1] for pair in heldout])
+    margin = chosen - rejected
+    return {"rm/heldout_accuracy": float((margin > 0).float().mean()),
+            "rm/heldout_margin": float(margin.mean()), "rm/heldout_pairs": float(len(heldout)),
+            "timing_s/eval": time.perf_counter() - start_s}  # fmt: skip
+
+
+def _save(model: Any, tokenizer: Any, config: Config, folder: Path) -> Path:
+    """The reward model, its tokenizer and the run's config, written whole or not at all."""
+    from yatt.checkpoint import write_folder
+
+    def write(staging: Path) -> None:
+        model.save(staging, tokenizer)
+        save_config(config, staging / "config.yaml")
+
+    with torch.no_grad():
+        return write_folder(folder, write)

@@ -1,0 +1,128 @@
+"""`yatt rm`: a Bradley–Terry reward model from preference pairs (a file's prompt/chosen/
+rejected rows, or pairs made from a task's answers), saved where `reward.model_path` loads
+it; bad rows and settings it does not read are one-line errors before the run folder is
+claimed."""
+
+import json
+
+import pytest
+import torch
+
+from yatt.cli import main
+from yatt.config import load_config
+from yatt.errors import ConfigError, DataError
+from yatt.heads import ScalarHeadModel
+from yatt.models import tiny_model
+from yatt.report import load_history, summary_table
+from yatt.rewards.model import train_reward_model
+from yatt.rm import preference_pairs, run_reward_model
+
+FAST = ["train.steps=4", "data.n_train=24", "data.n_heldout=8", "eval.n=8",
+        "algo.micro_batch_size=4"]  # fmt: skip
+
+
+def _write_pairs(path, rows) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_a_task_makes_pairs_of_its_answer_over_a_nearby_wrong_number() -> None:
+    from yatt.builders import build_data
+
+    config = load_config("tiny_test", ["data.task=addition"])
+    _, tokenizer = tiny_model(seed=0)
+    train, _ = build_data(config.data)
+    pairs = preference_pairs(train, tokenizer, config)
+    assert len(pairs) == len(train)
+    for example, pair in zip(train, pairs, strict=True):
+        assert pair.chosen == example.answer
+        assert int(pair.rejected) - int(pair.chosen) in (-11, -10, -9, -2, -1, 1, 2, 9, 10, 11)
+        assert example.question() in pair.prompt  # the prompt as the policy sees it
+        assert pair.texts() == (pair.prompt + pair.chosen, pair.prompt + pair.rejected)
+    # the same seed makes the same pairs
+    assert preference_pairs(train, tokenizer, config) == pairs
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [({"prompt": "2+2?", "chosen": "4"}, "needs 'rejected', a non-empty string"),
+     ({"prompt": "2+2?", "chosen": "4", "rejected": 5}, "it is int 5"),
+     ({"prompt": "2+2?", "chosen": " ", "rejected": "5"}, "needs 'chosen'"),
+     ({"prompt": "2+2?", "chosen": "4", "rejected": "4"}, "the same text: no preference")],
+)  # fmt: skip
+def test_a_bad_preference_row_is_one_line_naming_file_and_line(tmp_path, row, problem) -> None:
+    path = tmp_path / "pairs.jsonl"
+    good = {"prompt": "1+1?", "chosen": "2", "rejected": "3"}
+    _write_pairs(path, [good] * 11 + [row])
+    config = load_config("tiny_test", [f"data.path={path}", "data.n_heldout=2", "eval.n=2",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(DataError) as info:
+        run_reward_model(config)
+    message = str(info.value)
+    assert f"{path}:12: " in message and problem in message and "\n" not in message
+    assert not (tmp_path / "run").exists()  # refused before the run folder was claimed
+
+
+def test_a_reward_model_trains_saves_and_loads_as_reward_model_path(tmp_path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    words = ("yes", "sure", "ok", "fine") * 4
+    rows = [{"prompt": [{"role": "user", "content": f"Say {w}."}], "chosen": f"{w}!",
+             "rejected": "no", "topic": "echo"} for w in words]  # fmt: skip
+    _write_pairs(path, rows)
+    run_dir = tmp_path / "rm"
+    config = load_config("tiny_test", [*FAST, f"data.path={path}", "data.n_heldout=4",
+                                       "eval.n=4", f"logging.run_dir={run_dir}"])  # fmt: skip
+    seen = []
+    folder = run_reward_model(config, progress=lambda step, total, row: seen.append(step))
+    assert folder == run_dir / "reward_model" and seen == [1, 2, 3, 4]
+    model = ScalarHeadModel.from_pretrained(folder, trained_head="reward.model_path")
+    assert isinstance(model, ScalarHeadModel) and (folder / "config.yaml").is_file()
+    history = load_history(run_dir)
+    assert [row["step"] for row in history] == [0, 1, 2, 3, 4]
+    assert {"rm/heldout_accuracy", "rm/heldout_margin"} <= set(history[0]) & set(history[-1])
+    assert all("rm/loss" in row for row in history[1:])
+    assert summary_table(history, []).title == "yatt rm summary"
+    # RLHF with it: the reward role scores with the saved model
+    from yatt.config import RewardConfig
+    from yatt.roles.reward import RewardRole
+
+    role = RewardRole(RewardConfig(fns=(), model_path=str(folder)))
+    assert role.combined is not None
+    # a fresh run into the folder is refused, as for the other jobs
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_reward_model(config)
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [("checkpoint.every=2", "keeps no checkpoints"),
+     ("control.backend=ray", "yatt rm runs in one process"),
+     ("model.lora_rank=4", "drop model.lora_rank"),
+     ("data.task=countdown", "whole-number answers")],
+)  # fmt: skip
+def test_yatt_rm_refuses_what_it_cannot_do_in_one_line(tmp_path, capsys, override, problem):
+    argv = ["rm", "tiny_test", *FAST, override, f"logging.run_dir={tmp_path / 'run'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("yatt: error: ") and problem in err[-1], err
+
+
+def test_yatt_rm_on_the_command_line_prints_its_summary(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["rm", "tiny_test", *FAST, "data.task=addition", "logging.plots=true",
+                 f"logging.run_dir={run_dir}"]) == 0  # fmt: skip
+    err = capsys.readouterr().err  # (the report's console is stderr, as for yatt train)
+    assert "yatt rm summary" in err and "held-out pairs ranked right, step 0" in err
+    assert (run_dir / "rm.png").stat().st_size > 0
+    assert (run_dir / "reward_model" / "config.json").is_file()
+
+
+def test_train_reward_model_takes_a_number_of_steps_across_passes() -> None:
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    pairs = [("a b", "a c"), ("b b", "b c"), ("c b", "c c")]
+    steps = []
+    history = train_reward_model(model, tokenizer, pairs, steps=5, batch_size=2,
+                                 on_step=lambda step, row: steps.append(step))  # fmt: skip
+    assert len(history) == 5 and steps == [1, 2, 3, 4, 5]  # 2 steps a pass over 3 pairs
+    assert all(row["step_s"] > 0 for row in history) and not model.training
+    assert torch.isfinite(torch.tensor([row["loss"] for row in history])).all()
