@@ -6,14 +6,14 @@ an update needs beyond the resident model and optimizer, and its time, by respon
 
 Each (length, setting) runs in its own process: SmolLM2-135M-Instruct in fp32, the policy's
 real update (`PolicyRole.update`: forward, GRPO loss, backward, AdamW step) on a synthetic
-batch of one micro-batch (`RolloutBatch.synthetic`: every row trains, every response as long
-as the budget). One untimed update first allocates the optimizer state; then the process's
-memory the warm-up freed goes back to the system (`malloc_trim`) and the peak resident memory
-is reset (`/proc/self/clear_refs`); the timed updates' peak over the memory resident then
-(model, AdamW's moments, gradients) is the update's working memory (activations, logits,
-gradients' temporaries). The plain update shares each prompt's pass across its rows
-(`train.shared_prefix`, the default); a checkpointed one runs whole rows. Writes
-docs/bench/yatt_checkpointing.{json,md,png}.
+batch of one micro-batch (`RolloutBatch.synthetic`: one prompt sampled `--rows` times, a GRPO
+group, every row trains, every response as long as the budget). One untimed update first
+allocates the optimizer state; then the memory it freed goes back to the system
+(`malloc_trim`) and the process's peak resident memory is reset (`/proc/self/clear_refs`); the
+timed updates' peak over the memory resident then (model, AdamW's moments, gradients) is the
+update's working memory (activations, logits, gradients' temporaries). The plain update shares
+the group's prompt pass across its rows (`train.shared_prefix`, the default); a checkpointed
+one runs whole rows. Writes docs/bench/yatt_checkpointing.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _child(model_path: str, tokens: int, checkpointing: bool, rows: int, updates
     )  # fmt: skip
     prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     vocab = model.get_input_embeddings().num_embeddings
-    batch = RolloutBatch.synthetic(prompt, rows, tokens, vocab)
+    batch = RolloutBatch.synthetic(prompt, rows, tokens, vocab, group=rows)  # one GRPO group
     policy.update(batch)  # allocates AdamW's moments
     # What the warm-up freed goes back to the system (glibc keeps it otherwise, and it would
     # count as resident), then the peak resident set starts again from the live memory.
@@ -124,10 +124,15 @@ def _markdown(results: list[dict], host: dict, run: dict) -> str:
         )
     lines.append("")
     for plain, checked in _pairs(results):
+        memory = (
+            f"{checked['working_mb'] / plain['working_mb']:.2f}x"
+            if plain["working_mb"] > 0
+            else "(the plain update's rose above none: no ratio)"
+        )
         lines.append(
-            f"- {plain['tokens']} response tokens: checkpointing needs "
-            f"{checked['working_mb'] / plain['working_mb']:.2f}x the plain update's working "
-            f"memory ({plain['working_mb']:,.0f} -> {checked['working_mb']:,.0f} MiB) and "
+            f"- {plain['tokens']} response tokens: checkpointing needs {memory} the plain "
+            f"update's working memory ({plain['working_mb']:,.0f} -> "
+            f"{checked['working_mb']:,.0f} MiB) and "
             f"{checked['update_s'] / plain['update_s']:.2f}x its time."
         )
     lines += ["", "![gradient checkpointing](yatt_checkpointing.png)", ""]

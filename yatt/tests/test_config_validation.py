@@ -301,6 +301,8 @@ def test_a_config_file_that_sets_nothing_is_refused(tmp_path, text) -> None:
     path.write_text(text)
     error = _error([], str(path))
     assert f"config file {path} sets nothing" in error and "tiny_test" in error, error
+    # with overrides it is a base of defaults, as a preset is
+    assert load_config(str(path), ["train.steps=5"]).train.steps == 5
 
 
 @pytest.mark.parametrize(

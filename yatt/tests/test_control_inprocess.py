@@ -195,7 +195,7 @@ def test_adaptive_controller_measures_its_decode_floor(monkeypatch, caplog):
                                                cpu_mapping="threads"))  # fmt: skip
     threads.close()
     assert threads.parallel == {"gen_parallel": 0.0, "train_parallel": 1.0}
-    assert "inprocess workers are not pinned" in caplog.text
+    assert "no thread scaling measured (in-process workers are not pinned" in caplog.text
     controller = make_controller(config, _control(replace_every=1))
     try:
         assert 0 < controller.decode_step_s < 1.0

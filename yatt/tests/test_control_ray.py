@@ -341,10 +341,11 @@ def test_threads_mapping_moves_between_plans(ray_session, monkeypatch, caplog):
     controller = AdaptiveController(config, control, decode_step_s=0.001)
     assert [h.device.name for h in controller.cluster.all_handles()] == ["cpu:0-1"]
     assert controller.decode_step_s == 0.001  # given: kept
-    assert set(controller.parallel) == {"gen_parallel", "train_parallel"}
-    assert all(0 <= fraction <= 1 for fraction in controller.parallel.values())
+    # the fractions are the measured ones the log names (not data-parallel ranks' 0 and 1)
     measured = [r.getMessage() for r in caplog.records if "Amdahl fraction" in r.getMessage()]
     assert len(measured) == 2 and "with 2 threads" in measured[1], measured
+    for message, key in zip(measured, ("gen_parallel", "train_parallel"), strict=True):
+        assert message.endswith(f"Amdahl fraction {controller.parallel[key]:.2f}"), message
     processes = {h.actor for h in controller.cluster.all_handles() + controller.cluster.spares}
     assert len(processes) == 2  # the worker and a parked spare: a move starts no process
     try:

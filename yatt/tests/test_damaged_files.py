@@ -513,8 +513,19 @@ def test_overwriting_never_deletes_the_folder_model_path_names(tmp_path):
     (tmp_path / "model" / "config.json").write_text("{}")
     with pytest.raises(ConfigError) as exc_info:
         check_run_dir(str(tmp_path), ("model",), overwrite=True, model_path=str(tmp_path / "model"))
-    assert "would delete" in _one_line(exc_info) and "model.path=" in str(exc_info.value)
+    assert "would delete" in _one_line(exc_info) and "a model this run loads" in str(exc_info.value)
     assert (tmp_path / "model" / "config.json").is_file()
+    # nor the reward model it scores with (a `yatt rm` run's, in the same folder)
+    from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
+
+    (tmp_path / "reward_model").mkdir()
+    (tmp_path / "reward_model" / "config.json").write_text("{}")
+    overrides = [f"logging.run_dir={tmp_path}", "logging.overwrite=true",
+                 f"reward.model_path={tmp_path / 'reward_model'}"]  # fmt: skip
+    config = load_config("tiny_test", overrides)
+    with pytest.raises(ConfigError, match=r"would delete .*reward_model, which holds"):
+        claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
+    assert (tmp_path / "reward_model" / "config.json").is_file()
 
 
 def test_a_run_that_keeps_no_checkpoint_says_so_at_the_start(tmp_path, caplog):

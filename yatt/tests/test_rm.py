@@ -96,14 +96,19 @@ def test_a_reward_model_trains_saves_and_loads_as_reward_model_path(tmp_path) ->
     ("override", "problem"),
     [("checkpoint.every=2", "keeps no checkpoints"),
      ("control.backend=ray", "yatt rm runs in one process"),
-     ("model.lora_rank=4", "drop model.lora_rank"),
-     ("data.task=countdown", "whole-number answers")],
+     ("model.lora_rank=4", "does not act on model.lora_rank"),
+     ("train.time_limit_s=60", "does not act on train.time_limit_s"),
+     ("eval.every=2", "does not act on eval.every"),
+     ("data.task=countdown", "whole-number answers"),
+     ("model.path=/nonexistent/model", "/nonexistent/model")],
 )  # fmt: skip
 def test_yatt_rm_refuses_what_it_cannot_do_in_one_line(tmp_path, capsys, override, problem):
-    argv = ["rm", "tiny_test", *FAST, override, f"logging.run_dir={tmp_path / 'run'}"]
+    run_dir = tmp_path / "run"
+    argv = ["rm", "tiny_test", *FAST, override, f"logging.run_dir={run_dir}"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("yatt: error: ") and problem in err[-1], err
+    assert not run_dir.exists()  # no empty run folder left behind
 
 
 def test_yatt_rm_on_the_command_line_prints_its_summary(tmp_path, capsys) -> None:

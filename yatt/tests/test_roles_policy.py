@@ -391,12 +391,14 @@ def test_gradient_checkpointing_recomputes_each_layer_and_leaves_the_gradients_a
         model = copy.deepcopy(base_model)
         algo = AlgoConfig(micro_batch_size=4)
         optim = OptimConfig(lr=1e-3, schedule="constant", grad_clip=1.0)
-        policy = PolicyRole(model, algo=algo, optim=optim, total_updates=10,
-                            shared_prefix=shared_prefix, gradient_checkpointing=checkpointing)  # fmt: skip
+        policy = PolicyRole(
+            model, algo=algo, optim=optim, total_updates=10, shared_prefix=shared_prefix,
+            gradient_checkpointing=checkpointing,
+        )  # fmt: skip
         calls = []
         # A layer's own hooks stay outside its checkpoint; its MLP is entered again in the
         # replay (which stops once it has what the backward pass needs: a pre-hook counts).
-        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
         policy.update(batch)
         results[checkpointing] = (len(calls), _grads(model), dict(model.named_parameters()))
     plain_calls = 2 * 2 if shared_prefix else 2  # 2 micro-batches; a shared prefix: 2 passes
@@ -424,7 +426,8 @@ def test_a_checkpointed_critic_recomputes_its_backbone_layers_with_the_same_upda
             gradient_checkpointing=checkpointing,
         )  # fmt: skip
         calls = []
-        critic.model.backbone.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        layer = critic.model.backbone.layers[0]
+        layer.mlp.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
         loss = critic.update(batch)["critic/vf_loss"]
         results[checkpointing] = (len(calls), loss, dict(critic.model.named_parameters()))
     assert (results[False][0], results[True][0]) == (2, 4)  # 2 micro-batches, then replayed

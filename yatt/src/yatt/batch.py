@@ -158,12 +158,17 @@ class RolloutBatch:
         )
 
     @staticmethod
-    def synthetic(prompt_ids: list[int], rows: int, tokens: int, vocab: int) -> RolloutBatch:
-        """`rows` copies of one prompt, each with `tokens` response tokens drawn (seeded) from
-        `vocab`, advantages of alternating sign (every row trains): an update's input of a
-        given shape, for timing and memory probes."""
+    def synthetic(
+        prompt_ids: list[int], rows: int, tokens: int, vocab: int, group: int
+    ) -> RolloutBatch:
+        """`rows` copies of one prompt in groups of `group` rows (as a GRPO step samples a
+        prompt `group` times: the update shares each group's prompt pass), each with `tokens`
+        response tokens drawn (seeded) from `vocab`, advantages of alternating sign (every row
+        trains): an update's input of a given shape, for timing and memory probes."""
+        assert rows >= 1 and group >= 1, f"rows={rows}, group={group}"
         drawn = torch.randint(vocab, (rows, tokens), generator=torch.Generator().manual_seed(0))
         batch = RolloutBatch.from_token_lists([prompt_ids] * rows, drawn.tolist())
+        batch.group_ids = torch.arange(rows) // group
         signs = torch.tensor([1.0, -1.0]).repeat(rows)[:rows, None]
         batch.advantages = signs * batch.response_mask
         return batch.check("advantages")

@@ -115,6 +115,10 @@ class _Recent:
             self.held_out = f"acc {100 * metrics['eval/accuracy']:.1f}%"
         if "sft/heldout_loss" in metrics:
             self.held_out = f"held-out loss {metrics['sft/heldout_loss']:.3f}"
+        if "rm/heldout_accuracy" in metrics:
+            self.held_out = (
+                f"held-out pairs ranked right {100 * metrics['rm/heldout_accuracy']:.1f}%"
+            )
         return (
             statistics.fmean(self.rewards[-_RECENT:]) if self.rewards else math.nan,
             statistics.fmean(self.step_times[-_RECENT:]) if self.step_times else math.nan,
@@ -159,9 +163,10 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
 
     A value that is not a number is left out; a NaN or an infinity shows as nan / inf, and a
     mean is taken over the finite values (the cell says how many others it left out)."""
-    if any("sft/loss" in row for row in history):
+    kind = _run_kind(history)
+    if kind == "sft":
         return _sft_summary([row for row in history if "sft/loss" in row])
-    if any("rm/loss" in row or "rm/heldout_accuracy" in row for row in history):
+    if kind == "rm":
         return _rm_summary(history)
     steps = [row for row in history if "timing_s/step" in row]
     table = Table(title="yatt run summary")
@@ -314,6 +319,16 @@ def _sft_summary(rows: list[dict[str, float]]) -> Table:
     return table
 
 
+def _run_kind(history: list[dict[str, Any]]) -> str:
+    """Which job wrote `history`: "sft" (rows with `sft/loss`), "rm" (a reward model's: rows
+    with `rm/` keys, also one stopped after its step-0 evaluation) or "rl"."""
+    if any("sft/loss" in row for row in history):
+        return "sft"
+    if any(key.startswith("rm/") for row in history for key in row):
+        return "rm"
+    return "rl"
+
+
 def _rm_summary(rows: list[dict[str, float]]) -> Table:
     """A reward model's (`yatt rm`) held-out accuracy before and after training, its loss
     over the first and last tenth of the steps, and its step time."""
@@ -332,7 +347,7 @@ def _rm_summary(rows: list[dict[str, float]]) -> Table:
     for name, part in (("first", steps[:tenth]), ("last", steps[-tenth:])):
         loss = _mean_cell(part, "rm/loss", ".4f")
         if loss is not None and steps:
-            table.add_row(f"loss, {name} {len(part)} steps (mean)", loss)
+            table.add_row(f"loss, {name} {len(part)} step(s) (mean)", loss)
     step_s = _mean_cell(steps, "timing_s/step", ".3f")
     if step_s is not None:
         table.add_row("mean step time", f"{step_s} s")
@@ -352,9 +367,10 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
          if key == "step" or (_is_number(value) and math.isfinite(value))}
         for row in history
     ]  # fmt: skip
-    if any("sft/loss" in row for row in history):
+    kind = _run_kind(history)
+    if kind == "sft":
         plots = [(plot_sft_loss, "loss.png")]
-    elif any("rm/loss" in row for row in history):
+    elif kind == "rm":
         plots = [(plot_reward_model, "rm.png")]
     else:
         plots = [(plot_rewards, "rewards.png"), (plot_timings, "timing.png")]

@@ -57,12 +57,16 @@ class PreferencePair:
         return self.prompt + self.chosen, self.prompt + self.rejected
 
 
-def preference_pairs(examples: list[Any], tokenizer: Any, config: Config) -> list[PreferencePair]:
-    """The pairs of `examples` (PromptExamples): `preferred_responses`, each after its prompt
-    as the policy sees it (`data.use_chat_template`)."""
+def preference_pairs(
+    examples: list[Any], tokenizer: Any, config: Config,
+    responses: list[tuple[str, str]] | None = None,
+) -> list[PreferencePair]:  # fmt: skip
+    """The pairs of `examples` (PromptExamples): their `responses` (`preferred_responses`
+    when not given), each after its prompt as the policy sees it (`data.use_chat_template`)."""
     from yatt.data import render_prompt
 
-    responses = preferred_responses(examples, config)
+    if responses is None:
+        responses = preferred_responses(examples, config)
     return [
         PreferencePair(render_prompt(example, tokenizer, config.data.use_chat_template), *pair)
         for example, pair in zip(examples, responses, strict=True)
@@ -120,22 +124,15 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
     """Train a reward model as the module docstring says; returns its folder.
 
     `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
-    Raises ConfigError for settings it does not read (control.*, checkpoint.*), DataError for
-    bad or missing pairs, before the run folder is claimed.
+    Raises ConfigError for settings it does not read (`_check_settings`) and DataError for bad
+    or missing pairs, before the run folder is claimed; a model that does not load leaves no
+    empty run folder.
     """
     from yatt.builders import build_data
-    from yatt.run_checks import check_no_control_settings, check_training_dtype
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
-    check_no_control_settings(config, "yatt rm")
-    check_training_dtype(config)
-    checkpoint = config.checkpoint
-    if checkpoint.resume or checkpoint.every:
-        raise ConfigError(
-            "yatt rm keeps no checkpoints (a run is short; a stopped one starts again): drop "
-            "checkpoint.resume and checkpoint.every"
-        )
+    _check_settings(config)
     train_set, heldout_set = build_data(config.data)
     if not heldout_set and config.eval.n and (config.eval.at_start or config.eval.at_end):
         raise DataError(
@@ -143,13 +140,14 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
             "(set data.n_heldout, or eval.n=0)"
         )
     heldout_set = heldout_set[: config.eval.n]
-    preferred_responses([*train_set, *heldout_set], config)  # bad rows: before the folder
+    responses = preferred_responses([*train_set, *heldout_set], config)  # bad rows fail here
     claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
-    configure_threads(config.train.torch_threads)
-    seed_everything(config.train.seed)
-    model, tokenizer = _reward_model(config)
-    pairs = preference_pairs(train_set, tokenizer, config)
-    heldout = preference_pairs(heldout_set, tokenizer, config)
+    with claim.removed_if_unused():  # a failed set-up leaves no empty folder
+        configure_threads(config.train.torch_threads)
+        seed_everything(config.train.seed)
+        model, tokenizer = _reward_model(config)
+        pairs = preference_pairs(train_set, tokenizer, config, responses[: len(train_set)])
+        heldout = preference_pairs(heldout_set, tokenizer, config, responses[len(train_set) :])
     logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
                 len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
@@ -167,16 +165,46 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
     return folder
 
 
+# Settings of the sections `yatt rm` reads that it does not act on: refused when changed.
+_UNREAD = ("train.time_limit_s", "train.gradient_checkpointing", "train.bf16_autocast",
+           "eval.every", "optim.warmup_steps", "model.lora_rank")  # fmt: skip
+
+
+def _check_settings(config: Config) -> None:
+    """Refuse (ConfigError, one line) what `yatt rm` would otherwise ignore: control.*, the
+    checkpoint settings (no checkpoints: a run is short, a stopped one starts again) and the
+    `_UNREAD` ones, and bf16 training weights."""
+    import dataclasses
+
+    from yatt.run_checks import check_no_control_settings, check_training_dtype
+
+    check_no_control_settings(config, "yatt rm")
+    check_training_dtype(config)
+    checkpoint = config.checkpoint
+    if checkpoint.resume or checkpoint.every:
+        raise ConfigError(
+            "yatt rm keeps no checkpoints (a run is short; a stopped one starts again): drop "
+            "checkpoint.resume and checkpoint.every"
+        )
+    changed = []
+    for dotted in _UNREAD:
+        section, key = dotted.split(".")
+        default = {f.name: f.default for f in dataclasses.fields(getattr(config, section))}[key]
+        if getattr(getattr(config, section), key) != default:
+            changed.append(dotted)
+    if changed:
+        raise ConfigError(
+            f"yatt rm does not act on {', '.join(changed)} (it trains the whole reward model "
+            "at optim.lr, a constant rate, and scores held-out pairs before and after): drop "
+            "them"
+        )
+
+
 def _reward_model(config: Config) -> tuple[Any, Any]:
     """A ScalarHeadModel on the decoder of `model.path`'s causal LM, and its tokenizer."""
     from yatt.builders import build_model
     from yatt.heads import ScalarHeadModel
 
-    if config.model.lora_rank:
-        raise ConfigError(
-            "yatt rm trains the whole reward model: drop model.lora_rank (a run scores with "
-            "the saved folder, which holds no adapters)"
-        )
     causal_lm, tokenizer = build_model(config.model)
     return ScalarHeadModel.from_causal_lm(causal_lm, seed=config.train.seed), tokenizer
 

@@ -120,7 +120,7 @@ def check_run_dir(
     resuming: bool = False,
     overwrite: bool = False,
     resumable: bool = True,
-    model_path: str = "",
+    model_path: str | tuple[str, ...] = "",
 ) -> RunDirClaim:
     """Create the run folder `logging.run_dir` and check it for this job; deletes nothing.
 
@@ -129,8 +129,9 @@ def check_run_dir(
     deletes them.
     resumable: the refusal suggests `checkpoint.resume=` when the folder holds a checkpoint
     (a non-empty `checkpoints/`), else says it has none (False for jobs that cannot resume).
-    model_path: the run's `model.path`; overwriting never deletes the output holding it (an
-    SFT run's `model/` that an RL run in the same folder starts from).
+    model_path: the run's `model.path` (or several paths the run loads: its
+    `reward.model_path` too); overwriting never deletes an output holding one (an SFT run's
+    `model/` that an RL run in the same folder starts from, a `yatt rm` run's reward model).
     Raises ConfigError for an empty name, a folder that cannot be created or written, or a
     refused reuse.
     """
@@ -188,18 +189,22 @@ def _make_and_lock(run_dir: str) -> tuple[Path, bool, _FolderLock | None]:
         raise
 
 
-def _refuse_deleting_the_model(folder: Path, found: list[str], model_path: str) -> None:
-    """Raise ConfigError where overwriting `found` in `folder` would delete the run's own
-    `model.path` (an SFT run's `model/` that an RL run in the same folder starts from)."""
-    if not model_path or not Path(model_path).exists():
-        return
-    used = Path(model_path).resolve()
-    for name in found:
-        if used.is_relative_to((folder / name).resolve()):
-            raise ConfigError(
-                f"logging.overwrite=true would delete {folder / name}, which holds "
-                f"model.path={model_path}: write this run to another folder"
-            )
+def _refuse_deleting_the_model(
+    folder: Path, found: list[str], model_path: str | tuple[str, ...]
+) -> None:
+    """Raise ConfigError where overwriting `found` in `folder` would delete a model the run
+    loads (`model_path`: one path or several; an SFT run's `model/` that an RL run in the same
+    folder starts from, a reward model there)."""
+    for path in (model_path,) if isinstance(model_path, str) else model_path:
+        if not path or not Path(path).exists():
+            continue
+        used = Path(path).resolve()
+        for name in found:
+            if used.is_relative_to((folder / name).resolve()):
+                raise ConfigError(
+                    f"logging.overwrite=true would delete {folder / name}, which holds "
+                    f"{path}, a model this run loads: write this run to another folder"
+                )
 
 
 def _remove_empty(folder: Path) -> None:
@@ -311,7 +316,8 @@ def claim_run_dir(
     try:
         return check_run_dir(
             config.logging.run_dir, outputs, resuming=in_place, overwrite=overwrite,
-            resumable=not config.checkpoint.resume, model_path=config.model.path,
+            resumable=not config.checkpoint.resume,
+            model_path=(config.model.path, config.reward.model_path),
         )  # fmt: skip
     except ConfigError as exc:
         if config.checkpoint.resume == RESUME_AUTO and not resume:

@@ -24,12 +24,13 @@ def _moving_average(values: list[float], window: int) -> list[float]:
 
 
 def _legend(ax, **kwargs) -> None:
-    """The axes' legend, or (nothing drawn on them: a run stopped before its first step) a
-    note saying so, not matplotlib's warning about a legend of nothing."""
+    """The axes' legend, or (nothing drawn on them: a run stopped before its first step, a
+    metric never logged or never finite) a note saying so, not matplotlib's warning about a
+    legend of nothing."""
     if any(len(line.get_xdata()) for line in ax.lines) or ax.patches:
         ax.legend(**kwargs)
     else:
-        ax.text(0.5, 0.5, "no steps logged yet", ha="center", va="center",
+        ax.text(0.5, 0.5, "nothing to plot", ha="center", va="center",
                 transform=ax.transAxes)  # fmt: skip
 
 

@@ -158,13 +158,12 @@ def _read_preset(preset: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid YAML (line {line})") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
-    if not loaded or all(value is None or value == {} for value in loaded.values()):
-        # (a run of every default: 100 steps into runs/default; an empty file is a slip)
-        raise ConfigError(
-            f"config file {path} sets nothing (it is empty, or holds only comments or empty "
-            f"sections): give it settings, or start from a preset: {preset_names()}"
-        )
-    return loaded
+    return loaded or {}
+
+
+def _sets_nothing(values: dict[str, Any]) -> bool:
+    """Whether a config file's content sets no key (empty, only comments, empty sections)."""
+    return all(value is None or value == {} for value in values.values())
 
 
 def _override_value(cls: type, dotted: str, raw: str) -> Any:
@@ -226,9 +225,16 @@ def load_config(
     the overrides): `yatt eval` runs no controllers, so a run's `control` section is not its.
 
     Raises:
-        ConfigError: unknown preset/key, unparsable YAML, wrong type or out-of-range value.
+        ConfigError: unknown preset/key, unparsable YAML, wrong type or out-of-range value, a
+            config file that sets nothing given with no overrides.
     """
     values = _read_preset(preset) if preset else {}
+    if preset and not overrides and _sets_nothing(values):
+        # (a run of every default: 100 steps into runs/default; an empty file is a slip)
+        raise ConfigError(
+            f"config file {preset} sets nothing (it is empty, or holds only comments or empty "
+            f"sections): give it settings, or start from a preset: {preset_names()}"
+        )
     values = {key: value for key, value in values.items() if key not in defaults_for}
     values = apply_overrides(values, list(overrides))
     return _build(Config, values, "")

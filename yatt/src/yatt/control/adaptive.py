@@ -115,11 +115,15 @@ class AdaptiveController(Controller):
         threads = control.cpu_mapping == "threads" and self.cluster.devices[0].kind == "cpu"
         if not (threads and control.backend == "ray" and n >= 2 and not control.oversubscribe):
             if threads:
+                why = (
+                    "in-process workers are not pinned to cores" if control.backend != "ray"
+                    else "one device has no wider width to compare" if n < 2
+                    else "oversubscribed devices share cores"
+                )  # fmt: skip
                 logger.info(
-                    "re-placement: %s workers are not pinned to their cores; an update is "
-                    "taken to divide over them, the decode floor not",
-                    "oversubscribed" if control.oversubscribe else control.backend,
-                )
+                    "re-placement: no thread scaling measured (%s); an update is taken to "
+                    "divide over a worker's devices, the decode floor not", why,
+                )  # fmt: skip
             measured = {"gen_parallel": 0.0, "train_parallel": 1.0}
             if "decode_step_s" in missing:
                 measured["decode_step_s"] = sampler.call("decode_step_s")

@@ -502,14 +502,14 @@ class RankWorker:
             self.device.bind()
 
     def _probe_batch(self, rows: int, tokens: int) -> Any:
-        """`RolloutBatch.synthetic` of the first training prompt, with zero reference
-        log-probs where the loss has a KL term."""
+        """`RolloutBatch.synthetic` of the first training prompt, in groups of
+        `rollout.n_samples` rows, with zero reference log-probs where the loss has a KL term."""
         from yatt.batch import RolloutBatch
 
         assert self.policy is not None, f"{self.name} hosts no policy"
         prompt = self.tokenizer(self._prompt(0), add_special_tokens=False)["input_ids"]
         vocab = self.policy.model.get_input_embeddings().num_embeddings
-        batch = RolloutBatch.synthetic(prompt, rows, tokens, vocab)
+        batch = RolloutBatch.synthetic(prompt, rows, tokens, vocab, self.config.rollout.n_samples)
         if self.config.algo.kl_coef > 0 and not self.config.algo.kl_in_reward:
             batch.ref_logp = torch.zeros_like(batch.response_mask)
         return batch
