@@ -23,6 +23,15 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _curve(ax, rows: list[dict], key: str, label: str) -> list[float]:
+    """`key` per step, raw (faint) and as a moving average over 10 steps; its values."""
+    steps, values = _series(rows, key)
+    ax.plot(steps, values, alpha=0.3, label=f"{label} (per step)")
+    if values:
+        ax.plot(steps, _moving_average(values, 10), label="moving average (10)")
+    return values
+
+
 def _legend(ax, **kwargs) -> None:
     """The axes' legend, or (nothing drawn on them: a run stopped before its first step, a
     metric never logged or never finite) a note saying so, not matplotlib's warning about a
@@ -37,10 +46,7 @@ def _legend(ax, **kwargs) -> None:
 def plot_rewards(rows: list[dict], path: Path, accuracy_key: str = "eval/accuracy") -> Path:
     """Reward per step (raw + moving average) and held-out accuracy on a second panel."""
     fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    steps, rewards = _series(rows, "critic/score/mean")
-    ax_reward.plot(steps, rewards, alpha=0.3, label="reward (per step)")
-    if rewards:
-        ax_reward.plot(steps, _moving_average(rewards, 10), label="moving average (10)")
+    _curve(ax_reward, rows, "critic/score/mean", "reward")
     ax_reward.set(xlabel="step", ylabel="mean reward", title="training reward")
     _legend(ax_reward)
     steps, accuracy = _series(rows, accuracy_key)
@@ -78,10 +84,7 @@ def plot_sft_loss(rows: list[dict], path: Path) -> Path:
     """An SFT run's answer-token loss per step (raw + moving average) with its held-out loss,
     and the learning rate on a second panel."""
     fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, 4))
-    steps, losses = _series(rows, "sft/loss")
-    ax_loss.plot(steps, losses, alpha=0.3, label="train loss (per step)")
-    if losses:
-        ax_loss.plot(steps, _moving_average(losses, 10), label="moving average (10)")
+    _curve(ax_loss, rows, "sft/loss", "train loss")
     held_steps, held = _series(rows, "sft/heldout_loss")
     if held:
         ax_loss.plot(held_steps, held, marker="o", label="held-out loss")
@@ -100,10 +103,7 @@ def plot_reward_model(rows: list[dict], path: Path) -> Path:
     """A reward model's (`yatt rm`) Bradley–Terry loss per step (raw + moving average), and the
     share of pairs it ranked right: each step's (moving average) and the held-out pairs'."""
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    steps, losses = _series(rows, "rm/loss")
-    ax_loss.plot(steps, losses, alpha=0.3, label="loss (per step)")
-    if losses:
-        ax_loss.plot(steps, _moving_average(losses, 10), label="moving average (10)")
+    _curve(ax_loss, rows, "rm/loss", "loss")
     ax_loss.set(xlabel="step", ylabel="-log sigmoid(chosen - rejected)", title="reward model loss")
     _legend(ax_loss)
     steps, accuracy = _series(rows, "rm/accuracy")
