@@ -119,7 +119,6 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     REINFORCE++, a KL term under re-placement), for control.backend=ray
     without Ray installed, for an evaluation with no held-out problems, and for a checkpoint
     the controllers did not write or whose data position does not fit this run."""
-    from yatt.common import MetricsLogger
     from yatt.config import save_config
     from yatt.control import make_controller
 
@@ -127,7 +126,6 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
     resume, state, claim = _claim(config)
     run_dir = claim.path
     start_step = 0 if state is None else state["step"]
-    metrics_path = run_dir / "metrics.jsonl"
     with claim.removed_if_unused():  # workers that fail to load leave no empty folder
         controller = make_controller(config, control)
     controller.checkpoint_dir = run_dir
@@ -142,23 +140,8 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         claim.clear()  # logging.overwrite: the previous run goes once this one's workers loaded
         save_config(recorded_config(config, control), run_dir)
         warn_if_nothing_kept(config)
-        board = run_dir / "tensorboard" if config.logging.tensorboard else None
-        stream = MetricsLogger.to_files(metrics_path, board, start_step)
-
-        start_rows: list[dict[str, float]] = []  # step 0: the evaluation before training
-
-        def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
-            stream.log(step, metrics)  # on disk as each step ends: a crash keeps the steps done
-            if step == 0:
-                start_rows.append(metrics)
-            elif progress is not None:
-                progress(step, total, metrics)
-
         start_s = time.time()
-        try:
-            result = controller.fit(progress=step_done, start_step=start_step)
-        finally:
-            stream.close()
+        result, start_rows = _fit_logged(controller, config, run_dir, start_step, progress)
         n_devices = len(controller.cluster.devices)
         if config.checkpoint.at_end:
             _save_policy(controller, config, control, run_dir / MODEL_FOLDER)
@@ -177,6 +160,30 @@ def fit_distributed(config: Config, control: ControlConfig, progress: Any = None
         result.bytes_moved,
     )
     return result
+
+
+def _fit_logged(controller: Any, config: Config, run_dir: Path, start_step: int,
+                progress: Any) -> tuple[RunResult, list[dict[str, float]]]:  # fmt: skip
+    """`controller.fit` from `start_step`, each row in `metrics.jsonl` (and TensorBoard) as
+    its step ends (a crash keeps the steps done) and passed on to `progress`; the result and
+    the step-0 rows (the evaluation before training)."""
+    from yatt.common import MetricsLogger
+
+    board = run_dir / "tensorboard" if config.logging.tensorboard else None
+    stream = MetricsLogger.to_files(run_dir / "metrics.jsonl", board, start_step)
+    start_rows: list[dict[str, float]] = []
+
+    def step_done(step: int, total: int, metrics: dict[str, float]) -> None:
+        stream.log(step, metrics)
+        if step == 0:
+            start_rows.append(metrics)
+        elif progress is not None:
+            progress(step, total, metrics)
+
+    try:
+        return controller.fit(progress=step_done, start_step=start_step), start_rows
+    finally:
+        stream.close()
 
 
 def recorded_config(config: Config, control: ControlConfig) -> Config:
