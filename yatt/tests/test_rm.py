@@ -131,3 +131,21 @@ def test_train_reward_model_takes_a_number_of_steps_across_passes() -> None:
     assert len(history) == 5 and steps == [1, 2, 3, 4, 5]  # 2 steps a pass over 3 pairs
     assert all(row["step_s"] > 0 for row in history) and not model.training
     assert torch.isfinite(torch.tensor([row["loss"] for row in history])).all()
+
+
+def test_a_reward_model_from_yatt_rm_drives_a_grpo_run(tmp_path) -> None:
+    """RLHF end to end: `yatt rm` trains a reward model, and a GRPO run scores with it alone
+    (`reward.fns=[]`): every step logs the reward model's mean score as its reward."""
+    from yatt.trainer import Trainer
+
+    folder = run_reward_model(
+        load_config(
+            "tiny_test", [*FAST, "data.task=addition", f"logging.run_dir={tmp_path / 'rm'}"]
+        )
+    )
+    config = load_config("tiny_test", ["reward.fns=[]", f"reward.model_path={folder}",
+                                       f"logging.run_dir={tmp_path / 'rl'}"])  # fmt: skip
+    steps = [row for row in Trainer(config).fit().history if "timing_s/step" in row]
+    assert len(steps) == config.train.steps
+    for row in steps:
+        assert row["critic/score/mean"] == pytest.approx(row["reward/reward_model/mean"])
