@@ -301,11 +301,7 @@ def _sft_summary(rows: list[dict[str, float]]) -> Table:
     table = Table(title="yatt sft summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    tenth = max(1, len(rows) // 10)
-    for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
-        loss = _mean_cell(part, "sft/loss", ".4f")
-        if loss is not None:
-            table.add_row(f"train loss, {name} {len(part)} steps (mean)", loss)
+    _add_loss_tenths(table, rows, "sft/loss", "train loss")
     held = [row for row in rows if _is_number(row.get("sft/heldout_loss"))]
     if held:
         step, loss = int(held[-1]["step"]), held[-1]["sft/heldout_loss"]
@@ -313,10 +309,24 @@ def _sft_summary(rows: list[dict[str, float]]) -> Table:
     epochs = _numbers(rows, "sft/epoch")
     if epochs:
         table.add_row("epochs over the training set", _show(epochs[-1], ".2f"))
+    _add_step_time(table, rows)
+    return table
+
+
+def _add_loss_tenths(table: Table, rows: list[dict[str, float]], key: str, label: str) -> None:
+    """Rows of `table`: the mean of `key` over the first and the last tenth of `rows`."""
+    tenth = max(1, len(rows) // 10)
+    for name, part in (("first", rows[:tenth]), ("last", rows[-tenth:])):
+        loss = _mean_cell(part, key, ".4f")
+        if loss is not None:
+            table.add_row(f"{label}, {name} {len(part)} steps (mean)", loss)
+
+
+def _add_step_time(table: Table, rows: list[dict[str, float]]) -> None:
+    """A row of `table`: the mean step time of `rows`, where they hold one."""
     step_s = _mean_cell(rows, "timing_s/step", ".3f")
     if step_s is not None:
         table.add_row("mean step time", f"{step_s} s")
-    return table
 
 
 def _run_kind(history: list[dict[str, Any]]) -> str:
@@ -343,14 +353,8 @@ def _rm_summary(rows: list[dict[str, float]]) -> Table:
             f"{_show(100 * row['rm/heldout_accuracy'], '.1f')}% of {pairs}",
         )
     steps = [row for row in rows if "rm/loss" in row]
-    tenth = max(1, len(steps) // 10)
-    for name, part in (("first", steps[:tenth]), ("last", steps[-tenth:])):
-        loss = _mean_cell(part, "rm/loss", ".4f")
-        if loss is not None and steps:
-            table.add_row(f"loss, {name} {len(part)} step(s) (mean)", loss)
-    step_s = _mean_cell(steps, "timing_s/step", ".3f")
-    if step_s is not None:
-        table.add_row("mean step time", f"{step_s} s")
+    _add_loss_tenths(table, steps, "rm/loss", "loss")
+    _add_step_time(table, steps)
     return table
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from yatt.common import MetricsLogger, seed_everything
-from yatt.config import Config, save_config
+from yatt.config import Config, changed_settings, save_config
 from yatt.errors import ConfigError, DataError
 
 __all__ = ["PreferencePair", "preference_pairs", "preferred_responses", "run_reward_model"]
@@ -174,8 +174,6 @@ def _check_settings(config: Config) -> None:
     """Refuse (ConfigError, one line) what `yatt rm` would otherwise ignore: control.*, the
     checkpoint settings (no checkpoints: a run is short, a stopped one starts again) and the
     `_UNREAD` ones, and bf16 training weights."""
-    import dataclasses
-
     from yatt.run_checks import check_no_control_settings, check_training_dtype
 
     check_no_control_settings(config, "yatt rm")
@@ -186,12 +184,11 @@ def _check_settings(config: Config) -> None:
             "yatt rm keeps no checkpoints (a run is short; a stopped one starts again): drop "
             "checkpoint.resume and checkpoint.every"
         )
-    changed = []
-    for dotted in _UNREAD:
-        section, key = dotted.split(".")
-        default = {f.name: f.default for f in dataclasses.fields(getattr(config, section))}[key]
-        if getattr(getattr(config, section), key) != default:
-            changed.append(dotted)
+    changed = [
+        dotted
+        for dotted in _UNREAD
+        if dotted.split(".")[1] in changed_settings(getattr(config, dotted.split(".")[0]))
+    ]
     if changed:
         raise ConfigError(
             f"yatt rm does not act on {', '.join(changed)} (it trains the whole reward model "

@@ -6,12 +6,11 @@ no reward, an eval-only run needs no training reward).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
-from yatt.config import Config
+from yatt.config import Config, changed_settings
 from yatt.data import TASK_PROVIDES
 from yatt.errors import ConfigError, DataError
 from yatt.rewards import NEED_MEANINGS, NEEDS_ANSWER, REWARD_NEEDS
@@ -168,11 +167,7 @@ def warn_if_nothing_kept(config: Config) -> None:
 def check_no_control_settings(config: Config, command: str) -> None:
     """Refuse control.* settings for a `command` that runs in one process and reads none of
     them (SFT), rather than ignore them silently (`yatt train` refuses those it would not use)."""
-    changed = [
-        f"control.{item.name}"
-        for item in dataclasses.fields(config.control)
-        if getattr(config.control, item.name) != item.default
-    ]
+    changed = [f"control.{name}" for name in changed_settings(config.control)]
     if changed:
         raise ConfigError(f"{command} runs in one process and reads no control.* key: {changed}")
 

@@ -33,6 +33,7 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "TrainConfig",
+    "changed_settings",
     "check_controller_settings",
     "check_section",
     "log_level",
@@ -573,6 +574,15 @@ class Config:
             )
 
 
+def changed_settings(section: object) -> list[str]:
+    """The names of the fields of config section `section` that differ from their defaults."""
+    return [
+        item.name
+        for item in dataclasses.fields(section)  # type: ignore[arg-type]
+        if getattr(section, item.name) != item.default
+    ]
+
+
 def _require_ray_for_control(control: ControlConfig) -> None:
     """Refuse control.* settings that only the Ray controllers read.
 
@@ -582,12 +592,12 @@ def _require_ray_for_control(control: ControlConfig) -> None:
     """
     if control.backend == "ray":
         return
-    for item in dataclasses.fields(ControlConfig):
-        value = getattr(control, item.name)
-        if item.name != "backend" and value != item.default:
+    for name in changed_settings(control):
+        value = getattr(control, name)
+        if name != "backend":
             shown = list(value) if isinstance(value, tuple) else value
             raise ConfigError(
-                f"control.{item.name}={shown!r} needs control.backend=ray "
+                f"control.{name}={shown!r} needs control.backend=ray "
                 f"(with control.backend={control.backend!r} the single-process trainer ignores it)"
             )
 
