@@ -1,7 +1,7 @@
 """`yatt rm`: a Bradley–Terry reward model from preference pairs (a file's prompt/chosen/
-rejected rows, or pairs made from a task's answers), saved where `reward.model_path` loads
-it; bad rows and settings it does not read are one-line errors before the run folder is
-claimed."""
+rejected rows, or pairs made from a task's answers and the model's own scored samples), saved
+where `reward.model_path` loads it; bad rows and settings it does not read are one-line errors
+before the run folder is claimed."""
 
 import json
 
@@ -15,7 +15,7 @@ from yatt.heads import ScalarHeadModel
 from yatt.models import tiny_model
 from yatt.report import load_history, summary_table
 from yatt.rewards.model import train_reward_model
-from yatt.rm import preference_pairs, run_reward_model
+from yatt.rm import _sampled_pair, preference_pairs, run_reward_model, sampled_responses
 
 FAST = ["train.steps=4", "data.n_train=24", "data.n_heldout=8", "eval.n=8",
         "algo.micro_batch_size=4"]  # fmt: skip
@@ -100,11 +100,15 @@ def test_a_reward_model_trains_saves_and_loads_as_reward_model_path(tmp_path) ->
      ("train.time_limit_s=60", "does not act on train.time_limit_s"),
      ("eval.every=2", "does not act on eval.every"),
      ("data.task=countdown", "whole-number answers"),
-     ("model.path=/nonexistent/model", "/nonexistent/model")],
+     ("model.path=/nonexistent/model", "/nonexistent/model"),
+     ("data.rejected=sideways", "'data.rejected'; expected one of slips, samples, both"),
+     ("data.rejected=samples data.task=countdown", "cannot grade data.task='countdown'"),
+     ("data.rejected=samples reward.fns=[] reward.model_path=/x", "reward.fns, which is empty"),
+     ("data.rejected=both data.path=/x.jsonl", "a data.path file gives its own chosen")],
 )  # fmt: skip
 def test_yatt_rm_refuses_what_it_cannot_do_in_one_line(tmp_path, capsys, override, problem):
     run_dir = tmp_path / "run"
-    argv = ["rm", "tiny_test", *FAST, override, f"logging.run_dir={run_dir}"]
+    argv = ["rm", "tiny_test", *FAST, *override.split(), f"logging.run_dir={run_dir}"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("yatt: error: ") and problem in err[-1], err
@@ -149,3 +153,68 @@ def test_a_reward_model_from_yatt_rm_drives_a_grpo_run(tmp_path) -> None:
     assert len(steps) == config.train.steps
     for row in steps:
         assert row["critic/score/mean"] == pytest.approx(row["reward/reward_model/mean"])
+
+
+@pytest.mark.parametrize(
+    ("own", "reference_score", "pair"),
+    [([(0.0, "7"), (1.0, "12"), (0.0, "3")], 1.0, ("12", "7")),  # worst under best, first ties
+     ([(0.0, "7"), (0.0, "3")], 1.0, ("12", "7")),  # all alike: under the reference
+     ([(1.0, "12"), (1.0, "12.0")], 1.0, None),  # all as good as the reference: no pair
+     ([(0.0, "12"), (0.0, "12")], 1.0, None)],  # the reference itself is no preference
+)  # fmt: skip
+def test_a_sampled_pair_is_the_worst_completion_under_the_best_or_the_reference(
+    own, reference_score, pair
+) -> None:
+    assert _sampled_pair(own, "12", reference_score) == pair
+
+
+def test_sampled_pairs_are_the_models_own_completions_scored_by_reward_fns(
+    tmp_path, monkeypatch
+) -> None:
+    """A reward scoring longer completions higher: each prompt's pair is its longest sample
+    over its shortest (never the reference), the same for the same seeds."""
+    from yatt.builders import build_data
+
+    (tmp_path / "length_reward.py").write_text(
+        "def score(prompt, completion, **fields):\n    return min(len(completion), 99) / 99\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config("tiny_test", ["data.n_train=6", "data.n_heldout=2",
+                                       "rollout.n_samples=3", "data.rejected=samples",
+                                       "reward.fns=[length_reward:score]"])  # fmt: skip
+    causal_lm, tokenizer = tiny_model(seed=0)
+    train, _ = build_data(config.data)
+    pairs, stats = sampled_responses(causal_lm, tokenizer, train, config)
+    assert len(pairs) == len(train) and stats["rm/sample_pairs"] == len(pairs)
+    for example, (chosen, rejected) in zip(train, pairs, strict=True):
+        assert len(chosen) > len(rejected) and example.answer not in (chosen, rejected)
+    assert stats["rm/samples_best"] > 0  # the reference is short: samples beat it
+    assert sampled_responses(causal_lm, tokenizer, train, config)[0] == pairs
+
+
+def test_yatt_rm_with_sampled_and_slipped_pairs_scores_each_kind(tmp_path, capsys) -> None:
+    """data.rejected=both: a slip pair and a sampled pair per prompt (the tiny model's samples
+    never hold the sum, so each is the reference over a sample); held-out accuracy per kind;
+    the summary says how the samples scored."""
+    run_dir = tmp_path / "run"
+    assert main(["rm", "tiny_test", *FAST, "data.rejected=both",
+                 f"logging.run_dir={run_dir}"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "samples scored as high as the reference" in err and "slips / samples" in err
+    history = load_history(run_dir)
+    first, last = history[0], history[-1]
+    assert first["rm/samples_best"] == 0 and first["rm/sample_pairs"] == 24 + 8
+    assert first["rm/heldout_pairs"] == 16  # 8 slip pairs, then 8 sampled ones
+    for row in (first, last):
+        mean = (row["rm/heldout_accuracy_slips"] + row["rm/heldout_accuracy_samples"]) / 2
+        assert row["rm/heldout_accuracy"] == pytest.approx(mean)
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "eval"])
+def test_commands_that_make_no_pairs_refuse_data_rejected(tmp_path, capsys, command) -> None:
+    run_dir = tmp_path / "run"
+    assert main([command, "tiny_test", "data.rejected=samples",
+                 f"logging.run_dir={run_dir}"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f"yatt {command} makes no preference pairs" in err[-1], err
+    assert not run_dir.exists()

@@ -376,6 +376,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     from yatt.rollout import make_engine
     from yatt.run_checks import (
         check_budgets_fit_model,
+        check_no_rm_settings,
         check_rewards_grade_task,
         check_rows_have_answers,
     )
@@ -384,6 +385,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     config, unlike = _eval_config(model, overrides)
     config = _configured(config)
     check_rewards_grade_task(config, train=False, evaluate=True)
+    check_no_rm_settings(config, "yatt eval")
     if config.eval.n == 0:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)

@@ -340,11 +340,19 @@ def _run_kind(history: list[dict[str, Any]]) -> str:
 
 
 def _rm_summary(rows: list[dict[str, float]]) -> Table:
-    """A reward model's (`yatt rm`) held-out accuracy before and after training, its loss
-    over the first and last tenth of the steps, and its step time."""
+    """A reward model's (`yatt rm`) sampled pairs (where it sampled them), held-out accuracy
+    before and after training, loss over the first and last tenth of the steps, and step
+    time."""
     table = Table(title="yatt rm summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    sampled = [row for row in rows if _is_number(row.get("rm/samples_best"))][:1]
+    for row in sampled:
+        table.add_row("samples scored as high as the reference",
+                      f"{_show(100 * row['rm/samples_best'], '.1f')}%")  # fmt: skip
+        if _is_number(row.get("rm/sample_pairs")):
+            pairs = f"{int(row['rm/sample_pairs']):,}"
+            table.add_row("pairs from samples (training and held out)", pairs)
     held = [row for row in rows if _is_number(row.get("rm/heldout_accuracy"))]
     for row in held[:1] + held[1:][-1:]:
         pairs = int(row["rm/heldout_pairs"]) if _is_number(row.get("rm/heldout_pairs")) else "?"
@@ -352,6 +360,10 @@ def _rm_summary(rows: list[dict[str, float]]) -> Table:
             f"held-out pairs ranked right, step {int(row['step'])}",
             f"{_show(100 * row['rm/heldout_accuracy'], '.1f')}% of {pairs}",
         )
+        kinds = [row.get(f"rm/heldout_accuracy_{kind}") for kind in ("slips", "samples")]
+        if all(map(_is_number, kinds)):
+            shares = " / ".join(f"{_show(100 * value, '.1f')}%" for value in kinds)
+            table.add_row("  of them: slips / samples", shares)
     steps = [row for row in rows if "rm/loss" in row]
     _add_loss_tenths(table, steps, "rm/loss", "loss")
     _add_step_time(table, steps)

@@ -4,8 +4,10 @@ pairs, for `reward.model_path` (RLHF with a learned reward).
 Reads these sections of the RL config tree: model (path: the causal LM whose decoder the
 reward model starts from; its LM head gives way to a new scalar head), data (`path`: JSONL or
 parquet rows with `prompt`, `chosen` and `rejected`, the two responses as strings; or `task`:
-pairs made in-process from a task with numeric answers, the reference answer chosen over a
-nearby wrong number; `n_heldout` pairs held out, `n_train`, `seed`, `use_chat_template`),
+pairs made in-process from a task, `rejected` saying how: the reference answer over a
+nearby wrong number, "slips"; the model's own worst completion under its best one or the
+reference answer, "samples", sampled as `rollout.*` says and scored by `reward.fns`; or a pair
+of each, "both"; `n_heldout` pairs held out, `n_train`, `seed`, `use_chat_template`),
 algo.micro_batch_size (pairs per step), optim (lr, weight_decay, grad_clip), train (steps,
 seed, torch_threads), eval (n: held-out pairs scored before and after training; at_start,
 at_end) and logging (run_dir, overwrite, progress, plots, tensorboard).
@@ -16,8 +18,14 @@ run. The loss is -log sigmoid(s_chosen - s_rejected). Writes `<run_dir>/reward_m
 backbone, the head, the tokenizer and the run's config.yaml, whole or not at all),
 `rm_metrics.jsonl` (per step: rm/loss and rm/accuracy over the step's pairs; at step 0 and at
 the end: rm/heldout_accuracy, the share of held-out pairs scored the right way round, and
-rm/heldout_margin, the mean s_chosen - s_rejected) and `rm.png`. No checkpoints: a run is
-short, and a stopped one starts again.
+rm/heldout_margin, the mean s_chosen - s_rejected; with sampled pairs, at step 0 also
+rm/samples_best, the share of the samples scored as high as the reference answer, and
+rm/sample_pairs, the pairs they gave) and `rm.png`. No checkpoints: a run is short, and a
+stopped one starts again.
+
+Why sample: a reward model learns only the differences its pairs show. Pairs of bare numbers
+never show it what the policy writes (sentences, working, other numbers), so its scores there
+say nothing; the policy's own completions, worst against best, show it.
 """
 
 from __future__ import annotations
@@ -35,7 +43,13 @@ from yatt.common import MetricsLogger, seed_everything
 from yatt.config import Config, changed_settings, save_config
 from yatt.errors import ConfigError, DataError
 
-__all__ = ["PreferencePair", "preference_pairs", "preferred_responses", "run_reward_model"]
+__all__ = [
+    "PreferencePair",
+    "preference_pairs",
+    "preferred_responses",
+    "run_reward_model",
+    "sampled_responses",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +57,8 @@ METRICS_FILE = "rm_metrics.jsonl"
 MODEL_FOLDER = "reward_model"
 # What a wrong answer of a generated pair is off by: the slips of carrying and of a digit.
 _SLIPS = (-11, -10, -9, -2, -1, 1, 2, 9, 10, 11)
+SAMPLE_PROMPTS = 16  # prompts per sampling call (times rollout.n_samples completions)
+SAMPLE_LOG_EVERY_S = 15.0  # a progress line while sampling, at most this often
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,79 @@ def _generated_responses(example: Any, task: str, rng: random.Random) -> tuple[s
     return str(value), str(value + rng.choice(_SLIPS))
 
 
+def sampled_responses(
+    causal_lm: Any, tokenizer: Any, examples: list[Any], config: Config
+) -> tuple[list[tuple[str, str] | None], dict[str, float]]:
+    """(chosen, rejected) of each of `examples` from `rollout.n_samples` completions of
+    `causal_lm` (sampled as `rollout.*` says, seeded by `data.seed`) scored by `reward.fns`:
+    the lowest-scoring completion, under the highest-scoring one where they differ, else under
+    the reference answer where that scores higher, else None (every completion scored as well
+    as the reference). Also the share of completions scoring as high as the reference
+    (`rm/samples_best`) and the number of pairs (`rm/sample_pairs`).
+
+    Raises:
+        DataError: an example without a reference answer.
+        RewardError: a reward function failed on a completion.
+    """
+    from yatt.data import render_prompt
+    from yatt.rewards import CombinedReward
+    from yatt.roles.rollout import RolloutRole
+
+    rollout = RolloutRole.build(causal_lm, tokenizer, config.rollout)
+    reward = CombinedReward(list(zip(config.reward.fns, config.reward.weights, strict=True)))
+    n_samples, total = config.rollout.n_samples, len(examples) * config.rollout.n_samples
+    rng = random.Random(f"yatt rm samples {config.data.seed}")
+    pairs: list[tuple[str, str] | None] = []
+    best = 0
+    started_s = logged_s = time.perf_counter()
+    for start in range(0, len(examples), SAMPLE_PROMPTS):
+        chunk = examples[start : start + SAMPLE_PROMPTS]
+        prompts = [render_prompt(example, tokenizer, config.data.use_chat_template)
+                   for example in chunk]  # fmt: skip
+        rows = [example.reward_fields() for example in chunk]
+        seeds = [rng.getrandbits(62) for _ in range(len(chunk) * n_samples)]
+        batch = rollout.generate(prompts, rows, list(range(len(chunk))), seeds)
+        references = [_reference(example) for example in chunk]
+        scores = reward([*batch.prompts, *prompts], [*batch.completions, *references],
+                        [*batch.rows, *rows])  # fmt: skip
+        for k, reference in enumerate(references):
+            reference_score = scores[len(batch.completions) + k]
+            own = [(scores[i], batch.completions[i])
+                   for i in range(k * n_samples, (k + 1) * n_samples)]  # fmt: skip
+            best += sum(score >= reference_score for score, _ in own)
+            pairs.append(_sampled_pair(own, reference, reference_score))
+        done, now_s = (start + len(chunk)) * n_samples, time.perf_counter()
+        if now_s - logged_s >= SAMPLE_LOG_EVERY_S or done == total:
+            logged_s = now_s
+            logger.info("sampled %d/%d completions in %.0f s; %.1f%% scored as high as the "
+                        "reference answer", done, total, now_s - started_s,
+                        100 * best / done)  # fmt: skip
+    stats = {"rm/samples_best": best / total,
+             "rm/sample_pairs": float(sum(pair is not None for pair in pairs))}  # fmt: skip
+    return pairs, stats
+
+
+def _reference(example: Any) -> str:
+    if example.answer is None or not str(example.answer).strip():
+        where = example.source or "a generated prompt"
+        raise DataError(f"{where}: data.rejected needs a reference answer, and it has none")
+    return str(example.answer).strip()
+
+
+def _sampled_pair(
+    own: list[tuple[float, str]], reference: str, reference_score: float
+) -> tuple[str, str] | None:
+    """The worst of a prompt's scored completions under its best one, or under the reference
+    answer where none of them scores better than another; None where that is no preference."""
+    worst_score, rejected = min(own, key=lambda scored: scored[0])
+    best_score, chosen = max(own, key=lambda scored: scored[0])
+    if best_score <= worst_score:
+        if reference_score <= worst_score:
+            return None
+        chosen = reference
+    return None if chosen == rejected else (chosen, rejected)
+
+
 def run_reward_model(config: Config, progress: Any = None) -> Path:
     """Train a reward model as the module docstring says; returns its folder.
 
@@ -128,7 +217,7 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
     or missing pairs, before the run folder is claimed; a model that does not load leaves no
     empty run folder.
     """
-    from yatt.builders import build_data
+    from yatt.builders import build_data, build_model
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
@@ -140,14 +229,29 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
             "(set data.n_heldout, or eval.n=0)"
         )
     heldout_set = heldout_set[: config.eval.n]
-    responses = preferred_responses([*train_set, *heldout_set], config)  # bad rows fail here
+    examples = [*train_set, *heldout_set]
+    slips = config.data.rejected != "samples"
+    responses = preferred_responses(examples, config) if slips else []  # bad rows fail here
     claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
-    with claim.removed_if_unused():  # a failed set-up leaves no empty folder
+    with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
-        model, tokenizer = _reward_model(config)
-        pairs = preference_pairs(train_set, tokenizer, config, responses[: len(train_set)])
-        heldout = preference_pairs(heldout_set, tokenizer, config, responses[len(train_set) :])
+        causal_lm, tokenizer = build_model(config.model)
+        sampled: list[tuple[str, str] | None] = []
+        row0: dict[str, float] = {}
+        if config.data.rejected != "slips":
+            sampled, row0 = sampled_responses(causal_lm, tokenizer, examples, config)
+        model = _reward_model(causal_lm, config)
+        split = len(train_set)
+        pairs, heldout = (
+            _pairs(part, tokenizer, config, responses[cut], sampled[cut])
+            for part, cut in ((train_set, slice(split)), (heldout_set, slice(split, None)))
+        )
+        if not pairs:
+            raise DataError(
+                f"no training pairs: each of the {split * config.rollout.n_samples} sampled "
+                "completions scored as high as its reference answer (data.rejected=samples)"
+            )
     logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
                 len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
@@ -155,9 +259,12 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
     board = run_dir / "tensorboard" if config.logging.tensorboard else None
     stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
     try:
+        heldout_slips = len(heldout_set) if config.data.rejected == "both" else 0
         if heldout and config.eval.at_start:
-            stream.log(0, _heldout_metrics(model, tokenizer, heldout))
-        _train(model, tokenizer, pairs, heldout, config, stream, progress)
+            row0.update(_heldout_metrics(model, tokenizer, heldout, heldout_slips))
+        if row0:
+            stream.log(0, row0)
+        _train(model, tokenizer, pairs, heldout, heldout_slips, config, stream, progress)
     finally:
         stream.close()
     folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
@@ -173,11 +280,28 @@ _UNREAD = ("train.time_limit_s", "train.gradient_checkpointing", "train.bf16_aut
 def _check_settings(config: Config) -> None:
     """Refuse (ConfigError, one line) what `yatt rm` would otherwise ignore: control.*, the
     checkpoint settings (no checkpoints: a run is short, a stopped one starts again) and the
-    `_UNREAD` ones, and bf16 training weights."""
-    from yatt.run_checks import check_no_control_settings, check_training_dtype
+    `_UNREAD` ones, and bf16 training weights; and sampled pairs (`data.rejected`) with a
+    data.path file, or without reward functions that can grade the task."""
+    from yatt.run_checks import (
+        check_no_control_settings,
+        check_rewards_grade_task,
+        check_training_dtype,
+    )
 
     check_no_control_settings(config, "yatt rm")
     check_training_dtype(config)
+    if config.data.rejected != "slips":
+        if config.data.path:
+            raise ConfigError(
+                f"data.rejected={config.data.rejected} makes pairs from data.task; a data.path "
+                "file gives its own chosen and rejected responses: drop one of them"
+            )
+        if not config.reward.fns:
+            raise ConfigError(
+                f"data.rejected={config.data.rejected} scores the sampled completions with "
+                "reward.fns, which is empty: name at least one reward function"
+            )
+        check_rewards_grade_task(config, evaluate=None)
     checkpoint = config.checkpoint
     if checkpoint.resume or checkpoint.every:
         raise ConfigError(
@@ -197,18 +321,30 @@ def _check_settings(config: Config) -> None:
         )
 
 
-def _reward_model(config: Config) -> tuple[Any, Any]:
-    """A ScalarHeadModel on the decoder of `model.path`'s causal LM, and its tokenizer."""
-    from yatt.builders import build_model
+def _reward_model(causal_lm: Any, config: Config) -> Any:
+    """A ScalarHeadModel on the decoder of `causal_lm` (its weights, not a copy)."""
     from yatt.heads import ScalarHeadModel
 
-    causal_lm, tokenizer = build_model(config.model)
-    return ScalarHeadModel.from_causal_lm(causal_lm, seed=config.train.seed), tokenizer
+    return ScalarHeadModel.from_causal_lm(causal_lm, seed=config.train.seed)
+
+
+def _pairs(
+    examples: list[Any], tokenizer: Any, config: Config,
+    responses: list[tuple[str, str]], sampled: list[tuple[str, str] | None],
+) -> list[PreferencePair]:  # fmt: skip
+    """The pairs of `examples`: those of `responses` (file rows or slips), then those of the
+    sampled completions that gave one."""
+    pairs = preference_pairs(examples, tokenizer, config, responses) if responses else []
+    if sampled:
+        kept = [(example, pair) for example, pair in zip(examples, sampled, strict=True) if pair]
+        pairs += preference_pairs([example for example, _ in kept], tokenizer, config,
+                                  [pair for _, pair in kept])  # fmt: skip
+    return pairs
 
 
 def _train(model: Any, tokenizer: Any, pairs: list[PreferencePair],
-           heldout: list[PreferencePair], config: Config, stream: MetricsLogger,
-           progress: Any) -> None:  # fmt: skip
+           heldout: list[PreferencePair], heldout_slips: int, config: Config,
+           stream: MetricsLogger, progress: Any) -> None:  # fmt: skip
     from yatt.rewards.model import train_reward_model
 
     total = config.train.steps
@@ -218,7 +354,7 @@ def _train(model: Any, tokenizer: Any, pairs: list[PreferencePair],
         row = {"rm/loss": metrics["loss"], "rm/accuracy": metrics["accuracy"],
                "timing_s/step": metrics["step_s"]}  # fmt: skip
         if step == total and heldout and config.eval.at_end:
-            row.update(_heldout_metrics(model, tokenizer, heldout))
+            row.update(_heldout_metrics(model, tokenizer, heldout, heldout_slips))
         stream.log(step, row)
         if progress is not None:
             progress(step, total, row)
@@ -232,17 +368,25 @@ def _train(model: Any, tokenizer: Any, pairs: list[PreferencePair],
     logger.info("reward model: %d steps in %.1f s", total, time.perf_counter() - start_s)
 
 
-def _heldout_metrics(model: Any, tokenizer: Any, heldout: list[PreferencePair]) -> dict:
-    """The share of held-out pairs scored the right way round, and the mean score margin."""
+def _heldout_metrics(
+    model: Any, tokenizer: Any, heldout: list[PreferencePair], slips: int = 0
+) -> dict:
+    """The share of held-out pairs scored the right way round, and the mean score margin;
+    with `slips` (data.rejected=both: the first `slips` pairs are of slips, the rest of
+    samples), the share of each kind too."""
     from yatt.rewards.model import score_texts
 
     start_s = time.perf_counter()
     chosen = score_texts(model, tokenizer, [pair.texts()[0] for pair in heldout])
     rejected = score_texts(model, tokenizer, [pair.texts()[1] for pair in heldout])
-    margin = chosen - rejected
-    return {"rm/heldout_accuracy": float((margin > 0).float().mean()),
-            "rm/heldout_margin": float(margin.mean()), "rm/heldout_pairs": float(len(heldout)),
-            "timing_s/eval": time.perf_counter() - start_s}  # fmt: skip
+    right = ((chosen - rejected) > 0).float()
+    row = {"rm/heldout_accuracy": float(right.mean()),
+           "rm/heldout_margin": float((chosen - rejected).mean()),
+           "rm/heldout_pairs": float(len(heldout))}  # fmt: skip
+    if 0 < slips < len(heldout):
+        row["rm/heldout_accuracy_slips"] = float(right[:slips].mean())
+        row["rm/heldout_accuracy_samples"] = float(right[slips:].mean())
+    return row | {"timing_s/eval": time.perf_counter() - start_s}
 
 
 def _save(model: Any, tokenizer: Any, config: Config, folder: Path) -> Path:

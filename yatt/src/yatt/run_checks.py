@@ -20,6 +20,7 @@ __all__ = [
     "check_budgets_fit_model",
     "check_eval_data",
     "check_no_control_settings",
+    "check_no_rm_settings",
     "check_prompts_fit_model",
     "check_rewards_grade_task",
     "check_rows_have_answers",
@@ -30,7 +31,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bool = False) -> None:
+def check_rewards_grade_task(
+    config: Config, *, train: bool = True, evaluate: bool | None = False
+) -> None:
     """Refuse a built-in reward that cannot grade the rows of the built-in task `data.task`
     (ConfigError, one line naming both settings and the rewards that fit), so that a run does
     not fail (or score every completion 0) only at its first reward or evaluation: a reward
@@ -38,8 +41,9 @@ def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bo
     reasoning_gym's checker on addition rows.
 
     What is checked is what the caller will use: `reward.fns` with `train` (an RL run), and
-    `eval.reward_fn` when the run evaluates (`eval.enabled`) or with `evaluate` (`yatt eval`);
-    SFT uses neither. Not checked: rows from a file (`data.path`: their fields are the
+    `eval.reward_fn` when the run evaluates (`eval.enabled`) or with `evaluate` (`yatt eval`),
+    never with `evaluate=None` (`yatt rm`, whose held-out scores are of pairs); SFT uses
+    neither. Not checked: rows from a file (`data.path`: their fields are the
     user's), rewards given as "package.module:function", and names registered without a
     `REWARD_NEEDS` entry.
     """
@@ -48,7 +52,7 @@ def check_rewards_grade_task(config: Config, *, train: bool = True, evaluate: bo
     task = config.data.task
     provides = TASK_PROVIDES.get(task, frozenset())
     settings = [("reward.fns", name) for name in config.reward.fns] if train else []
-    if config.eval.enabled or evaluate:
+    if evaluate or (evaluate is not None and config.eval.enabled):
         settings.append(("eval.reward_fn", config.eval.reward_fn))
     for key, name in settings:
         need = None if ":" in name else REWARD_NEEDS.get(name)
@@ -79,7 +83,7 @@ def check_rows_have_answers(
     if not config.data.path:
         return  # generated tasks carry their answers
     uses = [("reward.fns", name, train_rows) for name in config.reward.fns] if train else []
-    if config.eval.enabled or evaluate:
+    if evaluate or (evaluate is not None and config.eval.enabled):
         uses.append(("eval.reward_fn", config.eval.reward_fn, heldout_rows))
     for key, name, rows in uses:
         if name == "reasoning_gym":  # scored by the dataset's own checker, from the row
@@ -161,6 +165,16 @@ def warn_if_nothing_kept(config: Config) -> None:
         logger.warning(
             "this run keeps no checkpoint (checkpoint.every=0, checkpoint.at_end=false): the "
             "trained policy is lost when it ends; set checkpoint.at_end=true to keep it"
+        )
+
+
+def check_no_rm_settings(config: Config, command: str) -> None:
+    """Refuse `data.rejected` (how `yatt rm` makes its pairs) for a `command` that makes none,
+    rather than ignore it."""
+    if config.data.rejected != "slips":
+        raise ConfigError(
+            f"{command} makes no preference pairs and reads no data.rejected (a yatt rm "
+            f"setting): drop data.rejected={config.data.rejected}"
         )
 
 

@@ -50,6 +50,8 @@ ROLLOUT_DTYPES = ("float32", "bfloat16")
 # The projections of a Llama-family decoder layer that LoRA adapters may sit on (model.lora_*).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SEED_MAX = 2**32 - 1
+# What the rejected response of a pair `yatt rm` makes from a task is (`data.rejected`).
+REJECTED_KINDS = ("slips", "samples", "both")
 THREADS_MAX = 1024  # more torch threads than any machine's cores (100000 crashes torch)
 # Settings naming files or folders: a leading "~" is the home folder (a shell leaves the "~" of
 # `logging.run_dir=~/runs` as it is).
@@ -176,7 +178,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Prompt source: a built-in task generator or a JSONL/parquet file (`path`)."""
+    """Prompt source: a built-in task generator or a JSONL/parquet file (`path`).
+
+    `rejected` is read by `yatt rm` alone, for pairs made from `task`: what a pair's rejected
+    response is. "slips": the reference answer off by a slip (whole-number answers);
+    "samples": the model's own completion that `reward.fns` scores lowest (`rollout.*`
+    sampling), under its best-scoring one or else the reference answer; "both": a pair of
+    each kind per prompt.
+    """
 
     task: str = "addition"
     path: str = ""
@@ -184,6 +193,7 @@ class DataConfig:
     n_heldout: int = 200
     seed: int = 0
     use_chat_template: bool = True
+    rejected: str = "slips"
 
     def __post_init__(self) -> None:
         check_section(self, "data")
@@ -192,6 +202,10 @@ class DataConfig:
         _require(self.n_train > 0, "data.n_train", self.n_train, "an int > 0")
         _require(self.n_heldout >= 0, "data.n_heldout", self.n_heldout, "an int >= 0")
         _require(0 <= self.seed <= SEED_MAX, "data.seed", self.seed, f"an int in 0..{SEED_MAX}")
+        _require(
+            self.rejected in REJECTED_KINDS, "data.rejected", self.rejected,
+            f"one of {', '.join(REJECTED_KINDS)}",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
