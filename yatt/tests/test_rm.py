@@ -15,7 +15,14 @@ from yatt.heads import ScalarHeadModel
 from yatt.models import tiny_model
 from yatt.report import load_history, summary_table
 from yatt.rewards.model import train_reward_model
-from yatt.rm import _sampled_pair, preference_pairs, run_reward_model, sampled_responses
+from yatt.rm import (
+    PreferencePair,
+    _heldout_metrics,
+    _sampled_pair,
+    preference_pairs,
+    run_reward_model,
+    sampled_responses,
+)
 
 FAST = ["train.steps=4", "data.n_train=24", "data.n_heldout=8", "eval.n=8",
         "algo.micro_batch_size=4"]  # fmt: skip
@@ -104,6 +111,8 @@ def test_a_reward_model_trains_saves_and_loads_as_reward_model_path(tmp_path) ->
      ("data.rejected=sideways", "'data.rejected'; expected one of slips, samples, both"),
      ("data.rejected=samples data.task=countdown", "cannot grade data.task='countdown'"),
      ("data.rejected=samples reward.fns=[] reward.model_path=/x", "reward.fns, which is empty"),
+     ("data.rejected=samples reward.model_path=/x", "drop reward.model_path"),
+     ("data.rejected=samples rollout.backend=vllm", "rollout.backend=yatt or hf"),
      ("data.rejected=both data.path=/x.jsonl", "a data.path file gives its own chosen")],
 )  # fmt: skip
 def test_yatt_rm_refuses_what_it_cannot_do_in_one_line(tmp_path, capsys, override, problem):
@@ -184,12 +193,30 @@ def test_sampled_pairs_are_the_models_own_completions_scored_by_reward_fns(
                                        "reward.fns=[length_reward:score]"])  # fmt: skip
     causal_lm, tokenizer = tiny_model(seed=0)
     train, _ = build_data(config.data)
-    pairs, stats = sampled_responses(causal_lm, tokenizer, train, config)
-    assert len(pairs) == len(train) and stats["rm/sample_pairs"] == len(pairs)
+    pairs, best = sampled_responses(causal_lm, tokenizer, train, config)
+    assert len(pairs) == len(train)
     for example, (chosen, rejected) in zip(train, pairs, strict=True):
         assert len(chosen) > len(rejected) and example.answer not in (chosen, rejected)
-    assert stats["rm/samples_best"] > 0  # the reference is short: samples beat it
-    assert sampled_responses(causal_lm, tokenizer, train, config)[0] == pairs
+    assert best > 0  # the reference is short: samples beat it
+    # each example's samples are its own: the same whatever examples come with it
+    assert sampled_responses(causal_lm, tokenizer, train, config) == (pairs, best)
+    assert sampled_responses(causal_lm, tokenizer, train[:2], config)[0] == pairs[:2]
+    assert sampled_responses(causal_lm, tokenizer, train[:2], config, "heldout")[0] != pairs[:2]
+
+
+def test_held_out_accuracy_per_kind_takes_the_slip_pairs_first(monkeypatch) -> None:
+    """Slip pairs scored right, sampled ones wrong: each kind's share is its own."""
+    scores = {"p+good": 1.0, "p+bad": 0.0}
+    monkeypatch.setattr(
+        "yatt.rewards.model.score_texts",
+        lambda model, tokenizer, texts: torch.tensor([scores[t] for t in texts]),
+    )
+    slips = [PreferencePair("p+", "good", "bad")] * 3
+    samples = [PreferencePair("p+", "bad", "good")] * 2
+    row = _heldout_metrics(None, None, slips + samples, slips=3)
+    assert row["rm/heldout_accuracy_slips"] == 1.0 and row["rm/heldout_accuracy_samples"] == 0
+    assert row["rm/heldout_accuracy"] == pytest.approx(3 / 5) and row["rm/heldout_pairs"] == 5
+    assert "rm/heldout_accuracy_slips" not in _heldout_metrics(None, None, slips)
 
 
 def test_yatt_rm_with_sampled_and_slipped_pairs_scores_each_kind(tmp_path, capsys) -> None:
@@ -208,6 +235,31 @@ def test_yatt_rm_with_sampled_and_slipped_pairs_scores_each_kind(tmp_path, capsy
     for row in (first, last):
         mean = (row["rm/heldout_accuracy_slips"] + row["rm/heldout_accuracy_samples"]) / 2
         assert row["rm/heldout_accuracy"] == pytest.approx(mean)
+
+
+@pytest.mark.parametrize(
+    ("rejected", "problem"),
+    [("samples", "no training pair from samples: each of the 96 sampled completions"),
+     ("both", None)],
+)  # fmt: skip
+def test_samples_that_all_score_as_high_as_the_reference_make_no_pairs(
+    tmp_path, monkeypatch, capsys, rejected, problem
+) -> None:
+    """A reward no completion can lose on: sampled pairs alone leave nothing to train on (one
+    line, no run folder); beside slips, the run trains on slips and says so."""
+    (tmp_path / "flat_reward.py").write_text("def score(prompt, completion, **fields):\n"
+                                             "    return 1.0\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_dir = tmp_path / "run"
+    code = main(["rm", "tiny_test", *FAST, f"data.rejected={rejected}",
+                 "reward.fns=[flat_reward:score]", f"logging.run_dir={run_dir}"])  # fmt: skip
+    err = capsys.readouterr().err
+    if problem:
+        assert code == 2 and problem in err.strip().splitlines()[-1]
+        assert not run_dir.exists()
+    else:
+        assert code == 0 and "the training pairs are slips alone" in err
+        assert load_history(run_dir)[0]["rm/heldout_pairs"] == 8  # the slip pairs
 
 
 @pytest.mark.parametrize("command", ["train", "sft", "eval"])

@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_training_command(
         commands, "rm", "train a Bradley-Terry reward model on preference pairs",
         "A reward model for reward.model_path, from prompt/chosen/rejected rows (data.path) or "
-        "pairs made from a task's answers (data.task).", presets, "data.path=pairs.jsonl",
+        "pairs made from a task (data.task): its answers over slips, or the model's own samples "
+        "scored by reward.fns (data.rejected=slips|samples|both); no checkpoints, a stopped run "
+        "starts again.", presets, "data.path=pairs.jsonl", resumes=False,
     )  # fmt: skip
     models = commands.add_parser("models", help="manage local models")
     model_commands = models.add_subparsers(
@@ -92,18 +94,20 @@ def _parser() -> argparse.ArgumentParser:
 _OVERRIDES_HELP = (
     "Any setting can be overridden as section.key=value; the sections are model, data, "
     "rollout, algo, reward, optim, train, eval, logging, checkpoint and control (an unknown key "
-    "is an error that lists them). A run writes to logging.run_dir; checkpoint.resume=latest "
-    "(or auto) continues the run there, logging.overwrite=true replaces it. Presets live in "
-    "yatt/src/yatt/configs/."
+    "is an error that lists them). A run writes to logging.run_dir; {resume}"
+    "logging.overwrite=true replaces it. Presets live in yatt/src/yatt/configs/."
 )
+_RESUME_HELP = "checkpoint.resume=latest (or auto) continues the run there, "
 
 
 def _add_training_command(
     commands: argparse._SubParsersAction, name: str, help: str, summary: str, presets: str,
-    example: str,
+    example: str, resumes: bool = True,
 ) -> None:  # fmt: skip
-    """`yatt train` or `yatt sft`: a config (a preset or a YAML file) and dotted overrides."""
-    command = commands.add_parser(name, help=help, description=f"{summary} {_OVERRIDES_HELP}")
+    """`yatt train`, `sft` or `rm`: a config (a preset or a YAML file) and dotted overrides
+    (`resumes`: the command continues from checkpoints)."""
+    more = _OVERRIDES_HELP.format(resume=_RESUME_HELP if resumes else "")
+    command = commands.add_parser(name, help=help, description=f"{summary} {more}")
     command.add_argument("config", help=f"a YAML file or a preset name ({presets})")
     command.add_argument(
         "overrides", nargs="*", default=[], help=f"dotted overrides, e.g. {example}"

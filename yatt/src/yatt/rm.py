@@ -9,8 +9,9 @@ nearby wrong number, "slips"; the model's own worst completion under its best on
 reference answer, "samples", sampled as `rollout.*` says and scored by `reward.fns`; or a pair
 of each, "both"; `n_heldout` pairs held out, `n_train`, `seed`, `use_chat_template`),
 algo.micro_batch_size (pairs per step), optim (lr, weight_decay, grad_clip), train (steps,
-seed, torch_threads), eval (n: held-out pairs scored before and after training; at_start,
-at_end) and logging (run_dir, overwrite, progress, plots, tensorboard).
+seed, torch_threads), eval (n: held-out prompts whose pairs are scored before and after
+training; at_start, at_end), rollout and reward.fns (with sampled pairs) and logging
+(run_dir, overwrite, progress, plots, tensorboard).
 
 Each pair's texts are the prompt as the policy sees it (its chat template applied with
 `data.use_chat_template`), followed by each response: what `reward.model_path` scores in a
@@ -18,10 +19,11 @@ run. The loss is -log sigmoid(s_chosen - s_rejected). Writes `<run_dir>/reward_m
 backbone, the head, the tokenizer and the run's config.yaml, whole or not at all),
 `rm_metrics.jsonl` (per step: rm/loss and rm/accuracy over the step's pairs; at step 0 and at
 the end: rm/heldout_accuracy, the share of held-out pairs scored the right way round, and
-rm/heldout_margin, the mean s_chosen - s_rejected; with sampled pairs, at step 0 also
-rm/samples_best, the share of the samples scored as high as the reference answer, and
-rm/sample_pairs, the pairs they gave) and `rm.png`. No checkpoints: a run is short, and a
-stopped one starts again.
+rm/heldout_margin, the mean s_chosen - s_rejected, over rm/heldout_pairs pairs, and with
+"both" rm/heldout_accuracy_slips and rm/heldout_accuracy_samples, each kind's share; with
+sampled pairs, at step 0 also rm/samples_best, the share of the samples scored as high as the
+reference answer, and rm/sample_pairs, the pairs they gave) and `rm.png`. No checkpoints: a
+run is short, and a stopped one starts again.
 
 Why sample: a reward model learns only the differences its pairs show. Pairs of bare numbers
 never show it what the policy writes (sentences, working, other numbers), so its scores there
@@ -137,14 +139,16 @@ def _generated_responses(example: Any, task: str, rng: random.Random) -> tuple[s
 
 
 def sampled_responses(
-    causal_lm: Any, tokenizer: Any, examples: list[Any], config: Config
-) -> tuple[list[tuple[str, str] | None], dict[str, float]]:
+    causal_lm: Any, tokenizer: Any, examples: list[Any], config: Config, part: str = "train"
+) -> tuple[list[tuple[str, str] | None], int]:
     """(chosen, rejected) of each of `examples` from `rollout.n_samples` completions of
-    `causal_lm` (sampled as `rollout.*` says, seeded by `data.seed`) scored by `reward.fns`:
-    the lowest-scoring completion, under the highest-scoring one where they differ, else under
-    the reference answer where that scores higher, else None (every completion scored as well
-    as the reference). Also the share of completions scoring as high as the reference
-    (`rm/samples_best`) and the number of pairs (`rm/sample_pairs`).
+    `causal_lm` (sampled as `rollout.*` says) scored by `reward.fns`: the lowest-scoring
+    completion, under the highest-scoring one where they differ, else under the reference
+    answer where that scores higher, else None (every completion scored as well as the
+    reference). Also how many completions scored as high as the reference.
+
+    Example i of `part` ("train" or "heldout") samples with seeds of its own, drawn from
+    `data.seed`, `part` and i: the held-out pairs stay the same whatever `data.n_train` is.
 
     Raises:
         DataError: an example without a reference answer.
@@ -157,7 +161,6 @@ def sampled_responses(
     rollout = RolloutRole.build(causal_lm, tokenizer, config.rollout)
     reward = CombinedReward(list(zip(config.reward.fns, config.reward.weights, strict=True)))
     n_samples, total = config.rollout.n_samples, len(examples) * config.rollout.n_samples
-    rng = random.Random(f"yatt rm samples {config.data.seed}")
     pairs: list[tuple[str, str] | None] = []
     best = 0
     started_s = logged_s = time.perf_counter()
@@ -166,7 +169,10 @@ def sampled_responses(
         prompts = [render_prompt(example, tokenizer, config.data.use_chat_template)
                    for example in chunk]  # fmt: skip
         rows = [example.reward_fields() for example in chunk]
-        seeds = [rng.getrandbits(62) for _ in range(len(chunk) * n_samples)]
+        seeds = []
+        for index in range(start, start + len(chunk)):
+            rng = random.Random(f"yatt rm samples {config.data.seed} {part} {index}")
+            seeds += [rng.getrandbits(62) for _ in range(n_samples)]
         batch = rollout.generate(prompts, rows, list(range(len(chunk))), seeds)
         references = [_reference(example) for example in chunk]
         scores = reward([*batch.prompts, *prompts], [*batch.completions, *references],
@@ -180,12 +186,10 @@ def sampled_responses(
         done, now_s = (start + len(chunk)) * n_samples, time.perf_counter()
         if now_s - logged_s >= SAMPLE_LOG_EVERY_S or done == total:
             logged_s = now_s
-            logger.info("sampled %d/%d completions in %.0f s; %.1f%% scored as high as the "
-                        "reference answer", done, total, now_s - started_s,
+            logger.info("sampled %d/%d completions (%s) in %.0f s; %.1f%% scored as high as "
+                        "the reference answer", done, total, part, now_s - started_s,
                         100 * best / done)  # fmt: skip
-    stats = {"rm/samples_best": best / total,
-             "rm/sample_pairs": float(sum(pair is not None for pair in pairs))}  # fmt: skip
-    return pairs, stats
+    return pairs, best
 
 
 def _reference(example: Any) -> str:
@@ -214,8 +218,8 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
 
     `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
     Raises ConfigError for settings it does not read (`_check_settings`) and DataError for bad
-    or missing pairs, before the run folder is claimed; a model that does not load leaves no
-    empty run folder.
+    rows, before the run folder is claimed; a model that does not load, or sampled pairs that
+    leave nothing to train on or to score (DataError), leave no run folder.
     """
     from yatt.builders import build_data, build_model
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
@@ -223,35 +227,30 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
 
     _check_settings(config)
     train_set, heldout_set = build_data(config.data)
-    if not heldout_set and config.eval.n and (config.eval.at_start or config.eval.at_end):
+    scored = config.eval.n and (config.eval.at_start or config.eval.at_end)
+    if not heldout_set and scored:
         raise DataError(
-            f"yatt rm scores eval.n={config.eval.n} held-out pairs, but data holds none out "
-            "(set data.n_heldout, or eval.n=0)"
+            f"yatt rm scores the pairs of eval.n={config.eval.n} held-out prompts, but data "
+            "holds none out (set data.n_heldout, or eval.n=0)"
         )
-    heldout_set = heldout_set[: config.eval.n]
-    examples = [*train_set, *heldout_set]
-    slips = config.data.rejected != "samples"
-    responses = preferred_responses(examples, config) if slips else []  # bad rows fail here
+    heldout_set = heldout_set[: config.eval.n] if scored else []
+    examples, kind = [*train_set, *heldout_set], config.data.rejected
+    responses = preferred_responses(examples, config) if kind != "samples" else []
+    if kind != "slips":
+        list(map(_reference, examples))  # bad rows fail here, before the folder is claimed
     claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
     with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         causal_lm, tokenizer = build_model(config.model)
-        sampled: list[tuple[str, str] | None] = []
-        row0: dict[str, float] = {}
-        if config.data.rejected != "slips":
-            sampled, row0 = sampled_responses(causal_lm, tokenizer, examples, config)
+        train_sampled, heldout_sampled, row0 = _sample(causal_lm, tokenizer, train_set,
+                                                       heldout_set, config)  # fmt: skip
         model = _reward_model(causal_lm, config)
+        del causal_lm  # its LM head, if untied, is not needed again
         split = len(train_set)
-        pairs, heldout = (
-            _pairs(part, tokenizer, config, responses[cut], sampled[cut])
-            for part, cut in ((train_set, slice(split)), (heldout_set, slice(split, None)))
-        )
-        if not pairs:
-            raise DataError(
-                f"no training pairs: each of the {split * config.rollout.n_samples} sampled "
-                "completions scored as high as its reference answer (data.rejected=samples)"
-            )
+        pairs = _pairs(train_set, tokenizer, config, responses[:split], train_sampled)
+        heldout = _pairs(heldout_set, tokenizer, config, responses[split:], heldout_sampled)
+        _check_sampled_pairs(config, train_sampled, heldout_sampled)
     logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
                 len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
@@ -291,16 +290,7 @@ def _check_settings(config: Config) -> None:
     check_no_control_settings(config, "yatt rm")
     check_training_dtype(config)
     if config.data.rejected != "slips":
-        if config.data.path:
-            raise ConfigError(
-                f"data.rejected={config.data.rejected} makes pairs from data.task; a data.path "
-                "file gives its own chosen and rejected responses: drop one of them"
-            )
-        if not config.reward.fns:
-            raise ConfigError(
-                f"data.rejected={config.data.rejected} scores the sampled completions with "
-                "reward.fns, which is empty: name at least one reward function"
-            )
+        _check_sampling_settings(config)
         check_rewards_grade_task(config, evaluate=None)
     checkpoint = config.checkpoint
     if checkpoint.resume or checkpoint.every:
@@ -319,6 +309,61 @@ def _check_settings(config: Config) -> None:
             "at optim.lr, a constant rate, and scores held-out pairs before and after): drop "
             "them"
         )
+
+
+def _check_sampling_settings(config: Config) -> None:
+    """Sampled pairs (data.rejected=samples|both) come from data.task, are scored by
+    reward.fns alone, and are sampled on a backend that gives its memory back."""
+    kind = config.data.rejected
+    problem = None
+    if config.data.path:
+        problem = ("makes pairs from data.task; a data.path file gives its own chosen and "
+                   "rejected responses: drop one of them")  # fmt: skip
+    elif not config.reward.fns:
+        problem = "scores the sampled completions with reward.fns, which is empty: name one"
+    elif config.reward.model_path:
+        problem = ("scores the sampled completions with reward.fns alone: drop "
+                   "reward.model_path, which it would leave out")  # fmt: skip
+    elif config.rollout.backend == "vllm":
+        problem = ("samples with rollout.backend=yatt or hf: vllm's engine would keep its "
+                   "memory through the training")  # fmt: skip
+    if problem:
+        raise ConfigError(f"data.rejected={kind} {problem}")
+
+
+def _sample(
+    causal_lm: Any, tokenizer: Any, train_set: list[Any], heldout_set: list[Any], config: Config
+) -> tuple[list[tuple[str, str] | None], list[tuple[str, str] | None], dict[str, float]]:
+    """The sampled pairs of the training and held-out prompts, and their step-0 metrics (none
+    with data.rejected=slips)."""
+    if config.data.rejected == "slips":
+        return [], [], {}
+    train, best = sampled_responses(causal_lm, tokenizer, train_set, config, "train")
+    heldout, heldout_best = sampled_responses(causal_lm, tokenizer, heldout_set, config,
+                                              "heldout")  # fmt: skip
+    total = (len(train_set) + len(heldout_set)) * config.rollout.n_samples
+    made = sum(pair is not None for pair in (*train, *heldout))
+    return train, heldout, {"rm/samples_best": (best + heldout_best) / total,
+                            "rm/sample_pairs": float(made)}  # fmt: skip
+
+
+def _check_sampled_pairs(
+    config: Config,
+    train: list[tuple[str, str] | None],
+    heldout: list[tuple[str, str] | None],
+) -> None:
+    """Sampled pairs must leave something to train on and, where held-out prompts are
+    scored, to score (DataError); with data.rejected=both, a kind that made none is said."""
+    kind = config.data.rejected
+    for part, made in (("training", train), ("held-out", heldout)):
+        if not made or any(pair is not None for pair in made):
+            continue
+        why = (f"no {part} pair from samples: each of the {len(made) * config.rollout.n_samples}"
+               " sampled completions scored as high as its reference answer")  # fmt: skip
+        if kind == "samples":
+            fix = "; try data.rejected=both" + (", or eval.n=0" if part == "held-out" else "")
+            raise DataError(why + fix)
+        logger.warning("%s: the %s pairs are slips alone", why, part)
 
 
 def _reward_model(causal_lm: Any, config: Config) -> Any:

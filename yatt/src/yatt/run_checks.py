@@ -83,7 +83,7 @@ def check_rows_have_answers(
     if not config.data.path:
         return  # generated tasks carry their answers
     uses = [("reward.fns", name, train_rows) for name in config.reward.fns] if train else []
-    if evaluate or (evaluate is not None and config.eval.enabled):
+    if config.eval.enabled or evaluate:
         uses.append(("eval.reward_fn", config.eval.reward_fn, heldout_rows))
     for key, name, rows in uses:
         if name == "reasoning_gym":  # scored by the dataset's own checker, from the row
