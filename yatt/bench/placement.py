@@ -76,12 +76,16 @@ WARMUP_UPDATES = 2  # untimed updates at each width before the calibration times
 
 def _config(args: argparse.Namespace):
     from yatt.config import load_config
+    from yatt.data import TASK_PROVIDES
 
+    # the rule reward that can grade the task: a numeric answer, or reasoning_gym's checker
+    rule = "math_answer" if "number" in TASK_PROVIDES[args.task] else "reasoning_gym"
     return load_config(
         None,
         [
             f"model.path={args.model}",
             f"data.task={args.task}",
+            f"reward.fns=[{rule}]",
             "data.n_train=256",
             "data.n_heldout=0",
             "eval.n=0",

@@ -213,7 +213,11 @@ def test_a_tagged_workload_names_its_files_and_refuses_bad_tags(bench_script, ca
     config = bench._config(SimpleNamespace(model="tiny", steps=2, prompts=1, samples=2, short=4,
                                            lora_rank=8, task="gsm8k_style"))  # fmt: skip
     assert config.model.lora_rank == 8
-    assert config.data.task == "gsm8k_style"
+    assert config.data.task == "gsm8k_style" and config.reward.fns == ("math_answer",)
+    # a task whose answers are expressions is graded by its own checker
+    config = bench._config(SimpleNamespace(model="tiny", steps=2, prompts=1, samples=2, short=4,
+                                           lora_rank=0, task="countdown"))  # fmt: skip
+    assert config.reward.fns == ("reasoning_gym",)
 
 
 def test_resim_without_a_measured_run_is_one_line(bench_script, tmp_path, capsys):
