@@ -445,8 +445,9 @@ class TrainConfig:
     """Loop length, seed, device and execution knobs (results do not depend on the knobs
     beyond float rounding: `shared_prefix` runs each prompt once per group in the update;
     `gradient_checkpointing` keeps only each decoder layer's input through a training forward
-    and recomputes the rest in the backward pass, trading about one more forward for the
-    activation memory of long responses; its forward runs whole rows, so the policy's update
+    and recomputes the rest in the backward pass, trading one more forward per layer for
+    about half the activation memory (measured: 1.16x the update time at 128 response tokens,
+    no slower at 512; docs/benchmarks.md); its forward runs whole rows, so the policy's update
     then shares no prompt pass). `time_limit_s` > 0 ends training early (then evaluates) once
     the loop has run that long."""
 
@@ -464,8 +465,8 @@ class TrainConfig:
         _require(self.steps >= 1, "train.steps", self.steps, "an int >= 1")
         # Seeds derived from it (per step, row and rank) must stay within torch's 64 bits.
         _require(0 <= self.seed <= SEED_MAX, "train.seed", self.seed, f"an int in 0..{SEED_MAX}")
-        # The single-process trainer builds its batches on the CPU; GPU placement belongs to
-        # yatt.control (device-aware workers). Remove this check when the roles move batches.
+        # The single-process trainer runs on the CPU; GPUs belong to yatt.control, whose
+        # device-aware workers place the roles and their batches.
         _require(self.device == "cpu", "train.device", self.device, "'cpu' in this trainer")
         _require(
             0 <= self.torch_threads <= THREADS_MAX,
