@@ -13,7 +13,15 @@ from yatt.errors import ConfigError
 from yatt.heads import ScalarHeadModel
 from yatt.models import tiny_model
 from yatt.rewards import CombinedReward
-from yatt.rewards.model import RewardModelScorer, encode_texts, score_texts, train_reward_model
+from yatt.rewards.model import (
+    RewardModelScorer,
+    _padded,
+    _token_rows,
+    encode_texts,
+    pair_scores,
+    score_texts,
+    train_reward_model,
+)
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "tree"]
 
@@ -85,3 +93,43 @@ def test_a_tokenizer_without_eos_is_named_not_a_type_error():
     broken.eos_token = None
     with pytest.raises(ModelError, match="has no EOS token to score at"):
         encode_texts(broken, ["a", "b"], 16, "cpu")
+
+
+def _backbone_rows(model) -> list[int]:
+    """Rows of every backbone forward from now on (a forward pre-hook records them)."""
+    seen: list[int] = []
+    model.backbone.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    return seen
+
+
+def test_pair_scores_run_a_shared_prompt_once_and_equal_whole_rows() -> None:
+    """Chosen and rejected texts of a prompt: the prompt's tokens run once per pair, and the
+    scores and their gradients equal those of the whole rows (up to rounding)."""
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    prompts = ["What is 2 + 3? Answer:", "Name a colour, please:", "Q"]
+    chosen = [p + " five" for p in prompts[:2]] + ["Q yes indeed"]
+    rejected = [p + " six or seven" for p in prompts[:2]] + ["Q no"]
+    rows = _token_rows(tokenizer, chosen + rejected, 512)
+    seen = _backbone_rows(model)
+    shared = pair_scores(model, tokenizer, rows)
+    assert seen == [3, 6]  # the prefixes once (3 rows), then the 6 suffixes on their cache
+    shared.square().sum().backward()
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    whole = model.sequence_scores(*_padded(rows, tokenizer, torch.device("cpu")))
+    whole.square().sum().backward()
+    assert torch.allclose(shared, whole, atol=1e-5)
+    for got, want in zip(shared_grads, (p.grad for p in model.parameters()), strict=True):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_pairs_without_a_common_prefix_run_whole() -> None:
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    rows = _token_rows(tokenizer, ["same start a", "x", "same start b", "y"], 512)
+    seen = _backbone_rows(model)
+    scores = pair_scores(model, tokenizer, rows)  # the second pair shares no token
+    assert seen == [4] and scores.shape == (4,)

@@ -16,7 +16,7 @@ from transformers import AutoModel, PreTrainedModel
 
 from yatt.algos.logprobs import position_ids_from_mask
 from yatt.errors import ModelError
-from yatt.models import follow_umask, from_pretrained_checked
+from yatt.models import cache_kwarg, follow_umask, from_pretrained_checked
 
 __all__ = ["ScalarHeadModel"]
 
@@ -128,4 +128,29 @@ class ScalarHeadModel(nn.Module):
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
         last = torch.where(attention_mask.bool(), positions, -1).amax(dim=-1)  # (B,)
         assert (last >= 0).all(), "a row has no attended token"
+        return values.gather(1, last[:, None]).squeeze(1)
+
+    def shared_prefix_scores(
+        self, prefix_ids: Tensor, prefix_mask: Tensor, suffix_ids: Tensor, suffix_mask: Tensor,
+        rows: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """Score (B,) of each sequence prefix `rows[b]` + suffix b: prefixes (G, P) left-padded,
+        each of at least one token; suffixes (B, S) right-padded, each of at least one token.
+        Each prefix runs through the backbone once and its KV cache serves every sequence of
+        it, gradients flowing through it: the scores equal `sequence_scores` of the whole
+        sequences up to rounding (a reward model's chosen and rejected texts share a prompt)."""
+        output = self.backbone(input_ids=prefix_ids, attention_mask=prefix_mask,
+                               position_ids=position_ids_from_mask(prefix_mask),
+                               use_cache=True)  # fmt: skip
+        cache = output.cache if hasattr(output, "cache") else output.past_key_values
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+        full_mask = torch.cat([prefix_mask[rows], suffix_mask], dim=1)
+        positions = position_ids_from_mask(full_mask)[:, prefix_ids.shape[1] :]
+        output = self.backbone(input_ids=suffix_ids, attention_mask=full_mask,
+                               position_ids=positions, use_cache=True,
+                               **{cache_kwarg(self.backbone): cache})  # fmt: skip
+        values = self.head(output.last_hidden_state.float()).squeeze(-1)  # (B, S)
+        last = suffix_mask.sum(dim=1) - 1
+        assert (last >= 0).all(), "a sequence has no suffix token"
         return values.gather(1, last[:, None]).squeeze(1)

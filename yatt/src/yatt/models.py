@@ -8,6 +8,7 @@ with the real SmolLM2 tokenizer, so tests exercise real chat templates in millis
 
 import copy
 import importlib.metadata
+import inspect
 import logging
 import os
 import shutil
@@ -33,6 +34,7 @@ from yatt.errors import ConfigError, ModelError
 
 __all__ = [
     "KNOWN_MODELS",
+    "cache_kwarg",
     "default_cache_dir",
     "from_pretrained_checked",
     "load_model",
@@ -43,6 +45,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name `model.forward` takes a KV cache by: transformers >= 5.2x calls it `cache`,
+    earlier 5.x `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
 
 # name -> (distribution that ships the GGUF, GGUF file name inside it)
 KNOWN_MODELS: dict[str, tuple[str, str]] = {

@@ -27,6 +27,11 @@ def encode_texts(
     tokenizer: Any, texts: Sequence[str], max_length: int, device
 ) -> tuple[Tensor, Tensor]:
     """Right-padded ids and mask (N, L) of texts, each cut to its last max_length-1 tokens + EOS."""
+    return _padded(_token_rows(tokenizer, texts, max_length), tokenizer, device)
+
+
+def _token_rows(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids of texts, each cut to its last max_length-1 tokens + EOS."""
     if max_length < 2:
         raise ConfigError(f"reward model max_length must be >= 2, got {max_length}")
     if tokenizer.eos_token_id is None:  # the score is read at the EOS each text ends with
@@ -36,6 +41,13 @@ def encode_texts(
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][-(max_length - 1) :]
         rows.append([*ids, tokenizer.eos_token_id])
+    return rows
+
+
+def _padded(
+    rows: list[list[int]], tokenizer: Any, device, left: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Ids and mask (N, L) of token rows, padded on the right (or `left`)."""
     width = max(len(row) for row in rows)
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -43,8 +55,9 @@ def encode_texts(
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for index, row in enumerate(rows):
-        input_ids[index, : len(row)] = torch.tensor(row)
-        mask[index, : len(row)] = 1
+        columns = slice(width - len(row), width) if left else slice(0, len(row))
+        input_ids[index, columns] = torch.tensor(row, dtype=torch.long)
+        mask[index, columns] = 1
     return input_ids.to(device), mask.to(device)
 
 
@@ -71,13 +84,41 @@ def score_texts(
 
 
 def _pair_step(model, tokenizer, batch, max_length) -> tuple[Tensor, float]:
-    """BT loss and accuracy of one batch of (chosen, rejected) pairs (one forward of 2N rows)."""
+    """BT loss and accuracy of one batch of (chosen, rejected) pairs."""
     texts = [chosen for chosen, _ in batch] + [rejected for _, rejected in batch]
-    ids, mask = encode_texts(tokenizer, texts, max_length, _device(model))
-    scores = model.sequence_scores(ids, mask)  # (2N,)
+    scores = pair_scores(model, tokenizer, _token_rows(tokenizer, texts, max_length))
     chosen, rejected = scores[: len(batch)], scores[len(batch) :]
     accuracy = float((chosen > rejected).float().mean())
     return bradley_terry_loss(chosen, rejected), accuracy
+
+
+def pair_scores(model: ScalarHeadModel, tokenizer: Any, rows: list[list[int]]) -> Tensor:
+    """Scores (2N,) of N chosen token rows then their N rejected ones. Where every pair shares
+    a token prefix (its prompt), each prefix runs once (`shared_prefix_scores`: about half the
+    work when responses are short); else the rows run whole (`sequence_scores`). Equal up to
+    rounding."""
+    n = len(rows) // 2
+    # each suffix keeps one token at least (the EOS every row ends with)
+    shared = [min(_common_prefix(rows[i], rows[n + i]), len(rows[i]) - 1, len(rows[n + i]) - 1)
+              for i in range(n)]  # fmt: skip
+    device = _device(model)
+    if not shared or min(shared) < 1:
+        return model.sequence_scores(*_padded(rows, tokenizer, device))
+    prefixes = [rows[i][: shared[i]] for i in range(n)]
+    suffixes = [row[shared[index % n] :] for index, row in enumerate(rows)]
+    prefix_ids, prefix_mask = _padded(prefixes, tokenizer, device, left=True)
+    suffix_ids, suffix_mask = _padded(suffixes, tokenizer, device)
+    pair_of = torch.arange(2 * n, device=device) % n
+    return model.shared_prefix_scores(prefix_ids, prefix_mask, suffix_ids, suffix_mask, pair_of)
+
+
+def _common_prefix(first: list[int], second: list[int]) -> int:
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
 
 
 def _check_pairs(pairs: Sequence[tuple[str, str]]) -> None:

@@ -5,12 +5,11 @@ positions go through the LM head (`logits_to_keep`): the prompt's logits are nev
 head is about a fifth of SmolLM2-135M's per-token compute.
 """
 
-import inspect
-
 import torch
 from torch import Tensor
 
 from yatt.algos.logprobs import position_ids_from_mask
+from yatt.models import cache_kwarg
 
 
 def trim_columns(
@@ -60,12 +59,6 @@ def response_logits(model, input_ids: Tensor, attention_mask: Tensor, prompt_wid
     return logits
 
 
-def _cache_kwarg(model) -> str:
-    # transformers >= 5.2x calls the argument `cache`; earlier 5.x `past_key_values`.
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def shared_prefix_logits(
     model, input_ids: Tensor, attention_mask: Tensor, prompt_width: int, group_ids: Tensor
 ) -> Tensor:
@@ -82,7 +75,7 @@ def shared_prefix_logits(
     prefix_ids = input_ids[first_row, :prompt_width]  # (G, P)
     assert torch.equal(prefix_ids[inverse], input_ids[:, :prompt_width]), "a group mixes prompts"
     prefix_mask = attention_mask[first_row, :prompt_width]
-    cache_kwarg = _cache_kwarg(model)
+    cache_name = cache_kwarg(model)
     output = model(input_ids=prefix_ids, attention_mask=prefix_mask,
                    position_ids=position_ids_from_mask(prefix_mask), use_cache=True,
                    logits_to_keep=1)  # fmt: skip
@@ -95,7 +88,7 @@ def shared_prefix_logits(
     full_mask = attention_mask[:, : prompt_width + response_width - 1]
     positions = position_ids_from_mask(full_mask)[:, prompt_width:]
     output = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=full_mask,
-                   position_ids=positions, use_cache=True, **{cache_kwarg: cache})  # fmt: skip
+                   position_ids=positions, use_cache=True, **{cache_name: cache})  # fmt: skip
     logits = torch.cat([first_logits, output.logits], dim=1)  # (b, R, V)
     assert logits.shape[1] == response_width, f"{tuple(logits.shape)} vs R={response_width}"
     return logits

@@ -6,13 +6,12 @@ inputs `PromptLayout` builds (input ids, position ids, a 4D boolean mask over ca
 module with a slab cache (any causal LM), optionally through a cast copy of its weights.
 """
 
-import inspect
-
 import torch
 from torch.func import functional_call
 from transformers import PreTrainedModel
 
 from yatt.errors import ConfigError
+from yatt.models import cache_kwarg
 from yatt.rollout.decoder import LlamaDecoder, StaticCache
 from yatt.rollout.kv import make_cache
 
@@ -57,9 +56,7 @@ class HFForward:
         model_dtype = next(model.parameters()).dtype
         self._cast = _CastWeights(model, dtype) if dtype not in (None, model_dtype) else None
         self._weights: dict[str, torch.Tensor] | None = None
-        params = inspect.signature(model.forward).parameters
-        # transformers >= 5.2x names the cache argument `cache`; older 5.x `past_key_values`.
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)
         # HF takes a 4D mask as given; only SDPA reads a boolean one as "may attend" (eager
         # attention adds the mask to the scores: True/False would mask nothing).
         implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
