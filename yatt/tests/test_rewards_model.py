@@ -133,3 +133,22 @@ def test_pairs_without_a_common_prefix_run_whole() -> None:
     seen = _backbone_rows(model)
     scores = pair_scores(model, tokenizer, rows)  # the second pair shares no token
     assert seen == [4] and scores.shape == (4,)
+
+
+def test_scores_of_grouped_texts_equal_their_whole_rows() -> None:
+    """Completions of one prompt share its pass (score_texts with groups, as RLHF scores a
+    group's samples): the same scores as text by text, chunks cutting a group included."""
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    prompts = ["Add 2 and 3:"] * 3 + ["Say hi:"] * 2 + ["x"]
+    completions = [" 5", " five", " 6 maybe", " hi", " hello there", "y"]
+    texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+    whole = score_texts(model, tokenizer, texts, batch_size=4)
+    seen = _backbone_rows(model)
+    grouped = score_texts(model, tokenizer, texts, batch_size=4, groups=prompts)
+    assert seen == [2, 4, 2, 2]  # per chunk: the prefixes, then the rows on their cache
+    assert torch.allclose(grouped, whole, atol=1e-5)
+    scorer = RewardModelScorer(model, tokenizer, batch_size=4)
+    assert scorer.score_batch(prompts, completions, [{}] * 6) == pytest.approx(
+        whole.tolist(), abs=1e-5
+    )

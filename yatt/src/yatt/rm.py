@@ -422,8 +422,9 @@ def _heldout_metrics(
     from yatt.rewards.model import score_texts
 
     start_s = time.perf_counter()
-    chosen = score_texts(model, tokenizer, [pair.texts()[0] for pair in heldout])
-    rejected = score_texts(model, tokenizer, [pair.texts()[1] for pair in heldout])
+    texts = [text for pair in heldout for text in pair.texts()]  # chosen, rejected, ...
+    scores = score_texts(model, tokenizer, texts, groups=[k // 2 for k in range(len(texts))])
+    chosen, rejected = scores[0::2], scores[1::2]
     right = ((chosen - rejected) > 0).float()
     row = {"rm/heldout_accuracy": float(right.mean()),
            "rm/heldout_margin": float((chosen - rejected).mean()),

@@ -68,17 +68,22 @@ def _device(model: ScalarHeadModel) -> torch.device:
 @torch.no_grad()
 def score_texts(
     model: ScalarHeadModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 16,
-    max_length: int = 512,
+    max_length: int = 512, groups: Sequence[Any] | None = None,
 ) -> Tensor:  # fmt: skip
-    """Reward-model scores (N,) float32 of full texts (prompt + completion), in eval mode."""
+    """Reward-model scores (N,) float32 of full texts (prompt + completion), in eval mode;
+    texts of one of `groups` (e.g. their prompt) share the pass over their common prefix
+    (`grouped_scores`)."""
     was_training = model.training
     model.eval()
     scores = []
     for start in range(0, len(texts), batch_size):
-        ids, mask = encode_texts(
-            tokenizer, texts[start : start + batch_size], max_length, _device(model)
-        )
-        scores.append(model.sequence_scores(ids, mask).float().cpu())
+        chunk = slice(start, start + batch_size)
+        rows = _token_rows(tokenizer, texts[chunk], max_length)
+        if groups is None:
+            chunk_scores = model.sequence_scores(*_padded(rows, tokenizer, _device(model)))
+        else:
+            chunk_scores = grouped_scores(model, tokenizer, rows, groups[chunk])
+        scores.append(chunk_scores.float().cpu())
     model.train(was_training)
     return torch.cat(scores) if scores else torch.zeros(0)
 
@@ -93,23 +98,41 @@ def _pair_step(model, tokenizer, batch, max_length) -> tuple[Tensor, float]:
 
 
 def pair_scores(model: ScalarHeadModel, tokenizer: Any, rows: list[list[int]]) -> Tensor:
-    """Scores (2N,) of N chosen token rows then their N rejected ones. Where every pair shares
-    a token prefix (its prompt), each prefix runs once (`shared_prefix_scores`: about half the
-    work when responses are short); else the rows run whole (`sequence_scores`). Equal up to
-    rounding."""
+    """Scores (2N,) of N chosen token rows then their N rejected ones, each pair's common
+    prefix (its prompt) run once (`grouped_scores`)."""
     n = len(rows) // 2
-    # each suffix keeps one token at least (the EOS every row ends with)
-    shared = [min(_common_prefix(rows[i], rows[n + i]), len(rows[i]) - 1, len(rows[n + i]) - 1)
-              for i in range(n)]  # fmt: skip
+    return grouped_scores(model, tokenizer, rows, [index % n for index in range(len(rows))])
+
+
+def grouped_scores(
+    model: ScalarHeadModel, tokenizer: Any, rows: list[list[int]], groups: Sequence[Any]
+) -> Tensor:
+    """Scores (B,) of token rows, rows of one group (`groups[b]`, e.g. their prompt) sharing
+    one pass over their common token prefix (`shared_prefix_scores`: a prompt is most of a
+    short response's tokens); where a group shares no token, the rows run whole
+    (`sequence_scores`). Equal up to rounding."""
+    members: dict[Any, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    group_of = [0] * len(rows)
+    shared = []
+    for position, indices in enumerate(members.values()):
+        first = rows[indices[0]]
+        # each suffix keeps one token at least (the EOS every row ends with)
+        length = min(len(rows[index]) for index in indices) - 1
+        for index in indices:
+            length = min(length, _common_prefix(first, rows[index]))
+            group_of[index] = position
+        shared.append(length)
     device = _device(model)
     if not shared or min(shared) < 1:
         return model.sequence_scores(*_padded(rows, tokenizer, device))
-    prefixes = [rows[i][: shared[i]] for i in range(n)]
-    suffixes = [row[shared[index % n] :] for index, row in enumerate(rows)]
+    prefixes = [rows[indices[0]][:length] for indices, length in zip(members.values(), shared)]
+    suffixes = [row[shared[group_of[index]] :] for index, row in enumerate(rows)]
     prefix_ids, prefix_mask = _padded(prefixes, tokenizer, device, left=True)
     suffix_ids, suffix_mask = _padded(suffixes, tokenizer, device)
-    pair_of = torch.arange(2 * n, device=device) % n
-    return model.shared_prefix_scores(prefix_ids, prefix_mask, suffix_ids, suffix_mask, pair_of)
+    of = torch.tensor(group_of, device=device)
+    return model.shared_prefix_scores(prefix_ids, prefix_mask, suffix_ids, suffix_mask, of)
 
 
 def _common_prefix(first: list[int], second: list[int]) -> int:
@@ -200,7 +223,8 @@ class RewardModelScorer:
     def score_batch(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict]
     ) -> list[float]:
-        """Scores (one float per row) of prompt + completion texts; rows are unused."""
+        """Scores (one float per row) of prompt + completion texts, the rows of one prompt
+        sharing the pass over it; rows are unused."""
         texts = [prompt + completion for prompt, completion in zip(prompts, completions)]
         scores = score_texts(
             self.model,
@@ -208,5 +232,6 @@ class RewardModelScorer:
             texts,
             batch_size=self.batch_size,
             max_length=self.max_length,
+            groups=list(prompts),
         )
         return scores.tolist()
