@@ -209,7 +209,7 @@ def test_held_out_accuracy_per_kind_takes_the_slip_pairs_first(monkeypatch) -> N
     scores = {"p+good": 1.0, "p+bad": 0.0}
     monkeypatch.setattr(
         "yatt.rewards.model.score_texts",
-        lambda model, tokenizer, texts: torch.tensor([scores[t] for t in texts]),
+        lambda model, tokenizer, texts, groups: torch.tensor([scores[t] for t in texts]),
     )
     slips = [PreferencePair("p+", "good", "bad")] * 3
     samples = [PreferencePair("p+", "bad", "good")] * 2
