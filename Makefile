@@ -54,6 +54,8 @@ bench: install
 	$(PY) yatt/bench/controllers.py
 	$(PY) yatt/bench/placement.py
 	$(PY) yatt/bench/placement_ceiling.py
+	$(PY) yatt/bench/placement_ceiling.py --task countdown --samples 3 --short 4 --long 96,160 --tag countdown
+	$(PY) yatt/bench/placement_ceiling.py --lora-rank 8 --samples 3,6 --short 4 --long 96 --tag lora
 	$(PY) yatt/bench/trl_compare.py --steps 30 --threads 2
 	$(PY) tools/stitch_benchmarks.py
 

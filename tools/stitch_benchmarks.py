@@ -34,6 +34,8 @@ ORDER = [
     "yatt_control_controllers",
     "yatt_control_placement",
     "yatt_placement_ceiling",
+    "yatt_placement_ceiling_countdown",
+    "yatt_placement_ceiling_lora",
 ]
 # written only where a GPU, or the demo's timing, ran
 OPTIONAL = {"yatt_gpu", "yatt_gpu_control", "yatt_demo"}

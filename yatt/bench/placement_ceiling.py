@@ -2,7 +2,7 @@
 and the most free moves could gain over the best static plan, for a grid of workload shapes.
 
 Usage: ``python yatt/bench/placement_ceiling.py [--quick] [--samples 3,4,6] [--short 1,4]
-[--long 96,160] [--lora-rank 0] [--task addition] [--repeats 3] [--out-dir DIR]``
+[--long 96,160] [--lora-rank 0] [--task addition] [--repeats 3] [--out-dir DIR] [--tag NAME]``
 
 Runtime re-placement gains only where the fastest static plan differs between the steps of
 one run, and by at most how much faster each step's fastest plan is than the plan that is best
@@ -22,7 +22,8 @@ For each pair of a short and a long
 budget, the ceiling is ``placement.mix_ceiling``: the most free, instant moves could gain over
 the best static plan, for any mix of short and long steps. Writes
 ``yatt_placement_ceiling.{json,md,png}`` to ``--out-dir`` (default docs/bench; a temp folder
-with ``--quick``).
+with ``--quick``); with ``--tag NAME``, ``yatt_placement_ceiling_NAME.*`` and a subsection, for
+another survey beside the default one (make bench runs those in the Makefile).
 """
 
 from __future__ import annotations
@@ -159,8 +160,12 @@ def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: floa
     stolen = "not counted" if steal is None else f"{100 * steal:.0f}%"
     model = f"LoRA adapters of rank {args.lora_rank}" if args.lora_rank else "full weights"
     malloc = "without" if missing_worker_malloc(os.environ) else "with"
+    suffix = _suffix(args)
+    title = "### Where re-placement could pay on this machine"
+    if args.tag:
+        title = f"#### The same survey, {args.task} prompts and {model}"
     lines = [
-        "### Where re-placement could pay on this machine (`yatt/bench/placement_ceiling.py`)",
+        f"{title} (`yatt/bench/placement_ceiling.py`)",
         "",
         f"Model `{args.model}`, {model}, one `{args.task}` prompt per step with the placement "
         f"bench's reward, sampling that ignores EOS; the median of {args.repeats} run(s) after a "
@@ -173,7 +178,7 @@ def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: floa
         "on both + push (a sampling call after an update includes the sampler's weight refresh; "
         "push: pack the weights and copy them once, as into Ray's object store; load: the "
         "sampler takes that copy; the driver's calls and rewards are left out). "
-        "`python yatt/bench/placement_ceiling.py`.",
+        f"`{_command(args)}`.",
         "",
         "| samples | budget | gen 1 core s | gen 2 cores s | update 1 core s | update 2 cores s"
         " | push + load s | colocate s | disaggregated s | partial s | fastest |",
@@ -220,10 +225,27 @@ def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: floa
         "shape coincides (the placement section above: 3 samples, budgets 4 -> 96); a machine "
         "whose speed drifts between the two runs shifts the one-core phases most.",
         "",
-        "![re-placement ceiling per workload shape](yatt_placement_ceiling.png)",
+        f"![re-placement ceiling per workload shape](yatt_placement_ceiling{suffix}.png)",
         "",
     ]
     return "\n".join(lines)
+
+
+def _suffix(args: argparse.Namespace) -> str:
+    """What ``--tag`` appends to the files' names (a second survey beside the default one)."""
+    return f"_{args.tag}" if args.tag else ""
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that makes this section (the defaults' is the bare script)."""
+    if not args.tag:
+        return "python yatt/bench/placement_ceiling.py"
+    flags = [f"--task {args.task}"]
+    for name in ("samples", "short", "long"):
+        flags.append(f"--{name} {','.join(map(str, getattr(args, name)))}")
+    if args.lora_rank:
+        flags.append(f"--lora-rank {args.lora_rank}")
+    return " ".join(["python yatt/bench/placement_ceiling.py", *flags, f"--tag {args.tag}"])
 
 
 def _spread(values: list[float]) -> str:
@@ -261,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="addition", help="data.task: the prompts")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument(
+        "--tag", default="", help="name suffix of the files and section (a second survey)"
+    )
     args = parser.parse_args(argv)
+    if args.tag and not args.tag.isalnum():
+        parser.error(f"--tag {args.tag!r} must be letters and digits (it names files)")
     if args.quick:
         args.model, args.samples, args.short, args.long, args.repeats = "tiny", [2], [1], [8], 1
     if len(os.sched_getaffinity(0)) < 2:
@@ -284,11 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     steal, host = meter.lap(), host_facts()
     rows = ceilings(shapes, args.short, args.long)
     section = markdown(shapes, rows, args, host, steal)
-    (out_dir / "yatt_placement_ceiling.md").write_text(section)
+    name = "yatt_placement_ceiling" + _suffix(args)
+    (out_dir / f"{name}.md").write_text(section)
     record = {"shapes": shapes, "ceilings": rows, "steal": steal, "host": host,
               "args": vars(args) | {"out_dir": str(out_dir)}}  # fmt: skip
-    (out_dir / "yatt_placement_ceiling.json").write_text(json.dumps(record, indent=1, default=str))
-    plot(rows, out_dir / "yatt_placement_ceiling.png")
+    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1, default=str))
+    plot(rows, out_dir / f"{name}.png")
     print(section)
     return 0
 

@@ -77,3 +77,19 @@ def test_a_quick_survey_writes_its_section_json_and_plot(survey, tmp_path, monke
     assert "| 2 | 1 | 8 |" in section and "Highest ceiling" in section
     assert "without the Ray CPU workers' malloc settings" in section  # (not run as a script)
     assert (tmp_path / "yatt_placement_ceiling.png").stat().st_size > 0
+
+
+def test_a_tagged_survey_names_its_files_and_its_command(survey, capsys):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(tag="lora", task="addition", samples=[3, 6], short=[4], long=[96],
+                           lora_rank=8)  # fmt: skip
+    assert survey._suffix(args) == "_lora"
+    assert survey._command(args) == (
+        "python yatt/bench/placement_ceiling.py --task addition --samples 3,6 --short 4 "
+        "--long 96 --lora-rank 8 --tag lora"
+    )
+    assert survey._command(SimpleNamespace(tag="")) == "python yatt/bench/placement_ceiling.py"
+    with pytest.raises(SystemExit):
+        survey.main(["--tag", "a/b"])
+    assert "must be letters and digits" in capsys.readouterr().err
