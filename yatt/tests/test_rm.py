@@ -193,8 +193,9 @@ def test_sampled_pairs_are_the_models_own_completions_scored_by_reward_fns(
                                        "reward.fns=[length_reward:score]"])  # fmt: skip
     causal_lm, tokenizer = tiny_model(seed=0)
     train, _ = build_data(config.data)
-    pairs, best = sampled_responses(causal_lm, tokenizer, train, config)
-    assert len(pairs) == len(train)
+    counts: list[int] = []
+    pairs, best = sampled_responses(causal_lm, tokenizer, train, config, advance=counts.append)
+    assert len(pairs) == len(train) and sum(counts) == 3 * len(train)  # the progress bar's
     for example, (chosen, rejected) in zip(train, pairs, strict=True):
         assert len(chosen) > len(rejected) and example.answer not in (chosen, rejected)
     assert best > 0  # the reference is short: samples beat it
@@ -270,3 +271,17 @@ def test_commands_that_make_no_pairs_refuse_data_rejected(tmp_path, capsys, comm
     err = capsys.readouterr().err.strip().splitlines()
     assert f"yatt {command} makes no preference pairs" in err[-1], err
     assert not run_dir.exists()
+
+
+def test_sampling_draws_a_progress_bar_on_a_terminal(tmp_path, monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, color_system=None)
+    monkeypatch.setattr("yatt.report.console", terminal)
+    config = load_config("tiny_test", [*FAST, "data.rejected=samples", "logging.progress=true",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    run_reward_model(config)
+    assert "sampling" in screen.getvalue() and "128/128 completions" in screen.getvalue()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,12 @@ def _generated_responses(example: Any, task: str, rng: random.Random) -> tuple[s
 
 
 def sampled_responses(
-    causal_lm: Any, tokenizer: Any, examples: list[Any], config: Config, part: str = "train"
+    causal_lm: Any,
+    tokenizer: Any,
+    examples: list[Any],
+    config: Config,
+    part: str = "train",
+    advance: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[str, str] | None], int]:
     """(chosen, rejected) of each of `examples` from `rollout.n_samples` completions of
     `causal_lm` (sampled as `rollout.*` says) scored by `reward.fns`: the lowest-scoring
@@ -149,6 +155,8 @@ def sampled_responses(
 
     Example i of `part` ("train" or "heldout") samples with seeds of its own, drawn from
     `data.seed`, `part` and i: the held-out pairs stay the same whatever `data.n_train` is.
+    `advance(n)` is told of each call's n completions (a progress bar); without it, a log line
+    says how far sampling got, at most every `SAMPLE_LOG_EVERY_S` seconds and at the end.
 
     Raises:
         DataError: an example without a reference answer.
@@ -184,7 +192,9 @@ def sampled_responses(
             best += sum(score >= reference_score for score, _ in own)
             pairs.append(_sampled_pair(own, reference, reference_score))
         done, now_s = (start + len(chunk)) * n_samples, time.perf_counter()
-        if now_s - logged_s >= SAMPLE_LOG_EVERY_S or done == total:
+        if advance is not None:
+            advance(len(chunk) * n_samples)
+        if (now_s - logged_s >= SAMPLE_LOG_EVERY_S and advance is None) or done == total:
             logged_s = now_s
             logger.info("sampled %d/%d completions (%s) in %.0f s; %.1f%% scored as high as "
                         "the reference answer", done, total, part, now_s - started_s,
@@ -338,10 +348,29 @@ def _sample(
     with data.rejected=slips)."""
     if config.data.rejected == "slips":
         return [], [], {}
-    train, best = sampled_responses(causal_lm, tokenizer, train_set, config, "train")
-    heldout, heldout_best = sampled_responses(causal_lm, tokenizer, heldout_set, config,
-                                              "heldout")  # fmt: skip
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from yatt.report import console
+
     total = (len(train_set) + len(heldout_set)) * config.rollout.n_samples
+    shown = config.logging.progress and (console.is_terminal or console.is_jupyter)
+    columns = (TextColumn("[bold]sampling"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("completions"), TimeElapsedColumn(), TextColumn("eta"),
+               TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=console, disable=not shown) as bar:
+        task = bar.add_task("sampling", total=total)
+        advance = (lambda n: bar.advance(task, n)) if shown else None
+        train, best = sampled_responses(causal_lm, tokenizer, train_set, config, "train",
+                                        advance)  # fmt: skip
+        heldout, heldout_best = sampled_responses(causal_lm, tokenizer, heldout_set, config,
+                                                  "heldout", advance)  # fmt: skip
     made = sum(pair is not None for pair in (*train, *heldout))
     return train, heldout, {"rm/samples_best": (best + heldout_best) / total,
                             "rm/sample_pairs": float(made)}  # fmt: skip
