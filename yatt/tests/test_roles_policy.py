@@ -423,7 +423,7 @@ def test_a_checkpointed_critic_recomputes_its_backbone_layers_with_the_same_upda
         critic = CriticRole.from_policy(
             base_model, algo=AlgoConfig(micro_batch_size=4),
             optim=OptimConfig(lr=1e-3, schedule="constant"), total_updates=1,
-            gradient_checkpointing=checkpointing,
+            gradient_checkpointing=checkpointing, shared_prefix=False,
         )  # fmt: skip
         calls = []
         layer = critic.model.backbone.layers[0]
@@ -433,3 +433,33 @@ def test_a_checkpointed_critic_recomputes_its_backbone_layers_with_the_same_upda
     assert (results[False][0], results[True][0]) == (2, 4)  # 2 micro-batches, then replayed
     assert results[True][1] == pytest.approx(results[False][1], rel=1e-9)
     _assert_close(results[True][2], results[False][2], atol=1e-9)
+
+
+def test_the_critic_runs_each_prompt_once_with_the_same_values_and_update(base_model):
+    """PPO's critic with `train.shared_prefix`: a group's prompt goes through the backbone once
+    in the values pass and the update, and values, loss and trained weights are the whole
+    rows' (up to rounding)."""
+    from yatt.roles.critic import CriticRole
+
+    batch = _batch([0.0] * 8)
+    batch.values = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+    batch.returns = batch.response_mask.clone()
+    results = {}
+    for shared in (False, True):
+        critic = CriticRole.from_policy(
+            base_model, algo=AlgoConfig(micro_batch_size=4),
+            optim=OptimConfig(lr=1e-3, schedule="constant"), total_updates=1,
+            shared_prefix=shared,
+        )  # fmt: skip
+        rows = []
+        critic.model.backbone.layers[0].mlp.register_forward_pre_hook(
+            lambda module, args, seen=rows: seen.append(args[0].shape[0])
+        )
+        values = critic.values(batch)
+        loss = critic.update(batch)["critic/vf_loss"]
+        results[shared] = (rows, values, loss, dict(critic.model.named_parameters()))
+    assert results[False][0] == [4] * 4  # values, then update: 2 micro-batches of whole rows
+    assert results[True][0] == [1, 4] * 4  # each micro-batch: its group's prompt, then its rows
+    torch.testing.assert_close(results[True][1], results[False][1], atol=1e-5, rtol=1e-4)
+    assert results[True][2] == pytest.approx(results[False][2], rel=1e-5)
+    _assert_close(results[True][3], results[False][3], atol=1e-5)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, PreTrainedModel
 
-from yatt.algos.logprobs import position_ids_from_mask
+from yatt.algos.logprobs import group_prefixes, position_ids_from_mask
 from yatt.errors import ModelError
 from yatt.models import cache_kwarg, follow_umask, from_pretrained_checked
 
@@ -154,3 +154,33 @@ class ScalarHeadModel(nn.Module):
         last = suffix_mask.sum(dim=1) - 1
         assert (last >= 0).all(), "a sequence has no suffix token"
         return values.gather(1, last[:, None]).squeeze(1)
+
+    def shared_prefix_values(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_width: int, group_ids: Tensor
+    ) -> Tensor:
+        """`forward(...)[:, P-1 : P-1+R]` (B, R): the scalars of the state before each response
+        column, prompts left-padded to `prompt_width` P and responses after them; each distinct
+        prompt (one per group id) runs once and its KV cache serves its group's rows, gradients
+        flowing through it, so the values equal the row-by-row ones up to rounding (PPO's
+        critic over a GRPO-style group)."""
+        response_width = input_ids.shape[1] - prompt_width
+        assert response_width >= 1 and prompt_width >= 1, f"P={prompt_width} R={response_width}"
+        prefix_ids, prefix_mask, inverse = group_prefixes(
+            input_ids, attention_mask, prompt_width, group_ids
+        )
+        output = self.backbone(input_ids=prefix_ids, attention_mask=prefix_mask,
+                               position_ids=position_ids_from_mask(prefix_mask),
+                               use_cache=True)  # fmt: skip
+        first = self.head(output.last_hidden_state[:, -1:].float()).squeeze(-1)[inverse]  # (B, 1)
+        if response_width == 1:
+            return first
+        cache = output.cache if hasattr(output, "cache") else output.past_key_values
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
+        full_mask = attention_mask[:, : prompt_width + response_width - 1]
+        positions = position_ids_from_mask(full_mask)[:, prompt_width:]
+        output = self.backbone(input_ids=input_ids[:, prompt_width:-1], attention_mask=full_mask,
+                               position_ids=positions, use_cache=True,
+                               **{cache_kwarg(self.backbone): cache})  # fmt: skip
+        rest = self.head(output.last_hidden_state.float()).squeeze(-1)  # (B, R-1)
+        return torch.cat([first, rest], dim=1)

@@ -192,7 +192,7 @@ class Trainer:
         if cfg.algo.uses_critic:
             self.critic = CriticRole.from_policy(
                 model, algo=cfg.algo, optim=cfg.optim, total_updates=cfg.train.steps,
-                norm_len=cfg.rollout.max_new_tokens,
+                norm_len=cfg.rollout.max_new_tokens, shared_prefix=cfg.train.shared_prefix,
                 gradient_checkpointing=cfg.train.gradient_checkpointing,
             )  # fmt: skip
         device = next(model.parameters()).device  # a reward model scores beside the policy

@@ -8,7 +8,23 @@ beside the model's own logits instead of full (B, T, V) log-softmax copies.
 import torch
 from torch import Tensor, nn
 
-__all__ = ["position_ids_from_mask", "token_logprobs"]
+__all__ = ["group_prefixes", "position_ids_from_mask", "token_logprobs"]
+
+
+def group_prefixes(
+    input_ids: Tensor, attention_mask: Tensor, prompt_width: int, group_ids: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each group's prompt once: ids and mask (G, P) of the first row of each distinct group id
+    (prompts left-padded to `prompt_width` P), and each row's group index (B,), for a forward
+    that runs a prompt once and repeats its KV cache for the group's rows."""
+    groups, inverse = torch.unique(group_ids, return_inverse=True)  # (G,), (B,)
+    device = group_ids.device
+    first_row = torch.full((len(groups),), input_ids.shape[0], dtype=torch.long, device=device)
+    rows = torch.arange(len(inverse), device=device)
+    first_row = first_row.scatter_reduce(0, inverse, rows, reduce="amin")
+    prefix_ids = input_ids[first_row, :prompt_width]  # (G, P)
+    assert torch.equal(prefix_ids[inverse], input_ids[:, :prompt_width]), "a group mixes prompts"
+    return prefix_ids, attention_mask[first_row, :prompt_width], inverse
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

@@ -443,7 +443,8 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """Loop length, seed, device and execution knobs (results do not depend on the knobs
-    beyond float rounding: `shared_prefix` runs each prompt once per group in the update;
+    beyond float rounding: `shared_prefix` runs each prompt once per group in the policy's
+    log-probs and update and in PPO's critic;
     `gradient_checkpointing` keeps only each decoder layer's input through a training forward
     and recomputes the rest in the backward pass, trading one more forward per layer for
     about half the activation memory (measured: 1.16x the update time at 128 response tokens,

@@ -8,7 +8,7 @@ head is about a fifth of SmolLM2-135M's per-token compute.
 import torch
 from torch import Tensor
 
-from yatt.algos.logprobs import position_ids_from_mask
+from yatt.algos.logprobs import group_prefixes, position_ids_from_mask
 from yatt.models import cache_kwarg
 
 
@@ -67,14 +67,9 @@ def shared_prefix_logits(
     shared prompt pass, so loss and gradient equal the row-by-row ones (up to rounding)."""
     response_width = input_ids.shape[1] - prompt_width
     assert response_width >= 1 and prompt_width >= 1, f"P={prompt_width} R={response_width}"
-    groups, inverse = torch.unique(group_ids, return_inverse=True)  # (G,), (b,)
-    device = group_ids.device
-    first_row = torch.full((len(groups),), input_ids.shape[0], dtype=torch.long, device=device)
-    rows = torch.arange(len(inverse), device=device)
-    first_row = first_row.scatter_reduce(0, inverse, rows, reduce="amin")
-    prefix_ids = input_ids[first_row, :prompt_width]  # (G, P)
-    assert torch.equal(prefix_ids[inverse], input_ids[:, :prompt_width]), "a group mixes prompts"
-    prefix_mask = attention_mask[first_row, :prompt_width]
+    prefix_ids, prefix_mask, inverse = group_prefixes(
+        input_ids, attention_mask, prompt_width, group_ids
+    )
     cache_name = cache_kwarg(model)
     output = model(input_ids=prefix_ids, attention_mask=prefix_mask,
                    position_ids=position_ids_from_mask(prefix_mask), use_cache=True,

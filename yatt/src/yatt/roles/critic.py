@@ -36,12 +36,17 @@ class CriticRole(Role):
     def __init__(
         self, model: Any, *, algo: AlgoConfig, optim: OptimConfig, total_updates: int,
         norm_len: int | None = None, gradient_checkpointing: bool = False,
+        shared_prefix: bool = True,
     ) -> None:  # fmt: skip
         """``norm_len``: the response budget ``token_sum_norm`` divides by, as the policy's
         (None: the batch's widest response, which changes the loss scale step by step);
         ``gradient_checkpointing``: the update recomputes each backbone layer in the backward
-        pass (``checkpoint_layers``)."""
+        pass (``checkpoint_layers``), whole rows, as HF drops a cache passed to a checkpointed
+        layer; ``shared_prefix``: each prompt runs once per group (``shared_prefix_values``) in
+        the values pass and, without checkpointing, in the update."""
         self.model = model
+        self.shared_prefix = shared_prefix
+        self._update_shares_prefix = shared_prefix and not gradient_checkpointing
         if gradient_checkpointing:
             checkpoint_layers(model.backbone)
         self.algo = algo
@@ -61,11 +66,15 @@ class CriticRole(Role):
 
         return cls(ScalarHeadModel.from_causal_lm(plain_copy(policy_model)), **kwargs)
 
-    def _values(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
+    def _values(self, micro: RolloutBatch, shared: bool) -> tuple[Tensor, Tensor]:
         ids, attention, mask, prompt_width = trim_columns(
             micro.input_ids, micro.attention_mask, micro.response_mask, micro.prompt_width
         )
         width = mask.shape[1]
+        if shared and micro.group_ids is not None:
+            return self.model.shared_prefix_values(
+                ids, attention, prompt_width, micro.group_ids
+            ), mask
         scalars = self.model(ids, attention)  # (b, W)
         return scalars[:, prompt_width - 1 : prompt_width - 1 + width], mask
 
@@ -75,7 +84,7 @@ class CriticRole(Role):
         self.model.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         for rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
-            values, mask = self._values(batch.select(rows).to(self.device))
+            values, mask = self._values(batch.select(rows).to(self.device), self.shared_prefix)
             out[rows, : mask.shape[1]] = (values.float() * mask).cpu()
         return out
 
@@ -90,7 +99,7 @@ class CriticRole(Role):
             total = 0.0
             for rows in chunks(list(range(batch.size)), self.algo.micro_batch_size):
                 micro = batch.select(rows).to(self.device)
-                values, mask = self._values(micro)
+                values, mask = self._values(micro, self._update_shares_prefix)
                 width = mask.shape[1]
                 loss, _ = value_loss(
                     values, micro.values[:, :width], micro.returns[:, :width], mask,
