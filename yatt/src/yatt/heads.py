@@ -16,7 +16,7 @@ from transformers import AutoModel, PreTrainedModel
 
 from yatt.algos.logprobs import group_prefixes, position_ids_from_mask
 from yatt.errors import ModelError
-from yatt.models import cache_kwarg, follow_umask, from_pretrained_checked
+from yatt.models import follow_umask, forward_on_prefix_cache, from_pretrained_checked
 
 __all__ = ["ScalarHeadModel"]
 
@@ -142,14 +142,8 @@ class ScalarHeadModel(nn.Module):
         output = self.backbone(input_ids=prefix_ids, attention_mask=prefix_mask,
                                position_ids=position_ids_from_mask(prefix_mask),
                                use_cache=True)  # fmt: skip
-        cache = output.cache if hasattr(output, "cache") else output.past_key_values
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         full_mask = torch.cat([prefix_mask[rows], suffix_mask], dim=1)
-        positions = position_ids_from_mask(full_mask)[:, prefix_ids.shape[1] :]
-        output = self.backbone(input_ids=suffix_ids, attention_mask=full_mask,
-                               position_ids=positions, use_cache=True,
-                               **{cache_kwarg(self.backbone): cache})  # fmt: skip
+        output = forward_on_prefix_cache(self.backbone, output, rows, suffix_ids, full_mask)
         values = self.head(output.last_hidden_state.float()).squeeze(-1)  # (B, S)
         last = suffix_mask.sum(dim=1) - 1
         assert (last >= 0).all(), "a sequence has no suffix token"
@@ -174,13 +168,8 @@ class ScalarHeadModel(nn.Module):
         first = self.head(output.last_hidden_state[:, -1:].float()).squeeze(-1)[inverse]  # (B, 1)
         if response_width == 1:
             return first
-        cache = output.cache if hasattr(output, "cache") else output.past_key_values
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
         full_mask = attention_mask[:, : prompt_width + response_width - 1]
-        positions = position_ids_from_mask(full_mask)[:, prompt_width:]
-        output = self.backbone(input_ids=input_ids[:, prompt_width:-1], attention_mask=full_mask,
-                               position_ids=positions, use_cache=True,
-                               **{cache_kwarg(self.backbone): cache})  # fmt: skip
+        output = forward_on_prefix_cache(self.backbone, output, inverse,
+                                         input_ids[:, prompt_width:-1], full_mask)  # fmt: skip
         rest = self.head(output.last_hidden_state.float()).squeeze(-1)  # (B, R-1)
         return torch.cat([first, rest], dim=1)

@@ -30,12 +30,14 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from yatt.algos.logprobs import position_ids_from_mask
 from yatt.errors import ConfigError, ModelError
 
 __all__ = [
     "KNOWN_MODELS",
     "cache_kwarg",
     "default_cache_dir",
+    "forward_on_prefix_cache",
     "from_pretrained_checked",
     "load_model",
     "load_tokenizer",
@@ -51,6 +53,24 @@ def cache_kwarg(model: Any) -> str:
     """The name `model.forward` takes a KV cache by: transformers >= 5.2x calls it `cache`,
     earlier 5.x `past_key_values`."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def forward_on_prefix_cache(
+    model: Any, prefix_output: Any, rows: torch.Tensor, input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> Any:  # fmt: skip
+    """`model`'s forward over `input_ids` (B, S) after each row's prefix: the KV cache of
+    `prefix_output` (one row per distinct prefix) repeated by `rows` (B,), and `attention_mask`
+    (B, P+S) over the prefix columns and the new ones. Gradients flow into the prefix pass,
+    so a group's rows share one prompt pass at the cost of none of their accuracy."""
+    cache = (
+        prefix_output.cache if hasattr(prefix_output, "cache") else prefix_output.past_key_values
+    )
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+    positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1] :]
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                 use_cache=True, **{cache_kwarg(model): cache})  # fmt: skip
 
 
 # name -> (distribution that ships the GGUF, GGUF file name inside it)

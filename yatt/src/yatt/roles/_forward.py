@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from yatt.algos.logprobs import group_prefixes, position_ids_from_mask
-from yatt.models import cache_kwarg
+from yatt.models import forward_on_prefix_cache
 
 
 def trim_columns(
@@ -70,20 +70,15 @@ def shared_prefix_logits(
     prefix_ids, prefix_mask, inverse = group_prefixes(
         input_ids, attention_mask, prompt_width, group_ids
     )
-    cache_name = cache_kwarg(model)
     output = model(input_ids=prefix_ids, attention_mask=prefix_mask,
                    position_ids=position_ids_from_mask(prefix_mask), use_cache=True,
                    logits_to_keep=1)  # fmt: skip
     first_logits = output.logits[inverse]  # (b, 1, V): predicts response token 0
     if response_width == 1:
         return first_logits
-    cache = output.cache if hasattr(output, "cache") else output.past_key_values
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[inverse], layer.values[inverse]
     full_mask = attention_mask[:, : prompt_width + response_width - 1]
-    positions = position_ids_from_mask(full_mask)[:, prompt_width:]
-    output = model(input_ids=input_ids[:, prompt_width:-1], attention_mask=full_mask,
-                   position_ids=positions, use_cache=True, **{cache_name: cache})  # fmt: skip
+    output = forward_on_prefix_cache(model, output, inverse, input_ids[:, prompt_width:-1],
+                                     full_mask)  # fmt: skip
     logits = torch.cat([first_logits, output.logits], dim=1)  # (b, R, V)
     assert logits.shape[1] == response_width, f"{tuple(logits.shape)} vs R={response_width}"
     return logits
