@@ -156,15 +156,15 @@ def measure(args: argparse.Namespace, samples: int, progress) -> dict:
     return {"samples": samples, "sync": sync, "points": points}
 
 
-def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: float | None) -> str:
+def _heading(args, host: dict, steal: float | None) -> list[str]:
+    """The section's title and its paragraph on how the phases were measured and modelled."""
     stolen = "not counted" if steal is None else f"{100 * steal:.0f}%"
     model = f"LoRA adapters of rank {args.lora_rank}" if args.lora_rank else "full weights"
     malloc = "without" if missing_worker_malloc(os.environ) else "with"
-    suffix = _suffix(args)
     title = "### Where re-placement could pay on this machine"
     if args.tag:
         title = f"#### The same survey, {args.task} prompts and {model}"
-    lines = [
+    return [
         f"{title} (`yatt/bench/placement_ceiling.py`)",
         "",
         f"Model `{args.model}`, {model}, one `{args.task}` prompt per step with the placement "
@@ -179,6 +179,12 @@ def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: floa
         "push: pack the weights and copy them once, as into Ray's object store; load: the "
         "sampler takes that copy; the driver's calls and rewards are left out). "
         f"`{_command(args)}`.",
+    ]
+
+
+def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: float | None) -> str:
+    lines = [
+        *_heading(args, host, steal),
         "",
         "| samples | budget | gen 1 core s | gen 2 cores s | update 1 core s | update 2 cores s"
         " | push + load s | colocate s | disaggregated s | partial s | fastest |",
@@ -225,7 +231,7 @@ def markdown(shapes: list[dict], rows: list[dict], args, host: dict, steal: floa
         "shape coincides (the placement section above: 3 samples, budgets 4 -> 96); a machine "
         "whose speed drifts between the two runs shifts the one-core phases most.",
         "",
-        f"![re-placement ceiling per workload shape](yatt_placement_ceiling{suffix}.png)",
+        f"![re-placement ceiling per workload shape](yatt_placement_ceiling{_suffix(args)}.png)",
         "",
     ]
     return "\n".join(lines)

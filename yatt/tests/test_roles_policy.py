@@ -410,21 +410,29 @@ def test_gradient_checkpointing_recomputes_each_layer_and_leaves_the_gradients_a
     _assert_close(results[True][2], results[False][2], atol=1e-5)
 
 
-def test_a_checkpointed_critic_recomputes_its_backbone_layers_with_the_same_update(base_model):
-    """PPO's critic under `train.gradient_checkpointing`: its backbone's layers run again in
-    the backward pass, and the value loss and the trained weights are the plain update's."""
+def _critic_case(base_model, **flags):
+    """A critic over `base_model` (micro-batches of 4, AdamW at a constant 1e-3, one update)
+    with `flags`, and a batch of 2 groups x 4 rows with values and returns to fit."""
     from yatt.roles.critic import CriticRole
 
     batch = _batch([0.0] * 8)
     batch.values = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
     batch.returns = batch.response_mask.clone()
+    critic = CriticRole.from_policy(
+        base_model, algo=AlgoConfig(micro_batch_size=4),
+        optim=OptimConfig(lr=1e-3, schedule="constant"), total_updates=1, **flags,
+    )  # fmt: skip
+    return critic, batch
+
+
+def test_a_checkpointed_critic_recomputes_its_backbone_layers_with_the_same_update(base_model):
+    """PPO's critic under `train.gradient_checkpointing`: its backbone's layers run again in
+    the backward pass, and the value loss and the trained weights are the plain update's."""
     results = {}
     for checkpointing in (False, True):
-        critic = CriticRole.from_policy(
-            base_model, algo=AlgoConfig(micro_batch_size=4),
-            optim=OptimConfig(lr=1e-3, schedule="constant"), total_updates=1,
-            gradient_checkpointing=checkpointing, shared_prefix=False,
-        )  # fmt: skip
+        critic, batch = _critic_case(
+            base_model, gradient_checkpointing=checkpointing, shared_prefix=False
+        )
         calls = []
         layer = critic.model.backbone.layers[0]
         layer.mlp.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
@@ -439,18 +447,9 @@ def test_the_critic_runs_each_prompt_once_with_the_same_values_and_update(base_m
     """PPO's critic with `train.shared_prefix`: a group's prompt goes through the backbone once
     in the values pass and the update, and values, loss and trained weights are the whole
     rows' (up to rounding)."""
-    from yatt.roles.critic import CriticRole
-
-    batch = _batch([0.0] * 8)
-    batch.values = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
-    batch.returns = batch.response_mask.clone()
     results = {}
     for shared in (False, True):
-        critic = CriticRole.from_policy(
-            base_model, algo=AlgoConfig(micro_batch_size=4),
-            optim=OptimConfig(lr=1e-3, schedule="constant"), total_updates=1,
-            shared_prefix=shared,
-        )  # fmt: skip
+        critic, batch = _critic_case(base_model, shared_prefix=shared)
         rows = []
         critic.model.backbone.layers[0].mlp.register_forward_pre_hook(
             lambda module, args, seen=rows: seen.append(args[0].shape[0])

@@ -268,7 +268,7 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
     board = run_dir / "tensorboard" if config.logging.tensorboard else None
     stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
     try:
-        heldout_slips = len(heldout_set) if config.data.rejected == "both" else 0
+        heldout_slips = len(heldout_set) if kind == "both" else 0
         if heldout and config.eval.at_start:
             row0.update(_heldout_metrics(model, tokenizer, heldout, heldout_slips))
         if row0:
@@ -291,14 +291,9 @@ def _check_settings(config: Config) -> None:
     checkpoint settings (no checkpoints: a run is short, a stopped one starts again) and the
     `_UNREAD` ones, and bf16 training weights; and sampled pairs (`data.rejected`) with a
     data.path file, or without reward functions that can grade the task."""
-    from yatt.run_checks import (
-        check_no_control_settings,
-        check_rewards_grade_task,
-        check_training_dtype,
-    )
+    from yatt.run_checks import check_job_settings, check_rewards_grade_task
 
-    check_no_control_settings(config, "yatt rm")
-    check_training_dtype(config)
+    check_job_settings(config, "yatt rm")
     if config.data.rejected != "slips":
         _check_sampling_settings(config)
         check_rewards_grade_task(config, evaluate=None)

@@ -19,6 +19,7 @@ from yatt.rewards.math import answer_value
 __all__ = [
     "check_budgets_fit_model",
     "check_eval_data",
+    "check_job_settings",
     "check_no_control_settings",
     "check_no_rm_settings",
     "check_prompts_fit_model",
@@ -166,6 +167,18 @@ def warn_if_nothing_kept(config: Config) -> None:
             "this run keeps no checkpoint (checkpoint.every=0, checkpoint.at_end=false): the "
             "trained policy is lost when it ends; set checkpoint.at_end=true to keep it"
         )
+
+
+def check_job_settings(config: Config, command: str) -> None:
+    """Refuse, before any work, what a training `command` ("yatt train", "yatt sft" or "yatt
+    rm") would get wrong or ignore: bf16 training weights (`check_training_dtype`); control.*
+    for the one-process jobs, SFT and reward models (`check_no_control_settings`); and
+    data.rejected, yatt rm's, for the others (`check_no_rm_settings`)."""
+    check_training_dtype(config)
+    if command in ("yatt sft", "yatt rm"):
+        check_no_control_settings(config, command)
+    if command != "yatt rm":
+        check_no_rm_settings(config, command)
 
 
 def check_no_rm_settings(config: Config, command: str) -> None:

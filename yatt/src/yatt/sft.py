@@ -57,11 +57,7 @@ from yatt.roles.policy import (
     load_optimizer_state,
     step_schedule,
 )
-from yatt.run_checks import (
-    check_no_control_settings,
-    check_no_rm_settings,
-    check_training_dtype,
-)
+from yatt.run_checks import check_job_settings
 
 __all__ = ["run_sft"]
 
@@ -176,9 +172,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
-    check_training_dtype(config)
-    check_no_control_settings(config, "yatt sft")
-    check_no_rm_settings(config, "yatt sft")
+    check_job_settings(config, "yatt sft")
     resume, in_place = _resume_target(config)
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = _sft_data(config)

@@ -56,11 +56,10 @@ from yatt.roles.rollout import RolloutRole
 from yatt.run_checks import (
     check_budgets_fit_model,
     check_eval_data,
-    check_no_rm_settings,
+    check_job_settings,
     check_prompts_fit_model,
     check_rewards_grade_task,
     check_rows_have_answers,
-    check_training_dtype,
     try_rewards_once,
     warn_if_nothing_kept,
 )
@@ -109,8 +108,7 @@ class Trainer:
 
         self.config = config
         check_eval_data(config)
-        check_training_dtype(config)
-        check_no_rm_settings(config, "yatt train")
+        check_job_settings(config, "yatt train")
         check_rewards_grade_task(config, train=reward is None)  # a given reward is the caller's
         resume = resolve_resume(
             config.checkpoint.resume, config.logging.run_dir, config.train.steps

@@ -26,9 +26,8 @@ from yatt.control.segments import (
 )
 from yatt.run_checks import (
     check_eval_data,
-    check_no_rm_settings,
+    check_job_settings,
     check_rewards_grade_task,
-    check_training_dtype,
     try_rewards_once,
     warn_if_nothing_kept,
 )
@@ -50,8 +49,7 @@ def _check_run(config: Config, control: ControlConfig) -> None:
     check_eval_data(config)
     for note in ignored_settings(control):
         logger.warning("%s", note)
-    check_training_dtype(config)
-    check_no_rm_settings(config, "yatt train")
+    check_job_settings(config, "yatt train")
     check_rewards_grade_task(config)
     if control.backend == "ray" and config.train.torch_threads:
         logger.info(

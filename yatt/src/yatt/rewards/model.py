@@ -127,7 +127,7 @@ def grouped_scores(
     device = _device(model)
     if not shared or min(shared) < 1:
         return model.sequence_scores(*_padded(rows, tokenizer, device))
-    prefixes = [rows[indices[0]][:length] for indices, length in zip(members.values(), shared)]
+    prefixes = [rows[indices[0]][:width] for indices, width in zip(members.values(), shared)]
     suffixes = [row[shared[group_of[index]] :] for index, row in enumerate(rows)]
     prefix_ids, prefix_mask = _padded(prefixes, tokenizer, device, left=True)
     suffix_ids, suffix_mask = _padded(suffixes, tokenizer, device)
