@@ -13,16 +13,10 @@ from yatt.config import load_config
 from yatt.errors import ConfigError, DataError
 from yatt.heads import ScalarHeadModel
 from yatt.models import tiny_model
+from yatt.pairs import PreferencePair, _sampled_pair, preference_pairs, sampled_responses
 from yatt.report import load_history, summary_table
 from yatt.rewards.model import train_reward_model
-from yatt.rm import (
-    PreferencePair,
-    _heldout_metrics,
-    _sampled_pair,
-    preference_pairs,
-    run_reward_model,
-    sampled_responses,
-)
+from yatt.rm import _heldout_metrics, run_reward_model
 
 FAST = ["train.steps=4", "data.n_train=24", "data.n_heldout=8", "eval.n=8",
         "algo.micro_batch_size=4"]  # fmt: skip

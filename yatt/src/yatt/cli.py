@@ -1,9 +1,10 @@
-"""The `yatt` command: train, eval, sft, rm, models prepare, report, demo.
+"""The `yatt` command: train, eval, sft, rm, dpo, models prepare, report, demo.
 
     yatt train grpo_addition rollout.n_samples=8 train.steps=50
     yatt eval runs/grpo_addition/checkpoints/step_000050 eval.n=200
     yatt sft tiny_test data.path=answers.jsonl
     yatt rm rm_addition      # a reward model: reward.model_path=runs/rm_addition/reward_model
+    yatt dpo dpo_addition    # the policy trained on preference pairs -> runs/dpo_addition/model
     yatt models prepare smollm2
     yatt report runs/demo
     yatt demo
@@ -77,6 +78,14 @@ def _parser() -> argparse.ArgumentParser:
         "scored by reward.fns (data.rejected=slips|samples|both); no checkpoints, a stopped run "
         "starts again.", presets, "data.path=pairs.jsonl", resumes=False,
     )  # fmt: skip
+    _add_training_command(
+        commands, "dpo", "train the policy on preference pairs (DPO)",
+        "Direct preference optimisation of the policy, against itself before training as the "
+        "reference (algo.dpo_beta), on the pairs yatt rm takes: prompt/chosen/rejected rows "
+        "(data.path) or pairs made from a task (data.rejected=slips|samples|both); held-out "
+        "accuracy before and after; no checkpoints, a stopped run starts again.", presets,
+        "data.rejected=samples", resumes=False,
+    )  # fmt: skip
     models = commands.add_parser("models", help="manage local models")
     model_commands = models.add_subparsers(
         dest="models_command", required=True, parser_class=_Parser, metavar="{prepare}"
@@ -104,7 +113,7 @@ def _add_training_command(
     commands: argparse._SubParsersAction, name: str, help: str, summary: str, presets: str,
     example: str, resumes: bool = True,
 ) -> None:  # fmt: skip
-    """`yatt train`, `sft` or `rm`: a config (a preset or a YAML file) and dotted overrides
+    """`yatt train`, `sft`, `rm` or `dpo`: a config (a preset or a YAML file) and dotted overrides
     (`resumes`: the command continues from checkpoints)."""
     more = _OVERRIDES_HELP.format(resume=_RESUME_HELP if resumes else "")
     command = commands.add_parser(name, help=help, description=f"{summary} {more}")
@@ -220,6 +229,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             (_train if args.command == "train" else _sft)(args.config, args.overrides)
     elif args.command == "rm":
         _rm(args.config, args.overrides)
+    elif args.command == "dpo":
+        _dpo(args.config, args.overrides)
     elif args.command == "eval":
         _eval(args.model, args.overrides)
     elif args.command == "models":
@@ -319,6 +330,22 @@ def _rm(preset: str, overrides: list[str]) -> None:
     logger.info("score with it: yatt train ... reward.model_path=%s", folder)
 
 
+def _dpo(preset: str, overrides: list[str]) -> None:
+    """DPO with a progress bar, then its summary table and plot, from the run folder as the
+    other jobs make them."""
+    from yatt.config import load_config
+    from yatt.dpo import run_dpo
+    from yatt.report import progress_bar
+
+    config = _configured(load_config(preset, overrides))
+    with progress_bar(
+        config.train.steps, 0, config.logging.progress, metric="dpo/loss", label="loss"
+    ) as bar:
+        folder = run_dpo(config, progress=_stoppable(bar))
+    _report(folder.parent, plots=config.logging.plots)
+    logger.info("evaluate it: yatt eval %s", folder)
+
+
 class _Done(Exception):
     """A complete run met again (`_complete_run_is_done`): the command has nothing to do."""
 
@@ -380,7 +407,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     from yatt.rollout import make_engine
     from yatt.run_checks import (
         check_budgets_fit_model,
-        check_no_rm_settings,
+        check_no_pair_settings,
         check_rewards_grade_task,
         check_rows_have_answers,
     )
@@ -389,7 +416,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     config, unlike = _eval_config(model, overrides)
     config = _configured(config)
     check_rewards_grade_task(config, train=False, evaluate=True)
-    check_no_rm_settings(config, "yatt eval")
+    check_no_pair_settings(config, "yatt eval")
     if config.eval.n == 0:
         raise ConfigError("eval.n=0 leaves nothing to evaluate; pass eval.n=<problems>")
     configure_threads(config.train.torch_threads)
@@ -422,7 +449,7 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     import dataclasses
 
     from yatt.checkpoint import policy_folder
-    from yatt.config import EvalConfig, load_config
+    from yatt.config import AlgoConfig, EvalConfig, load_config
     from yatt.errors import ConfigError
 
     folder = Path(model)
@@ -437,8 +464,10 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
         logger.info("eval: using the default config (no config.yaml in %s)", model)
         return load_config(None, [*given, *overrides]), ""
     logger.info("eval: using the run's config %s (overrides win over it)", saved)
-    # (its control section is for training: one that needs LoRA, say, would refuse the merge)
-    config = load_config(str(saved), [*given, *overrides], defaults_for=("control",))
+    # (its control section is for training: one that needs LoRA, say, would refuse the merge;
+    # so are a yatt dpo run's pair settings, which yatt eval refuses when asked for them)
+    pairs = ["data.rejected=slips", f"algo.dpo_beta={AlgoConfig.dpo_beta}"]
+    config = load_config(str(saved), [*given, *pairs, *overrides], defaults_for=("control",))
     try:
         run = load_config(str(saved), given, defaults_for=("control",)).data
     except ConfigError:  # a saved setting a later version refuses, which `overrides` fixed

@@ -46,8 +46,8 @@ def wide_console() -> Console:
 
 
 ProgressFn = Callable[[int, int, dict[str, float]], None]
-# an RL run's, an SFT run's, a reward model's (`yatt rm`)
-_METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "rm_metrics.jsonl")
+# an RL run's, an SFT run's, a reward model's (`yatt rm`), a DPO run's (`yatt dpo`)
+_METRICS_FILES = ("metrics.jsonl", "sft_metrics.jsonl", "rm_metrics.jsonl", "dpo_metrics.jsonl")
 
 
 PLAIN_PROGRESS_EVERY_S = 30.0  # a progress line at most this often where no bar can show
@@ -168,6 +168,8 @@ def summary_table(history: list[dict[str, float]], evals: list[tuple[int, float]
         return _sft_summary([row for row in history if "sft/loss" in row])
     if kind == "rm":
         return _rm_summary(history)
+    if kind == "dpo":
+        return _dpo_summary(history)
     steps = [row for row in history if "timing_s/step" in row]
     table = Table(title="yatt run summary")
     table.add_column("metric")
@@ -331,11 +333,13 @@ def _add_step_time(table: Table, rows: list[dict[str, float]]) -> None:
 
 def _run_kind(history: list[dict[str, Any]]) -> str:
     """Which job wrote `history`: "sft" (rows with `sft/loss`), "rm" (a reward model's: rows
-    with `rm/` keys, also one stopped after its step-0 evaluation) or "rl"."""
+    with `rm/` keys, also one stopped after its step-0 evaluation), "dpo" (rows with `dpo/`
+    keys, likewise) or "rl"."""
     if any("sft/loss" in row for row in history):
         return "sft"
-    if any(key.startswith("rm/") for row in history for key in row):
-        return "rm"
+    for prefix in ("rm/", "dpo/"):
+        if any(key.startswith(prefix) for row in history for key in row):
+            return prefix[:-1]
     return "rl"
 
 
@@ -346,13 +350,7 @@ def _rm_summary(rows: list[dict[str, float]]) -> Table:
     table = Table(title="yatt rm summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    sampled = [row for row in rows if _is_number(row.get("rm/samples_best"))][:1]
-    for row in sampled:
-        table.add_row("samples scored as high as the reference",
-                      f"{_show(100 * row['rm/samples_best'], '.1f')}%")  # fmt: skip
-        if _is_number(row.get("rm/sample_pairs")):
-            pairs = f"{int(row['rm/sample_pairs']):,}"
-            table.add_row("pairs from samples (training and held out)", pairs)
+    _add_sampled(table, rows, "rm/")
     held = [row for row in rows if _is_number(row.get("rm/heldout_accuracy"))]
     for row in held[:1] + held[1:][-1:]:
         pairs = int(row["rm/heldout_pairs"]) if _is_number(row.get("rm/heldout_pairs")) else "?"
@@ -370,12 +368,53 @@ def _rm_summary(rows: list[dict[str, float]]) -> Table:
     return table
 
 
+def _add_sampled(table: Table, rows: list[dict[str, float]], prefix: str) -> None:
+    """The rows of a job that sampled its pairs (`yatt.pairs.sample_pairs`): the share of the
+    samples scored as high as the reference answer, and the pairs they gave."""
+    for row in [row for row in rows if _is_number(row.get(f"{prefix}samples_best"))][:1]:
+        table.add_row("samples scored as high as the reference",
+                      f"{_show(100 * row[f'{prefix}samples_best'], '.1f')}%")  # fmt: skip
+        if _is_number(row.get(f"{prefix}sample_pairs")):
+            pairs = f"{int(row[f'{prefix}sample_pairs']):,}"
+            table.add_row("pairs from samples (training and held out)", pairs)
+
+
+def _dpo_summary(rows: list[dict[str, float]]) -> Table:
+    """A DPO run's (`yatt dpo`) pairs, held-out accuracy before and after training, held-out
+    pairs ranked right by the implicit reward at the end, loss over the first and last tenth
+    of the steps, and step time."""
+    table = Table(title="yatt dpo summary")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    _add_sampled(table, rows, "dpo/")
+    for row in [row for row in rows if _is_number(row.get("dpo/pairs"))][:1]:
+        table.add_row("training pairs", f"{int(row['dpo/pairs']):,}")
+    for row in [row for row in rows if _is_number(row.get("eval/accuracy"))]:
+        scored = f" on {int(row['eval/problems'])}" if _is_number(row.get("eval/problems")) else ""
+        table.add_row(f"held-out accuracy, step {int(row['step'])}",
+                      f"{_percent(row['eval/accuracy'])}{scored}")  # fmt: skip
+    for row in [row for row in rows if _is_number(row.get("dpo/heldout_accuracy"))][-1:]:
+        table.add_row(f"held-out pairs ranked right, step {int(row['step'])}",
+                      f"{_show(100 * row['dpo/heldout_accuracy'], '.1f')}%")  # fmt: skip
+    steps = [row for row in rows if "dpo/loss" in row]
+    _add_loss_tenths(table, steps, "dpo/loss", "loss")
+    _add_step_time(table, steps)
+    return table
+
+
 def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
     """An RL run's rewards.png (reward + accuracy curves) and timing.png (phase seconds per
     step); an SFT run's loss.png (train and held-out loss, learning rate); a reward model's
-    rm.png (loss, and pairs ranked right in each step and held out). A NaN or an
+    rm.png (loss, and pairs ranked right in each step and held out); a DPO run's dpo.png
+    (loss, and the implicit rewards of the chosen and rejected responses). A NaN or an
     infinity is left out of the curves (a gap), as is a value that is not a number."""
-    from yatt.common.plots import plot_reward_model, plot_rewards, plot_sft_loss, plot_timings
+    from yatt.common.plots import (
+        plot_dpo,
+        plot_reward_model,
+        plot_rewards,
+        plot_sft_loss,
+        plot_timings,
+    )
 
     run_dir = _run_folder(run_dir)
     history = [
@@ -388,6 +427,8 @@ def write_plots(history: list[dict[str, float]], run_dir: Path) -> list[Path]:
         plots = [(plot_sft_loss, "loss.png")]
     elif kind == "rm":
         plots = [(plot_reward_model, "rm.png")]
+    elif kind == "dpo":
+        plots = [(plot_dpo, "dpo.png")]
     else:
         plots = [(plot_rewards, "rewards.png"), (plot_timings, "timing.png")]
     written = []

@@ -21,7 +21,7 @@ __all__ = [
     "check_eval_data",
     "check_job_settings",
     "check_no_control_settings",
-    "check_no_rm_settings",
+    "check_no_pair_settings",
     "check_prompts_fit_model",
     "check_rewards_grade_task",
     "check_rows_have_answers",
@@ -170,24 +170,29 @@ def warn_if_nothing_kept(config: Config) -> None:
 
 
 def check_job_settings(config: Config, command: str) -> None:
-    """Refuse, before any work, what a training `command` ("yatt train", "yatt sft" or "yatt
-    rm") would get wrong or ignore: bf16 training weights (`check_training_dtype`); control.*
-    for the one-process jobs, SFT and reward models (`check_no_control_settings`); and
-    data.rejected, yatt rm's, for the others (`check_no_rm_settings`)."""
+    """Refuse, before any work, what a training `command` ("yatt train", "yatt sft", "yatt rm"
+    or "yatt dpo") would get wrong or ignore: bf16 training weights (`check_training_dtype`);
+    control.* for the one-process jobs, SFT, reward models and DPO
+    (`check_no_control_settings`); and the preference-pair settings for the jobs that read
+    none (`check_no_pair_settings`)."""
     check_training_dtype(config)
-    if command in ("yatt sft", "yatt rm"):
+    if command in ("yatt sft", "yatt rm", "yatt dpo"):
         check_no_control_settings(config, command)
-    if command != "yatt rm":
-        check_no_rm_settings(config, command)
+    check_no_pair_settings(config, command)
 
 
-def check_no_rm_settings(config: Config, command: str) -> None:
-    """Refuse `data.rejected` (how `yatt rm` makes its pairs) for a `command` that makes none,
-    rather than ignore it."""
-    if config.data.rejected != "slips":
+def check_no_pair_settings(config: Config, command: str) -> None:
+    """Refuse `data.rejected` (how `yatt rm` and `yatt dpo` make their pairs) and
+    `algo.dpo_beta` (DPO's) for a `command` that reads them not, rather than ignore them."""
+    if config.data.rejected != "slips" and command not in ("yatt rm", "yatt dpo"):
         raise ConfigError(
-            f"{command} makes no preference pairs and reads no data.rejected (a yatt rm "
-            f"setting): drop data.rejected={config.data.rejected}"
+            f"{command} makes no preference pairs and reads no data.rejected (a setting of yatt "
+            f"rm and yatt dpo): drop data.rejected={config.data.rejected}"
+        )
+    if "dpo_beta" in changed_settings(config.algo) and command != "yatt dpo":
+        raise ConfigError(
+            f"{command} reads no algo.dpo_beta (yatt dpo's): drop algo.dpo_beta="
+            f"{config.algo.dpo_beta}"
         )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "AGG_MODES",
     "aggregate_loss",
     "bradley_terry_loss",
+    "dpo_loss",
     "loss_normalizer",
     "overlong_penalty",
     "policy_loss",
@@ -222,6 +223,22 @@ def bradley_terry_loss(
     if margin is not None:
         difference = difference - margin
     return -F.logsigmoid(difference).mean()
+
+
+def dpo_loss(
+    chosen_logp: Tensor,
+    rejected_logp: Tensor,
+    ref_chosen_logp: Tensor,
+    ref_rejected_logp: Tensor,
+    beta: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """DPO's loss (Rafailov et al. 2023): the Bradley–Terry loss of the implicit rewards
+    beta * (log pi(y|x) - log pi_ref(y|x)) of the chosen and rejected responses, from their
+    sequence log-probs (N,) under the policy and the reference. Returns (loss, the chosen
+    rewards, the rejected rewards), the rewards detached."""
+    chosen = beta * (chosen_logp - ref_chosen_logp)
+    rejected = beta * (rejected_logp - ref_rejected_logp)
+    return bradley_terry_loss(chosen, rejected), chosen.detach(), rejected.detach()
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer_len: int, penalty: float) -> Tensor:

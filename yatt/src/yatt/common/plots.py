@@ -119,3 +119,24 @@ def plot_reward_model(rows: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
+
+
+def plot_dpo(rows: list[dict], path: Path) -> Path:
+    """A DPO run's (`yatt dpo`) loss per step (raw + moving average), and the implicit rewards
+    beta * (log pi - log pi_ref) of the chosen and rejected responses (moving averages)."""
+    fig, (ax_loss, ax_reward) = plt.subplots(1, 2, figsize=(11, 4))
+    _curve(ax_loss, rows, "dpo/loss", "loss")
+    ax_loss.set(xlabel="step", ylabel="-log sigmoid(r_chosen - r_rejected)", title="DPO loss")
+    _legend(ax_loss)
+    for key, label in (("dpo/reward_chosen", "chosen"), ("dpo/reward_rejected", "rejected")):
+        steps, rewards = _series(rows, key)
+        if rewards:
+            average = _moving_average(rewards, 10)
+            ax_reward.plot(steps, average, label=f"{label} (moving average, 10)")
+    ax_reward.axhline(0.0, color="grey", linewidth=0.8)
+    ax_reward.set(xlabel="step", ylabel="beta * (log pi - log pi_ref)", title="implicit rewards")
+    _legend(ax_reward)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

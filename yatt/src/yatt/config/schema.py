@@ -50,7 +50,8 @@ ROLLOUT_DTYPES = ("float32", "bfloat16")
 # The projections of a Llama-family decoder layer that LoRA adapters may sit on (model.lora_*).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SEED_MAX = 2**32 - 1
-# What the rejected response of a pair `yatt rm` makes from a task is (`data.rejected`).
+# What the rejected response of a pair `yatt rm` or `yatt dpo` makes from a task is
+# (`data.rejected`).
 REJECTED_KINDS = ("slips", "samples", "both")
 THREADS_MAX = 1024  # more torch threads than any machine's cores (100000 crashes torch)
 # Settings naming files or folders: a leading "~" is the home folder (a shell leaves the "~" of
@@ -180,11 +181,11 @@ class ModelConfig:
 class DataConfig:
     """Prompt source: a built-in task generator or a JSONL/parquet file (`path`).
 
-    `rejected` is read by `yatt rm` alone, for pairs made from `task`: what a pair's rejected
-    response is. "slips": the reference answer off by a slip (whole-number answers);
-    "samples": the model's own completion that `reward.fns` scores lowest (`rollout.*`
-    sampling), under its best-scoring one or else the reference answer; "both": a pair of
-    each kind per prompt.
+    `rejected` is read by `yatt rm` and `yatt dpo` alone, for pairs made from `task`: what a
+    pair's rejected response is. "slips": the reference answer off by a slip (whole-number
+    answers); "samples": the model's own completion that `reward.fns` scores lowest
+    (`rollout.*` sampling), under its best-scoring one or else the reference answer; "both": a
+    pair of each kind per prompt.
     """
 
     task: str = "addition"
@@ -311,6 +312,7 @@ class AlgoConfig:
     overlong_penalty: float = 1.0
     skip_zero_adv: bool = True
     tis_cap: float = 2.0  # truncated IS weight cap C (used when rollouts carry behaviour log-probs)
+    dpo_beta: float = 0.1  # yatt dpo's beta: the KL weight of the objective DPO optimises
 
     def __post_init__(self) -> None:
         check_section(self, "algo")
@@ -335,6 +337,7 @@ class AlgoConfig:
         _require(self.overlong_buffer >= 0, "algo.overlong_buffer", self.overlong_buffer, ">= 0")
         _require(self.overlong_penalty >= 0, "algo.overlong_penalty", self.overlong_penalty, ">= 0")
         _require(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, ">= 1")
+        _require(self.dpo_beta > 0, "algo.dpo_beta", self.dpo_beta, "> 0")
         token_level = ("ppo", "reinforce_pp")
         _require(
             not self.kl_in_reward or self.name in token_level,

@@ -1,0 +1,324 @@
+"""Direct preference optimisation (`yatt dpo`): train the policy itself on preference pairs,
+with no reward model and no sampling during training (Rafailov et al. 2023).
+
+Reads these sections of the RL config tree: model (the causal LM to train; `lora_rank` trains
+adapters on it), data (the pairs, as `yatt rm` makes them: `path` rows with `prompt`,
+`chosen` and `rejected`, or pairs made from `task` as `rejected` says: "slips", "samples" or
+"both", see `yatt.pairs`; `n_heldout`, `n_train`, `seed`, `use_chat_template`),
+algo (`dpo_beta`, and `micro_batch_size`: pairs per step), optim (lr, betas, eps,
+weight_decay, schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads), eval (n:
+held-out prompts; at_start, at_end; max_new_tokens, batch_size, reward_fn), rollout (the
+sampling of "samples" pairs, and `stop` for the held-out answers), reward.fns (scoring the
+sampled pairs) and logging.
+
+The loss of a pair is -log sigmoid(r_chosen - r_rejected), with the implicit reward
+r = dpo_beta * (log pi(response | prompt) - log pi_ref(response | prompt)) summed over the
+response's tokens and its EOS. The reference pi_ref is the model before training: its
+log-probs of every pair are computed once, before the first step, so no second copy of the
+model is held. What a run is for is measured twice: held-out accuracy (`eval/accuracy`, the
+share of the first `eval.n` held-out prompts whose greedy answer `eval.reward_fn` scores 1, as
+`yatt train` and `yatt eval` measure it) at step 0 and after the last step, and at the end
+the held-out pairs' implicit rewards (`dpo/heldout_accuracy`: the share ranked right,
+`dpo/heldout_margin`). Writes `<run_dir>/model` (the trained model, its tokenizer and the run's
+config.yaml, for `yatt eval` and `yatt train ... model.path=`), `dpo_metrics.jsonl` (per step:
+dpo/loss, dpo/accuracy, dpo/margin, dpo/reward_chosen, dpo/reward_rejected, dpo/lr) and
+`dpo.png`. No checkpoints: a run is short, and a stopped one starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yatt.algos.losses import dpo_loss
+from yatt.batch import RolloutBatch
+from yatt.common import MetricsLogger, seed_everything
+from yatt.config import Config, changed_settings, save_config
+from yatt.errors import ConfigError, DataError
+from yatt.pairs import (
+    PreferencePair,
+    check_sampled_pairs,
+    check_sampling_settings,
+    pairs_of,
+    preferred_responses,
+    reference_answer,
+    sample_pairs,
+)
+from yatt.roles._forward import (
+    response_logits,
+    shared_prefix_logits,
+    token_logprobs_and_entropy,
+    trim_columns,
+)
+
+__all__ = ["run_dpo", "sequence_logprobs"]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "dpo_metrics.jsonl"
+MODEL_FOLDER = "model"
+# Settings of the sections `yatt dpo` reads that it does not act on: refused when changed.
+_UNREAD = ("train.time_limit_s", "train.gradient_checkpointing", "train.bf16_autocast",
+           "eval.every")  # fmt: skip
+
+# A pair as token ids: (prompt, chosen response + EOS, rejected response + EOS).
+Encoded = tuple[list[int], list[int], list[int]]
+
+
+def run_dpo(config: Config, progress: Any = None) -> Path:
+    """Train the policy on preference pairs as the module docstring says; returns the saved
+    model's folder.
+
+    `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
+    Raises ConfigError for settings it does not read (`_check_settings`) and DataError for bad
+    rows, before the run folder is claimed; a model that does not load, or sampled pairs that
+    leave nothing to train on (DataError), leave no run folder.
+    """
+    from yatt.builders import build_data, build_model
+    from yatt.run_checks import check_rows_have_answers
+    from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
+    from yatt.trainer import configure_threads
+
+    _check_settings(config)
+    train_set, heldout_set = build_data(config.data)
+    scored = config.eval.n and (config.eval.at_start or config.eval.at_end)
+    if not heldout_set and scored:
+        raise DataError(
+            f"yatt dpo scores eval.n={config.eval.n} held-out prompts, but data holds none out "
+            "(set data.n_heldout, or eval.n=0)"
+        )
+    heldout_set = heldout_set[: config.eval.n] if scored else []
+    examples, kind = [*train_set, *heldout_set], config.data.rejected
+    responses = preferred_responses(examples, config) if kind != "samples" else []
+    if kind != "slips":
+        list(map(reference_answer, examples))  # bad rows fail here, before the folder is claimed
+    check_rows_have_answers(config, [], heldout_set, train=False, evaluate=bool(heldout_set))
+    claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
+    with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
+        configure_threads(config.train.torch_threads)
+        seed_everything(config.train.seed)
+        model, tokenizer = build_model(config.model)
+        sampled = sample_pairs(model, tokenizer, train_set, heldout_set, config, "dpo/")
+        train_sampled, heldout_sampled, row0 = sampled
+        split = len(train_set)
+        pairs = pairs_of(train_set, tokenizer, config, responses[:split], train_sampled)
+        heldout = pairs_of(heldout_set, tokenizer, config, responses[split:], heldout_sampled)
+        check_sampled_pairs(config, train_sampled, heldout_sampled)
+    logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
+                len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
+    run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
+    save_config(config, run_dir)
+    board = run_dir / "tensorboard" if config.logging.tensorboard else None
+    stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
+    try:
+        _fit(model, tokenizer, pairs, heldout, heldout_set, config, stream, row0, progress)
+    finally:
+        stream.close()
+    folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
+    logger.info("DPO done: model saved in %s (yatt eval %s)", folder, folder)
+    return folder
+
+
+def _check_settings(config: Config) -> None:
+    """Refuse (ConfigError, one line) what `yatt dpo` would otherwise ignore or get wrong:
+    control.*, bf16 training weights (`check_job_settings`), the checkpoint settings (no
+    checkpoints), the `_UNREAD` ones, and the vllm backend (whose engine would keep its
+    memory through training and not see the trained weights); and sampled pairs
+    (`data.rejected`) that `check_sampling_settings` refuses, or rewards that cannot grade
+    the task."""
+    from yatt.run_checks import check_job_settings, check_rewards_grade_task
+
+    check_job_settings(config, "yatt dpo")
+    if config.data.rejected != "slips":
+        check_sampling_settings(config)
+    check_rewards_grade_task(config, train=config.data.rejected != "slips", evaluate=None)
+    if config.eval.n and (config.eval.at_start or config.eval.at_end):
+        check_rewards_grade_task(config, train=False, evaluate=True)
+    if config.checkpoint.resume or config.checkpoint.every:
+        raise ConfigError(
+            "yatt dpo keeps no checkpoints (a run is short; a stopped one starts again): drop "
+            "checkpoint.resume and checkpoint.every"
+        )
+    if config.rollout.backend == "vllm":
+        raise ConfigError(
+            "yatt dpo samples and evaluates with rollout.backend=yatt or hf: vllm's engine "
+            "would keep its memory through training and not see the trained weights"
+        )
+    changed = [
+        dotted
+        for dotted in _UNREAD
+        if dotted.split(".")[1] in changed_settings(getattr(config, dotted.split(".")[0]))
+    ]
+    if changed:
+        raise ConfigError(
+            f"yatt dpo does not act on {', '.join(changed)} (it scores held-out prompts before "
+            "and after training, at full precision): drop them"
+        )
+
+
+def _encode(pairs: list[PreferencePair], tokenizer: Any) -> list[Encoded]:
+    """Each pair as token ids: the prompt, and each response followed by EOS (what the policy
+    generates after the prompt, and where it stops)."""
+    encoded = []
+    eos = tokenizer.eos_token_id
+    for pair in pairs:
+        prompt = tokenizer(pair.prompt, add_special_tokens=False)["input_ids"]
+        chosen, rejected = (
+            [*tokenizer(text, add_special_tokens=False)["input_ids"], eos]
+            for text in (pair.chosen, pair.rejected)
+        )
+        encoded.append((prompt, chosen, rejected))
+    return encoded
+
+
+def sequence_logprobs(
+    model: Any, prompts: list[list[int]], responses: list[list[int]],
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """log pi(response | prompt) of each row (N,): the sum of its response tokens'
+    log-probs, in one forward pass over the rows; rows of one of `groups` (N,), which share
+    their prompt, run it once (`shared_prefix_logits`: the same log-probs and gradients)."""
+    batch = RolloutBatch.from_token_lists(prompts, responses)
+    ids, attention, mask, prompt_width = trim_columns(
+        batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
+    )
+    if groups is None:
+        logits = response_logits(model, ids, attention, prompt_width)
+    else:
+        logits = shared_prefix_logits(model, ids, attention, prompt_width, groups)
+    logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
+    return (logp * mask).sum(dim=1)
+
+
+def _pair_logprobs(model: Any, pairs: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) sequence log-probs (N,) of `pairs`, their 2N rows in one pass that
+    runs each pair's prompt once."""
+    prompts = [prompt for prompt, _, _ in pairs] * 2
+    responses = [chosen for _, chosen, _ in pairs] + [rejected for _, _, rejected in pairs]
+    groups = torch.arange(len(pairs)).repeat(2)
+    logps = sequence_logprobs(model, prompts, responses, groups)
+    return logps[: len(pairs)], logps[len(pairs) :]
+
+
+@torch.no_grad()
+def _reference_logprobs(
+    model: Any, pairs: list[Encoded], batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's (chosen, rejected) log-probs of every pair, in eval mode, without
+    gradients: the frozen reference, before the first step."""
+    training = model.training
+    model.eval()
+    try:
+        parts = [_pair_logprobs(model, pairs[start : start + batch_size])
+                 for start in range(0, len(pairs), batch_size)]  # fmt: skip
+    finally:
+        model.train(training)
+    return torch.cat([c for c, _ in parts]), torch.cat([r for _, r in parts])
+
+
+def _fit(model: Any, tokenizer: Any, pairs: list[PreferencePair],
+         heldout: list[PreferencePair], heldout_set: list[Any], config: Config,
+         stream: MetricsLogger, row0: dict[str, float], progress: Any) -> None:  # fmt: skip
+    """Score the held-out prompts, train `train.steps` steps, score again; every row into
+    `stream`."""
+    from yatt.data import PromptSampler
+    from yatt.roles.policy import FiniteSteps, adamw_with_schedule, step_schedule
+
+    algo, total = config.algo, config.train.steps
+    encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
+    start_s = time.perf_counter()
+    reference = _reference_logprobs(model, encoded, algo.micro_batch_size)
+    heldout_reference = _reference_logprobs(model, heldout_encoded, algo.micro_batch_size)
+    row0 = {**row0, "dpo/pairs": float(len(pairs)), "dpo/heldout_pairs": float(len(heldout)),
+            "timing_s/reference": time.perf_counter() - start_s}  # fmt: skip
+    if heldout_set and config.eval.at_start:
+        row0.update(_heldout_accuracy(model, tokenizer, heldout_set, config))
+    stream.log(0, row0)
+    optimizer, scheduler = adamw_with_schedule(model, config.optim, config.optim.lr, total,
+                                               fused=True)  # fmt: skip
+    finite = FiniteSteps("dpo")
+    sampler = PromptSampler(len(encoded), config.data.seed + config.train.seed)
+    params = optimizer.param_groups[0]["params"]
+    model.train()
+    for step in range(1, total + 1):
+        step_s = time.perf_counter()
+        rows = sampler.take(algo.micro_batch_size)
+        chosen, rejected = _pair_logprobs(model, [encoded[i] for i in rows])
+        loss, reward_chosen, reward_rejected = dpo_loss(
+            chosen, rejected, reference[0][rows], reference[1][rows], algo.dpo_beta
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
+        finite.clip_and_step(optimizer, params, config.optim.grad_clip)
+        step_schedule(scheduler)
+        margin = reward_chosen - reward_rejected
+        row = {"dpo/loss": float(loss.detach()), "dpo/accuracy": float((margin > 0).float().mean()),
+               "dpo/margin": float(margin.mean()), "dpo/reward_chosen": float(reward_chosen.mean()),
+               "dpo/reward_rejected": float(reward_rejected.mean()), "dpo/lr": lr,
+               "timing_s/step": time.perf_counter() - step_s}  # fmt: skip
+        if step == total and config.eval.at_end:
+            if heldout:
+                row.update(_heldout_pairs(model, heldout_encoded, heldout_reference, config))
+            if heldout_set:
+                row.update(_heldout_accuracy(model, tokenizer, heldout_set, config))
+        stream.log(step, row)
+        if progress is not None:
+            progress(step, total, row)
+    model.eval()
+
+
+@torch.no_grad()
+def _heldout_pairs(model: Any, pairs: list[Encoded], reference: tuple[torch.Tensor, torch.Tensor],
+                   config: Config) -> dict[str, float]:  # fmt: skip
+    """The share of held-out pairs whose implicit rewards rank them right, and their mean
+    margin (eval mode, no gradients)."""
+    chosen, rejected = _reference_logprobs(model, pairs, config.algo.micro_batch_size)
+    beta = config.algo.dpo_beta
+    margin = beta * ((chosen - reference[0]) - (rejected - reference[1]))
+    return {"dpo/heldout_accuracy": float((margin > 0).float().mean()),
+            "dpo/heldout_margin": float(margin.mean())}  # fmt: skip
+
+
+def _heldout_accuracy(model: Any, tokenizer: Any, examples: list[Any],
+                      config: Config) -> dict[str, float]:  # fmt: skip
+    """`eval/accuracy` of greedy answers to `examples`, as `yatt train` measures it (a fresh
+    engine: it reads the weights as they are now)."""
+    from yatt.evaluate import evaluate_engine
+    from yatt.rollout import make_engine
+
+    start_s = time.perf_counter()
+    training = model.training
+    model.eval()
+    try:
+        engine = make_engine(config.rollout.backend, model, tokenizer)
+        cfg = config.eval
+        accuracy, _ = evaluate_engine(
+            engine, tokenizer, examples, batch_size=cfg.batch_size,
+            max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn,
+            stop=config.rollout.stop, use_chat_template=config.data.use_chat_template,
+        )  # fmt: skip
+    finally:
+        model.train(training)
+    eval_s = time.perf_counter() - start_s
+    logger.info("held-out accuracy %.1f%% on %d (%.1f s)", 100 * accuracy, len(examples), eval_s)
+    return {"eval/accuracy": accuracy, "eval/problems": float(len(examples)),
+            "timing_s/eval": eval_s}  # fmt: skip
+
+
+def _save(model: Any, tokenizer: Any, config: Config, folder: Path) -> Path:
+    """The trained model, its tokenizer and the run's config (`yatt eval` evaluates on its
+    data), written whole or not at all."""
+    from yatt.checkpoint import write_folder
+    from yatt.models import save_checkpoint
+
+    def write(staging: Path) -> None:
+        save_checkpoint(model, tokenizer, staging)
+        save_config(config, staging / "config.yaml")
+
+    with torch.no_grad():
+        return write_folder(folder, write)

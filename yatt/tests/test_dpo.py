@@ -1,0 +1,168 @@
+"""`yatt dpo`: the policy trained on preference pairs against itself before training, the DPO
+loss, the sequence log-probs it is made of, and the settings it refuses in one line."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from yatt.algos.losses import dpo_loss
+from yatt.cli import main
+from yatt.config import load_config
+from yatt.dpo import run_dpo, sequence_logprobs
+from yatt.errors import ConfigError
+from yatt.models import load_model, tiny_model
+from yatt.report import load_history, summary_table
+
+FAST = ["train.steps=4", "data.n_train=24", "data.n_heldout=8", "eval.n=8",
+        "algo.micro_batch_size=4"]  # fmt: skip
+
+
+def _rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "dpo_metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_dpo_loss_is_log_2_at_the_reference_and_pushes_chosen_up_and_rejected_down() -> None:
+    chosen = torch.tensor([-3.0, -5.0], requires_grad=True)
+    rejected = torch.tensor([-4.0, -2.0], requires_grad=True)
+    loss, reward_chosen, reward_rejected = dpo_loss(
+        chosen, rejected, chosen.detach(), rejected.detach(), beta=0.5
+    )
+    assert float(loss.detach()) == pytest.approx(math.log(2))
+    assert reward_chosen.tolist() == [0.0, 0.0] and reward_rejected.tolist() == [0.0, 0.0]
+    loss.backward()
+    assert (chosen.grad < 0).all() and (rejected.grad > 0).all()
+    # away from the reference: -log sigmoid(beta * ((c - rc) - (r - rr)))
+    logps = [torch.tensor([value]) for value in (-1.0, -6.0, -2.0, -4.0)]
+    loss, reward_chosen, _ = dpo_loss(*logps, beta=0.5)
+    assert float(loss) == pytest.approx(-math.log(1 / (1 + math.exp(-0.5 * 3.0))))
+    assert reward_chosen.tolist() == [0.5]
+
+
+def test_sequence_logprobs_sum_the_response_tokens_whatever_the_padding() -> None:
+    model, _ = tiny_model(seed=0)
+    model.eval()
+    prompts, responses = [[5, 6, 7], [8], [9, 10]], [[11, 12], [13, 14, 15], [16]]
+    with torch.no_grad():
+        batched = sequence_logprobs(model, prompts, responses)
+        for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            ids = torch.tensor([prompt + response])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+            own = sum(float(logp[len(prompt) - 1 + k, token]) for k, token in enumerate(response))
+            assert float(batched[row]) == pytest.approx(own, abs=1e-4)
+
+
+def test_a_pairs_shared_prompt_runs_once_with_the_same_logprobs_and_gradients() -> None:
+    model, _ = tiny_model(seed=0)
+    model = model.to(torch.float64).eval()  # (float64: the two orders of summing agree)
+    prompts, responses = [[5, 6, 7], [8], [5, 6, 7], [8]], [[11, 12], [13, 14, 15], [16], [17]]
+    groups = torch.tensor([0, 1, 0, 1])
+    rows = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(args[0].shape[0] if args else
+                                                 kwargs["hidden_states"].shape[0]),
+        with_kwargs=True,
+    )  # fmt: skip
+    try:
+        whole = sequence_logprobs(model, prompts, responses)
+        whole.sum().backward()
+        grads = [param.grad.clone() for param in model.parameters()]
+        model.zero_grad()
+        rows.clear()
+        shared = sequence_logprobs(model, prompts, responses, groups)
+        shared.sum().backward()
+    finally:
+        hook.remove()
+    assert rows == [2, 4]  # the 2 prompts once, then the 4 responses on their caches
+    assert torch.allclose(shared, whole, atol=1e-5)
+    for grad, param in zip(grads, model.parameters(), strict=True):
+        assert torch.allclose(param.grad, grad, atol=1e-5)
+
+
+def test_a_dpo_run_writes_its_curve_its_evaluations_and_a_model_yatt_eval_reads(tmp_path) -> None:
+    config = load_config("tiny_test", [*FAST, f"logging.run_dir={tmp_path / 'run'}"])
+    folder = run_dpo(config)
+    rows = _rows(tmp_path / "run")
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]
+    assert rows[0]["dpo/pairs"] == 24 and rows[0]["eval/problems"] == 8
+    # the first step's policy is the reference: every implicit reward is 0
+    assert rows[1]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert rows[1]["dpo/margin"] == pytest.approx(0.0, abs=1e-4)
+    assert {"dpo/heldout_accuracy", "eval/accuracy"} <= rows[-1].keys()
+    assert load_model(folder) is not None and (folder / "config.yaml").is_file()
+    assert summary_table(load_history(tmp_path / "run"), []).title == "yatt dpo summary"
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_dpo(config)
+
+
+def test_dpo_moves_the_policy_towards_the_chosen_responses(tmp_path) -> None:
+    """A tiny model on 8 slip pairs at a high rate: the loss falls well below log 2 and the
+    training pairs end ranked right, chosen rewards up and rejected ones down."""
+    config = load_config("tiny_test", [
+        "train.steps=30", "data.n_train=8", "data.n_heldout=8", "eval.n=8",
+        "algo.micro_batch_size=8", "algo.dpo_beta=0.5", "optim.lr=1e-3",
+        f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    run_dpo(config)
+    rows = _rows(tmp_path / "run")
+    last = rows[-1]
+    assert last["dpo/loss"] < 0.2 and last["dpo/accuracy"] == 1.0
+    assert last["dpo/reward_chosen"] > 0 > last["dpo/reward_rejected"]
+
+
+def test_dpo_with_lora_trains_the_adapters_alone(tmp_path) -> None:
+    from yatt.lora import has_lora
+
+    config = load_config("tiny_test", [*FAST, "model.lora_rank=4", "optim.lr=1e-3",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    folder = run_dpo(config)
+    assert (folder / "adapter.safetensors").is_file()
+    base, _ = tiny_model(seed=config.model.tiny_seed)
+    trained = load_model(folder)
+    assert not has_lora(trained)  # saved merged
+    changed = [name for name, param in trained.state_dict().items()
+               if not torch.equal(param, base.state_dict()[name])]  # fmt: skip
+    assert changed and all("proj" in name for name in changed)  # the adapted layers only
+
+
+def test_dpo_from_sampled_pairs_logs_what_the_samples_gave(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["dpo", "tiny_test", *FAST, "data.rejected=both", "logging.plots=true",
+                 f"logging.run_dir={run_dir}"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "yatt dpo summary" in err and "pairs from samples" in err
+    first = _rows(run_dir)[0]
+    assert first["dpo/sample_pairs"] > 0 and 0 <= first["dpo/samples_best"] <= 1
+    assert first["dpo/pairs"] > 24  # the slips and the sampled pairs
+    assert (run_dir / "dpo.png").stat().st_size > 0
+    # yatt eval reads the run's config, leaving its pair settings (training's) behind
+    assert main(["eval", str(run_dir / "model"), "eval.n=8"]) == 0
+    assert "accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [("checkpoint.every=2", "keeps no checkpoints"),
+     ("control.backend=ray", "yatt dpo runs in one process"),
+     ("train.time_limit_s=60", "does not act on train.time_limit_s"),
+     ("eval.every=2", "does not act on eval.every"),
+     ("rollout.backend=vllm", "rollout.backend=yatt or hf"),
+     ("algo.dpo_beta=0", "'algo.dpo_beta'"),
+     ("eval.reward_fn=reasoning_gym", "cannot grade data.task='addition'"),
+     ("data.rejected=samples reward.fns=[]", "for 'reward.fns'; expected at least one"),
+     ("data.rejected=both data.path=/x.jsonl", "a data.path file gives its own chosen")],
+)  # fmt: skip
+def test_yatt_dpo_refuses_what_it_cannot_do_in_one_line(tmp_path, capsys, override, problem):
+    run_dir = tmp_path / "run"
+    argv = ["dpo", "tiny_test", *FAST, *override.split(), f"logging.run_dir={run_dir}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("yatt: error: ") and problem in err[-1], err
+    assert not run_dir.exists()  # no empty run folder left behind
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "rm"])
+def test_other_jobs_refuse_dpo_beta(tmp_path, capsys, command) -> None:
+    argv = [command, "tiny_test", "algo.dpo_beta=0.3", f"logging.run_dir={tmp_path / 'run'}"]
+    assert main(argv) == 2
+    assert "reads no algo.dpo_beta" in capsys.readouterr().err
