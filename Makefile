@@ -57,6 +57,7 @@ bench: install
 	$(PY) yatt/bench/placement_ceiling.py --task countdown --samples 3 --short 4 --long 96,160 --tag countdown
 	$(PY) yatt/bench/placement_ceiling.py --lora-rank 8 --samples 3,6 --short 4 --long 96 --tag lora
 	$(PY) yatt/bench/trl_compare.py --steps 30 --threads 2
+	$(PY) yatt/bench/dpo_trl.py --threads 2
 	$(PY) tools/stitch_benchmarks.py
 
 # On a machine with a CUDA GPU: rollout and training throughput against HF at 0.5B/1.5B shapes.

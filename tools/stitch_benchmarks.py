@@ -30,6 +30,7 @@ ORDER = [
     "yatt_gpu",
     "yatt_gpu_control",
     "yatt_trl",
+    "yatt_dpo_trl",
     "yatt_demo",
     "yatt_control_controllers",
     "yatt_control_placement",
