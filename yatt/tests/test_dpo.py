@@ -90,7 +90,10 @@ def test_a_dpo_run_writes_its_curve_its_evaluations_and_a_model_yatt_eval_reads(
     assert rows[1]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-4)
     assert rows[1]["dpo/margin"] == pytest.approx(0.0, abs=1e-4)
     assert {"dpo/heldout_accuracy", "eval/accuracy"} <= rows[-1].keys()
-    assert load_model(folder) is not None and (folder / "config.yaml").is_file()
+    trained, (initial, _) = load_model(folder), tiny_model(seed=config.model.tiny_seed)
+    assert any(not torch.equal(param, initial.state_dict()[name])
+               for name, param in trained.state_dict().items())  # fmt: skip
+    assert (folder / "config.yaml").is_file()
     assert summary_table(load_history(tmp_path / "run"), []).title == "yatt dpo summary"
     with pytest.raises(ConfigError, match="already holds a run"):
         run_dpo(config)
@@ -146,6 +149,7 @@ def test_dpo_from_sampled_pairs_logs_what_the_samples_gave(tmp_path, capsys) -> 
      ("control.backend=ray", "yatt dpo runs in one process"),
      ("train.time_limit_s=60", "does not act on train.time_limit_s"),
      ("eval.every=2", "does not act on eval.every"),
+     ("train.shared_prefix=false", "does not act on train.shared_prefix"),
      ("rollout.backend=vllm", "rollout.backend=yatt or hf"),
      ("algo.dpo_beta=0", "'algo.dpo_beta'"),
      ("eval.reward_fn=reasoning_gym", "cannot grade data.task='addition'"),
@@ -166,3 +170,43 @@ def test_other_jobs_refuse_dpo_beta(tmp_path, capsys, command) -> None:
     argv = [command, "tiny_test", "algo.dpo_beta=0.3", f"logging.run_dir={tmp_path / 'run'}"]
     assert main(argv) == 2
     assert "reads no algo.dpo_beta" in capsys.readouterr().err
+
+
+def test_a_run_that_scores_nothing_held_out_trains_and_saves(tmp_path) -> None:
+    config = load_config("tiny_test", [*FAST, "eval.n=0", f"logging.run_dir={tmp_path / 'run'}"])
+    assert run_dpo(config).is_dir()
+    rows = _rows(tmp_path / "run")
+    assert rows[0]["dpo/heldout_pairs"] == 0 and len(rows) == 5
+    assert not any("eval/accuracy" in row or "dpo/heldout_accuracy" in row for row in rows)
+
+
+def _pair_file(path, answers: bool) -> None:
+    rows = [{"prompt": f"What is {k} + 1?", "chosen": str(k + 1), "rejected": f"{k + 3} or so",
+             **({"answer": str(k + 1)} if answers else {})} for k in range(30)]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_pair_file_trains_and_ranks_its_held_out_pairs(tmp_path, caplog, answers) -> None:
+    """A plain prompt/chosen/rejected file has no answers to grade: its held-out pairs are
+    ranked and no accuracy is claimed (a warning says so); with answers, both."""
+    path = tmp_path / "pairs.jsonl"
+    _pair_file(path, answers)
+    config = load_config("tiny_test", [*FAST, f"data.path={path}",
+                                       f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    run_dpo(config)
+    last = _rows(tmp_path / "run")[-1]
+    assert "dpo/heldout_accuracy" in last and ("eval/accuracy" in last) is answers
+    assert ("measures no held-out accuracy" in caplog.text) is not answers
+
+
+def test_a_pair_file_with_some_answers_missing_is_one_line(tmp_path, capsys) -> None:
+    path = tmp_path / "pairs.jsonl"
+    _pair_file(path, answers=True)
+    lines = path.read_text().splitlines()
+    lines = [json.dumps({k: v for k, v in json.loads(line).items() if k != "answer"})
+             if index % 2 else line for index, line in enumerate(lines)]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    argv = ["dpo", "tiny_test", *FAST, f"data.path={path}", f"logging.run_dir={tmp_path / 'r'}"]
+    assert main(argv) == 2
+    assert "answer" in capsys.readouterr().err and not (tmp_path / "r").exists()

@@ -38,6 +38,8 @@ def test_the_yatt_run_takes_the_shared_settings(tmp_path):
     assert (config.optim.weight_decay, config.optim.grad_clip) == (0.0, 1.0)
     assert (config.train.steps, config.train.torch_threads) == (7, 3)
     assert (config.data.n_heldout, config.eval.n) == (16, 16)
+    assert (config.data.seed, config.train.seed) == (0, 0)
+    assert (config.optim.beta1, config.optim.beta2, config.optim.eps) == (0.9, 0.999, 1e-8)
 
 
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--threads", "0"]])
@@ -49,7 +51,7 @@ def test_bad_arguments_exit(argv):
 def _run(step_s: float, reference_s: float) -> dict:
     return {"version": "x", "reference_s": reference_s, "step_s": [step_s] * 10,
             "loss": [0.6931] + [0.3] * 9, "accuracy_before": 0.1, "accuracy_after": 0.3,
-            "pairs": 80, "heldout_pairs_right": 0.9, "tokens_match_yatt": True}  # fmt: skip
+            "pairs": 80, "heldout_pairs_right": 0.9, "token_mismatches": 0}  # fmt: skip
 
 
 def test_the_report_gives_the_ratios_it_measured(tmp_path):
@@ -64,4 +66,5 @@ def test_the_report_gives_the_ratios_it_measured(tmp_path):
     assert "**2.50x** faster than TRL (median)" in text  # 5.0 / 2.0
     assert "reference pass plus steps: 2.33x" in text  # (20 + 50) / (10 + 20)
     assert "| held-out accuracy after | 30.0% | 30.0% |" in text
+    assert "Responses TRL tokenised otherwise than yatt: 0 of 160" in text
     assert (tmp_path / "yatt_dpo_trl.png").stat().st_size > 0

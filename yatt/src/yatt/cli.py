@@ -93,7 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     prepare = model_commands.add_parser("prepare", help="convert a bundled model to safetensors")
     prepare.add_argument("name", help="a known model name, e.g. smollm2")
     report = commands.add_parser("report", help="summary table and plots of a run folder")
-    report.add_argument("run_dir", help="a run folder (logging.run_dir) of yatt train, sft or rm")
+    report.add_argument(
+        "run_dir", help="a run folder (logging.run_dir) of yatt train, sft, rm or dpo"
+    )
     report.add_argument("--no-plots", action="store_true", help="only print the summary table")
     demo = commands.add_parser("demo", help="GRPO on two-digit addition; learns in ~10 minutes")
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo preset")

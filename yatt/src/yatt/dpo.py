@@ -38,7 +38,7 @@ from yatt.algos.losses import dpo_loss
 from yatt.batch import RolloutBatch
 from yatt.common import MetricsLogger, seed_everything
 from yatt.config import Config, changed_settings, save_config
-from yatt.errors import ConfigError, DataError
+from yatt.errors import ConfigError, DataError, ModelError
 from yatt.pairs import (
     PreferencePair,
     check_sampled_pairs,
@@ -55,7 +55,7 @@ from yatt.roles._forward import (
     trim_columns,
 )
 
-__all__ = ["run_dpo", "sequence_logprobs"]
+__all__ = ["pair_sampler", "run_dpo", "sequence_logprobs"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ METRICS_FILE = "dpo_metrics.jsonl"
 MODEL_FOLDER = "model"
 # Settings of the sections `yatt dpo` reads that it does not act on: refused when changed.
 _UNREAD = ("train.time_limit_s", "train.gradient_checkpointing", "train.bf16_autocast",
-           "eval.every")  # fmt: skip
+           "train.shared_prefix", "eval.every")  # fmt: skip
 
 # A pair as token ids: (prompt, chosen response + EOS, rejected response + EOS).
 Encoded = tuple[list[int], list[int], list[int]]
@@ -79,7 +79,6 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
     leave nothing to train on (DataError), leave no run folder.
     """
     from yatt.builders import build_data, build_model
-    from yatt.run_checks import check_rows_have_answers
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
@@ -96,18 +95,20 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
     responses = preferred_responses(examples, config) if kind != "samples" else []
     if kind != "slips":
         list(map(reference_answer, examples))  # bad rows fail here, before the folder is claimed
-    check_rows_have_answers(config, [], heldout_set, train=False, evaluate=bool(heldout_set))
+    accuracy_set = heldout_set if _measures_accuracy(config, heldout_set) else []
     claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
     with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         model, tokenizer = build_model(config.model)
+        _without_dropout(model)
         sampled = sample_pairs(model, tokenizer, train_set, heldout_set, config, "dpo/")
         train_sampled, heldout_sampled, row0 = sampled
         split = len(train_set)
         pairs = pairs_of(train_set, tokenizer, config, responses[:split], train_sampled)
         heldout = pairs_of(heldout_set, tokenizer, config, responses[split:], heldout_sampled)
         check_sampled_pairs(config, train_sampled, heldout_sampled)
+        encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
     logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
                 len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
@@ -115,12 +116,46 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
     board = run_dir / "tensorboard" if config.logging.tensorboard else None
     stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
     try:
-        _fit(model, tokenizer, pairs, heldout, heldout_set, config, stream, row0, progress)
+        _fit(model, tokenizer, encoded, heldout_encoded, accuracy_set, config, stream, row0,
+             progress)  # fmt: skip
     finally:
         stream.close()
     folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
     logger.info("DPO done: model saved in %s (yatt eval %s)", folder, folder)
     return folder
+
+
+def _measures_accuracy(config: Config, heldout_set: list[Any]) -> bool:
+    """Whether held-out accuracy is measured on `heldout_set`: rows from a file must carry what
+    `eval.reward_fn` grades against. A file none of whose held-out rows holds an answer (a
+    plain prompt/chosen/rejected file) has its held-out pairs ranked alone, as a warning says;
+    one with some answers missing is a DataError naming the first such row."""
+    from yatt.run_checks import check_rows_have_answers
+
+    if not heldout_set:
+        return False
+    try:
+        check_rows_have_answers(config, [], heldout_set, train=False, evaluate=True)
+    except DataError:
+        if not config.data.path or any(example.answer is not None for example in heldout_set):
+            raise
+        logger.warning(
+            "the held-out rows of %s hold no answer for eval.reward_fn=%s to grade: yatt dpo "
+            "ranks the held-out pairs and measures no held-out accuracy",
+            config.data.path, config.eval.reward_fn,
+        )  # fmt: skip
+        return False
+    return True
+
+
+def _without_dropout(model: Any) -> None:
+    """Dropout off (as TRL's `disable_dropout` does): the policy's log-probs in training mode
+    are then those of the reference, computed in eval mode, at step 1."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def _check_settings(config: Config) -> None:
@@ -162,9 +197,12 @@ def _check_settings(config: Config) -> None:
 
 def _encode(pairs: list[PreferencePair], tokenizer: Any) -> list[Encoded]:
     """Each pair as token ids: the prompt, and each response followed by EOS (what the policy
-    generates after the prompt, and where it stops)."""
-    encoded = []
+    generates after the prompt, and where it stops). ModelError for a tokenizer without EOS."""
     eos = tokenizer.eos_token_id
+    if eos is None:
+        name = getattr(tokenizer, "name_or_path", "?")
+        raise ModelError(f"yatt dpo ends each response with EOS, and tokenizer {name!r} has none")
+    encoded = []
     for pair in pairs:
         prompt = tokenizer(pair.prompt, add_special_tokens=False)["input_ids"]
         chosen, rejected = (
@@ -220,20 +258,21 @@ def _reference_logprobs(
     return torch.cat([c for c, _ in parts]), torch.cat([r for _, r in parts])
 
 
-def _fit(model: Any, tokenizer: Any, pairs: list[PreferencePair],
-         heldout: list[PreferencePair], heldout_set: list[Any], config: Config,
-         stream: MetricsLogger, row0: dict[str, float], progress: Any) -> None:  # fmt: skip
-    """Score the held-out prompts, train `train.steps` steps, score again; every row into
-    `stream`."""
-    from yatt.data import PromptSampler
+def _fit(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list[Encoded],
+         heldout_set: list[Any], config: Config, stream: MetricsLogger, row0: dict[str, float],
+         progress: Any) -> None:  # fmt: skip
+    """Score the held-out prompts (`heldout_set`, none where accuracy is not measured), train
+    `train.steps` steps, score again, ranking the `heldout` pairs; every row into `stream`."""
     from yatt.roles.policy import FiniteSteps, adamw_with_schedule, step_schedule
 
     algo, total = config.algo, config.train.steps
-    encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
     start_s = time.perf_counter()
     reference = _reference_logprobs(model, encoded, algo.micro_batch_size)
-    heldout_reference = _reference_logprobs(model, heldout_encoded, algo.micro_batch_size)
-    row0 = {**row0, "dpo/pairs": float(len(pairs)), "dpo/heldout_pairs": float(len(heldout)),
+    ranks = bool(heldout) and config.eval.at_end
+    heldout_reference = (
+        _reference_logprobs(model, heldout, algo.micro_batch_size) if ranks else None
+    )
+    row0 = {**row0, "dpo/pairs": float(len(encoded)), "dpo/heldout_pairs": float(len(heldout)),
             "timing_s/reference": time.perf_counter() - start_s}  # fmt: skip
     if heldout_set and config.eval.at_start:
         row0.update(_heldout_accuracy(model, tokenizer, heldout_set, config))
@@ -241,7 +280,7 @@ def _fit(model: Any, tokenizer: Any, pairs: list[PreferencePair],
     optimizer, scheduler = adamw_with_schedule(model, config.optim, config.optim.lr, total,
                                                fused=True)  # fmt: skip
     finite = FiniteSteps("dpo")
-    sampler = PromptSampler(len(encoded), config.data.seed + config.train.seed)
+    sampler = pair_sampler(config, len(encoded))
     params = optimizer.param_groups[0]["params"]
     model.train()
     for step in range(1, total + 1):
@@ -262,14 +301,22 @@ def _fit(model: Any, tokenizer: Any, pairs: list[PreferencePair],
                "dpo/reward_rejected": float(reward_rejected.mean()), "dpo/lr": lr,
                "timing_s/step": time.perf_counter() - step_s}  # fmt: skip
         if step == total and config.eval.at_end:
-            if heldout:
-                row.update(_heldout_pairs(model, heldout_encoded, heldout_reference, config))
+            if heldout_reference is not None:
+                row.update(_heldout_pairs(model, heldout, heldout_reference, config))
             if heldout_set:
                 row.update(_heldout_accuracy(model, tokenizer, heldout_set, config))
         stream.log(step, row)
         if progress is not None:
             progress(step, total, row)
     model.eval()
+
+
+def pair_sampler(config: Config, count: int) -> Any:
+    """The order the training pairs are taken in: `yatt.data.PromptSampler` over `count`
+    pairs, seeded by `data.seed + train.seed` (each step takes `algo.micro_batch_size`)."""
+    from yatt.data import PromptSampler
+
+    return PromptSampler(count, config.data.seed + config.train.seed)
 
 
 @torch.no_grad()

@@ -472,8 +472,9 @@ def _metrics_file(run_dir: Path) -> Path:
 
 def load_history(run_dir: Path) -> list[dict[str, Any]]:
     """The metric rows of `run_dir/metrics.jsonl` (an RL run, single-process or Ray), or else of
-    `run_dir/sft_metrics.jsonl` (an SFT run: rows with `sft/loss`); `run_dir` may also name one
-    of those files.
+    `run_dir/sft_metrics.jsonl` (an SFT run: rows with `sft/loss`), `rm_metrics.jsonl` (a
+    reward model's) or `dpo_metrics.jsonl` (a DPO run's); `run_dir` may also name one of
+    those files.
 
     A torn last line (the run stopped mid-write: the start of a JSON object, no newline after
     it) is left out, with a warning. A value that is not a number is left out of its row, with
