@@ -39,15 +39,7 @@ from yatt.batch import RolloutBatch
 from yatt.common import MetricsLogger, seed_everything
 from yatt.config import Config, changed_settings, save_config
 from yatt.errors import ConfigError, DataError, ModelError
-from yatt.pairs import (
-    PreferencePair,
-    check_sampled_pairs,
-    check_sampling_settings,
-    pairs_of,
-    preferred_responses,
-    reference_answer,
-    sample_pairs,
-)
+from yatt.pairs import PreferencePair, check_sampling_settings, make_pairs, pair_examples
 from yatt.roles._forward import (
     response_logits,
     shared_prefix_logits,
@@ -78,39 +70,21 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
     rows, before the run folder is claimed; a model that does not load, or sampled pairs that
     leave nothing to train on (DataError), leave no run folder.
     """
-    from yatt.builders import build_data, build_model
+    from yatt.builders import build_model
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
     _check_settings(config)
-    train_set, heldout_set = build_data(config.data)
-    scored = config.eval.n and (config.eval.at_start or config.eval.at_end)
-    if not heldout_set and scored:
-        raise DataError(
-            f"yatt dpo scores eval.n={config.eval.n} held-out prompts, but data holds none out "
-            "(set data.n_heldout, or eval.n=0)"
-        )
-    heldout_set = heldout_set[: config.eval.n] if scored else []
-    examples, kind = [*train_set, *heldout_set], config.data.rejected
-    responses = preferred_responses(examples, config) if kind != "samples" else []
-    if kind != "slips":
-        list(map(reference_answer, examples))  # bad rows fail here, before the folder is claimed
-    accuracy_set = heldout_set if _measures_accuracy(config, heldout_set) else []
+    examples = pair_examples(config, "yatt dpo")
+    accuracy_set = examples[1] if _measures_accuracy(config, examples[1]) else []
     claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
     with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         model, tokenizer = build_model(config.model)
         _without_dropout(model)
-        sampled = sample_pairs(model, tokenizer, train_set, heldout_set, config, "dpo/")
-        train_sampled, heldout_sampled, row0 = sampled
-        split = len(train_set)
-        pairs = pairs_of(train_set, tokenizer, config, responses[:split], train_sampled)
-        heldout = pairs_of(heldout_set, tokenizer, config, responses[split:], heldout_sampled)
-        check_sampled_pairs(config, train_sampled, heldout_sampled)
+        pairs, heldout, row0 = make_pairs(model, tokenizer, examples, config, "dpo/")
         encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
-    logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
-                len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
     save_config(config, run_dir)
     board = run_dir / "tensorboard" if config.logging.tensorboard else None

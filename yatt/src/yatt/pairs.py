@@ -24,6 +24,8 @@ __all__ = [
     "PreferencePair",
     "check_sampled_pairs",
     "check_sampling_settings",
+    "make_pairs",
+    "pair_examples",
     "pairs_of",
     "preference_pairs",
     "preferred_responses",
@@ -35,6 +37,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Sampled = tuple[str, str] | None  # a prompt's pair from its samples (chosen, rejected), or none
+Responses = tuple[str, str]  # a pair's (chosen, rejected) responses
 
 # What a wrong answer of a generated pair is off by: the slips of carrying and of a digit.
 _SLIPS = (-11, -10, -9, -2, -1, 1, 2, 9, 10, 11)
@@ -289,3 +292,56 @@ def pairs_of(
         pairs += preference_pairs([example for example, _ in kept], tokenizer, config,
                                   [pair for _, pair in kept])  # fmt: skip
     return pairs
+
+
+def pair_examples(config: Config, command: str) -> tuple[list[Any], list[Any], list[Responses]]:
+    """What a pair job (`command`: "yatt rm", "yatt dpo") reads: the training examples, the
+    held-out ones (the first `eval.n`, where it scores them before or after training; none
+    otherwise) and the (chosen, rejected) responses of file rows or slips, all examples' in
+    order (none with data.rejected=samples). Bad rows are refused here, before a run folder
+    is claimed.
+
+    Raises:
+        DataError: held-out examples to score and none held out; a row without both responses,
+            or without a reference answer where sampled pairs need one.
+    """
+    from yatt.builders import build_data
+
+    train_set, heldout_set = build_data(config.data)
+    scored = config.eval.n and (config.eval.at_start or config.eval.at_end)
+    if not heldout_set and scored:
+        raise DataError(
+            f"{command} scores the pairs of eval.n={config.eval.n} held-out prompts, but data "
+            "holds none out (set data.n_heldout, or eval.n=0)"
+        )
+    heldout_set = heldout_set[: config.eval.n] if scored else []
+    examples, kind = [*train_set, *heldout_set], config.data.rejected
+    responses = preferred_responses(examples, config) if kind != "samples" else []
+    if kind != "slips":
+        list(map(reference_answer, examples))
+    return train_set, heldout_set, responses
+
+
+def make_pairs(
+    causal_lm: Any, tokenizer: Any, examples: tuple[list[Any], list[Any], list[Responses]],
+    config: Config, prefix: str,
+) -> tuple[list[PreferencePair], list[PreferencePair], dict[str, float]]:  # fmt: skip
+    """The training and held-out pairs of `pair_examples`' `examples`, sampling `causal_lm`'s
+    completions where data.rejected asks for them, and the step-0 metrics of that sampling
+    (`sample_pairs`, under `prefix`).
+
+    Raises:
+        DataError: sampled pairs that leave nothing to train on or to score
+            (`check_sampled_pairs`).
+    """
+    train_set, heldout_set, responses = examples
+    train_sampled, heldout_sampled, row0 = sample_pairs(
+        causal_lm, tokenizer, train_set, heldout_set, config, prefix
+    )
+    split = len(train_set)
+    pairs = pairs_of(train_set, tokenizer, config, responses[:split], train_sampled)
+    heldout = pairs_of(heldout_set, tokenizer, config, responses[split:], heldout_sampled)
+    check_sampled_pairs(config, train_sampled, heldout_sampled)
+    logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
+                len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
+    return pairs, heldout, row0

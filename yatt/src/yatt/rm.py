@@ -41,16 +41,8 @@ import torch
 
 from yatt.common import MetricsLogger, seed_everything
 from yatt.config import Config, changed_settings, save_config
-from yatt.errors import ConfigError, DataError
-from yatt.pairs import (
-    PreferencePair,
-    check_sampled_pairs,
-    check_sampling_settings,
-    pairs_of,
-    preferred_responses,
-    reference_answer,
-    sample_pairs,
-)
+from yatt.errors import ConfigError
+from yatt.pairs import PreferencePair, check_sampling_settings, make_pairs, pair_examples
 
 __all__ = ["run_reward_model"]
 
@@ -68,44 +60,27 @@ def run_reward_model(config: Config, progress: Any = None) -> Path:
     rows, before the run folder is claimed; a model that does not load, or sampled pairs that
     leave nothing to train on or to score (DataError), leave no run folder.
     """
-    from yatt.builders import build_data, build_model
+    from yatt.builders import build_model
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
     _check_settings(config)
-    train_set, heldout_set = build_data(config.data)
-    scored = config.eval.n and (config.eval.at_start or config.eval.at_end)
-    if not heldout_set and scored:
-        raise DataError(
-            f"yatt rm scores the pairs of eval.n={config.eval.n} held-out prompts, but data "
-            "holds none out (set data.n_heldout, or eval.n=0)"
-        )
-    heldout_set = heldout_set[: config.eval.n] if scored else []
-    examples, kind = [*train_set, *heldout_set], config.data.rejected
-    responses = preferred_responses(examples, config) if kind != "samples" else []
-    if kind != "slips":
-        list(map(reference_answer, examples))  # bad rows fail here, before the folder is claimed
+    examples = pair_examples(config, "yatt rm")
+    heldout_set = examples[1]
     claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
     with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
         causal_lm, tokenizer = build_model(config.model)
-        train_sampled, heldout_sampled, row0 = sample_pairs(causal_lm, tokenizer, train_set,
-                                                            heldout_set, config, "rm/")  # fmt: skip
+        pairs, heldout, row0 = make_pairs(causal_lm, tokenizer, examples, config, "rm/")
         model = _reward_model(causal_lm, config)
         del causal_lm  # its LM head, if untied, is not needed again
-        split = len(train_set)
-        pairs = pairs_of(train_set, tokenizer, config, responses[:split], train_sampled)
-        heldout = pairs_of(heldout_set, tokenizer, config, responses[split:], heldout_sampled)
-        check_sampled_pairs(config, train_sampled, heldout_sampled)
-    logger.info("%d training pairs, %d held out; the first prefers %r over %r", len(pairs),
-                len(heldout), pairs[0].chosen, pairs[0].rejected)  # fmt: skip
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
     save_config(config, run_dir)
     board = run_dir / "tensorboard" if config.logging.tensorboard else None
     stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
     try:
-        heldout_slips = len(heldout_set) if kind == "both" else 0
+        heldout_slips = len(heldout_set) if config.data.rejected == "both" else 0
         if heldout and config.eval.at_start:
             row0.update(_heldout_metrics(model, tokenizer, heldout, heldout_slips))
         if row0:
