@@ -37,7 +37,7 @@ import torch
 from yatt.algos.losses import dpo_loss
 from yatt.batch import RolloutBatch
 from yatt.common import MetricsLogger, seed_everything
-from yatt.config import Config, changed_settings, save_config
+from yatt.config import Config, save_config
 from yatt.errors import ConfigError, DataError, ModelError
 from yatt.pairs import PreferencePair, check_sampling_settings, make_pairs, pair_examples
 from yatt.roles._forward import (
@@ -139,7 +139,11 @@ def _check_settings(config: Config) -> None:
     memory through training and not see the trained weights); and sampled pairs
     (`data.rejected`) that `check_sampling_settings` refuses, or rewards that cannot grade
     the task."""
-    from yatt.run_checks import check_job_settings, check_rewards_grade_task
+    from yatt.run_checks import (
+        check_job_settings,
+        check_rewards_grade_task,
+        check_short_job_settings,
+    )
 
     check_job_settings(config, "yatt dpo")
     if config.data.rejected != "slips":
@@ -147,26 +151,14 @@ def _check_settings(config: Config) -> None:
     check_rewards_grade_task(config, train=config.data.rejected != "slips", evaluate=None)
     if config.eval.n and (config.eval.at_start or config.eval.at_end):
         check_rewards_grade_task(config, train=False, evaluate=True)
-    if config.checkpoint.resume or config.checkpoint.every:
-        raise ConfigError(
-            "yatt dpo keeps no checkpoints (a run is short; a stopped one starts again): drop "
-            "checkpoint.resume and checkpoint.every"
-        )
     if config.rollout.backend == "vllm":
         raise ConfigError(
             "yatt dpo samples and evaluates with rollout.backend=yatt or hf: vllm's engine "
             "would keep its memory through training and not see the trained weights"
         )
-    changed = [
-        dotted
-        for dotted in _UNREAD
-        if dotted.split(".")[1] in changed_settings(getattr(config, dotted.split(".")[0]))
-    ]
-    if changed:
-        raise ConfigError(
-            f"yatt dpo does not act on {', '.join(changed)} (it scores held-out prompts before "
-            "and after training, at full precision): drop them"
-        )
+    check_short_job_settings(config, "yatt dpo", _UNREAD,
+                             "it scores held-out prompts before and after training, at full "
+                             "precision, with each pair's prompt run once")  # fmt: skip
 
 
 def _encode(pairs: list[PreferencePair], tokenizer: Any) -> list[Encoded]:

@@ -40,8 +40,7 @@ from typing import Any
 import torch
 
 from yatt.common import MetricsLogger, seed_everything
-from yatt.config import Config, changed_settings, save_config
-from yatt.errors import ConfigError
+from yatt.config import Config, save_config
 from yatt.pairs import PreferencePair, check_sampling_settings, make_pairs, pair_examples
 
 __all__ = ["run_reward_model"]
@@ -103,29 +102,19 @@ def _check_settings(config: Config) -> None:
     checkpoint settings (no checkpoints: a run is short, a stopped one starts again) and the
     `_UNREAD` ones, and bf16 training weights; and sampled pairs (`data.rejected`) with a
     data.path file, or without reward functions that can grade the task."""
-    from yatt.run_checks import check_job_settings, check_rewards_grade_task
+    from yatt.run_checks import (
+        check_job_settings,
+        check_rewards_grade_task,
+        check_short_job_settings,
+    )
 
     check_job_settings(config, "yatt rm")
     if config.data.rejected != "slips":
         check_sampling_settings(config)
         check_rewards_grade_task(config, evaluate=None)
-    checkpoint = config.checkpoint
-    if checkpoint.resume or checkpoint.every:
-        raise ConfigError(
-            "yatt rm keeps no checkpoints (a run is short; a stopped one starts again): drop "
-            "checkpoint.resume and checkpoint.every"
-        )
-    changed = [
-        dotted
-        for dotted in _UNREAD
-        if dotted.split(".")[1] in changed_settings(getattr(config, dotted.split(".")[0]))
-    ]
-    if changed:
-        raise ConfigError(
-            f"yatt rm does not act on {', '.join(changed)} (it trains the whole reward model "
-            "at optim.lr, a constant rate, and scores held-out pairs before and after): drop "
-            "them"
-        )
+    check_short_job_settings(config, "yatt rm", _UNREAD,
+                             "it trains the whole reward model at optim.lr, a constant rate, and "
+                             "scores held-out pairs before and after")  # fmt: skip
 
 
 def _reward_model(causal_lm: Any, config: Config) -> Any:

@@ -25,6 +25,7 @@ __all__ = [
     "check_prompts_fit_model",
     "check_rewards_grade_task",
     "check_rows_have_answers",
+    "check_short_job_settings",
     "check_training_dtype",
     "warn_if_nothing_kept",
 ]
@@ -179,6 +180,26 @@ def check_job_settings(config: Config, command: str) -> None:
     if command in ("yatt sft", "yatt rm", "yatt dpo"):
         check_no_control_settings(config, command)
     check_no_pair_settings(config, command)
+
+
+def check_short_job_settings(
+    config: Config, command: str, unread: Sequence[str], does: str
+) -> None:
+    """Refuse, for a `command` that keeps no checkpoints (`yatt rm`, `yatt dpo`: a run is
+    short, a stopped one starts again), checkpoint.resume and checkpoint.every, and any of the
+    dotted settings `unread` changed from its default (`does` says what it does instead)."""
+    if config.checkpoint.resume or config.checkpoint.every:
+        raise ConfigError(
+            f"{command} keeps no checkpoints (a run is short; a stopped one starts again): drop "
+            "checkpoint.resume and checkpoint.every"
+        )
+    changed = [
+        dotted
+        for dotted in unread
+        if dotted.split(".")[1] in changed_settings(getattr(config, dotted.split(".")[0]))
+    ]
+    if changed:
+        raise ConfigError(f"{command} does not act on {', '.join(changed)} ({does}): drop them")
 
 
 def check_no_pair_settings(config: Config, command: str) -> None:
