@@ -405,7 +405,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     win over them."""
     from yatt.builders import build_data, build_model
     from yatt.errors import ConfigError
-    from yatt.evaluate import evaluate_engine
+    from yatt.evaluate import evaluate_run
     from yatt.rollout import make_engine
     from yatt.run_checks import (
         check_budgets_fit_model,
@@ -428,12 +428,7 @@ def _eval(model: str, overrides: list[str]) -> None:
     check_rows_have_answers(config, (), heldout, train=False, evaluate=True)
     engine = make_engine(config.rollout.backend, policy.eval(), tokenizer)
     start_s = time.perf_counter()
-    accuracy, _ = evaluate_engine(
-        engine, tokenizer, heldout[: config.eval.n], batch_size=config.eval.batch_size,
-        max_new_tokens=config.eval.max_new_tokens, reward_fn=config.eval.reward_fn,
-        stop=config.rollout.stop,
-        use_chat_template=config.data.use_chat_template,
-    )  # fmt: skip
+    accuracy, _ = evaluate_run(engine, tokenizer, heldout[: config.eval.n], config)
     kind = f"problems of a split unlike the run's ({unlike})" if unlike else "problems"
     print(
         f"accuracy {100 * accuracy:.1f}% on {min(config.eval.n, len(heldout))} "

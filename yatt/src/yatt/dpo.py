@@ -35,17 +35,11 @@ from typing import Any
 import torch
 
 from yatt.algos.losses import dpo_loss
-from yatt.batch import RolloutBatch
 from yatt.common import MetricsLogger, seed_everything
 from yatt.config import Config, save_config
 from yatt.errors import ConfigError, DataError, ModelError
 from yatt.pairs import PreferencePair, check_sampling_settings, make_pairs, pair_examples
-from yatt.roles._forward import (
-    response_logits,
-    shared_prefix_logits,
-    token_logprobs_and_entropy,
-    trim_columns,
-)
+from yatt.roles._forward import response_token_logprobs
 
 __all__ = ["pair_sampler", "run_dpo", "sequence_logprobs"]
 
@@ -186,15 +180,7 @@ def sequence_logprobs(
     """log pi(response | prompt) of each row (N,): the sum of its response tokens'
     log-probs, in one forward pass over the rows; rows of one of `groups` (N,), which share
     their prompt, run it once (`shared_prefix_logits`: the same log-probs and gradients)."""
-    batch = RolloutBatch.from_token_lists(prompts, responses)
-    ids, attention, mask, prompt_width = trim_columns(
-        batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
-    )
-    if groups is None:
-        logits = response_logits(model, ids, attention, prompt_width)
-    else:
-        logits = shared_prefix_logits(model, ids, attention, prompt_width, groups)
-    logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
+    logp, mask = response_token_logprobs(model, prompts, responses, groups)
     return (logp * mask).sum(dim=1)
 
 
@@ -209,11 +195,11 @@ def _pair_logprobs(model: Any, pairs: list[Encoded]) -> tuple[torch.Tensor, torc
 
 
 @torch.no_grad()
-def _reference_logprobs(
+def _eval_logprobs(
     model: Any, pairs: list[Encoded], batch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's (chosen, rejected) log-probs of every pair, in eval mode, without
-    gradients: the frozen reference, before the first step."""
+    gradients (before the first step: the frozen reference)."""
     training = model.training
     model.eval()
     try:
@@ -233,11 +219,9 @@ def _fit(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list[Encod
 
     algo, total = config.algo, config.train.steps
     start_s = time.perf_counter()
-    reference = _reference_logprobs(model, encoded, algo.micro_batch_size)
+    reference = _eval_logprobs(model, encoded, algo.micro_batch_size)
     ranks = bool(heldout) and config.eval.at_end
-    heldout_reference = (
-        _reference_logprobs(model, heldout, algo.micro_batch_size) if ranks else None
-    )
+    heldout_reference = _eval_logprobs(model, heldout, algo.micro_batch_size) if ranks else None
     row0 = {**row0, "dpo/pairs": float(len(encoded)), "dpo/heldout_pairs": float(len(heldout)),
             "timing_s/reference": time.perf_counter() - start_s}  # fmt: skip
     if heldout_set and config.eval.at_start:
@@ -290,7 +274,7 @@ def _heldout_pairs(model: Any, pairs: list[Encoded], reference: tuple[torch.Tens
                    config: Config) -> dict[str, float]:  # fmt: skip
     """The share of held-out pairs whose implicit rewards rank them right, and their mean
     margin (eval mode, no gradients)."""
-    chosen, rejected = _reference_logprobs(model, pairs, config.algo.micro_batch_size)
+    chosen, rejected = _eval_logprobs(model, pairs, config.algo.micro_batch_size)
     beta = config.algo.dpo_beta
     margin = beta * ((chosen - reference[0]) - (rejected - reference[1]))
     return {"dpo/heldout_accuracy": float((margin > 0).float().mean()),
@@ -301,7 +285,7 @@ def _heldout_accuracy(model: Any, tokenizer: Any, examples: list[Any],
                       config: Config) -> dict[str, float]:  # fmt: skip
     """`eval/accuracy` of greedy answers to `examples`, as `yatt train` measures it (a fresh
     engine: it reads the weights as they are now)."""
-    from yatt.evaluate import evaluate_engine
+    from yatt.evaluate import evaluate_run
     from yatt.rollout import make_engine
 
     start_s = time.perf_counter()
@@ -309,12 +293,7 @@ def _heldout_accuracy(model: Any, tokenizer: Any, examples: list[Any],
     model.eval()
     try:
         engine = make_engine(config.rollout.backend, model, tokenizer)
-        cfg = config.eval
-        accuracy, _ = evaluate_engine(
-            engine, tokenizer, examples, batch_size=cfg.batch_size,
-            max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn,
-            stop=config.rollout.stop, use_chat_template=config.data.use_chat_template,
-        )  # fmt: skip
+        accuracy, _ = evaluate_run(engine, tokenizer, examples, config)
     finally:
         model.train(training)
     eval_s = time.perf_counter() - start_s

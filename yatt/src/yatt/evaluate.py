@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["evaluate_engine", "examples_due"]
+__all__ = ["evaluate_engine", "evaluate_run", "examples_due"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,21 @@ def evaluate_engine(
             )
     accuracy = sum(r["correct"] for r in records) / len(records)
     return accuracy, records
+
+
+def evaluate_run(
+    engine: Any, tokenizer: Any, examples: list[Any], config: Any,
+    numbers: Sequence[int] | None = None,
+) -> tuple[float, list[dict[str, Any]]]:  # fmt: skip
+    """`evaluate_engine` with a run's settings (`config`, a Config): eval.batch_size,
+    eval.max_new_tokens and eval.reward_fn, the run's stop strings (rollout.stop) and its
+    prompt rendering (data.use_chat_template)."""
+    cfg = config.eval
+    return evaluate_engine(
+        engine, tokenizer, examples, batch_size=cfg.batch_size,
+        max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn, stop=config.rollout.stop,
+        use_chat_template=config.data.use_chat_template, numbers=numbers,
+    )  # fmt: skip
 
 
 def _score(score_fn: Any, name: str, prompt: str, text: str, example: Any, where: str) -> float:

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from yatt.algos.losses import sft_loss
-from yatt.batch import RolloutBatch
 from yatt.checkpoint import (
     SFT,
     check_resumed_by,
@@ -50,7 +49,7 @@ from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
 from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
-from yatt.roles._forward import response_logits, token_logprobs_and_entropy, trim_columns
+from yatt.roles._forward import response_token_logprobs
 from yatt.roles.policy import (
     FiniteSteps,
     adamw_with_schedule,
@@ -79,13 +78,7 @@ def _encode_pairs(examples: list[Any], tokenizer: Any, use_chat_template: bool):
 
 def _pair_loss(model: Any, prompts: list[list[int]], answers: list[list[int]]) -> torch.Tensor:
     """Mean masked NLL of `answers` after `prompts` (one batch)."""
-    batch = RolloutBatch.from_token_lists(prompts, answers)
-    ids, attention, mask, prompt_width = trim_columns(
-        batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
-    )
-    logits = response_logits(model, ids, attention, prompt_width)
-    logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
-    return sft_loss(logp, mask)
+    return sft_loss(*response_token_logprobs(model, prompts, answers))
 
 
 @torch.no_grad()

@@ -243,7 +243,7 @@ class Trainer:
         until_step: stop after this step (the schedule still spans `train.steps`), e.g. to
         simulate an interrupted run.
         """
-        from yatt.evaluate import evaluate_engine, examples_due
+        from yatt.evaluate import examples_due
 
         cfg = self.config
         save_config(cfg, self.run_dir)
@@ -252,7 +252,7 @@ class Trainer:
         start_s = time.perf_counter()
         try:
             if cfg.eval.at_start and cfg.eval.n > 0 and self.step == 0:
-                row = self._evaluate(evaluate_engine, metrics_logger, cfg.eval.n)
+                row = self._evaluate(metrics_logger, cfg.eval.n)
                 result.evals.append((0, row["eval/accuracy"]))
             last_step = cfg.train.steps if until_step is None else min(cfg.train.steps, until_step)
             while self.step < last_step:
@@ -264,7 +264,7 @@ class Trainer:
                 failed: Exception | None = None
                 if n_examples:  # its seconds are logged, not kept in the step's row
                     try:
-                        row = self._evaluate(evaluate_engine, None, n_examples)
+                        row = self._evaluate(None, n_examples)
                     except Exception as error:  # (a reward's bug on one completion ...)
                         failed = error  # the step trained: its row and checkpoint stand
                     else:
@@ -463,13 +463,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ evals, sinks, checkpoints
 
-    def _evaluate(
-        self, evaluate_engine: Any, metrics_logger: MetricsLogger | None, n_examples: int
-    ) -> dict[str, float]:
+    def _evaluate(self, metrics_logger: MetricsLogger | None, n_examples: int) -> dict[str, float]:
         """Held-out accuracy on the first `n_examples` problems, as a row: `eval/accuracy`,
         `eval/problems` (how many were scored) and `timing_s/eval`; logged to
         `metrics_logger` when given."""
-        cfg = self.config.eval
+        from yatt.evaluate import evaluate_run
+
         examples = self.heldout_set[:n_examples]
         if self._eval_engine is None:  # held-out accuracy is the trained (fp32) model's own
             from yatt.rollout import make_engine
@@ -477,12 +476,7 @@ class Trainer:
             self._eval_engine = make_engine(self.config.rollout.backend, self.policy.model,
                                             self.tokenizer)  # fmt: skip
         with self.timer.phase("eval"):
-            accuracy, _ = evaluate_engine(
-                self._eval_engine, self.tokenizer, examples, batch_size=cfg.batch_size,
-                max_new_tokens=cfg.max_new_tokens, reward_fn=cfg.reward_fn,
-                stop=self.config.rollout.stop,
-                use_chat_template=self.config.data.use_chat_template,
-            )  # fmt: skip
+            accuracy, _ = evaluate_run(self._eval_engine, self.tokenizer, examples, self.config)
         eval_s = self.timer.pop().get("timing_s/eval", 0.0)
         logger.info("step %d: held-out accuracy %.1f%% on %d (%.1f s)", self.step, 100 * accuracy,
                     len(examples), eval_s)  # fmt: skip

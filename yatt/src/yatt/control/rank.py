@@ -404,7 +404,7 @@ class RankWorker:
         """Greedy held-out accuracy of this rank's policy on its share (every `world`-th) of
         the first `n_examples` held-out problems: (correct, evaluated). The ranks hold the same
         weights, so their shares add up to the whole set's score."""
-        from yatt.evaluate import evaluate_engine
+        from yatt.evaluate import evaluate_run
 
         assert self.policy is not None, f"{self.name} hosts no policy"
         numbers = range(self.rank, min(n_examples, len(self.heldout_set)), self.world)
@@ -413,13 +413,9 @@ class RankWorker:
         # built for each evaluation where the sampler's engine does not serve (its fused
         # weight copies would otherwise hold device memory for the rest of the run)
         engine = self._policy_engine()
-        cfg = self.config.eval
         with self._phase("policy", "eval"):
-            _, records = evaluate_engine(
-                engine, self.tokenizer, [self.heldout_set[i] for i in numbers],
-                batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                reward_fn=cfg.reward_fn, use_chat_template=self.config.data.use_chat_template,
-                stop=self.config.rollout.stop,
+            _, records = evaluate_run(
+                engine, self.tokenizer, [self.heldout_set[i] for i in numbers], self.config,
                 numbers=numbers,
             )  # fmt: skip
         return sum(record["correct"] for record in records), len(records)

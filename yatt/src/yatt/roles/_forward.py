@@ -84,6 +84,26 @@ def shared_prefix_logits(
     return logits
 
 
+def response_token_logprobs(
+    model, prompts: list[list[int]], responses: list[list[int]], groups: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Log-prob (B, R) of each response token after its prompt, from token lists, and the
+    response mask (B, R), in one pass over the rows (padded as `yatt.batch` pads them); rows
+    of one of `groups` (B,), which share their prompt, run it once (`shared_prefix_logits`)."""
+    from yatt.batch import RolloutBatch
+
+    batch = RolloutBatch.from_token_lists(prompts, responses)
+    ids, attention, mask, prompt_width = trim_columns(
+        batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
+    )
+    if groups is None:
+        logits = response_logits(model, ids, attention, prompt_width)
+    else:
+        logits = shared_prefix_logits(model, ids, attention, prompt_width, groups)
+    logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
+    return logp, mask
+
+
 def token_logprobs_and_entropy(
     logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
