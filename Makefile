@@ -45,6 +45,7 @@ bench: install
 	$(PY) -O dgcc/bench/wal_logging.py
 	$(PY) -O dgcc/bench/protocols.py --log
 	$(PY) -O dgcc/bench/protocols_nodes.py
+	$(PY) -O dgcc/bench/protocols_cpu.py
 	$(PY) -O dgcc/bench/postgres.py
 	$(PY) -O dgcc/bench/tpcc_soak.py --shadow serial
 	$(PY) yatt/bench/rollout.py

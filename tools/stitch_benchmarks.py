@@ -21,6 +21,7 @@ ORDER = [
     "dgcc_logging",
     "protocols",
     "protocols_nodes",
+    "protocols_cpu",
     "protocols_logged",
     "dgcc_postgres",
     "yatt_rollout",

@@ -67,6 +67,7 @@ def test_runs_scripts_in_order_and_stitches(tmp_path: Path) -> None:
         "cluster": "failed",
         "protocols": "skipped",
         "protocols_nodes": "skipped",
+        "protocols_cpu": "skipped",
         "wal_logging": "skipped",
         "postgres": "ok",
         "tpcc_soak": "skipped",

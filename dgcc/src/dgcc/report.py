@@ -42,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 # Run order; a script that is not in the checkout (yet) is reported as skipped.
 SCRIPTS = (
-    "engine", "cluster", "protocols", "protocols_nodes", "wal_logging", "postgres", "tpcc_soak",
+    "engine", "cluster", "protocols", "protocols_nodes", "protocols_cpu", "wal_logging",
+    "postgres", "tpcc_soak",
 )  # fmt: skip
 # Extra arguments of a full (not quick) run: the protocols sweep also logs its headline runs,
 # and the soak checks every batch against the serial executor.
