@@ -40,6 +40,50 @@ def test_the_dpo_loss_is_log_2_at_the_reference_and_pushes_chosen_up_and_rejecte
     assert reward_chosen.tolist() == [0.5]
 
 
+def _logsigmoid(x: float) -> float:
+    return -math.log1p(math.exp(-x))
+
+
+@pytest.mark.parametrize(
+    ("kind", "smoothing", "expected"),
+    [  # one pair: log-ratios chosen +2, rejected -1 (h = 3), 4 and 2 tokens, beta 0.5
+        ("sigmoid", 0.0, -_logsigmoid(1.5)),
+        ("sigmoid", 0.1, -0.9 * _logsigmoid(1.5) - 0.1 * _logsigmoid(-1.5)),
+        ("robust", 0.1, (-0.9 * _logsigmoid(1.5) + 0.1 * _logsigmoid(-1.5)) / 0.8),
+        ("hinge", 0.0, 0.0),  # 1 - 1.5 < 0
+        ("ipo", 0.0, (2 / 4 - (-1) / 2 - 1 / (2 * 0.5)) ** 2),  # per-token ratios: 0.5 + 0.5
+    ],
+)  # fmt: skip
+def test_each_dpo_loss_kind_is_its_function_of_the_log_ratios(kind, smoothing, expected) -> None:
+    logps = [torch.tensor([value]) for value in (-1.0, -6.0, -3.0, -5.0)]  # c, r, ref c, ref r
+    lengths = (torch.tensor([4]), torch.tensor([2]))
+    loss, chosen, rejected = dpo_loss(*logps, 0.5, kind, smoothing, lengths)
+    assert float(loss) == pytest.approx(expected)
+    assert (chosen.tolist(), rejected.tolist()) == ([1.0], [-0.5])  # beta x the log-ratios
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "robust", "hinge", "ipo"])
+def test_every_dpo_loss_pushes_chosen_up_and_rejected_down_at_the_reference(kind) -> None:
+    chosen = torch.tensor([-3.0, -5.0], requires_grad=True)
+    rejected = torch.tensor([-4.0, -2.0], requires_grad=True)
+    lengths = (torch.tensor([3, 5]), torch.tensor([2, 2]))
+    smoothing = 0.2 if kind in ("sigmoid", "robust") else 0.0
+    loss, _, _ = dpo_loss(chosen, rejected, chosen.detach(), rejected.detach(), 0.5, kind,
+                          smoothing, lengths)  # fmt: skip
+    loss.backward()
+    assert (chosen.grad < 0).all() and (rejected.grad > 0).all()
+
+
+def test_the_dpo_loss_refuses_what_it_cannot_compute() -> None:
+    logps = [torch.tensor([value]) for value in (-1.0, -6.0, -3.0, -5.0)]
+    with pytest.raises(ConfigError, match="unknown DPO loss 'kto'"):
+        dpo_loss(*logps, 0.5, "kto")
+    with pytest.raises(ConfigError, match=r"label smoothing must be in \[0, 0.5\)"):
+        dpo_loss(*logps, 0.5, "robust", 0.5)
+    with pytest.raises(ValueError, match="token counts"):
+        dpo_loss(*logps, 0.5, "ipo")
+
+
 def test_sequence_logprobs_sum_the_response_tokens_whatever_the_padding() -> None:
     model, _ = tiny_model(seed=0)
     model.eval()
@@ -113,6 +157,23 @@ def test_dpo_moves_the_policy_towards_the_chosen_responses(tmp_path) -> None:
     assert last["dpo/reward_chosen"] > 0 > last["dpo/reward_rejected"]
 
 
+@pytest.mark.parametrize("kind", ["robust", "hinge", "ipo"])
+def test_the_other_dpo_losses_learn_the_pairs_too(tmp_path, kind) -> None:
+    """The run above with each other loss: the training pairs end ranked right."""
+    smoothing = "0.1" if kind == "robust" else "0"
+    config = load_config("tiny_test", [
+        "train.steps=30", "data.n_train=8", "data.n_heldout=8", "eval.n=8",
+        "algo.micro_batch_size=8", "algo.dpo_beta=0.5", "optim.lr=1e-3",
+        f"algo.dpo_loss={kind}", f"algo.dpo_label_smoothing={smoothing}",
+        f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    folder = run_dpo(config)
+    rows = _rows(tmp_path / "run")
+    assert rows[-1]["dpo/accuracy"] == 1.0 and rows[-1]["dpo/loss"] < rows[1]["dpo/loss"]
+    assert rows[-1]["dpo/reward_chosen"] > 0 > rows[-1]["dpo/reward_rejected"]
+    if kind == "robust":  # yatt eval leaves the run's DPO settings behind
+        assert main(["eval", str(folder), "eval.n=4"]) == 0
+
+
 def test_dpo_with_lora_trains_the_adapters_alone(tmp_path) -> None:
     from yatt.lora import has_lora
 
@@ -152,6 +213,8 @@ def test_dpo_from_sampled_pairs_logs_what_the_samples_gave(tmp_path, capsys) -> 
      ("train.shared_prefix=false", "does not act on train.shared_prefix"),
      ("rollout.backend=vllm", "rollout.backend=yatt or hf"),
      ("algo.dpo_beta=0", "'algo.dpo_beta'"),
+     ("algo.dpo_loss=kto", "'algo.dpo_loss'; expected one of"),
+     ("algo.dpo_loss=ipo algo.dpo_label_smoothing=0.1", "0 with algo.dpo_loss=ipo"),
      ("eval.reward_fn=reasoning_gym", "cannot grade data.task='addition'"),
      ("data.rejected=samples reward.fns=[]", "for 'reward.fns'; expected at least one"),
      ("data.rejected=both data.path=/x.jsonl", "a data.path file gives its own chosen")],
@@ -166,10 +229,15 @@ def test_yatt_dpo_refuses_what_it_cannot_do_in_one_line(tmp_path, capsys, overri
 
 
 @pytest.mark.parametrize("command", ["train", "sft", "rm"])
-def test_other_jobs_refuse_dpo_beta(tmp_path, capsys, command) -> None:
+def test_other_jobs_refuse_dpo_settings(tmp_path, capsys, command) -> None:
     argv = [command, "tiny_test", "algo.dpo_beta=0.3", f"logging.run_dir={tmp_path / 'run'}"]
     assert main(argv) == 2
-    assert "reads no algo.dpo_beta" in capsys.readouterr().err
+    assert "reads no algo.dpo_* setting (yatt dpo's): drop algo.dpo_beta=0.3" in (
+        capsys.readouterr().err
+    )
+    argv[2:3] = ["algo.dpo_loss=robust", "algo.dpo_label_smoothing=0.1"]
+    assert main(argv) == 2
+    assert "drop algo.dpo_loss=robust algo.dpo_label_smoothing=0.1" in capsys.readouterr().err
 
 
 def test_a_run_that_scores_nothing_held_out_trains_and_saves(tmp_path) -> None:

@@ -448,6 +448,7 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     from yatt.checkpoint import policy_folder
     from yatt.config import AlgoConfig, EvalConfig, load_config
     from yatt.errors import ConfigError
+    from yatt.run_checks import DPO_SETTINGS
 
     folder = Path(model)
     _refuse_a_run_folder(folder)
@@ -463,7 +464,8 @@ def _eval_config(model: str, overrides: list[str]) -> tuple[Config, str]:
     logger.info("eval: using the run's config %s (overrides win over it)", saved)
     # (its control section is for training: one that needs LoRA, say, would refuse the merge;
     # so are a yatt dpo run's pair settings, which yatt eval refuses when asked for them)
-    pairs = ["data.rejected=slips", f"algo.dpo_beta={AlgoConfig.dpo_beta}"]
+    pairs = ["data.rejected=slips"]
+    pairs += [f"algo.{name}={getattr(AlgoConfig, name)}" for name in DPO_SETTINGS]
     config = load_config(str(saved), [*given, *pairs, *overrides], defaults_for=("control",))
     try:
         run = load_config(str(saved), given, defaults_for=("control",)).data

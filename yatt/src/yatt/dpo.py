@@ -5,7 +5,8 @@ Reads these sections of the RL config tree: model (the causal LM to train; `lora
 adapters on it), data (the pairs, as `yatt rm` makes them: `path` rows with `prompt`,
 `chosen` and `rejected`, or pairs made from `task` as `rejected` says: "slips", "samples" or
 "both", see `yatt.pairs`; `n_heldout`, `n_train`, `seed`, `use_chat_template`),
-algo (`dpo_beta`, and `micro_batch_size`: pairs per step), optim (lr, betas, eps,
+algo (`dpo_beta`, `dpo_loss`, `dpo_label_smoothing`, and `micro_batch_size`: pairs per
+step), optim (lr, betas, eps,
 weight_decay, schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads), eval (n:
 held-out prompts; at_start, at_end; max_new_tokens, batch_size, reward_fn), rollout (the
 sampling of "samples" pairs, and `stop` for the held-out answers), reward.fns (scoring the
@@ -13,7 +14,9 @@ sampled pairs) and logging.
 
 The loss of a pair is -log sigmoid(r_chosen - r_rejected), with the implicit reward
 r = dpo_beta * (log pi(response | prompt) - log pi_ref(response | prompt)) summed over the
-response's tokens and its EOS. The reference pi_ref is the model before training: its
+response's tokens and its EOS; `algo.dpo_loss` picks another function of the same log-ratios
+(robust, hinge or ipo: `yatt.algos.losses.dpo_loss`), and `algo.dpo_label_smoothing` smooths
+sigmoid (conservative DPO) and robust. The reference pi_ref is the model before training: its
 log-probs of every pair are computed once, before the first step, so no second copy of the
 model is held. What a run is for is measured twice: held-out accuracy (`eval/accuracy`, the
 share of the first `eval.n` held-out prompts whose greedy answer `eval.reward_fn` scores 1, as
@@ -236,10 +239,14 @@ def _fit(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list[Encod
     for step in range(1, total + 1):
         step_s = time.perf_counter()
         rows = sampler.take(algo.micro_batch_size)
-        chosen, rejected = _pair_logprobs(model, [encoded[i] for i in rows])
+        batch = [encoded[i] for i in rows]
+        chosen, rejected = _pair_logprobs(model, batch)
+        lengths = (torch.tensor([len(c) for _, c, _ in batch]),
+                   torch.tensor([len(r) for _, _, r in batch]))  # fmt: skip
         loss, reward_chosen, reward_rejected = dpo_loss(
-            chosen, rejected, reference[0][rows], reference[1][rows], algo.dpo_beta
-        )
+            chosen, rejected, reference[0][rows], reference[1][rows], algo.dpo_beta,
+            algo.dpo_loss, algo.dpo_label_smoothing, lengths,
+        )  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves

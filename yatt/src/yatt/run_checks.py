@@ -202,19 +202,21 @@ def check_short_job_settings(
         raise ConfigError(f"{command} does not act on {', '.join(changed)} ({does}): drop them")
 
 
+DPO_SETTINGS = ("dpo_beta", "dpo_loss", "dpo_label_smoothing")  # algo.*, read by yatt dpo alone
+
+
 def check_no_pair_settings(config: Config, command: str) -> None:
-    """Refuse `data.rejected` (how `yatt rm` and `yatt dpo` make their pairs) and
-    `algo.dpo_beta` (DPO's) for a `command` that reads them not, rather than ignore them."""
+    """Refuse `data.rejected` (how `yatt rm` and `yatt dpo` make their pairs) and DPO's
+    `algo.dpo_*` settings for a `command` that reads them not, rather than ignore them."""
     if config.data.rejected != "slips" and command not in ("yatt rm", "yatt dpo"):
         raise ConfigError(
             f"{command} makes no preference pairs and reads no data.rejected (a setting of yatt "
             f"rm and yatt dpo): drop data.rejected={config.data.rejected}"
         )
-    if "dpo_beta" in changed_settings(config.algo) and command != "yatt dpo":
-        raise ConfigError(
-            f"{command} reads no algo.dpo_beta (yatt dpo's): drop algo.dpo_beta="
-            f"{config.algo.dpo_beta}"
-        )
+    changed = [name for name in DPO_SETTINGS if name in changed_settings(config.algo)]
+    if changed and command != "yatt dpo":
+        given = " ".join(f"algo.{name}={getattr(config.algo, name)}" for name in changed)
+        raise ConfigError(f"{command} reads no algo.dpo_* setting (yatt dpo's): drop {given}")
 
 
 def check_no_control_settings(config: Config, command: str) -> None:

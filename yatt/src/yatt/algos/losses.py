@@ -21,6 +21,7 @@ from yatt.errors import ConfigError
 
 __all__ = [
     "AGG_MODES",
+    "DPO_LOSSES",
     "aggregate_loss",
     "bradley_terry_loss",
     "dpo_loss",
@@ -225,20 +226,56 @@ def bradley_terry_loss(
     return -F.logsigmoid(difference).mean()
 
 
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust")
+
+
 def dpo_loss(
     chosen_logp: Tensor,
     rejected_logp: Tensor,
     ref_chosen_logp: Tensor,
     ref_rejected_logp: Tensor,
     beta: float,
+    kind: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    lengths: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """DPO's loss (Rafailov et al. 2023): the Bradley–Terry loss of the implicit rewards
-    beta * (log pi(y|x) - log pi_ref(y|x)) of the chosen and rejected responses, from their
-    sequence log-probs (N,) under the policy and the reference. Returns (loss, the chosen
-    rewards, the rejected rewards), the rewards detached."""
-    chosen = beta * (chosen_logp - ref_chosen_logp)
-    rejected = beta * (rejected_logp - ref_rejected_logp)
-    return bradley_terry_loss(chosen, rejected), chosen.detach(), rejected.detach()
+    """A preference loss over the log-ratios h = (log pi - log pi_ref)(chosen) - (...)(rejected),
+    from sequence log-probs (N,) under the policy and the reference; the mean over pairs.
+
+    `kind`: "sigmoid", DPO's Bradley-Terry loss -log sigmoid(beta h) (Rafailov et al. 2023),
+    with `label_smoothing` e > 0 the conservative DPO that takes each label to be wrong with
+    probability e: -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h); "robust", the
+    unbiased loss under such label noise, (-(1 - e) log sigmoid(beta h) + e log sigmoid(-beta
+    h)) / (1 - 2e) (Chowdhury et al. 2024); "hinge", SLiC's max(0, 1 - beta h) (Zhao et al.
+    2023); "ipo", IPO's (h' - 1 / (2 beta))^2 (Azar et al. 2023), h' with each response's
+    log-ratio divided by its token count (`lengths`: the chosen and rejected counts, (N,)
+    each), as TRL computes it. Returns (loss, the chosen implicit rewards beta * (log pi - log
+    pi_ref), the rejected ones), the rewards detached.
+    """
+    if kind not in DPO_LOSSES:
+        raise ConfigError(f"unknown DPO loss {kind!r}: one of {DPO_LOSSES}")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ConfigError(f"DPO label smoothing must be in [0, 0.5), got {label_smoothing}")
+    chosen_ratio = chosen_logp - ref_chosen_logp
+    rejected_ratio = rejected_logp - ref_rejected_logp
+    logits = beta * (chosen_ratio - rejected_ratio)
+    if kind == "hinge":
+        losses = torch.relu(1.0 - logits)
+    elif kind == "ipo":
+        if lengths is None:
+            raise ValueError("the ipo loss needs the responses' token counts (lengths)")
+        chosen_tokens, rejected_tokens = (n.to(chosen_ratio.dtype).clamp(min=1) for n in lengths)
+        per_token = chosen_ratio / chosen_tokens - rejected_ratio / rejected_tokens
+        losses = (per_token - 1.0 / (2.0 * beta)) ** 2
+    else:
+        right, wrong = -F.logsigmoid(logits), -F.logsigmoid(-logits)
+        if kind == "robust":
+            losses = ((1.0 - label_smoothing) * right - label_smoothing * wrong) / (
+                1.0 - 2.0 * label_smoothing
+            )
+        else:
+            losses = (1.0 - label_smoothing) * right + label_smoothing * wrong
+    return losses.mean(), beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer_len: int, penalty: float) -> Tensor:

@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from yatt.algos.losses import AGG_MODES, DPO_LOSSES
 from yatt.control.config import RESPONSE_TOKENS_MAX, ControlConfig
 from yatt.data import TASKS
 from yatt.errors import ConfigError
@@ -44,7 +45,6 @@ __all__ = [
 # trainer and the distributed controllers alike (`AlgoConfig.estimator`).
 ESTIMATORS = {"grpo": "grpo", "ppo": "gae", "rloo": "rloo", "reinforce_pp": "reinforce_pp"}
 ALGOS = tuple(ESTIMATORS)
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 ROLLOUT_DTYPES = ("float32", "bfloat16")
 # The projections of a Llama-family decoder layer that LoRA adapters may sit on (model.lora_*).
@@ -313,11 +313,15 @@ class AlgoConfig:
     skip_zero_adv: bool = True
     tis_cap: float = 2.0  # truncated IS weight cap C (used when rollouts carry behaviour log-probs)
     dpo_beta: float = 0.1  # yatt dpo's beta: the KL weight of the objective DPO optimises
+    # yatt dpo's loss over the pair's log-ratio h: sigmoid (DPO), robust, hinge (SLiC) or ipo;
+    # label smoothing e (sigmoid: conservative DPO; robust: the label noise it corrects for)
+    dpo_loss: str = "sigmoid"
+    dpo_label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         check_section(self, "algo")
         _require(self.name in ALGOS, "algo.name", self.name, f"one of {ALGOS}")
-        _require(self.loss_agg in LOSS_AGGS, "algo.loss_agg", self.loss_agg, f"one of {LOSS_AGGS}")
+        _require(self.loss_agg in AGG_MODES, "algo.loss_agg", self.loss_agg, f"one of {AGG_MODES}")
         _require(self.kl_kind in KL_KINDS, "algo.kl_kind", self.kl_kind, f"one of {KL_KINDS}")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
         _require(self.ppo_passes >= 1, "algo.ppo_passes", self.ppo_passes, ">= 1")
@@ -338,6 +342,13 @@ class AlgoConfig:
         _require(self.overlong_penalty >= 0, "algo.overlong_penalty", self.overlong_penalty, ">= 0")
         _require(self.tis_cap >= 1, "algo.tis_cap", self.tis_cap, ">= 1")
         _require(self.dpo_beta > 0, "algo.dpo_beta", self.dpo_beta, "> 0")
+        _require(self.dpo_loss in DPO_LOSSES, "algo.dpo_loss", self.dpo_loss,
+                 f"one of {DPO_LOSSES}")  # fmt: skip
+        smoothing = self.dpo_label_smoothing
+        _require(0 <= smoothing < 0.5, "algo.dpo_label_smoothing", smoothing, "in [0, 0.5)")
+        smoothed = f"0 with algo.dpo_loss={self.dpo_loss} (it smooths sigmoid and robust)"
+        _require(smoothing == 0 or self.dpo_loss in ("sigmoid", "robust"),
+                 "algo.dpo_label_smoothing", smoothing, smoothed)  # fmt: skip
         token_level = ("ppo", "reinforce_pp")
         _require(
             not self.kl_in_reward or self.name in token_level,
