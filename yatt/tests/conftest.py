@@ -6,6 +6,7 @@ CI runs on two shared cores, so every test uses one intra-op thread and tiny mod
 import importlib.util
 import os
 import random
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -30,16 +31,27 @@ def _fixed_seeds() -> None:
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-@pytest.fixture
-def bench_script(monkeypatch):
-    """Loads a bench script by name (``"placement"``) as a module; the scripts beside it can
-    be imported, as when it runs."""
-    monkeypatch.syspath_prepend(str(BENCH))
-
-    def load(name: str) -> ModuleType:
-        spec = importlib.util.spec_from_file_location(f"yatt_bench_{name}", BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
+def load_bench(name: str) -> ModuleType:
+    """A bench script by name (``"placement"``) as a module, registered in ``sys.modules`` (its
+    dataclasses look their module up); the scripts beside it import as when it runs."""
+    spec = importlib.util.spec_from_file_location(f"yatt_bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    sys.path.insert(0, str(BENCH))
+    try:
         spec.loader.exec_module(module)
-        return module
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
 
-    return load
+
+@pytest.fixture
+def bench_script():
+    """Loads a bench script by name (``"placement"``) as a module (``load_bench``)."""
+    return load_bench
+
+
+@pytest.fixture(scope="module")
+def bench_module():
+    """``bench_script`` for a module-scoped fixture: a test module's one copy of its script."""
+    return load_bench

@@ -1,32 +1,16 @@
 """The DPO comparison script's settings, yatt config and report (no TRL, no runs)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from yatt.config import load_config
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "dpo_trl.py"
+
+@pytest.fixture(scope="module")
+def bench(bench_module):
+    return bench_module("dpo_trl")
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
-
-
-sys.path.insert(0, str(_PATH.parent))  # the script imports trl_compare and trl_report beside it
-try:
-    bench = _load("dpo_trl_bench", _PATH)
-finally:
-    sys.path.remove(str(_PATH.parent))
-
-
-def test_the_yatt_run_takes_the_shared_settings(tmp_path):
+def test_the_yatt_run_takes_the_shared_settings(bench, tmp_path):
     settings = bench.Settings(model="tiny", steps=7, threads=3, heldout=16)
     pairs, run_dir = tmp_path / "pairs.jsonl", tmp_path / "run"
     config = load_config("dpo_addition", bench.yatt_overrides(settings, pairs, run_dir))
@@ -43,7 +27,7 @@ def test_the_yatt_run_takes_the_shared_settings(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--threads", "0"]])
-def test_bad_arguments_exit(argv):
+def test_bad_arguments_exit(bench, argv):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
 
@@ -54,7 +38,7 @@ def _run(step_s: float, reference_s: float) -> dict:
             "pairs": 80, "heldout_pairs_right": 0.9, "token_mismatches": 0}  # fmt: skip
 
 
-def test_the_report_gives_the_ratios_it_measured(tmp_path):
+def test_the_report_gives_the_ratios_it_measured(bench, tmp_path):
     host = {"cpus": 2, "processor": "cpu", "python": "3", "torch": "t", "transformers": "tf",
             "trl": "1", "git_commit": "abc", "load_avg_1m": 1.0}  # fmt: skip
     payload = {"settings": vars(bench.Settings(steps=10)),

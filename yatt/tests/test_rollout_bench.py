@@ -1,17 +1,14 @@
 """yatt/bench/rollout.py's timing: what a cell's median is made of."""
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "rollout.py"
-_spec = importlib.util.spec_from_file_location("rollout_bench", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+
+@pytest.fixture(scope="module")
+def bench(bench_module):
+    return bench_module("rollout")
 
 
 class _Engine:
@@ -26,7 +23,7 @@ class _Engine:
         return [SimpleNamespace(token_ids=[7]) for _ in prompts]
 
 
-def test_every_engine_runs_a_cell_once_untimed_before_its_timed_runs():
+def test_every_engine_runs_a_cell_once_untimed_before_its_timed_runs(bench):
     """Every cell used to time each engine's first call at its shape, which pays allocations
     a GRPO loop sampling that shape every step does not: with 2 repeats, half the median."""
     engines = {"hf": _Engine(), "yatt": _Engine()}

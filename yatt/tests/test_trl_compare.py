@@ -2,30 +2,23 @@
 
 import dataclasses
 import importlib.metadata
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from yatt.config import load_config
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "trl_compare.py"
+
+@pytest.fixture(scope="module")
+def bench(bench_module):
+    return bench_module("trl_compare")
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def report(bench_module):
+    return bench_module("trl_report")  # what the script imports
 
 
-report = _load("trl_report", _PATH.with_name("trl_report.py"))  # what the script imports
-bench = _load("trl_compare_bench", _PATH)
-
-
-def test_defaults_are_the_reference_shape():
+def test_defaults_are_the_reference_shape(bench):
     settings = bench.settings_from_args(bench.parse_args(["--threads", "2"]))
     assert (settings.model, settings.steps, settings.threads) == ("smollm2", 30, 2)
     assert settings.batch_completions == 8
@@ -34,19 +27,19 @@ def test_defaults_are_the_reference_shape():
 
 
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--threads", "0"], ["--worker", "trl"]])
-def test_bad_arguments_exit(argv):
+def test_bad_arguments_exit(bench, argv):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
 
 
-def test_bad_settings_raise_naming_the_value():
+def test_bad_settings_raise_naming_the_value(bench):
     with pytest.raises(ValueError, match="'gpt2'"):
         bench.BenchSettings(model="gpt2")
     with pytest.raises(ValueError, match="-1"):
         bench.BenchSettings(steps=-1)
 
 
-def test_yatt_overrides_build_the_shared_config(tmp_path):
+def test_yatt_overrides_build_the_shared_config(bench, tmp_path):
     settings = bench.BenchSettings(model="tiny", steps=7, threads=3, seed=5)
     config = load_config("grpo_addition", bench.yatt_overrides(settings, str(tmp_path)))
     assert (config.model.path, config.model.dtype) == ("tiny", "float32")
@@ -61,7 +54,7 @@ def test_yatt_overrides_build_the_shared_config(tmp_path):
     assert config.eval.n == 0  # the bench evaluates both frameworks itself, the same way
 
 
-def test_trl_kwargs_mirror_the_yatt_config(tmp_path):
+def test_trl_kwargs_mirror_the_yatt_config(bench, tmp_path):
     settings = bench.BenchSettings(steps=9, seed=2)
     kwargs = bench.trl_config_kwargs(settings, str(tmp_path))
     config = load_config("grpo_addition", bench.yatt_overrides(settings, str(tmp_path)))
@@ -78,7 +71,7 @@ def test_trl_kwargs_mirror_the_yatt_config(tmp_path):
     assert kwargs["shuffle_dataset"] is False  # prompts come in yatt's sampler order
 
 
-def test_worker_command_passes_the_settings(tmp_path):
+def test_worker_command_passes_the_settings(bench, tmp_path):
     settings = bench.BenchSettings(model="tiny", steps=4, threads=1, seed=3, eval_every=2)
     command = bench.worker_command("trl", settings, tmp_path / "r.json")
     back = bench.settings_from_args(bench.parse_args(command[2:]))
@@ -87,7 +80,7 @@ def test_worker_command_passes_the_settings(tmp_path):
         bench.worker_command("jax", settings, tmp_path / "r.json")
 
 
-def test_missing_trl_without_install_raises(monkeypatch):
+def test_missing_trl_without_install_raises(bench, monkeypatch):
     real_version = importlib.metadata.version
 
     def version(name):
@@ -100,7 +93,7 @@ def test_missing_trl_without_install_raises(monkeypatch):
         bench.ensure_trl(allow_install=False)
 
 
-def test_summary_counts_completions_and_tokens():
+def test_summary_counts_completions_and_tokens(bench, report):
     settings = bench.BenchSettings(steps=2)
     steps = [
         {"step_s": 2.0, "reward": 0.5, "completion_tokens": 80.0, "phases_s": {"gen": 1.0}},
@@ -115,7 +108,7 @@ def test_summary_counts_completions_and_tokens():
     assert summary["phase_s_median"]["gen"] == pytest.approx(2.0)
 
 
-def test_trl_and_yatt_tokenise_the_prompt_identically():
+def test_trl_and_yatt_tokenise_the_prompt_identically(bench):
     from yatt.data import generate_task
     from yatt.models import load_tokenizer
 
@@ -123,14 +116,14 @@ def test_trl_and_yatt_tokenise_the_prompt_identically():
     assert bench.trl_prompt_ids_match(tokenizer, generate_task("addition", 1, seed=0)[0])
 
 
-def test_accuracy_is_measured_every_n_steps_and_at_the_end():
+def test_accuracy_is_measured_every_n_steps_and_at_the_end(bench):
     settings = bench.BenchSettings(steps=25, eval_every=10)
     assert [s for s in range(1, 26) if settings.evaluates_after(s)] == [10, 20, 25]
     with pytest.raises(ValueError, match="eval_every must be >= 1, got 0"):
         bench.BenchSettings(eval_every=0)
 
 
-def test_curve_table_lines_up_every_run_by_step():
+def test_curve_table_lines_up_every_run_by_step(report):
     curves = {"yatt": [(0, 0.1), (10, 0.5)], "yatt_bf16": [(0, 0.1), (10, 0.4)],
               "trl": [(0, 0.1), (10, 0.25)]}  # fmt: skip
     rows = report.curve_table(curves)
@@ -139,7 +132,7 @@ def test_curve_table_lines_up_every_run_by_step():
     assert report.curve_table({"yatt": [], "trl": [(0, 0.1)]}) == []
 
 
-def test_bf16_run_differs_from_the_fp32_run_only_in_the_rollout_dtype(tmp_path):
+def test_bf16_run_differs_from_the_fp32_run_only_in_the_rollout_dtype(bench, tmp_path):
     settings = bench.BenchSettings(model="tiny", steps=3)
     fp32 = load_config("grpo_addition", bench.yatt_overrides(settings, str(tmp_path)))
     bf16 = load_config(
@@ -155,7 +148,7 @@ def test_bf16_run_differs_from_the_fp32_run_only_in_the_rollout_dtype(tmp_path):
     assert bench.parse_args(command[2:]).worker == "yatt_bf16"
 
 
-def test_report_has_one_column_and_one_ratio_per_run():
+def test_report_has_one_column_and_one_ratio_per_run(bench, report):
     settings = bench.BenchSettings(steps=1, eval_every=1)
     summaries = {}
     for run, step_s in (("yatt", 2.0), ("yatt_bf16", 1.0), ("trl", 4.0)):
@@ -174,7 +167,7 @@ def test_report_has_one_column_and_one_ratio_per_run():
     assert "| 1 | 30.0% | 30.0% | 30.0% |" in text
 
 
-def test_training_wall_time_leaves_out_the_evaluations_made_during_training(monkeypatch):
+def test_training_wall_time_leaves_out_the_evaluations_made_during_training(bench, monkeypatch):
     """The step-0 evaluation runs before training starts: only the ones after it are taken
     out of the training wall time (it used to take out every one, step 0's included)."""
     clock = iter([0.0, 5.0, 5.0, 12.0, 15.0, 20.0])  # eval 0-5 s, train from 5, eval 12-15
