@@ -124,6 +124,47 @@ def test_a_pairs_shared_prompt_runs_once_with_the_same_logprobs_and_gradients() 
         assert torch.allclose(param.grad, grad, atol=1e-5)
 
 
+def test_a_batchs_common_prompt_start_runs_once_with_the_same_logprobs_and_gradients() -> None:
+    """Prompts that begin alike (a chat template's system turn): that beginning goes through
+    the model once, each pair's rest of its prompt once, then the responses."""
+    model, _ = tiny_model(seed=0)
+    model = model.to(torch.float64).eval()
+    system = list(range(20, 30))  # 10 shared tokens
+    prompts = [[*system, 5, 6, 7], [*system, 8], [*system, 5, 6, 7], [*system, 8]]
+    responses = [[11, 12], [13, 14, 15], [16], [17]]
+    groups = torch.tensor([0, 1, 0, 1])
+    widths = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple((args[0] if args else
+                                                          kwargs["hidden_states"]).shape[:2])),
+        with_kwargs=True,
+    )  # fmt: skip
+    try:
+        whole = sequence_logprobs(model, prompts, responses)
+        whole.sum().backward()
+        grads = [param.grad.clone() for param in model.parameters()]
+        model.zero_grad()
+        widths.clear()
+        shared = sequence_logprobs(model, prompts, responses, groups)
+        shared.sum().backward()
+    finally:
+        hook.remove()
+    # the 10 shared tokens once, the 2 prompts' own 3 columns, the 4 responses' 2 columns
+    assert widths == [(1, 10), (2, 3), (4, 2)]
+    assert torch.allclose(shared, whole, atol=1e-5)
+    for grad, param in zip(grads, model.parameters(), strict=True):
+        assert torch.allclose(param.grad, grad, atol=1e-5)
+
+
+def test_the_common_prompt_start_leaves_each_prompt_a_token_of_its_own() -> None:
+    from yatt.roles._forward import common_prefix_length
+
+    assert common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert common_prefix_length([[1, 2, 3], [1, 2]]) == 1
+    assert common_prefix_length([[1, 2, 3], [4, 2, 3]]) == 0
+    assert common_prefix_length([[7]]) == 0
+
+
 def test_a_dpo_run_writes_its_curve_its_evaluations_and_a_model_yatt_eval_reads(tmp_path) -> None:
     config = load_config("tiny_test", [*FAST, f"logging.run_dir={tmp_path / 'run'}"])
     folder = run_dpo(config)

@@ -182,14 +182,15 @@ def sequence_logprobs(
 ) -> torch.Tensor:  # fmt: skip
     """log pi(response | prompt) of each row (N,): the sum of its response tokens'
     log-probs, in one forward pass over the rows; rows of one of `groups` (N,), which share
-    their prompt, run it once (`shared_prefix_logits`: the same log-probs and gradients)."""
+    their prompt, run it once, and a start every prompt shares (a chat template's system
+    turn) runs once for all (`response_token_logprobs`: the same log-probs and gradients)."""
     logp, mask = response_token_logprobs(model, prompts, responses, groups)
     return (logp * mask).sum(dim=1)
 
 
 def _pair_logprobs(model: Any, pairs: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen, rejected) sequence log-probs (N,) of `pairs`, their 2N rows in one pass that
-    runs each pair's prompt once."""
+    runs each pair's prompt once (and the prompts' common start once)."""
     prompts = [prompt for prompt, _, _ in pairs] * 2
     responses = [chosen for _, chosen, _ in pairs] + [rejected for _, _, rejected in pairs]
     groups = torch.arange(len(pairs)).repeat(2)

@@ -57,12 +57,13 @@ def cache_kwarg(model: Any) -> str:
 
 def forward_on_prefix_cache(
     model: Any, prefix_output: Any, rows: torch.Tensor, input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor, **kwargs: Any,
 ) -> Any:  # fmt: skip
     """`model`'s forward over `input_ids` (B, S) after each row's prefix: the KV cache of
     `prefix_output` (one row per distinct prefix) repeated by `rows` (B,), and `attention_mask`
-    (B, P+S) over the prefix columns and the new ones. Gradients flow into the prefix pass,
-    so a group's rows share one prompt pass at the cost of none of their accuracy."""
+    (B, P+S) over the prefix columns and the new ones (`kwargs` go to the model, as
+    `logits_to_keep`). Gradients flow into the prefix pass, so a group's rows share one prompt
+    pass at the cost of none of their accuracy."""
     cache = (
         prefix_output.cache if hasattr(prefix_output, "cache") else prefix_output.past_key_values
     )
@@ -70,7 +71,7 @@ def forward_on_prefix_cache(
         layer.keys, layer.values = layer.keys[rows], layer.values[rows]
     positions = position_ids_from_mask(attention_mask)[:, -input_ids.shape[1] :]
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                 use_cache=True, **{cache_kwarg(model): cache})  # fmt: skip
+                 use_cache=True, **{cache_kwarg(model): cache}, **kwargs)  # fmt: skip
 
 
 # name -> (distribution that ships the GGUF, GGUF file name inside it)

@@ -84,14 +84,26 @@ def shared_prefix_logits(
     return logits
 
 
+# The fewest tokens all of a batch's prompts must share before `response_token_logprobs` runs
+# them once for the batch (a chat template's system turn is ~30 tokens of SmolLM2's prompts).
+COMMON_PREFIX_MIN = 8
+
+
 def response_token_logprobs(
     model, prompts: list[list[int]], responses: list[list[int]], groups: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Log-prob (B, R) of each response token after its prompt, from token lists, and the
     response mask (B, R), in one pass over the rows (padded as `yatt.batch` pads them); rows
-    of one of `groups` (B,), which share their prompt, run it once (`shared_prefix_logits`)."""
+    of one of `groups` (B,), which share their prompt, run it once (`shared_prefix_logits`),
+    and where every prompt begins with the same `COMMON_PREFIX_MIN` tokens or more (a chat
+    template's system turn), that beginning runs once for the whole batch
+    (`common_prefix_logits`)."""
     from yatt.batch import RolloutBatch
 
+    if groups is not None:
+        common = common_prefix_length(prompts)
+        if common >= COMMON_PREFIX_MIN:
+            return common_prefix_logits(model, prompts, responses, groups, common)
     batch = RolloutBatch.from_token_lists(prompts, responses)
     ids, attention, mask, prompt_width = trim_columns(
         batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
@@ -101,6 +113,56 @@ def response_token_logprobs(
     else:
         logits = shared_prefix_logits(model, ids, attention, prompt_width, groups)
     logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
+    return logp, mask
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """How many first tokens every prompt shares, leaving each at least one of its own (its
+    last token's logits predict its response's first)."""
+    shortest = min(len(prompt) for prompt in prompts)
+    first = prompts[0]
+    length = 0
+    while length < shortest - 1 and all(prompt[length] == first[length] for prompt in prompts):
+        length += 1
+    return length
+
+
+def common_prefix_logits(
+    model, prompts: list[list[int]], responses: list[list[int]], groups: Tensor, common: int
+) -> tuple[Tensor, Tensor]:
+    """`response_token_logprobs` in three passes that share work through KV caches: the
+    prompts' `common` first tokens once, each group's rest of its prompt once (left-padded, on
+    that cache), then the responses (right-padded, each on its group's cache). Gradients flow
+    through every cache, so log-probs and gradients equal the whole rows' (up to rounding)."""
+    distinct, inverse = torch.unique(groups, return_inverse=True)
+    first_row = [0] * len(distinct)
+    for row in reversed(range(len(prompts))):
+        first_row[int(inverse[row])] = row
+    rests = [prompts[row][common:] for row in first_row]
+    rest_width = max(len(rest) for rest in rests)
+    rest_ids = torch.zeros(len(rests), rest_width, dtype=torch.long)
+    rest_mask = torch.zeros(len(rests), common + rest_width, dtype=torch.long)
+    rest_mask[:, :common] = 1
+    for row, rest in enumerate(rests):
+        rest_ids[row, rest_width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+        rest_mask[row, common + rest_width - len(rest) :] = 1
+    shared = torch.tensor([prompts[0][:common]], dtype=torch.long)
+    output = model(input_ids=shared, use_cache=True, logits_to_keep=1)
+    output = forward_on_prefix_cache(model, output, torch.zeros(len(rests), dtype=torch.long),
+                                     rest_ids, rest_mask, logits_to_keep=1)  # fmt: skip
+    first_logits = output.logits[inverse]  # (B, 1, V): predicts each response's first token
+    width = max(max(len(response) for response in responses), 1)
+    ids = torch.zeros(len(responses), width, dtype=torch.long)
+    mask = torch.zeros(len(responses), width)
+    for row, response in enumerate(responses):
+        ids[row, : len(response)] = torch.tensor(response, dtype=torch.long)
+        mask[row, : len(response)] = 1
+    logits = first_logits
+    if width > 1:
+        full_mask = torch.cat([rest_mask[inverse], mask[:, :-1].long()], dim=1)
+        output = forward_on_prefix_cache(model, output, inverse, ids[:, :-1], full_mask)
+        logits = torch.cat([first_logits, output.logits], dim=1)  # (B, R, V)
+    logp, _ = token_logprobs_and_entropy(logits, ids, 1.0, False)
     return logp, mask
 
 
