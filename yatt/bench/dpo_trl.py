@@ -331,8 +331,9 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{runs['trl']['pairs']} pairs of its steps alone. "
         f"Sampling the pairs took {made['sampling_s']:.0f} s (once, for both). Responses TRL "
         f"tokenised otherwise than yatt: {_mismatches(runs['trl'])}. yatt runs "
-        "each pair's prompt once for its two responses (the KV cache of the prompt shared); TRL "
-        "runs the chosen and the rejected rows whole.",
+        "each pair's prompt once for its two responses (the KV cache of the prompt shared), and "
+        "the start all of a step's prompts share (the chat template's system turn) once a step; "
+        "TRL runs the chosen and the rejected rows whole.",
         "",
         "Fairness settings:",
         "",
