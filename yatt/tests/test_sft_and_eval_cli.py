@@ -156,3 +156,11 @@ def test_sft_refuses_control_settings_it_would_ignore(tmp_path, capsys) -> None:
         "yatt: error: yatt sft runs in one process and reads no control.* key: ['control.backend']"
     )
     assert not run_dir.exists()
+
+
+def test_sft_refuses_bf16_autocast_it_would_not_act_on(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "sft"
+    argv = ["sft", "tiny_test", "train.bf16_autocast=true", f"logging.run_dir={run_dir}"]
+    assert main(argv) == 2
+    assert "yatt sft does not act on train.bf16_autocast" in capsys.readouterr().err
+    assert not run_dir.exists()

@@ -37,6 +37,56 @@ def test_lr_schedules(schedule, values) -> None:
     assert lr_lambda("linear", 2, 4)(0) == pytest.approx(0.5)
 
 
+def test_sft_runs_the_prompts_shared_start_once_with_the_same_loss_and_gradients() -> None:
+    """A chat template's system turn begins every prompt: with `common_start` it goes through
+    the model once for the batch, with the loss and gradients of the whole rows."""
+    import torch
+
+    from yatt.sft import _pair_loss
+
+    model, _ = tiny_model(seed=0)
+    model = model.to(torch.float64).eval()
+    system = list(range(20, 32))  # 12 shared tokens
+    prompts, answers = [[*system, 5, 6], [*system, 7], [*system, 8, 9, 10]], [[11], [12, 13], [14]]
+    widths = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple((args[0] if args else
+                                                          kwargs["hidden_states"]).shape[:2])),
+        with_kwargs=True,
+    )  # fmt: skip
+    losses, grads = [], []
+    try:
+        for common_start in (False, True):
+            widths.clear()
+            model.zero_grad()
+            loss = _pair_loss(model, prompts, answers, common_start)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.append([param.grad.clone() for param in model.parameters()])
+    finally:
+        hook.remove()
+    assert widths == [(1, 12), (3, 3), (3, 1)]  # the start, each prompt's rest, the answers
+    assert losses[1] == pytest.approx(losses[0], abs=1e-6)
+    for whole, shared in zip(*grads, strict=True):
+        assert torch.allclose(shared, whole, atol=1e-5)
+
+
+def test_sft_with_gradient_checkpointing_takes_the_same_steps(tmp_path) -> None:
+    """train.gradient_checkpointing recomputes each layer in the backward pass (whole rows):
+    the losses of the run are those of the plain run."""
+    runs = []
+    for checkpointing in ("false", "true"):
+        run_dir = tmp_path / checkpointing
+        config = load_config("tiny_test", ["train.steps=3", "data.n_train=8", "eval.n=0",
+                                           "algo.micro_batch_size=4",
+                                           f"train.gradient_checkpointing={checkpointing}",
+                                           f"logging.run_dir={run_dir}"])  # fmt: skip
+        run_sft(config)
+        lines = (run_dir / "sft_metrics.jsonl").read_text().splitlines()
+        runs.append([json.loads(line)["sft/loss"] for line in lines])
+    assert runs[1] == pytest.approx(runs[0], rel=1e-4)
+
+
 def test_sft_lowers_loss_and_saves_a_model(tmp_path) -> None:
     model, tokenizer = tiny_model(seed=0)
     config = load_config("tiny_test", ["train.steps=12", "optim.lr=3e-3", "algo.micro_batch_size=4",

@@ -184,7 +184,7 @@ def sequence_logprobs(
     log-probs, in one forward pass over the rows; rows of one of `groups` (N,), which share
     their prompt, run it once, and a start every prompt shares (a chat template's system
     turn) runs once for all (`response_token_logprobs`: the same log-probs and gradients)."""
-    logp, mask = response_token_logprobs(model, prompts, responses, groups)
+    logp, mask = response_token_logprobs(model, prompts, responses, groups, common_start=True)
     return (logp * mask).sum(dim=1)
 
 

@@ -193,6 +193,12 @@ def check_short_job_settings(
             f"{command} keeps no checkpoints (a run is short; a stopped one starts again): drop "
             "checkpoint.resume and checkpoint.every"
         )
+    check_unread_settings(config, command, unread, does)
+
+
+def check_unread_settings(config: Config, command: str, unread: Sequence[str], does: str) -> None:
+    """Refuse any of the dotted settings `unread` changed from its default, which `command`
+    does not act on (`does` says what it does instead)."""
     changed = [
         dotted
         for dotted in unread

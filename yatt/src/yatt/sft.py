@@ -1,7 +1,9 @@
 """Supervised fine-tuning (SFT) warm start: learn each example's reference answer after its prompt.
 
 Reads these sections of the RL config tree: model, data, optim (lr, betas, eps, weight_decay,
-schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads, time_limit_s), eval (n,
+schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads, time_limit_s,
+shared_prefix: the start all of a step's prompts share, a chat template's system turn, runs
+once; gradient_checkpointing: each layer recomputed in the backward pass, whole rows), eval (n,
 every, at_end), checkpoint (every, at_end, keep_last, resume) and logging (run_dir, overwrite,
 tensorboard, progress). `train.steps` optimizer steps of `algo.micro_batch_size` examples,
 walking a reshuffled permutation of the training set each epoch (the RL trainer's order, seeded
@@ -49,14 +51,14 @@ from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
 from yatt.data import check_draw_order, draw_order
 from yatt.errors import ConfigError, DataError
-from yatt.roles._forward import response_token_logprobs
+from yatt.roles._forward import checkpoint_layers, response_token_logprobs
 from yatt.roles.policy import (
     FiniteSteps,
     adamw_with_schedule,
     load_optimizer_state,
     step_schedule,
 )
-from yatt.run_checks import check_job_settings
+from yatt.run_checks import check_job_settings, check_unread_settings
 
 __all__ = ["run_sft"]
 
@@ -76,14 +78,17 @@ def _encode_pairs(examples: list[Any], tokenizer: Any, use_chat_template: bool):
     return prompts, answers
 
 
-def _pair_loss(model: Any, prompts: list[list[int]], answers: list[list[int]]) -> torch.Tensor:
-    """Mean masked NLL of `answers` after `prompts` (one batch)."""
-    return sft_loss(*response_token_logprobs(model, prompts, answers))
+def _pair_loss(
+    model: Any, prompts: list[list[int]], answers: list[list[int]], common_start: bool
+) -> torch.Tensor:
+    """Mean masked NLL of `answers` after `prompts` (one batch); with `common_start` the start
+    every prompt shares (a chat template's system turn) runs once for the batch."""
+    return sft_loss(*response_token_logprobs(model, prompts, answers, common_start=common_start))
 
 
 @torch.no_grad()
 def heldout_loss(model: Any, prompts: list[list[int]], answers: list[list[int]],
-                 batch_size: int) -> float:  # fmt: skip
+                 batch_size: int, common_start: bool = True) -> float:  # fmt: skip
     """The answer-token NLL over every held-out pair (each batch weighted by its answer
     tokens), without gradients; the model's train/eval mode is kept."""
     training = model.training
@@ -93,7 +98,8 @@ def heldout_loss(model: Any, prompts: list[list[int]], answers: list[list[int]],
         for start in range(0, len(prompts), batch_size):
             chunk = slice(start, start + batch_size)
             count = sum(len(answer) for answer in answers[chunk])
-            total += float(_pair_loss(model, prompts[chunk], answers[chunk])) * count
+            loss = _pair_loss(model, prompts[chunk], answers[chunk], common_start)
+            total += float(loss) * count
             tokens += count
         return total / tokens
     finally:
@@ -104,21 +110,29 @@ class _Trained:
     """The model, optimizer and schedule of an SFT run: its training step, and its state as a
     checkpoint saves it."""
 
-    def __init__(self, model: Any, optimizer: Any, scheduler: Any) -> None:
+    def __init__(self, model: Any, optimizer: Any, scheduler: Any, common_start: bool) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.common_start = common_start  # the prompts' shared start once a step
         self.finite_steps = FiniteSteps("sft")  # a non-finite gradient skips its step
 
     @classmethod
-    def build(cls, model: Any, optim: Any, total_steps: int) -> _Trained:
-        """AdamW over the trainable parameters (LoRA: the adapters) with `optim`'s schedule."""
-        return cls(model, *adamw_with_schedule(model, optim, optim.lr, total_steps, fused=True))
+    def build(cls, model: Any, optim: Any, train: Any, total_steps: int) -> _Trained:
+        """AdamW over the trainable parameters (LoRA: the adapters) with `optim`'s schedule;
+        `train.gradient_checkpointing` recomputes each layer in the backward pass (whole rows
+        then: a checkpointed layer drops a KV cache), else `train.shared_prefix` runs the
+        prompts' shared start once a step."""
+        if train.gradient_checkpointing:
+            checkpoint_layers(model)
+        common_start = train.shared_prefix and not train.gradient_checkpointing
+        optimizer, scheduler = adamw_with_schedule(model, optim, optim.lr, total_steps, fused=True)
+        return cls(model, optimizer, scheduler, common_start)
 
     def step(
         self, prompts: list[list[int]], answers: list[list[int]], grad_clip: float
     ) -> dict[str, float]:
         """One optimizer step on the answers' loss; its loss, learning rate and time."""
         start_s = time.perf_counter()
-        loss = _pair_loss(self.model, prompts, answers)
+        loss = _pair_loss(self.model, prompts, answers, self.common_start)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         lr = self.optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
@@ -166,6 +180,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import configure_threads
 
     check_job_settings(config, "yatt sft")
+    check_unread_settings(config, "yatt sft", ("train.bf16_autocast",),
+                          "it trains and scores held out at full precision")  # fmt: skip
     resume, in_place = _resume_target(config)
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = _sft_data(config)
@@ -175,7 +191,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     model, tokenizer = _sft_model(config, model, tokenizer, resume)
     prompts, answers = _encode_pairs(train_set, tokenizer, config.data.use_chat_template)
     heldout = _encode_pairs(heldout_set[: eval_cfg.n], tokenizer, config.data.use_chat_template)
-    trained = _Trained.build(model, config.optim, total)
+    trained = _Trained.build(model, config.optim, config.train, total)
     sampler = PromptSampler(len(prompts), config.data.seed + config.train.seed)
     order = draw_order(config, train_set)  # what the data position depends on
     done = 0  # steps taken before this process (a resumed run's)
@@ -203,7 +219,8 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
             if due:
                 start_s = time.perf_counter()
                 first = [pairs[:due] for pairs in heldout]
-                metrics["sft/heldout_loss"] = heldout_loss(model, *first, batch_size)
+                metrics["sft/heldout_loss"] = heldout_loss(model, *first, batch_size,
+                                                           config.train.shared_prefix)  # fmt: skip
                 metrics["timing_s/eval"] = time.perf_counter() - start_s
             metrics_logger.log(step, metrics)
             if progress is not None:

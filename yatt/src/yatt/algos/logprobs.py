@@ -27,6 +27,17 @@ def group_prefixes(
     return prefix_ids, attention_mask[first_row, :prompt_width], inverse
 
 
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """How many first tokens every prompt shares, leaving each at least one of its own (its
+    last token's logits predict what follows it)."""
+    shortest = min(len(prompt) for prompt in prompts)
+    first = prompts[0]
+    length = 0
+    while length < shortest - 1 and all(prompt[length] == first[length] for prompt in prompts):
+        length += 1
+    return length
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """Positions counting only attended tokens (left padding gets 0) -> (B, T) long.
 

@@ -8,7 +8,7 @@ head is about a fifth of SmolLM2-135M's per-token compute.
 import torch
 from torch import Tensor
 
-from yatt.algos.logprobs import group_prefixes, position_ids_from_mask
+from yatt.algos.logprobs import common_prefix_length, group_prefixes, position_ids_from_mask
 from yatt.models import forward_on_prefix_cache
 
 
@@ -90,20 +90,22 @@ COMMON_PREFIX_MIN = 8
 
 
 def response_token_logprobs(
-    model, prompts: list[list[int]], responses: list[list[int]], groups: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+    model, prompts: list[list[int]], responses: list[list[int]], groups: Tensor | None = None,
+    *, common_start: bool = False,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Log-prob (B, R) of each response token after its prompt, from token lists, and the
     response mask (B, R), in one pass over the rows (padded as `yatt.batch` pads them); rows
-    of one of `groups` (B,), which share their prompt, run it once (`shared_prefix_logits`),
-    and where every prompt begins with the same `COMMON_PREFIX_MIN` tokens or more (a chat
-    template's system turn), that beginning runs once for the whole batch
+    of one of `groups` (B,), which share their prompt, run it once (`shared_prefix_logits`).
+    With `common_start`, where every prompt begins with the same `COMMON_PREFIX_MIN` tokens or
+    more (a chat template's system turn), that beginning runs once for the whole batch
     (`common_prefix_logits`)."""
     from yatt.batch import RolloutBatch
 
-    if groups is not None:
+    if common_start:
         common = common_prefix_length(prompts)
         if common >= COMMON_PREFIX_MIN:
-            return common_prefix_logits(model, prompts, responses, groups, common)
+            rows = torch.arange(len(prompts)) if groups is None else groups
+            return common_prefix_logits(model, prompts, responses, rows, common)
     batch = RolloutBatch.from_token_lists(prompts, responses)
     ids, attention, mask, prompt_width = trim_columns(
         batch.input_ids, batch.attention_mask, batch.response_mask, batch.prompt_width
@@ -114,17 +116,6 @@ def response_token_logprobs(
         logits = shared_prefix_logits(model, ids, attention, prompt_width, groups)
     logp, _ = token_logprobs_and_entropy(logits, ids[:, prompt_width:], 1.0, False)
     return logp, mask
-
-
-def common_prefix_length(prompts: list[list[int]]) -> int:
-    """How many first tokens every prompt shares, leaving each at least one of its own (its
-    last token's logits predict its response's first)."""
-    shortest = min(len(prompt) for prompt in prompts)
-    first = prompts[0]
-    length = 0
-    while length < shortest - 1 and all(prompt[length] == first[length] for prompt in prompts):
-        length += 1
-    return length
 
 
 def common_prefix_logits(

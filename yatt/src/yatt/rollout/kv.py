@@ -10,6 +10,8 @@ prompt) is computed once.
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from yatt.algos.logprobs import common_prefix_length
+
 __all__ = ["PromptLayout", "SlabLayer", "make_cache"]
 
 
@@ -91,7 +93,7 @@ class PromptLayout:
         device: torch.device,
         min_shared_prefix: int,
     ) -> "PromptLayout":
-        prefix_len = _shared_prefix_len(prompt_ids)
+        prefix_len = common_prefix_length(prompt_ids)
         if prefix_len < min_shared_prefix or len(prompt_ids) < 2:
             prefix_len = 0
         suffix_width = max(len(p) for p in prompt_ids) - prefix_len
@@ -139,13 +141,3 @@ class PromptLayout:
         self.key_mask = self.key_mask.index_select(0, rows)
         self.prompt_positions = self.prompt_positions.index_select(0, rows)
         self.positions = self.positions.index_select(0, rows)
-
-
-def _shared_prefix_len(prompt_ids: list[list[int]]) -> int:
-    """Length of the longest common prefix, leaving every prompt at least one own token."""
-    shortest = min(len(p) for p in prompt_ids)
-    first = prompt_ids[0]
-    length = 0
-    while length < shortest - 1 and all(p[length] == first[length] for p in prompt_ids):
-        length += 1
-    return length
