@@ -458,7 +458,8 @@ class OptimConfig:
 class TrainConfig:
     """Loop length, seed, device and execution knobs (results do not depend on the knobs
     beyond float rounding: `shared_prefix` runs each prompt once per group in the policy's
-    log-probs and update and in PPO's critic;
+    log-probs and update and in PPO's critic, and in `yatt sft` the start all of a step's
+    prompts share (a chat template's system turn) once;
     `gradient_checkpointing` keeps only each decoder layer's input through a training forward
     and recomputes the rest in the backward pass, trading one more forward per layer for
     about half the activation memory (measured: 1.16x the update time at 128 response tokens,
