@@ -233,9 +233,8 @@ def test_dpo_from_sampled_pairs_logs_what_the_samples_gave(tmp_path, capsys) -> 
 
 @pytest.mark.parametrize(
     ("override", "problem"),
-    [("checkpoint.every=2", "keeps no checkpoints"),
-     ("control.backend=ray", "yatt dpo runs in one process"),
-     ("train.time_limit_s=60", "does not act on train.time_limit_s"),
+    [("control.backend=ray", "yatt dpo runs in one process"),
+     ("train.gradient_checkpointing=true", "does not act on train.gradient_checkpointing"),
      ("eval.every=2", "does not act on eval.every"),
      ("train.shared_prefix=false", "does not act on train.shared_prefix"),
      ("rollout.backend=vllm", "rollout.backend=yatt or hf"),

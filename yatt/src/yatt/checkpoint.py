@@ -30,6 +30,7 @@ from yatt.errors import ConfigError, RunComplete
 
 __all__ = [
     "CONTROLLERS",
+    "DPO",
     "RESUME_AUTO",
     "RESUME_LATEST",
     "SFT",
@@ -55,12 +56,14 @@ RESUME_LATEST, RESUME_AUTO = "latest", "auto"  # checkpoint.resume keywords
 _STATE_FILE = "trainer_state.pt"
 _CONTROL_FILE = "control_state.json"
 _SFT_FILE = "sft_state.json"
-TRAINER, CONTROLLERS, SFT = "trainer", "controllers", "sft"  # who wrote a checkpoint
-_MARKERS = {CONTROLLERS: _CONTROL_FILE, SFT: _SFT_FILE}  # (the trainer's has neither)
+_DPO_FILE = "dpo_state.json"
+TRAINER, CONTROLLERS, SFT, DPO = "trainer", "controllers", "sft", "dpo"  # who wrote one
+_MARKERS = {CONTROLLERS: _CONTROL_FILE, SFT: _SFT_FILE, DPO: _DPO_FILE}  # (not the trainer)
 _RESUMED_BY = {  # who wrote a checkpoint, and how to resume it
     TRAINER: ("the single-process trainer", "with `yatt train` without control.backend=ray"),
     CONTROLLERS: ("the distributed controllers", "with `yatt train` and control.backend=ray"),
     SFT: ("SFT", "with `yatt sft` (or start RL from its model: model.path=<it>/policy)"),
+    DPO: ("DPO", "with `yatt dpo` (or start from its model: model.path=<it>/policy)"),
 }
 _STATE_KEYS = ("step", "policy", "sampler", "rng")  # what `Trainer._resume` reads
 _CONTROL_STATE_KEYS = ("step", "policy")  # what a policy rank reads (`RankWorker.restore`)
@@ -168,12 +171,12 @@ def save_training_checkpoint(
     critic: Any | None = None,
     keep_last: int = 2,
     control_state: dict[str, Any] | None = None,
-    sft: bool = False,
+    writer: str = TRAINER,
 ) -> Path:
     """Write `<run_dir>/checkpoints/step_<step>` atomically and durably (a temp folder, synced
     to disk, then renamed: `install_folder`), and only then delete the checkpoints beyond
     `keep_last`; `control_state` (JSON) marks a checkpoint of the distributed controllers,
-    `sft` one of SFT."""
+    `writer` one of SFT or DPO (`SFT`, `DPO`)."""
     root = Path(run_dir) / "checkpoints"
     for aside in root.glob(".step_*.old"):  # a save that crashed between its two renames
         _put_back(aside.with_name(aside.name[1 : -len(".old")]))
@@ -190,8 +193,8 @@ def save_training_checkpoint(
         torch.save(state, staging / _STATE_FILE)
         if control_state is not None:
             (staging / _CONTROL_FILE).write_text(json.dumps({**control_state, "step": step}))
-        if sft:
-            (staging / _SFT_FILE).write_text(json.dumps({"step": step}))
+        if writer in (SFT, DPO):
+            (staging / _MARKERS[writer]).write_text(json.dumps({"step": step}))
         save_config(config, staging / "config.yaml")
 
     final = write_folder(root / f"step_{step:06d}", write)
@@ -199,6 +202,39 @@ def save_training_checkpoint(
         remove_folder(old)
     logger.info("saved checkpoint %s", final)
     return final
+
+
+class OptimizedModel:
+    """One model with its optimizer and schedule (a `yatt sft` or `yatt dpo` run): what a
+    checkpoint of such a run saves (`save`; `save_pretrained` and `state_dict` as
+    `save_training_checkpoint` takes a policy)."""
+
+    def __init__(self, model: Any, optimizer: Any, scheduler: Any, writer: str) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.writer = writer  # SFT or DPO: the checkpoint's marker
+
+    def save(
+        self, run_dir: Path, step: int, config: Config, tokenizer: Any, state: dict[str, Any]
+    ) -> None:
+        """A training checkpoint at `step` (`state`: the data position, RNG states and what
+        else the run needs to go on)."""
+        training = self.model.training
+        self.model.eval()  # (as saved; training mode is not part of the weights)
+        try:
+            save_training_checkpoint(
+                run_dir, step, config=config, policy=self, tokenizer=tokenizer,
+                keep_last=config.checkpoint.keep_last, writer=self.writer, trainer_state=state,
+            )  # fmt: skip
+        finally:
+            self.model.train(training)
+
+    def save_pretrained(self, folder: Path, tokenizer: Any) -> Path:
+        from yatt.models import save_checkpoint
+
+        return save_checkpoint(self.model, tokenizer, folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
 
 def remove_folder(folder: Path) -> None:
@@ -263,7 +299,8 @@ def _fsync(path: Path, flags: int) -> None:
 
 
 def checkpoint_writer(checkpoint: Path) -> str:
-    """Who wrote a checkpoint folder: `TRAINER`, `CONTROLLERS` or `SFT` (by its marker file)."""
+    """Who wrote a checkpoint folder: `TRAINER`, `CONTROLLERS`, `SFT` or `DPO` (by its marker
+    file)."""
     for writer, marker in _MARKERS.items():
         if (Path(checkpoint) / marker).is_file():
             return writer
@@ -272,7 +309,7 @@ def checkpoint_writer(checkpoint: Path) -> str:
 
 def check_resumed_by(checkpoint: Path, writer: str) -> None:
     """Raise ConfigError (one line) unless `checkpoint` is a checkpoint folder written by the
-    kind of run resuming it (`writer`: `TRAINER`, `CONTROLLERS` or `SFT`)."""
+    kind of run resuming it (`writer`: `TRAINER`, `CONTROLLERS`, `SFT` or `DPO`)."""
     checkpoint = Path(checkpoint)
     if not (checkpoint / _STATE_FILE).is_file():
         raise ConfigError(
@@ -326,7 +363,7 @@ def load_trainer_state(
     checkpoint: Path, *, needs_critic: bool = False, writer: str = TRAINER
 ) -> dict[str, Any]:
     """The trainer state saved in a checkpoint folder (by `writer`: a policy rank reads the
-    distributed controllers', SFT its own).
+    distributed controllers', SFT and DPO their own).
 
     Raises ConfigError (one line naming the folder) if there is no state file, if another kind
     of run wrote it (`check_resumed_by`), or if it is unreadable (truncated, garbage, empty) or

@@ -83,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
         "Direct preference optimisation of the policy, against itself before training as the "
         "reference (algo.dpo_beta), on the pairs yatt rm takes: prompt/chosen/rejected rows "
         "(data.path) or pairs made from a task (data.rejected=slips|samples|both); held-out "
-        "accuracy before and after; no checkpoints, a stopped run starts again.", presets,
-        "data.rejected=samples", resumes=False,
+        "accuracy before and after; checkpoints keep the pairs and reference log-probs, so a "
+        "resumed run goes on without sampling again.", presets, "data.rejected=samples",
     )  # fmt: skip
     models = commands.add_parser("models", help="manage local models")
     model_commands = models.add_subparsers(
@@ -226,13 +226,11 @@ def _resume_hint(stop: KeyboardInterrupt) -> str:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command in ("train", "sft"):
+    if args.command in ("train", "sft", "dpo"):
         with contextlib.suppress(_Done):  # a complete run met again: nothing to do, no error
-            (_train if args.command == "train" else _sft)(args.config, args.overrides)
+            {"train": _train, "sft": _sft, "dpo": _dpo}[args.command](args.config, args.overrides)
     elif args.command == "rm":
         _rm(args.config, args.overrides)
-    elif args.command == "dpo":
-        _dpo(args.config, args.overrides)
     elif args.command == "eval":
         _eval(args.model, args.overrides)
     elif args.command == "models":
@@ -334,15 +332,19 @@ def _rm(preset: str, overrides: list[str]) -> None:
 
 def _dpo(preset: str, overrides: list[str]) -> None:
     """DPO with a progress bar, then its summary table and plot, from the run folder as the
-    other jobs make them."""
+    other jobs make them (a resumed run's summary covers all of it)."""
     from yatt.config import load_config
     from yatt.dpo import run_dpo
     from yatt.report import progress_bar
 
     config = _configured(load_config(preset, overrides))
-    with progress_bar(
-        config.train.steps, 0, config.logging.progress, metric="dpo/loss", label="loss"
-    ) as bar:
+    with (
+        _complete_run_is_done(final_model=True),
+        _noting_run_dir(config.logging.run_dir),
+        progress_bar(
+            config.train.steps, 0, config.logging.progress, metric="dpo/loss", label="loss"
+        ) as bar,
+    ):
         folder = run_dpo(config, progress=_stoppable(bar))
     _report(folder.parent, plots=config.logging.plots)
     logger.info("evaluate it: yatt eval %s", folder)

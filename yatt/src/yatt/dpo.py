@@ -7,7 +7,8 @@ adapters on it), data (the pairs, as `yatt rm` makes them: `path` rows with `pro
 "both", see `yatt.pairs`; `n_heldout`, `n_train`, `seed`, `use_chat_template`),
 algo (`dpo_beta`, `dpo_loss`, `dpo_label_smoothing`, and `micro_batch_size`: pairs per
 step), optim (lr, betas, eps,
-weight_decay, schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads), eval (n:
+weight_decay, schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads,
+time_limit_s), checkpoint (every, at_end, keep_last, resume), eval (n:
 held-out prompts; at_start, at_end; max_new_tokens, batch_size, reward_fn), rollout (the
 sampling of "samples" pairs, and `stop` for the held-out answers), reward.fns (scoring the
 sampled pairs) and logging.
@@ -25,13 +26,21 @@ the held-out pairs' implicit rewards (`dpo/heldout_accuracy`: the share ranked r
 `dpo/heldout_margin`). Writes `<run_dir>/model` (the trained model, its tokenizer and the run's
 config.yaml, for `yatt eval` and `yatt train ... model.path=`), `dpo_metrics.jsonl` (per step:
 dpo/loss, dpo/accuracy, dpo/margin, dpo/reward_chosen, dpo/reward_rejected, dpo/lr) and
-`dpo.png`. No checkpoints: a run is short, and a stopped one starts again.
+`dpo.png`.
+
+Checkpoints (`checkpoint.every`, `at_end`, `keep_last`, and where `train.time_limit_s` stops
+the run early, which then scores the held-out set as at the end) have `yatt sft`'s layout,
+marked as DPO's; they also keep the pairs and the reference log-probs, so
+`checkpoint.resume` (a folder, `latest` or `auto`) goes on exactly, as the steps would have
+run without the stop, without sampling or a reference pass (refused where the data settings
+differ from the checkpoint's).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +60,8 @@ logger = logging.getLogger(__name__)
 METRICS_FILE = "dpo_metrics.jsonl"
 MODEL_FOLDER = "model"
 # Settings of the sections `yatt dpo` reads that it does not act on: refused when changed.
-_UNREAD = ("train.time_limit_s", "train.gradient_checkpointing", "train.bf16_autocast",
-           "train.shared_prefix", "eval.every")  # fmt: skip
+_UNREAD = ("train.gradient_checkpointing", "train.bf16_autocast", "train.shared_prefix",
+           "eval.every")  # fmt: skip
 
 # A pair as token ids: (prompt, chosen response + EOS, rejected response + EOS).
 Encoded = tuple[list[int], list[int], list[int]]
@@ -63,37 +72,123 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
     model's folder.
 
     `progress(step, total, metrics)` is called after each step (the CLI's progress bar).
-    Raises ConfigError for settings it does not read (`_check_settings`) and DataError for bad
-    rows, before the run folder is claimed; a model that does not load, or sampled pairs that
-    leave nothing to train on (DataError), leave no run folder.
+    Raises ConfigError for settings it does not read (`_check_settings`) or a
+    `checkpoint.resume` it cannot continue (`_resume_target`), and DataError for bad rows,
+    before the run folder is claimed; a model that does not load, or sampled pairs that leave
+    nothing to train on (DataError), leave no run folder.
     """
     from yatt.builders import build_model
+    from yatt.checkpoint import drop_later_checkpoints, truncate_metrics
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
     _check_settings(config)
+    resume, in_place = _resume_target(config)
     examples = pair_examples(config, "yatt dpo")
     accuracy_set = examples[1] if _measures_accuracy(config, examples[1]) else []
-    claim = claim_run_dir(config, RUN_OUTPUTS, resume="", in_place=False)
+    claim = claim_run_dir(config, RUN_OUTPUTS, resume=resume, in_place=in_place)
     with claim.removed_if_unused():  # a failed set-up (or sampling) leaves no empty folder
         configure_threads(config.train.torch_threads)
         seed_everything(config.train.seed)
-        model, tokenizer = build_model(config.model)
+        model, tokenizer = build_model(config.model, resume_from=resume or None)
         _without_dropout(model)
-        pairs, heldout, row0 = make_pairs(model, tokenizer, examples, config, "dpo/")
-        encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
+        state = _resumed_state(Path(resume)) if resume else None
+        if state is None:
+            pairs, heldout, row0 = make_pairs(model, tokenizer, examples, config, "dpo/")
+            encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
+    done = 0 if state is None else int(state["step"])
+    if in_place:
+        drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
+        truncate_metrics(run_dir / METRICS_FILE, done)
+    if resume:  # (said once nothing can refuse it any more)
+        logger.info("resumed DPO from %s at step %d", resume, done)
     save_config(config, run_dir)
     board = run_dir / "tensorboard" if config.logging.tensorboard else None
-    stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board)
+    stream = MetricsLogger.to_files(run_dir / METRICS_FILE, board, done)
     try:
-        _fit(model, tokenizer, encoded, heldout_encoded, accuracy_set, config, stream, row0,
-             progress)  # fmt: skip
+        if state is None:
+            data = _reference(model, tokenizer, encoded, heldout_encoded, accuracy_set, config,
+                              stream, row0)  # fmt: skip
+        else:
+            data = _Pairs.from_state(state)
+        _fit(model, tokenizer, data, accuracy_set, config, stream, progress, run_dir, state)
     finally:
         stream.close()
     folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
     logger.info("DPO done: model saved in %s (yatt eval %s)", folder, folder)
     return folder
+
+
+@dataclass
+class _Pairs:
+    """What a run trains on and ranks: the training and held-out pairs as token ids, and the
+    reference's (chosen, rejected) log-probs of each (the held-out ones where the end ranks
+    them, else None). Checkpoints keep them, so a resumed run neither samples nor runs the
+    reference again."""
+
+    train: list[Encoded]
+    heldout: list[Encoded]
+    reference: tuple[torch.Tensor, torch.Tensor]
+    heldout_reference: tuple[torch.Tensor, torch.Tensor] | None
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "pairs": self.train,
+            "heldout_pairs": self.heldout,
+            "reference": self.reference,
+            "heldout_reference": self.heldout_reference,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> _Pairs:
+        return cls(state["pairs"], state["heldout_pairs"], tuple(state["reference"]),
+                   state["heldout_reference"])  # fmt: skip
+
+
+def _resume_target(config: Config) -> tuple[str, bool]:
+    """The checkpoint the run resumes from ("" for none), and whether it continues its own
+    run folder in place (`yatt sft`'s rules).
+
+    Raises:
+        ConfigError: `checkpoint.resume` names no DPO checkpoint, or one whose pairs came
+            from other data settings (its pairs and reference log-probs are carried on).
+    """
+    from yatt.checkpoint import DPO, check_resumed_by, checkpoint_run_dir, resolve_resume
+    from yatt.config import load_config
+
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
+    if not resume:
+        return "", False
+    check_resumed_by(Path(resume), DPO)
+    try:
+        saved = load_config(str(Path(resume) / "config.yaml")).data
+    except (OSError, ConfigError) as exc:
+        raise ConfigError(
+            f"checkpoint.resume={resume}: its config.yaml does not load: {exc}"
+        ) from None
+    changed = [f"data.{name}" for name, value in vars(saved).items()
+               if value != getattr(config.data, name)]  # fmt: skip
+    if changed:
+        raise ConfigError(
+            f"checkpoint.resume={resume}: its pairs came from other data ({', '.join(changed)} "
+            "differ): resume with the run's data settings, or start a new run"
+        )
+    in_place = checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
+    return resume, in_place
+
+
+def _resumed_state(checkpoint: Path) -> dict[str, Any]:
+    """A DPO checkpoint's state: the trainer's keys and the pairs (`_Pairs.state`); ConfigError
+    (one line) for one that lacks them."""
+    from yatt.checkpoint import DPO, load_trainer_state
+
+    state = load_trainer_state(checkpoint, writer=DPO)
+    missing = [key for key in ("pairs", "heldout_pairs", "reference", "heldout_reference")
+               if key not in state]  # fmt: skip
+    if missing:
+        raise ConfigError(f"checkpoint.resume={checkpoint}: its DPO state lacks {missing}")
+    return state
 
 
 def _measures_accuracy(config: Config, heldout_set: list[Any]) -> bool:
@@ -131,15 +226,15 @@ def _without_dropout(model: Any) -> None:
 
 def _check_settings(config: Config) -> None:
     """Refuse (ConfigError, one line) what `yatt dpo` would otherwise ignore or get wrong:
-    control.*, bf16 training weights (`check_job_settings`), the checkpoint settings (no
-    checkpoints), the `_UNREAD` ones, and the vllm backend (whose engine would keep its
+    control.*, bf16 training weights (`check_job_settings`), the `_UNREAD` ones, and the vllm
+    backend (whose engine would keep its
     memory through training and not see the trained weights); and sampled pairs
     (`data.rejected`) that `check_sampling_settings` refuses, or rewards that cannot grade
     the task."""
     from yatt.run_checks import (
         check_job_settings,
         check_rewards_grade_task,
-        check_short_job_settings,
+        check_unread_settings,
     )
 
     check_job_settings(config, "yatt dpo")
@@ -153,9 +248,9 @@ def _check_settings(config: Config) -> None:
             "yatt dpo samples and evaluates with rollout.backend=yatt or hf: vllm's engine "
             "would keep its memory through training and not see the trained weights"
         )
-    check_short_job_settings(config, "yatt dpo", _UNREAD,
-                             "it scores held-out prompts before and after training, at full "
-                             "precision, with each pair's prompt run once")  # fmt: skip
+    check_unread_settings(config, "yatt dpo", _UNREAD,
+                          "it scores held-out prompts before and after training, at full "
+                          "precision, with each pair's prompt run once")  # fmt: skip
 
 
 def _encode(pairs: list[PreferencePair], tokenizer: Any) -> list[Encoded]:
@@ -214,30 +309,49 @@ def _eval_logprobs(
     return torch.cat([c for c, _ in parts]), torch.cat([r for _, r in parts])
 
 
-def _fit(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list[Encoded],
-         heldout_set: list[Any], config: Config, stream: MetricsLogger, row0: dict[str, float],
-         progress: Any) -> None:  # fmt: skip
-    """Score the held-out prompts (`heldout_set`, none where accuracy is not measured), train
-    `train.steps` steps, score again, ranking the `heldout` pairs; every row into `stream`."""
-    from yatt.roles.policy import FiniteSteps, adamw_with_schedule, step_schedule
-
-    algo, total = config.algo, config.train.steps
+def _reference(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list[Encoded],
+               heldout_set: list[Any], config: Config, stream: MetricsLogger,
+               row0: dict[str, float]) -> _Pairs:  # fmt: skip
+    """The reference log-probs of the pairs (the model before training), and step 0's row:
+    the pairs, and the held-out prompts scored (`heldout_set`, none where accuracy is not
+    measured)."""
+    batch = config.algo.micro_batch_size
     start_s = time.perf_counter()
-    reference = _eval_logprobs(model, encoded, algo.micro_batch_size)
+    reference = _eval_logprobs(model, encoded, batch)
     ranks = bool(heldout) and config.eval.at_end
-    heldout_reference = _eval_logprobs(model, heldout, algo.micro_batch_size) if ranks else None
+    data = _Pairs(encoded, heldout, reference,
+                  _eval_logprobs(model, heldout, batch) if ranks else None)  # fmt: skip
     row0 = {**row0, "dpo/pairs": float(len(encoded)), "dpo/heldout_pairs": float(len(heldout)),
             "timing_s/reference": time.perf_counter() - start_s}  # fmt: skip
     if heldout_set and config.eval.at_start:
         row0.update(_heldout_accuracy(model, tokenizer, heldout_set, config))
     stream.log(0, row0)
+    return data
+
+
+def _fit(model: Any, tokenizer: Any, data: _Pairs, heldout_set: list[Any], config: Config,
+         stream: MetricsLogger, progress: Any, run_dir: Path,
+         state: dict[str, Any] | None) -> None:  # fmt: skip
+    """Train to `train.steps` (from a checkpoint's `state`), or until `train.time_limit_s`;
+    then score the held-out prompts again and rank the held-out pairs; every row into
+    `stream`, checkpoints as `checkpoint.*` says."""
+    from yatt.checkpoint import DPO, OptimizedModel, checkpoint_due
+    from yatt.common.seeding import rng_state
+    from yatt.common.timers import time_limit_reached
+    from yatt.roles.policy import FiniteSteps, adamw_with_schedule, step_schedule
+
+    algo, total = config.algo, config.train.steps
     optimizer, scheduler = adamw_with_schedule(model, config.optim, config.optim.lr, total,
                                                fused=True)  # fmt: skip
+    trained = OptimizedModel(model, optimizer, scheduler, DPO)
+    sampler = pair_sampler(config, len(data.train))
+    done = 0 if state is None else _restore(state, optimizer, scheduler, sampler, config)
     finite = FiniteSteps("dpo")
-    sampler = pair_sampler(config, len(encoded))
     params = optimizer.param_groups[0]["params"]
+    encoded, reference = data.train, data.reference
     model.train()
-    for step in range(1, total + 1):
+    run_start_s = time.perf_counter()
+    for step in range(done + 1, total + 1):
         step_s = time.perf_counter()
         rows = sampler.take(algo.micro_batch_size)
         batch = [encoded[i] for i in rows]
@@ -258,15 +372,45 @@ def _fit(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list[Encod
                "dpo/margin": float(margin.mean()), "dpo/reward_chosen": float(reward_chosen.mean()),
                "dpo/reward_rejected": float(reward_rejected.mean()), "dpo/lr": lr,
                "timing_s/step": time.perf_counter() - step_s}  # fmt: skip
-        if step == total and config.eval.at_end:
-            if heldout_reference is not None:
-                row.update(_heldout_pairs(model, heldout, heldout_reference, config))
+        out_of_time = time_limit_reached(config.train.time_limit_s, run_start_s, step, total)
+        if (step == total or out_of_time) and config.eval.at_end:
+            if data.heldout_reference is not None:
+                row.update(_heldout_pairs(model, data.heldout, data.heldout_reference, config))
             if heldout_set:
                 row.update(_heldout_accuracy(model, tokenizer, heldout_set, config))
         stream.log(step, row)
         if progress is not None:
             progress(step, total, row)
+        if checkpoint_due(config, step, out_of_time):
+            kept = {"sampler": sampler.state_dict(), "rng": rng_state(), **data.state()}
+            trained.save(run_dir, step, config, tokenizer, kept)
+        if out_of_time:
+            break
     model.eval()
+
+
+def _restore(state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any,
+             config: Config) -> int:  # fmt: skip
+    """A DPO checkpoint's optimizer, schedule, pair order and RNG states loaded; its step.
+    ConfigError (one line) for a state that does not fit this run."""
+    from yatt.common.seeding import set_rng_state
+    from yatt.roles.policy import load_optimizer_state
+
+    optim = config.optim
+    try:
+        load_optimizer_state(
+            optimizer, scheduler, state["policy"], lr=optim.lr,
+            betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
+            role="DPO",
+        )  # fmt: skip
+        sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        return int(state["step"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise ConfigError(
+            f"checkpoint.resume: its DPO state does not fit this run: {detail}"
+        ) from exc
 
 
 def pair_sampler(config: Config, count: int) -> Any:

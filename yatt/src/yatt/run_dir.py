@@ -31,10 +31,10 @@ _CHECKPOINTS = "checkpoints"  # the folder of a run's checkpoints (yatt.checkpoi
 # them all, so one run's leftovers (a distributed run's control.json, an SFT run's model/)
 # never pass for the next one's. The output holding the job's own `model.path` is kept.
 RUN_OUTPUTS = (
-    "metrics.jsonl", "sft_metrics.jsonl", "rm_metrics.jsonl", _CHECKPOINTS, "tensorboard",
-    "model", "reward_model", "control.json", "control_segments.json",
+    "metrics.jsonl", "sft_metrics.jsonl", "rm_metrics.jsonl", "dpo_metrics.jsonl", _CHECKPOINTS,
+    "tensorboard", "model", "reward_model", "control.json", "control_segments.json",
     "control_segments.json.bad", "timeline.png", "rewards.png", "timing.png", "loss.png",
-    "rm.png",
+    "rm.png", "dpo.png",
 )  # fmt: skip
 _SAVED_CONFIG = "config.yaml"  # the run's resolved config (`save_config` writes it)
 _LOCK_FILE = ".yatt.lock"  # locked while a job uses the folder; holds the job's pid

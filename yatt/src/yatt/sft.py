@@ -35,13 +35,13 @@ import torch
 from yatt.algos.losses import sft_loss
 from yatt.checkpoint import (
     SFT,
+    OptimizedModel,
     check_resumed_by,
     checkpoint_due,
     checkpoint_run_dir,
     drop_later_checkpoints,
     load_trainer_state,
     resolve_resume,
-    save_training_checkpoint,
     truncate_metrics,
     write_folder,
 )
@@ -106,12 +106,11 @@ def heldout_loss(model: Any, prompts: list[list[int]], answers: list[list[int]],
         model.train(training)
 
 
-class _Trained:
-    """The model, optimizer and schedule of an SFT run: its training step, and its state as a
-    checkpoint saves it."""
+class _Trained(OptimizedModel):
+    """The model, optimizer and schedule of an SFT run, and its training step."""
 
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, common_start: bool) -> None:
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        super().__init__(model, optimizer, scheduler, SFT)
         self.common_start = common_start  # the prompts' shared start once a step
         self.finite_steps = FiniteSteps("sft")  # a non-finite gradient skips its step
 
@@ -144,25 +143,6 @@ class _Trained:
             "sft/lr": lr,
             "timing_s/step": time.perf_counter() - start_s,
         }
-
-    def checkpoint(
-        self, run_dir: Path, step: int, config: Config, tokenizer: Any, state: dict[str, Any]
-    ) -> None:
-        """A training checkpoint at `step` (`state`: the data position and RNG states)."""
-        self.model.eval()  # (as saved; training mode is not part of the weights)
-        save_training_checkpoint(
-            run_dir, step, config=config, policy=self, tokenizer=tokenizer,
-            keep_last=config.checkpoint.keep_last, sft=True, trainer_state=state,
-        )  # fmt: skip
-        self.model.train()
-
-    def save_pretrained(self, folder: Path, tokenizer: Any) -> Path:
-        from yatt.models import save_checkpoint
-
-        return save_checkpoint(self.model, tokenizer, folder)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
 
 def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: Any = None) -> Path:
@@ -227,7 +207,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
                 progress(step, total, metrics)
             if checkpoint_due(config, step, out_of_time):
                 state = {"sampler": {**sampler.state_dict(), **order}, "rng": rng_state()}
-                trained.checkpoint(run_dir, step, config, tokenizer, state)
+                trained.save(run_dir, step, config, tokenizer, state)
             if out_of_time:
                 break
     finally:
