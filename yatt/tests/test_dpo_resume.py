@@ -8,6 +8,7 @@ tensor by tensor and row by row.
 """
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -113,3 +114,19 @@ def test_a_checkpoint_of_other_data_is_refused(straight, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"its pairs came from other data \(data.seed differ"):
         _run(tmp_path / "run", f"checkpoint.resume={checkpoint}", "data.seed=7")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_whose_state_does_not_fit_changes_nothing(straight, tmp_path) -> None:
+    """Refused before the folder is touched: its later checkpoint and metric rows stay."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight, run_dir)
+    checkpoint = run_dir / "checkpoints" / "step_000002"
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    state["sampler"] = {"position": 0}  # not a sampler's state
+    torch.save(state, checkpoint / "trainer_state.pt")
+    with pytest.raises(ConfigError, match="its DPO state does not fit this run"):
+        _run(run_dir, f"checkpoint.resume={checkpoint}", "logging.overwrite=true")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step_000002", "step_000004"
+    ]  # fmt: skip
+    assert _rows(run_dir) == _rows(straight)

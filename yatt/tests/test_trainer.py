@@ -73,17 +73,26 @@ def test_sft_runs_the_prompts_shared_start_once_with_the_same_loss_and_gradients
 
 def test_sft_with_gradient_checkpointing_takes_the_same_steps(tmp_path) -> None:
     """train.gradient_checkpointing recomputes each layer in the backward pass (whole rows):
+    a decoder layer runs twice a step (its forward, then again in the backward pass), and
     the losses of the run are those of the plain run."""
-    runs = []
+    runs, calls = [], []
     for checkpointing in ("false", "true"):
         run_dir = tmp_path / checkpointing
         config = load_config("tiny_test", ["train.steps=3", "data.n_train=8", "eval.n=0",
                                            "algo.micro_batch_size=4",
                                            f"train.gradient_checkpointing={checkpointing}",
                                            f"logging.run_dir={run_dir}"])  # fmt: skip
-        run_sft(config)
+        model, tokenizer = tiny_model(seed=config.model.tiny_seed)
+        ran = []
+        # (a layer's own hooks stay outside its checkpoint; its MLP is entered in the replay)
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_, ran=ran: ran.append(1))
+        run_sft(config, model=model, tokenizer=tokenizer)
+        calls.append(len(ran))
         lines = (run_dir / "sft_metrics.jsonl").read_text().splitlines()
         runs.append([json.loads(line)["sft/loss"] for line in lines])
+    # plain: 3 passes a step (the prompts' shared start, their rests, the answers);
+    # checkpointed: whole rows, then the layer again in the backward pass
+    assert calls == [3 * 3, 3 * 2]
     assert runs[1] == pytest.approx(runs[0], rel=1e-4)
 
 

@@ -209,8 +209,8 @@ def _stoppable(progress: Callable[[int, int, dict[str, float]], None]):
 
 
 def _resume_hint(stop: KeyboardInterrupt) -> str:
-    """Where an interrupted training run can go on from (`_train` and `_sft` note its folder
-    on the exception as `run_dir`), or ""."""
+    """Where an interrupted training run can go on from (`_train`, `_sft` and `_dpo` note its
+    folder on the exception as `run_dir`), or ""."""
     run_dir = getattr(stop, "run_dir", None)
     if run_dir is None:
         return ""

@@ -78,7 +78,8 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
     nothing to train on (DataError), leave no run folder.
     """
     from yatt.builders import build_model
-    from yatt.checkpoint import drop_later_checkpoints, truncate_metrics
+    from yatt.checkpoint import DPO, OptimizedModel, drop_later_checkpoints, truncate_metrics
+    from yatt.roles.policy import adamw_with_schedule
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
@@ -96,8 +97,12 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
         if state is None:
             pairs, heldout, row0 = make_pairs(model, tokenizer, examples, config, "dpo/")
             encoded, heldout_encoded = _encode(pairs, tokenizer), _encode(heldout, tokenizer)
+        trained = OptimizedModel(model, *adamw_with_schedule(
+            model, config.optim, config.optim.lr, config.train.steps, fused=True), DPO)  # fmt: skip
+        sampler = pair_sampler(config, len(encoded if state is None else state["pairs"]))
+        # (a checkpoint that does not fit is refused before the folder changes)
+        done = 0 if state is None else _restore(state, trained, sampler, config)
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
-    done = 0 if state is None else int(state["step"])
     if in_place:
         drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
         truncate_metrics(run_dir / METRICS_FILE, done)
@@ -112,7 +117,8 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
                               stream, row0)  # fmt: skip
         else:
             data = _Pairs.from_state(state)
-        _fit(model, tokenizer, data, accuracy_set, config, stream, progress, run_dir, state)
+        _fit(trained, sampler, done, tokenizer, data, accuracy_set, config, stream, progress,
+             run_dir)  # fmt: skip
     finally:
         stream.close()
     folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
@@ -170,9 +176,10 @@ def _resume_target(config: Config) -> tuple[str, bool]:
     changed = [f"data.{name}" for name, value in vars(saved).items()
                if value != getattr(config.data, name)]  # fmt: skip
     if changed:
+        differ = "differ" if len(changed) > 1 else "differs"
         raise ConfigError(
             f"checkpoint.resume={resume}: its pairs came from other data ({', '.join(changed)} "
-            "differ): resume with the run's data settings, or start a new run"
+            f"{differ}): resume with the run's data settings, or start a new run"
         )
     in_place = checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
     return resume, in_place
@@ -318,9 +325,10 @@ def _reference(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list
     batch = config.algo.micro_batch_size
     start_s = time.perf_counter()
     reference = _eval_logprobs(model, encoded, batch)
-    ranks = bool(heldout) and config.eval.at_end
+    # (the held-out pairs' too, even where this run does not rank them at its end: a resume
+    # may ask it to)
     data = _Pairs(encoded, heldout, reference,
-                  _eval_logprobs(model, heldout, batch) if ranks else None)  # fmt: skip
+                  _eval_logprobs(model, heldout, batch) if heldout else None)  # fmt: skip
     row0 = {**row0, "dpo/pairs": float(len(encoded)), "dpo/heldout_pairs": float(len(heldout)),
             "timing_s/reference": time.perf_counter() - start_s}  # fmt: skip
     if heldout_set and config.eval.at_start:
@@ -329,23 +337,19 @@ def _reference(model: Any, tokenizer: Any, encoded: list[Encoded], heldout: list
     return data
 
 
-def _fit(model: Any, tokenizer: Any, data: _Pairs, heldout_set: list[Any], config: Config,
-         stream: MetricsLogger, progress: Any, run_dir: Path,
-         state: dict[str, Any] | None) -> None:  # fmt: skip
-    """Train to `train.steps` (from a checkpoint's `state`), or until `train.time_limit_s`;
-    then score the held-out prompts again and rank the held-out pairs; every row into
-    `stream`, checkpoints as `checkpoint.*` says."""
-    from yatt.checkpoint import DPO, OptimizedModel, checkpoint_due
+def _fit(trained: Any, sampler: Any, done: int, tokenizer: Any, data: _Pairs,
+         heldout_set: list[Any], config: Config, stream: MetricsLogger, progress: Any,
+         run_dir: Path) -> None:  # fmt: skip
+    """Train `trained` (the model, its optimizer and schedule) from step `done` to
+    `train.steps`, or until `train.time_limit_s`; then score the held-out prompts again and
+    rank the held-out pairs; every row into `stream`, checkpoints as `checkpoint.*` says."""
+    from yatt.checkpoint import checkpoint_due
     from yatt.common.seeding import rng_state
     from yatt.common.timers import time_limit_reached
-    from yatt.roles.policy import FiniteSteps, adamw_with_schedule, step_schedule
+    from yatt.roles.policy import FiniteSteps, step_schedule
 
     algo, total = config.algo, config.train.steps
-    optimizer, scheduler = adamw_with_schedule(model, config.optim, config.optim.lr, total,
-                                               fused=True)  # fmt: skip
-    trained = OptimizedModel(model, optimizer, scheduler, DPO)
-    sampler = pair_sampler(config, len(data.train))
-    done = 0 if state is None else _restore(state, optimizer, scheduler, sampler, config)
+    model, optimizer, scheduler = trained.model, trained.optimizer, trained.scheduler
     finite = FiniteSteps("dpo")
     params = optimizer.param_groups[0]["params"]
     encoded, reference = data.train, data.reference
@@ -389,17 +393,16 @@ def _fit(model: Any, tokenizer: Any, data: _Pairs, heldout_set: list[Any], confi
     model.eval()
 
 
-def _restore(state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any,
-             config: Config) -> int:  # fmt: skip
-    """A DPO checkpoint's optimizer, schedule, pair order and RNG states loaded; its step.
-    ConfigError (one line) for a state that does not fit this run."""
+def _restore(state: dict[str, Any], trained: Any, sampler: Any, config: Config) -> int:
+    """A DPO checkpoint's optimizer, schedule, pair order and RNG states loaded into `trained`
+    and `sampler`; its step. ConfigError (one line) for a state that does not fit this run."""
     from yatt.common.seeding import set_rng_state
     from yatt.roles.policy import load_optimizer_state
 
     optim = config.optim
     try:
         load_optimizer_state(
-            optimizer, scheduler, state["policy"], lr=optim.lr,
+            trained.optimizer, trained.scheduler, state["policy"], lr=optim.lr,
             betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
             role="DPO",
         )  # fmt: skip

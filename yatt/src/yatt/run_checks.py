@@ -205,7 +205,8 @@ def check_unread_settings(config: Config, command: str, unread: Sequence[str], d
         if dotted.split(".")[1] in changed_settings(getattr(config, dotted.split(".")[0]))
     ]
     if changed:
-        raise ConfigError(f"{command} does not act on {', '.join(changed)} ({does}): drop them")
+        them = "them" if len(changed) > 1 else "it"
+        raise ConfigError(f"{command} does not act on {', '.join(changed)} ({does}): drop {them}")
 
 
 DPO_SETTINGS = ("dpo_beta", "dpo_loss", "dpo_label_smoothing")  # algo.*, read by yatt dpo alone

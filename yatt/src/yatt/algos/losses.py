@@ -1,5 +1,6 @@
-"""Policy (PPO clip / clip-higher / dual-clip), value, SFT and Bradley–Terry losses, plus the
-loss aggregation modes and the DAPO overlong penalty (pure torch).
+"""Policy (PPO clip / clip-higher / dual-clip), value, SFT, Bradley–Terry and preference (DPO,
+conservative and robust DPO, SLiC hinge, IPO) losses, plus the loss aggregation modes and the
+DAPO overlong penalty (pure torch).
 
 Shapes: B rows, T response positions, mask (B, T) marks valid tokens. Every aggregation is
 `numerator / normaliser`; pass the normaliser of the whole mini-batch (`loss_normalizer`) to each

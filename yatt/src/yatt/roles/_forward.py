@@ -34,7 +34,8 @@ def checkpoint_layers(model: torch.nn.Module) -> None:
     each decoder layer keeps only its input, and the backward pass runs the layer again to get
     the rest. Non-reentrant, so it works where no input needs a gradient (frozen embeddings
     under LoRA). HF drops a KV cache passed to a checkpointed layer, so a caller runs whole
-    rows (`response_logits`), not `shared_prefix_logits`, in such a forward."""
+    rows (`response_logits`), not `shared_prefix_logits` or `common_prefix_logits`, in such a
+    forward."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
