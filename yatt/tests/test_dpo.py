@@ -201,6 +201,20 @@ def test_the_other_dpo_losses_learn_the_pairs_too(tmp_path, kind) -> None:
         assert main(["eval", str(folder), "eval.n=4"]) == 0
 
 
+def test_the_sft_weight_adds_the_chosen_responses_nll_to_the_loss(tmp_path) -> None:
+    """RPO: at step 1 (the policy is the reference) the loss is log 2 plus the weight times
+    the chosen responses' NLL per token, which training then lowers."""
+    config = load_config("tiny_test", [
+        "train.steps=20", "data.n_train=8", "data.n_heldout=8", "eval.n=0",
+        "algo.micro_batch_size=8", "algo.dpo_beta=0.5", "optim.lr=1e-3",
+        "algo.dpo_sft_weight=0.5", f"logging.run_dir={tmp_path / 'run'}"])  # fmt: skip
+    run_dpo(config)
+    rows = _rows(tmp_path / "run")
+    first, last = rows[1], rows[-1]
+    assert first["dpo/loss"] == pytest.approx(math.log(2) + 0.5 * first["dpo/chosen_nll"])
+    assert first["dpo/chosen_nll"] > 1.0 and last["dpo/chosen_nll"] < first["dpo/chosen_nll"] / 2
+
+
 def test_dpo_with_lora_trains_the_adapters_alone(tmp_path) -> None:
     from yatt.lora import has_lora
 
@@ -240,6 +254,7 @@ def test_dpo_from_sampled_pairs_logs_what_the_samples_gave(tmp_path, capsys) -> 
      ("rollout.backend=vllm", "rollout.backend=yatt or hf"),
      ("algo.dpo_beta=0", "'algo.dpo_beta'"),
      ("algo.dpo_loss=kto", "'algo.dpo_loss'; expected one of"),
+     ("algo.dpo_sft_weight=-1", "'algo.dpo_sft_weight'; expected >= 0"),
      ("algo.dpo_loss=ipo algo.dpo_label_smoothing=0.1", "0 with algo.dpo_loss=ipo"),
      ("eval.reward_fn=reasoning_gym", "cannot grade data.task='addition'"),
      ("data.rejected=samples reward.fns=[]", "for 'reward.fns'; expected at least one"),

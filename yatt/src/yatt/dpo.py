@@ -5,8 +5,8 @@ Reads these sections of the RL config tree: model (the causal LM to train; `lora
 adapters on it), data (the pairs, as `yatt rm` makes them: `path` rows with `prompt`,
 `chosen` and `rejected`, or pairs made from `task` as `rejected` says: "slips", "samples" or
 "both", see `yatt.pairs`; `n_heldout`, `n_train`, `seed`, `use_chat_template`),
-algo (`dpo_beta`, `dpo_loss`, `dpo_label_smoothing`, and `micro_batch_size`: pairs per
-step), optim (lr, betas, eps,
+algo (`dpo_beta`, `dpo_loss`, `dpo_label_smoothing`, `dpo_sft_weight`, and
+`micro_batch_size`: pairs per step), optim (lr, betas, eps,
 weight_decay, schedule, warmup_steps, grad_clip), train (steps, seed, torch_threads,
 time_limit_s), checkpoint (every, at_end, keep_last, resume), eval (n:
 held-out prompts; at_start, at_end; max_new_tokens, batch_size, reward_fn), rollout (the
@@ -16,8 +16,9 @@ sampled pairs) and logging.
 The loss of a pair is -log sigmoid(r_chosen - r_rejected), with the implicit reward
 r = dpo_beta * (log pi(response | prompt) - log pi_ref(response | prompt)) summed over the
 response's tokens and its EOS; `algo.dpo_loss` picks another function of the same log-ratios
-(robust, hinge or ipo: `yatt.algos.losses.dpo_loss`), and `algo.dpo_label_smoothing` smooths
-sigmoid (conservative DPO) and robust. The reference pi_ref is the model before training: its
+(robust, hinge or ipo: `yatt.algos.losses.dpo_loss`), `algo.dpo_label_smoothing` smooths
+sigmoid (conservative DPO) and robust, and `algo.dpo_sft_weight` adds that much of the chosen
+responses' NLL per token (RPO). The reference pi_ref is the model before training: its
 log-probs of every pair are computed once, before the first step, so no second copy of the
 model is held. What a run is for is measured twice: held-out accuracy (`eval/accuracy`, the
 share of the first `eval.n` held-out prompts whose greedy answer `eval.reward_fn` scores 1, as
@@ -25,7 +26,8 @@ share of the first `eval.n` held-out prompts whose greedy answer `eval.reward_fn
 the held-out pairs' implicit rewards (`dpo/heldout_accuracy`: the share ranked right,
 `dpo/heldout_margin`). Writes `<run_dir>/model` (the trained model, its tokenizer and the run's
 config.yaml, for `yatt eval` and `yatt train ... model.path=`), `dpo_metrics.jsonl` (per step:
-dpo/loss, dpo/accuracy, dpo/margin, dpo/reward_chosen, dpo/reward_rejected, dpo/lr) and
+dpo/loss, dpo/accuracy, dpo/margin, dpo/reward_chosen, dpo/reward_rejected, dpo/chosen_nll,
+dpo/lr) and
 `dpo.png`.
 
 Checkpoints (`checkpoint.every`, `at_end`, `keep_last`, and where `train.time_limit_s` stops
@@ -366,6 +368,9 @@ def _fit(trained: Any, sampler: Any, done: int, tokenizer: Any, data: _Pairs,
             chosen, rejected, reference[0][rows], reference[1][rows], algo.dpo_beta,
             algo.dpo_loss, algo.dpo_label_smoothing, lengths,
         )  # fmt: skip
+        sft_loss = -chosen.sum() / lengths[0].sum()  # the chosen responses' NLL per token
+        if algo.dpo_sft_weight:
+            loss = loss + algo.dpo_sft_weight * sft_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
@@ -374,7 +379,8 @@ def _fit(trained: Any, sampler: Any, done: int, tokenizer: Any, data: _Pairs,
         margin = reward_chosen - reward_rejected
         row = {"dpo/loss": float(loss.detach()), "dpo/accuracy": float((margin > 0).float().mean()),
                "dpo/margin": float(margin.mean()), "dpo/reward_chosen": float(reward_chosen.mean()),
-               "dpo/reward_rejected": float(reward_rejected.mean()), "dpo/lr": lr,
+               "dpo/reward_rejected": float(reward_rejected.mean()),
+               "dpo/chosen_nll": float(sft_loss.detach()), "dpo/lr": lr,
                "timing_s/step": time.perf_counter() - step_s}  # fmt: skip
         out_of_time = time_limit_reached(config.train.time_limit_s, run_start_s, step, total)
         if (step == total or out_of_time) and config.eval.at_end:

@@ -209,7 +209,8 @@ def check_unread_settings(config: Config, command: str, unread: Sequence[str], d
         raise ConfigError(f"{command} does not act on {', '.join(changed)} ({does}): drop {them}")
 
 
-DPO_SETTINGS = ("dpo_beta", "dpo_loss", "dpo_label_smoothing")  # algo.*, read by yatt dpo alone
+# algo.*, read by yatt dpo alone
+DPO_SETTINGS = ("dpo_beta", "dpo_loss", "dpo_label_smoothing", "dpo_sft_weight")
 
 
 def check_no_pair_settings(config: Config, command: str) -> None:

@@ -317,6 +317,9 @@ class AlgoConfig:
     # label smoothing e (sigmoid: conservative DPO; robust: the label noise it corrects for)
     dpo_loss: str = "sigmoid"
     dpo_label_smoothing: float = 0.0
+    # the chosen responses' NLL per token, this much of it added to yatt dpo's loss (RPO,
+    # Pang et al. 2024: the chosen answer's likelihood kept up); 0 = off
+    dpo_sft_weight: float = 0.0
 
     def __post_init__(self) -> None:
         check_section(self, "algo")
@@ -346,6 +349,8 @@ class AlgoConfig:
                  f"one of {DPO_LOSSES}")  # fmt: skip
         smoothing = self.dpo_label_smoothing
         _require(0 <= smoothing < 0.5, "algo.dpo_label_smoothing", smoothing, "in [0, 0.5)")
+        _require(self.dpo_sft_weight >= 0, "algo.dpo_sft_weight", self.dpo_sft_weight,
+                 ">= 0 (0 = off)")  # fmt: skip
         smoothed = f"0 with algo.dpo_loss={self.dpo_loss} (it smooths sigmoid and robust)"
         _require(smoothing == 0 or self.dpo_loss in ("sigmoid", "robust"),
                  "algo.dpo_label_smoothing", smoothing, smoothed)  # fmt: skip
