@@ -3,10 +3,12 @@
 CI runs on two shared cores, so every test uses one intra-op thread and tiny models.
 """
 
+import contextlib
 import importlib.util
 import os
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -55,3 +57,40 @@ def bench_script():
 def bench_module():
     """``bench_script`` for a module-scoped fixture: a test module's one copy of its script."""
     return load_bench
+
+
+@pytest.fixture
+def same_weights():
+    """Asserts that two saved model folders hold the same tensors, name by name."""
+    from safetensors.torch import load_file
+
+    def check(folder: Path, other: Path) -> None:
+        mine = load_file(folder / "model.safetensors")
+        theirs = load_file(other / "model.safetensors")
+        assert mine.keys() == theirs.keys()
+        for name, tensor in mine.items():
+            assert torch.equal(tensor, theirs[name]), name
+
+    return check
+
+
+@pytest.fixture
+def layer_passes():
+    """A context manager recording (rows, columns) of every pass through a model's first
+    decoder layer (how a forward shares prompt passes)."""
+
+    @contextlib.contextmanager
+    def record(model: torch.nn.Module) -> Iterator[list[tuple[int, int]]]:
+        widths: list[tuple[int, int]] = []
+
+        def seen(module, args, kwargs) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            widths.append(tuple(hidden.shape[:2]))
+
+        hook = model.model.layers[0].register_forward_pre_hook(seen, with_kwargs=True)
+        try:
+            yield widths
+        finally:
+            hook.remove()
+
+    return record

@@ -97,47 +97,40 @@ def test_sequence_logprobs_sum_the_response_tokens_whatever_the_padding() -> Non
             assert float(batched[row]) == pytest.approx(own, abs=1e-4)
 
 
-def _shared_passes(prompts, responses, groups) -> list[tuple[int, int]]:
+def _shared_passes(layer_passes, prompts, responses, groups) -> list[tuple[int, int]]:
     """The (rows, columns) of each pass `sequence_logprobs` makes over `groups` on a float64
     tiny model (the orders of summing then agree), once its log-probs and every parameter's
     gradient were checked equal to the whole rows'."""
     model, _ = tiny_model(seed=0)
     model = model.to(torch.float64).eval()
-    widths = []
-    hook = model.model.layers[0].register_forward_pre_hook(
-        lambda module, args, kwargs: widths.append(tuple((args[0] if args else
-                                                          kwargs["hidden_states"]).shape[:2])),
-        with_kwargs=True,
-    )  # fmt: skip
-    try:
-        whole = sequence_logprobs(model, prompts, responses)
-        whole.sum().backward()
-        grads = [param.grad.clone() for param in model.parameters()]
-        model.zero_grad()
-        widths.clear()
+    whole = sequence_logprobs(model, prompts, responses)
+    whole.sum().backward()
+    grads = [param.grad.clone() for param in model.parameters()]
+    model.zero_grad()
+    with layer_passes(model) as widths:
         shared = sequence_logprobs(model, prompts, responses, groups)
-        shared.sum().backward()
-    finally:
-        hook.remove()
+    shared.sum().backward()
     assert torch.allclose(shared, whole, atol=1e-5)
     for grad, param in zip(grads, model.parameters(), strict=True):
         assert torch.allclose(param.grad, grad, atol=1e-5)
     return widths
 
 
-def test_a_pairs_shared_prompt_runs_once_with_the_same_logprobs_and_gradients() -> None:
+def test_a_pairs_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(layer_passes):
     prompts, responses = [[5, 6, 7], [8], [5, 6, 7], [8]], [[11, 12], [13, 14, 15], [16], [17]]
-    widths = _shared_passes(prompts, responses, torch.tensor([0, 1, 0, 1]))
+    widths = _shared_passes(layer_passes, prompts, responses, torch.tensor([0, 1, 0, 1]))
     assert widths == [(2, 3), (4, 2)]  # the 2 prompts once, then the 4 responses on their caches
 
 
-def test_a_batchs_common_prompt_start_runs_once_with_the_same_logprobs_and_gradients() -> None:
+def test_a_batchs_common_prompt_start_runs_once_with_the_same_logprobs_and_gradients(
+    layer_passes,
+) -> None:
     """Prompts that begin alike (a chat template's system turn): that beginning goes through
     the model once, each pair's rest of its prompt once, then the responses."""
     system = list(range(20, 30))  # 10 shared tokens
     prompts = [[*system, 5, 6, 7], [*system, 8], [*system, 5, 6, 7], [*system, 8]]
     responses = [[11, 12], [13, 14, 15], [16], [17]]
-    widths = _shared_passes(prompts, responses, torch.tensor([0, 1, 0, 1]))
+    widths = _shared_passes(layer_passes, prompts, responses, torch.tensor([0, 1, 0, 1]))
     # the 10 shared tokens once, the 2 prompts' own 3 columns, the 4 responses' 2 columns
     assert widths == [(1, 10), (2, 3), (4, 2)]
 

@@ -12,7 +12,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from yatt.cli import main
 from yatt.config import load_config
@@ -39,13 +38,6 @@ def _trained(rows: dict[int, dict]) -> dict[int, tuple]:
             for step, row in rows.items()}  # fmt: skip
 
 
-def _same_weights(folder, other) -> None:
-    mine, theirs = load_file(folder / "model.safetensors"), load_file(other / "model.safetensors")
-    assert mine.keys() == theirs.keys()
-    for name, tensor in mine.items():
-        assert torch.equal(tensor, theirs[name]), name
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight")
@@ -65,13 +57,17 @@ def test_checkpoints_keep_the_dpo_state_with_its_pairs_and_reference(straight) -
     assert list(_rows(straight)) == [0, 1, 2, 3, 4]
 
 
-def test_a_run_resumed_into_a_new_folder_ends_as_the_straight_run(straight, tmp_path) -> None:
+def test_a_run_resumed_into_a_new_folder_ends_as_the_straight_run(
+    straight, tmp_path, same_weights
+) -> None:
     folder = _run(tmp_path, f"checkpoint.resume={straight / 'checkpoints' / 'step_000002'}")
-    _same_weights(folder, straight / "model")
+    same_weights(folder, straight / "model")
     assert _trained(_rows(tmp_path)) == {s: _trained(_rows(straight))[s] for s in (3, 4)}
 
 
-def test_a_run_its_time_limit_stopped_scores_then_continues_with_auto(straight, tmp_path) -> None:
+def test_a_run_its_time_limit_stopped_scores_then_continues_with_auto(
+    straight, tmp_path, same_weights
+) -> None:
     """The limit stops the run after step 1 (with a checkpoint and the end's held-out
     scores there); rerunning with checkpoint.resume=auto goes on from it, no sampling."""
     _run(tmp_path, "train.time_limit_s=1e-9")
@@ -80,7 +76,7 @@ def test_a_run_its_time_limit_stopped_scores_then_continues_with_auto(straight, 
     assert list(stopped) == [0, 1] and "eval/accuracy" in stopped[1]
     assert (tmp_path / "model" / "model.safetensors").is_file()  # what the stopped run made
     folder = _run(tmp_path, "checkpoint.resume=auto")
-    _same_weights(folder, straight / "model")
+    same_weights(folder, straight / "model")
     resumed, ran = _trained(_rows(tmp_path)), _trained(_rows(straight))
     assert list(resumed) == [0, 1, 2, 3, 4]
     assert {step: resumed[step] for step in (0, 2, 3, 4)} == {

@@ -11,8 +11,6 @@ import json
 import shutil
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from yatt.config import load_config
 from yatt.errors import ConfigError
@@ -32,13 +30,6 @@ def _losses(run_dir) -> dict[int, float]:
     return {row["step"]: row["sft/loss"] for row in rows}
 
 
-def _same_weights(folder, other) -> None:
-    mine, theirs = load_file(folder / "model.safetensors"), load_file(other / "model.safetensors")
-    assert mine.keys() == theirs.keys()
-    for name, tensor in mine.items():
-        assert torch.equal(tensor, theirs[name]), name
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight")
@@ -55,18 +46,22 @@ def test_checkpoints_keep_the_sft_state(straight) -> None:
     assert list(_losses(straight)) == [1, 2, 3, 4]
 
 
-def test_a_run_resumed_into_a_new_folder_ends_as_the_straight_run(straight, tmp_path) -> None:
+def test_a_run_resumed_into_a_new_folder_ends_as_the_straight_run(
+    straight, tmp_path, same_weights
+) -> None:
     folder = _run(tmp_path, f"checkpoint.resume={straight / 'checkpoints' / 'step_000002'}")
-    _same_weights(folder, straight / "model")
+    same_weights(folder, straight / "model")
     assert _losses(tmp_path) == {step: _losses(straight)[step] for step in (3, 4)}
 
 
-def test_a_run_its_time_limit_stopped_continues_in_place_with_auto(straight, tmp_path) -> None:
+def test_a_run_its_time_limit_stopped_continues_in_place_with_auto(
+    straight, tmp_path, same_weights
+) -> None:
     _run(tmp_path, "train.time_limit_s=1e-9")  # stops after step 1, with a checkpoint there
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
     assert list(_losses(tmp_path)) == [1]
     folder = _run(tmp_path, "checkpoint.resume=auto")
-    _same_weights(folder, straight / "model")
+    same_weights(folder, straight / "model")
     assert _losses(tmp_path) == _losses(straight)  # step 1's row once, then 2..4
 
 

@@ -37,7 +37,9 @@ def test_lr_schedules(schedule, values) -> None:
     assert lr_lambda("linear", 2, 4)(0) == pytest.approx(0.5)
 
 
-def test_sft_runs_the_prompts_shared_start_once_with_the_same_loss_and_gradients() -> None:
+def test_sft_runs_the_prompts_shared_start_once_with_the_same_loss_and_gradients(
+    layer_passes,
+) -> None:
     """A chat template's system turn begins every prompt: with `common_start` it goes through
     the model once for the batch, with the loss and gradients of the whole rows."""
     import torch
@@ -48,23 +50,14 @@ def test_sft_runs_the_prompts_shared_start_once_with_the_same_loss_and_gradients
     model = model.to(torch.float64).eval()
     system = list(range(20, 32))  # 12 shared tokens
     prompts, answers = [[*system, 5, 6], [*system, 7], [*system, 8, 9, 10]], [[11], [12, 13], [14]]
-    widths = []
-    hook = model.model.layers[0].register_forward_pre_hook(
-        lambda module, args, kwargs: widths.append(tuple((args[0] if args else
-                                                          kwargs["hidden_states"]).shape[:2])),
-        with_kwargs=True,
-    )  # fmt: skip
     losses, grads = [], []
-    try:
-        for common_start in (False, True):
-            widths.clear()
-            model.zero_grad()
+    for common_start in (False, True):
+        model.zero_grad()
+        with layer_passes(model) as widths:
             loss = _pair_loss(model, prompts, answers, common_start)
-            loss.backward()
-            losses.append(float(loss.detach()))
-            grads.append([param.grad.clone() for param in model.parameters()])
-    finally:
-        hook.remove()
+        loss.backward()
+        losses.append(float(loss.detach()))
+        grads.append([param.grad.clone() for param in model.parameters()])
     assert widths == [(1, 12), (3, 3), (3, 1)]  # the start, each prompt's rest, the answers
     assert losses[1] == pytest.approx(losses[0], abs=1e-6)
     for whole, shared in zip(*grads, strict=True):

@@ -294,24 +294,34 @@ def _train(preset: str, overrides: list[str]):
     return result
 
 
-def _sft(preset: str, overrides: list[str]) -> None:
-    """Supervised warm start with a progress bar, then the summary table of its curve and
-    its loss plot (`logging.plots`), from the run folder as `yatt train` makes them."""
+def _resumable_job(
+    run: Callable[..., Path], preset: str, overrides: list[str], metric: str
+) -> Path:
+    """A job that checkpoints (`yatt sft`, `yatt dpo`) with a progress bar of `metric`: a
+    complete run met again is done (`_complete_run_is_done`), an interrupt notes the run's
+    folder; then the summary table and plots from the run folder, as `yatt train` makes them
+    (a resumed run's cover all of it). Returns the saved model's folder."""
     from yatt.config import load_config
     from yatt.report import progress_bar
-    from yatt.sft import run_sft
 
     config = _configured(load_config(preset, overrides))
     with (
         _complete_run_is_done(final_model=True),
         _noting_run_dir(config.logging.run_dir),
         progress_bar(
-            config.train.steps, 0, config.logging.progress, metric="sft/loss", label="loss"
+            config.train.steps, 0, config.logging.progress, metric=metric, label="loss"
         ) as bar,
     ):
-        folder = run_sft(config, progress=_stoppable(bar))
-    # From the run folder's metrics: a resumed run's summary covers all of it.
+        folder = run(config, progress=_stoppable(bar))
     _report(folder.parent, plots=config.logging.plots)
+    return folder
+
+
+def _sft(preset: str, overrides: list[str]) -> None:
+    """Supervised warm start (`_resumable_job`)."""
+    from yatt.sft import run_sft
+
+    _resumable_job(run_sft, preset, overrides, "sft/loss")
 
 
 def _rm(preset: str, overrides: list[str]) -> None:
@@ -331,22 +341,10 @@ def _rm(preset: str, overrides: list[str]) -> None:
 
 
 def _dpo(preset: str, overrides: list[str]) -> None:
-    """DPO with a progress bar, then its summary table and plot, from the run folder as the
-    other jobs make them (a resumed run's summary covers all of it)."""
-    from yatt.config import load_config
+    """DPO (`_resumable_job`), then where to evaluate its model."""
     from yatt.dpo import run_dpo
-    from yatt.report import progress_bar
 
-    config = _configured(load_config(preset, overrides))
-    with (
-        _complete_run_is_done(final_model=True),
-        _noting_run_dir(config.logging.run_dir),
-        progress_bar(
-            config.train.steps, 0, config.logging.progress, metric="dpo/loss", label="loss"
-        ) as bar,
-    ):
-        folder = run_dpo(config, progress=_stoppable(bar))
-    _report(folder.parent, plots=config.logging.plots)
+    folder = _resumable_job(run_dpo, preset, overrides, "dpo/loss")
     logger.info("evaluate it: yatt eval %s", folder)
 
 
