@@ -146,6 +146,7 @@ def yatt_overrides(settings: Settings, pairs: Path, run_dir: Path) -> list[str]:
         f"model.path={settings.model}", "model.dtype=float32", f"data.path={pairs}",
         "data.rejected=slips", f"data.n_heldout={settings.heldout}", f"data.seed={settings.seed}",
         f"algo.micro_batch_size={settings.batch_pairs}", f"algo.dpo_beta={settings.beta}",
+        "algo.dpo_loss=sigmoid", "algo.dpo_label_smoothing=0", "algo.dpo_sft_weight=0",
         f"optim.lr={settings.lr}", "optim.schedule=linear", "optim.warmup_steps=0",
         "optim.weight_decay=0.0", "optim.beta1=0.9", "optim.beta2=0.999", "optim.eps=1e-8",
         "optim.grad_clip=1.0", f"train.steps={settings.steps}", f"train.seed={settings.seed}",

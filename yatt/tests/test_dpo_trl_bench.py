@@ -17,6 +17,7 @@ def test_the_yatt_run_takes_the_shared_settings(bench, tmp_path):
     assert (config.model.path, config.data.path) == ("tiny", str(pairs))
     assert config.data.rejected == "slips"  # the file's own pairs
     assert (config.algo.micro_batch_size, config.algo.dpo_beta) == (8, 0.1)
+    assert (config.algo.dpo_loss, config.algo.dpo_sft_weight) == ("sigmoid", 0.0)  # TRL's loss
     assert (config.optim.lr, config.optim.schedule) == (5e-6, "linear")
     assert config.optim.warmup_steps == 0
     assert (config.optim.weight_decay, config.optim.grad_clip) == (0.0, 1.0)
