@@ -126,6 +126,30 @@ def test_pair_scores_run_a_shared_prompt_once_and_equal_whole_rows() -> None:
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_pair_scores_run_the_start_every_prompt_shares_once() -> None:
+    """Prompts that begin alike (a chat template's system turn): that start runs once, each
+    pair's rest of its prompt once on it, then the responses; the scores and their gradients
+    equal those of the whole rows (up to rounding)."""
+    causal_lm, tokenizer = tiny_model(seed=0)
+    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    system = "You are a careful assistant who answers with numbers only. "
+    prompts = [system + p for p in ("What is 2 + 3? Answer:", "Name a colour, please:", "Q")]
+    chosen = [p + " five" for p in prompts]
+    rejected = [p + " six or seven" for p in prompts]
+    rows = _token_rows(tokenizer, chosen + rejected, 512)
+    seen = _backbone_rows(model)
+    shared = pair_scores(model, tokenizer, rows)
+    assert seen == [1, 3, 6]  # the start, the 3 prompts' rests, the 6 responses
+    shared.square().sum().backward()
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    whole = model.sequence_scores(*_padded(rows, tokenizer, torch.device("cpu")))
+    whole.square().sum().backward()
+    assert torch.allclose(shared, whole, atol=1e-5)
+    for got, want in zip(shared_grads, (p.grad for p in model.parameters()), strict=True):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
 def test_pairs_without_a_common_prefix_run_whole() -> None:
     causal_lm, tokenizer = tiny_model(seed=0)
     model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)

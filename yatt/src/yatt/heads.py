@@ -142,8 +142,28 @@ class ScalarHeadModel(nn.Module):
         output = self.backbone(input_ids=prefix_ids, attention_mask=prefix_mask,
                                position_ids=position_ids_from_mask(prefix_mask),
                                use_cache=True)  # fmt: skip
+        return self._suffix_scores(output, prefix_mask, suffix_ids, suffix_mask, rows)
+
+    def common_prefix_scores(
+        self, start_ids: Tensor, rest_ids: Tensor, rest_mask: Tensor, suffix_ids: Tensor,
+        suffix_mask: Tensor, rows: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """`shared_prefix_scores` with the start every prefix shares (`start_ids` (1, C), a
+        chat template's system turn) run once: then each prefix's rest (`rest_ids` (G, W),
+        left-padded; `rest_mask` (G, C+W) over the start and the rest) on its cache, then the
+        suffixes on theirs. The same scores and gradients up to rounding."""
+        output = self.backbone(input_ids=start_ids, use_cache=True)
+        starts = torch.zeros(len(rest_ids), dtype=torch.long, device=rest_ids.device)
+        output = forward_on_prefix_cache(self.backbone, output, starts, rest_ids, rest_mask)
+        return self._suffix_scores(output, rest_mask, suffix_ids, suffix_mask, rows)
+
+    def _suffix_scores(
+        self, prefix_output, prefix_mask: Tensor, suffix_ids: Tensor, suffix_mask: Tensor,
+        rows: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """Each suffix b on the cache of prefix `rows[b]`; its score at its last token."""
         full_mask = torch.cat([prefix_mask[rows], suffix_mask], dim=1)
-        output = forward_on_prefix_cache(self.backbone, output, rows, suffix_ids, full_mask)
+        output = forward_on_prefix_cache(self.backbone, prefix_output, rows, suffix_ids, full_mask)
         values = self.head(output.last_hidden_state.float()).squeeze(-1)  # (B, S)
         last = suffix_mask.sum(dim=1) - 1
         assert (last >= 0).all(), "a sequence has no suffix token"

@@ -27,6 +27,11 @@ def group_prefixes(
     return prefix_ids, attention_mask[first_row, :prompt_width], inverse
 
 
+# The fewest tokens all of a batch's prompts must share before their start runs once for the
+# batch (a chat template's system turn is ~30 tokens of SmolLM2's prompts).
+COMMON_PREFIX_MIN = 8
+
+
 def common_prefix_length(prompts: list[list[int]]) -> int:
     """How many first tokens every prompt shares, leaving each at least one of its own (its
     last token's logits predict what follows it)."""

@@ -14,6 +14,7 @@ import torch
 from rich.progress import Progress
 from torch import Tensor
 
+from yatt.algos.logprobs import COMMON_PREFIX_MIN, common_prefix_length
 from yatt.algos.losses import bradley_terry_loss
 from yatt.errors import ConfigError, ModelError
 from yatt.heads import ScalarHeadModel
@@ -109,39 +110,34 @@ def grouped_scores(
 ) -> Tensor:
     """Scores (B,) of token rows, rows of one group (`groups[b]`, e.g. their prompt) sharing
     one pass over their common token prefix (`shared_prefix_scores`: a prompt is most of a
-    short response's tokens); where a group shares no token, the rows run whole
-    (`sequence_scores`). Equal up to rounding."""
+    short response's tokens), and the start all the groups' prefixes share run once where it
+    is `COMMON_PREFIX_MIN` tokens or more (`common_prefix_scores`); where a group shares no
+    token, the rows run whole (`sequence_scores`). Equal up to rounding."""
     members: dict[Any, list[int]] = {}
     for index, group in enumerate(groups):
         members.setdefault(group, []).append(index)
     group_of = [0] * len(rows)
-    shared = []
+    shared = []  # each suffix keeps one token at least (the EOS every row ends with)
     for position, indices in enumerate(members.values()):
-        first = rows[indices[0]]
-        # each suffix keeps one token at least (the EOS every row ends with)
-        length = min(len(rows[index]) for index in indices) - 1
+        shared.append(common_prefix_length([rows[index] for index in indices]))
         for index in indices:
-            length = min(length, _common_prefix(first, rows[index]))
             group_of[index] = position
-        shared.append(length)
     device = _device(model)
     if not shared or min(shared) < 1:
         return model.sequence_scores(*_padded(rows, tokenizer, device))
     prefixes = [rows[indices[0]][:width] for indices, width in zip(members.values(), shared)]
     suffixes = [row[shared[group_of[index]] :] for index, row in enumerate(rows)]
-    prefix_ids, prefix_mask = _padded(prefixes, tokenizer, device, left=True)
     suffix_ids, suffix_mask = _padded(suffixes, tokenizer, device)
     of = torch.tensor(group_of, device=device)
+    start = common_prefix_length(prefixes) if len(prefixes) > 1 else 0
+    if start >= COMMON_PREFIX_MIN:  # every prompt begins alike (a chat template's system turn)
+        rest_ids, rest_mask = _padded([p[start:] for p in prefixes], tokenizer, device, left=True)
+        rest_mask = torch.cat([rest_mask.new_ones(len(prefixes), start), rest_mask], dim=1)
+        start_ids = torch.tensor([prefixes[0][:start]], dtype=torch.long, device=device)
+        return model.common_prefix_scores(start_ids, rest_ids, rest_mask, suffix_ids,
+                                          suffix_mask, of)  # fmt: skip
+    prefix_ids, prefix_mask = _padded(prefixes, tokenizer, device, left=True)
     return model.shared_prefix_scores(prefix_ids, prefix_mask, suffix_ids, suffix_mask, of)
-
-
-def _common_prefix(first: list[int], second: list[int]) -> int:
-    length = 0
-    for a, b in zip(first, second):
-        if a != b:
-            break
-        length += 1
-    return length
 
 
 def _check_pairs(pairs: Sequence[tuple[str, str]]) -> None:

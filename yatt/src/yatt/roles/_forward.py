@@ -8,7 +8,12 @@ head is about a fifth of SmolLM2-135M's per-token compute.
 import torch
 from torch import Tensor
 
-from yatt.algos.logprobs import common_prefix_length, group_prefixes, position_ids_from_mask
+from yatt.algos.logprobs import (
+    COMMON_PREFIX_MIN,
+    common_prefix_length,
+    group_prefixes,
+    position_ids_from_mask,
+)
 from yatt.models import forward_on_prefix_cache
 
 
@@ -83,11 +88,6 @@ def shared_prefix_logits(
     logits = torch.cat([first_logits, output.logits], dim=1)  # (b, R, V)
     assert logits.shape[1] == response_width, f"{tuple(logits.shape)} vs R={response_width}"
     return logits
-
-
-# The fewest tokens all of a batch's prompts must share before `response_token_logprobs` runs
-# them once for the batch (a chat template's system turn is ~30 tokens of SmolLM2's prompts).
-COMMON_PREFIX_MIN = 8
 
 
 def response_token_logprobs(
