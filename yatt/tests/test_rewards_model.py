@@ -104,18 +104,15 @@ def _backbone_rows(model) -> list[int]:
     return seen
 
 
-def test_pair_scores_run_a_shared_prompt_once_and_equal_whole_rows() -> None:
-    """Chosen and rejected texts of a prompt: the prompt's tokens run once per pair, and the
-    scores and their gradients equal those of the whole rows (up to rounding)."""
+def _pair_passes(chosen: list[str], rejected: list[str]) -> list[int]:
+    """The rows of each backbone pass `pair_scores` makes over these pairs, once its scores
+    and their gradients were checked equal to those of the whole rows (up to rounding)."""
     causal_lm, tokenizer = tiny_model(seed=0)
     model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
-    prompts = ["What is 2 + 3? Answer:", "Name a colour, please:", "Q"]
-    chosen = [p + " five" for p in prompts[:2]] + ["Q yes indeed"]
-    rejected = [p + " six or seven" for p in prompts[:2]] + ["Q no"]
     rows = _token_rows(tokenizer, chosen + rejected, 512)
     seen = _backbone_rows(model)
     shared = pair_scores(model, tokenizer, rows)
-    assert seen == [3, 6]  # the prefixes once (3 rows), then the 6 suffixes on their cache
+    passes = list(seen)
     shared.square().sum().backward()
     shared_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -124,30 +121,27 @@ def test_pair_scores_run_a_shared_prompt_once_and_equal_whole_rows() -> None:
     assert torch.allclose(shared, whole, atol=1e-5)
     for got, want in zip(shared_grads, (p.grad for p in model.parameters()), strict=True):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    return passes
+
+
+def test_pair_scores_run_a_shared_prompt_once_and_equal_whole_rows() -> None:
+    """Chosen and rejected texts of a prompt: the prompt's tokens run once per pair."""
+    prompts = ["What is 2 + 3? Answer:", "Name a colour, please:", "Q"]
+    chosen = [p + " five" for p in prompts[:2]] + ["Q yes indeed"]
+    rejected = [p + " six or seven" for p in prompts[:2]] + ["Q no"]
+    # the prefixes once (3 rows), then the 6 suffixes on their cache
+    assert _pair_passes(chosen, rejected) == [3, 6]
 
 
 def test_pair_scores_run_the_start_every_prompt_shares_once() -> None:
     """Prompts that begin alike (a chat template's system turn): that start runs once, each
-    pair's rest of its prompt once on it, then the responses; the scores and their gradients
-    equal those of the whole rows (up to rounding)."""
-    causal_lm, tokenizer = tiny_model(seed=0)
-    model = ScalarHeadModel.from_causal_lm(causal_lm, seed=0)
+    pair's rest of its prompt once on it, then the responses."""
     system = "You are a careful assistant who answers with numbers only. "
     prompts = [system + p for p in ("What is 2 + 3? Answer:", "Name a colour, please:", "Q")]
     chosen = [p + " five" for p in prompts]
     rejected = [p + " six or seven" for p in prompts]
-    rows = _token_rows(tokenizer, chosen + rejected, 512)
-    seen = _backbone_rows(model)
-    shared = pair_scores(model, tokenizer, rows)
-    assert seen == [1, 3, 6]  # the start, the 3 prompts' rests, the 6 responses
-    shared.square().sum().backward()
-    shared_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    whole = model.sequence_scores(*_padded(rows, tokenizer, torch.device("cpu")))
-    whole.square().sum().backward()
-    assert torch.allclose(shared, whole, atol=1e-5)
-    for got, want in zip(shared_grads, (p.grad for p in model.parameters()), strict=True):
-        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    # the start, the 3 prompts' rests, the 6 responses
+    assert _pair_passes(chosen, rejected) == [1, 3, 6]
 
 
 def test_pairs_without_a_common_prefix_run_whole() -> None:

@@ -159,9 +159,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.run_dir import RUN_OUTPUTS, claim_run_dir
     from yatt.trainer import configure_threads
 
-    check_job_settings(config, "yatt sft")
-    check_unread_settings(config, "yatt sft", ("train.bf16_autocast",),
-                          "it trains and scores held out at full precision")  # fmt: skip
+    _check_settings(config)
     resume, in_place = _resume_target(config)
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = _sft_data(config)
@@ -216,6 +214,14 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     folder = _save_model(trained, tokenizer, config, run_dir / "model")
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
+
+
+def _check_settings(config: Config) -> None:
+    """Refuse (ConfigError, one line) what `yatt sft` would ignore or get wrong: the training
+    jobs' checks (`check_job_settings`), and `train.bf16_autocast`, which it does not act on."""
+    check_job_settings(config, "yatt sft")
+    check_unread_settings(config, "yatt sft", ("train.bf16_autocast",),
+                          "it trains and scores held out at full precision")  # fmt: skip
 
 
 def _resume_target(config: Config) -> tuple[str, bool]:
