@@ -35,6 +35,7 @@ __all__ = [
     "RESUME_LATEST",
     "SFT",
     "TRAINER",
+    "OptimizedModel",
     "check_resumed_by",
     "checkpoint_due",
     "checkpoint_run_dir",
@@ -46,6 +47,7 @@ __all__ = [
     "load_trainer_state",
     "policy_folder",
     "resolve_resume",
+    "resume_target",
     "save_training_checkpoint",
     "truncate_metrics",
     "write_folder",
@@ -204,14 +206,67 @@ def save_training_checkpoint(
     return final
 
 
+def resume_target(config: Config, writer: str) -> tuple[str, bool]:
+    """The checkpoint a `yatt sft` or `yatt dpo` run (`writer`: `SFT`, `DPO`) resumes from
+    ("" for none), and whether it continues its own run folder in place: a checkpoint of
+    another folder starts a new run there from its state (the folder is claimed as for a
+    fresh run).
+
+    Raises:
+        ConfigError: `checkpoint.resume` names no checkpoint of `writer` (`check_resumed_by`).
+    """
+    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
+    if not resume:
+        return "", False
+    check_resumed_by(Path(resume), writer)
+    in_place = checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
+    return resume, in_place
+
+
 class OptimizedModel:
     """One model with its optimizer and schedule (a `yatt sft` or `yatt dpo` run): what a
     checkpoint of such a run saves (`save`; `save_pretrained` and `state_dict` as
-    `save_training_checkpoint` takes a policy)."""
+    `save_training_checkpoint` takes a policy) and restores (`restore`), and its final model
+    folder (`save_model`)."""
 
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, writer: str) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.writer = writer  # SFT or DPO: the checkpoint's marker
+
+    def restore(self, state: dict[str, Any], sampler: Any, config: Config, checkpoint: Path) -> int:
+        """Load a checkpoint's optimizer, schedule, data position (`sampler`) and RNG states
+        (its model came from its folder); returns its step. ConfigError (one line) for a
+        state that does not fit this run."""
+        from yatt.common.seeding import set_rng_state
+        from yatt.roles.policy import load_optimizer_state
+
+        who = _RESUMED_BY[self.writer][0]
+        optim = config.optim
+        try:
+            load_optimizer_state(
+                self.optimizer, self.scheduler, state["policy"], lr=optim.lr,
+                betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                weight_decay=optim.weight_decay, role=who,
+            )  # fmt: skip
+            sampler.load_state_dict(state["sampler"])
+            set_rng_state(state["rng"])
+            return int(state["step"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise ConfigError(
+                f"checkpoint.resume={checkpoint}: its {who} state does not fit this run: {detail}"
+            ) from exc
+
+    def save_model(self, folder: Path, tokenizer: Any, config: Config) -> Path:
+        """The trained model, its tokenizer and the run's config (`yatt eval` evaluates on its
+        data), written whole or not at all."""
+
+        def write(staging: Path) -> None:
+            self.save_pretrained(staging, tokenizer)
+            save_config(config, staging / "config.yaml")
+
+        with torch.no_grad():
+            return write_folder(folder, write)
 
     def save(
         self, run_dir: Path, step: int, config: Config, tokenizer: Any, state: dict[str, Any]

@@ -103,7 +103,7 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
             model, config.optim, config.optim.lr, config.train.steps, fused=True), DPO)  # fmt: skip
         sampler = pair_sampler(config, len(encoded if state is None else state["pairs"]))
         # (a checkpoint that does not fit is refused before the folder changes)
-        done = 0 if state is None else _restore(state, trained, sampler, config)
+        done = 0 if state is None else trained.restore(state, sampler, config, Path(resume))
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
     if in_place:
         drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
@@ -123,7 +123,7 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
              run_dir)  # fmt: skip
     finally:
         stream.close()
-    folder = _save(model, tokenizer, config, run_dir / MODEL_FOLDER)
+    folder = trained.save_model(run_dir / MODEL_FOLDER, tokenizer, config)
     logger.info("DPO done: model saved in %s (yatt eval %s)", folder, folder)
     return folder
 
@@ -131,22 +131,20 @@ def run_dpo(config: Config, progress: Any = None) -> Path:
 @dataclass
 class _Pairs:
     """What a run trains on and ranks: the training and held-out pairs as token ids, and the
-    reference's (chosen, rejected) log-probs of each (the held-out ones where the end ranks
-    them, else None). Checkpoints keep them, so a resumed run neither samples nor runs the
-    reference again."""
+    reference's (chosen, rejected) log-probs of each (None where there are no held-out
+    pairs). Checkpoints keep them, so a resumed run neither samples nor runs the reference
+    again."""
 
     train: list[Encoded]
     heldout: list[Encoded]
     reference: tuple[torch.Tensor, torch.Tensor]
     heldout_reference: tuple[torch.Tensor, torch.Tensor] | None
 
+    STATE_KEYS = ("pairs", "heldout_pairs", "reference", "heldout_reference")
+
     def state(self) -> dict[str, Any]:
-        return {
-            "pairs": self.train,
-            "heldout_pairs": self.heldout,
-            "reference": self.reference,
-            "heldout_reference": self.heldout_reference,
-        }
+        values = (self.train, self.heldout, self.reference, self.heldout_reference)
+        return dict(zip(self.STATE_KEYS, values, strict=True))
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> _Pairs:
@@ -155,20 +153,14 @@ class _Pairs:
 
 
 def _resume_target(config: Config) -> tuple[str, bool]:
-    """The checkpoint the run resumes from ("" for none), and whether it continues its own
-    run folder in place (`yatt sft`'s rules).
-
-    Raises:
-        ConfigError: `checkpoint.resume` names no DPO checkpoint, or one whose pairs came
-            from other data settings (its pairs and reference log-probs are carried on).
-    """
-    from yatt.checkpoint import DPO, check_resumed_by, checkpoint_run_dir, resolve_resume
+    """`checkpoint.resume_target` for a DPO run, refusing (ConfigError) a checkpoint whose
+    pairs came from other data settings (its pairs and reference log-probs are carried on)."""
+    from yatt.checkpoint import DPO, resume_target
     from yatt.config import load_config
 
-    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
+    resume, in_place = resume_target(config, DPO)
     if not resume:
         return "", False
-    check_resumed_by(Path(resume), DPO)
     try:
         saved = load_config(str(Path(resume) / "config.yaml")).data
     except (OSError, ConfigError) as exc:
@@ -183,7 +175,6 @@ def _resume_target(config: Config) -> tuple[str, bool]:
             f"checkpoint.resume={resume}: its pairs came from other data ({', '.join(changed)} "
             f"{differ}): resume with the run's data settings, or start a new run"
         )
-    in_place = checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
     return resume, in_place
 
 
@@ -193,8 +184,7 @@ def _resumed_state(checkpoint: Path) -> dict[str, Any]:
     from yatt.checkpoint import DPO, load_trainer_state
 
     state = load_trainer_state(checkpoint, writer=DPO)
-    missing = [key for key in ("pairs", "heldout_pairs", "reference", "heldout_reference")
-               if key not in state]  # fmt: skip
+    missing = [key for key in _Pairs.STATE_KEYS if key not in state]
     if missing:
         raise ConfigError(f"checkpoint.resume={checkpoint}: its DPO state lacks {missing}")
     return state
@@ -236,10 +226,9 @@ def _without_dropout(model: Any) -> None:
 def _check_settings(config: Config) -> None:
     """Refuse (ConfigError, one line) what `yatt dpo` would otherwise ignore or get wrong:
     control.*, bf16 training weights (`check_job_settings`), the `_UNREAD` ones, and the vllm
-    backend (whose engine would keep its
-    memory through training and not see the trained weights); and sampled pairs
-    (`data.rejected`) that `check_sampling_settings` refuses, or rewards that cannot grade
-    the task."""
+    backend (whose engine would keep its memory through training and not see the trained
+    weights); and sampled pairs (`data.rejected`) that `check_sampling_settings` refuses, or
+    rewards that cannot grade the task."""
     from yatt.run_checks import (
         check_job_settings,
         check_rewards_grade_task,
@@ -368,9 +357,9 @@ def _fit(trained: Any, sampler: Any, done: int, tokenizer: Any, data: _Pairs,
             chosen, rejected, reference[0][rows], reference[1][rows], algo.dpo_beta,
             algo.dpo_loss, algo.dpo_label_smoothing, lengths,
         )  # fmt: skip
-        sft_loss = -chosen.sum() / lengths[0].sum()  # the chosen responses' NLL per token
+        chosen_nll = -chosen.sum() / lengths[0].sum()  # the chosen responses' NLL per token
         if algo.dpo_sft_weight:
-            loss = loss + algo.dpo_sft_weight * sft_loss
+            loss = loss + algo.dpo_sft_weight * chosen_nll
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         lr = optimizer.param_groups[0]["lr"]  # this step's rate, before the schedule moves
@@ -380,7 +369,7 @@ def _fit(trained: Any, sampler: Any, done: int, tokenizer: Any, data: _Pairs,
         row = {"dpo/loss": float(loss.detach()), "dpo/accuracy": float((margin > 0).float().mean()),
                "dpo/margin": float(margin.mean()), "dpo/reward_chosen": float(reward_chosen.mean()),
                "dpo/reward_rejected": float(reward_rejected.mean()),
-               "dpo/chosen_nll": float(sft_loss.detach()), "dpo/lr": lr,
+               "dpo/chosen_nll": float(chosen_nll.detach()), "dpo/lr": lr,
                "timing_s/step": time.perf_counter() - step_s}  # fmt: skip
         out_of_time = time_limit_reached(config.train.time_limit_s, run_start_s, step, total)
         if (step == total or out_of_time) and config.eval.at_end:
@@ -397,29 +386,6 @@ def _fit(trained: Any, sampler: Any, done: int, tokenizer: Any, data: _Pairs,
         if out_of_time:
             break
     model.eval()
-
-
-def _restore(state: dict[str, Any], trained: Any, sampler: Any, config: Config) -> int:
-    """A DPO checkpoint's optimizer, schedule, pair order and RNG states loaded into `trained`
-    and `sampler`; its step. ConfigError (one line) for a state that does not fit this run."""
-    from yatt.common.seeding import set_rng_state
-    from yatt.roles.policy import load_optimizer_state
-
-    optim = config.optim
-    try:
-        load_optimizer_state(
-            trained.optimizer, trained.scheduler, state["policy"], lr=optim.lr,
-            betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
-            role="DPO",
-        )  # fmt: skip
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        return int(state["step"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise ConfigError(
-            f"checkpoint.resume: its DPO state does not fit this run: {detail}"
-        ) from exc
 
 
 def pair_sampler(config: Config, count: int) -> Any:
@@ -461,17 +427,3 @@ def _heldout_accuracy(model: Any, tokenizer: Any, examples: list[Any],
     logger.info("held-out accuracy %.1f%% on %d (%.1f s)", 100 * accuracy, len(examples), eval_s)
     return {"eval/accuracy": accuracy, "eval/problems": float(len(examples)),
             "timing_s/eval": eval_s}  # fmt: skip
-
-
-def _save(model: Any, tokenizer: Any, config: Config, folder: Path) -> Path:
-    """The trained model, its tokenizer and the run's config (`yatt eval` evaluates on its
-    data), written whole or not at all."""
-    from yatt.checkpoint import write_folder
-    from yatt.models import save_checkpoint
-
-    def write(staging: Path) -> None:
-        save_checkpoint(model, tokenizer, staging)
-        save_config(config, staging / "config.yaml")
-
-    with torch.no_grad():
-        return write_folder(folder, write)

@@ -36,26 +36,22 @@ from yatt.algos.losses import sft_loss
 from yatt.checkpoint import (
     SFT,
     OptimizedModel,
-    check_resumed_by,
     checkpoint_due,
-    checkpoint_run_dir,
     drop_later_checkpoints,
     load_trainer_state,
-    resolve_resume,
+    resume_target,
     truncate_metrics,
-    write_folder,
 )
 from yatt.common import MetricsLogger
-from yatt.common.seeding import rng_state, seed_everything, set_rng_state
+from yatt.common.seeding import rng_state, seed_everything
 from yatt.common.timers import time_limit_reached
 from yatt.config import Config, save_config
 from yatt.data import check_draw_order, draw_order
-from yatt.errors import ConfigError, DataError
+from yatt.errors import DataError
 from yatt.roles._forward import checkpoint_layers, response_token_logprobs
 from yatt.roles.policy import (
     FiniteSteps,
     adamw_with_schedule,
-    load_optimizer_state,
     step_schedule,
 )
 from yatt.run_checks import check_job_settings, check_unread_settings
@@ -160,7 +156,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     from yatt.trainer import configure_threads
 
     _check_settings(config)
-    resume, in_place = _resume_target(config)
+    resume, in_place = resume_target(config, SFT)
     eval_cfg, total = config.eval, config.train.steps
     train_set, heldout_set = _sft_data(config)
     claim = claim_run_dir(config, RUN_OUTPUTS, resume=resume, in_place=in_place)
@@ -174,7 +170,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     order = draw_order(config, train_set)  # what the data position depends on
     done = 0  # steps taken before this process (a resumed run's)
     if resume:
-        done = _resume(Path(resume), trained.optimizer, trained.scheduler, sampler, order, config)
+        done = _resume(Path(resume), trained, sampler, order, config)
     run_dir = claim.clear()  # logging.overwrite: the previous run goes once the model loaded
     if in_place:
         drop_later_checkpoints(run_dir, Path(resume), done, config.logging.overwrite)
@@ -211,7 +207,7 @@ def run_sft(config: Config, model: Any = None, tokenizer: Any = None, progress: 
     finally:
         metrics_logger.close()
     model.eval()
-    folder = _save_model(trained, tokenizer, config, run_dir / "model")
+    folder = trained.save_model(run_dir / "model", tokenizer, config)
     logger.info("SFT done: %d of %d steps, model saved in %s", step, total, folder)
     return folder
 
@@ -222,22 +218,6 @@ def _check_settings(config: Config) -> None:
     check_job_settings(config, "yatt sft")
     check_unread_settings(config, "yatt sft", ("train.bf16_autocast",),
                           "it trains and scores held out at full precision")  # fmt: skip
-
-
-def _resume_target(config: Config) -> tuple[str, bool]:
-    """The checkpoint the run resumes from ("" for none), and whether it continues its own
-    run folder in place: a checkpoint of another folder starts a new run there from its
-    state (the folder is claimed as for a fresh run).
-
-    Raises:
-        ConfigError: `checkpoint.resume` names no SFT checkpoint (``check_resumed_by``).
-    """
-    resume = resolve_resume(config.checkpoint.resume, config.logging.run_dir, config.train.steps)
-    if not resume:
-        return "", False
-    check_resumed_by(Path(resume), SFT)
-    in_place = checkpoint_run_dir(Path(resume)) == Path(config.logging.run_dir).resolve()
-    return resume, in_place
 
 
 def _sft_model(config: Config, model: Any, tokenizer: Any, resume: str) -> tuple[Any, Any]:
@@ -282,39 +262,11 @@ def _sft_data(config: Config) -> tuple[list[Any], list[Any]]:
     return train_set, heldout_set
 
 
-def _save_model(trained: _Trained, tokenizer: Any, config: Config, folder: Path) -> Path:
-    """The fine-tuned model, its tokenizer and the run's config (`yatt eval` evaluates on its
-    data), written whole or not at all."""
-
-    def write(staging: Path) -> None:
-        trained.save_pretrained(staging, tokenizer)
-        save_config(config, staging / "config.yaml")
-
-    return write_folder(folder, write)
-
-
-def _resume(
-    checkpoint: Path, optimizer: Any, scheduler: Any, sampler: Any, order: dict, config: Config
-) -> int:
+def _resume(checkpoint: Path, trained: _Trained, sampler: Any, order: dict, config: Config) -> int:
     """Load an SFT checkpoint's optimizer, schedule, data position and RNG states (the model
     came from its folder); returns its step. ConfigError (one line) for one of other data or
     one whose state does not fit this run."""
     state = load_trainer_state(checkpoint, writer=SFT)
     if isinstance(state.get("sampler"), dict):  # (else: the error below names it)
         check_draw_order(state["sampler"], order, str(checkpoint), draw_size=False)
-    optim = config.optim
-    try:
-        load_optimizer_state(
-            optimizer, scheduler, state["policy"], lr=optim.lr,
-            betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
-            role="SFT",
-        )  # fmt: skip
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        step = int(state["step"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise ConfigError(
-            f"checkpoint.resume={checkpoint}: its SFT state does not fit this run: {detail}"
-        ) from exc
-    return step
+    return trained.restore(state, sampler, config, checkpoint)
