@@ -16,7 +16,12 @@ from transformers import AutoModel, PreTrainedModel
 
 from yatt.algos.logprobs import group_prefixes, position_ids_from_mask
 from yatt.errors import ModelError
-from yatt.models import follow_umask, forward_on_prefix_cache, from_pretrained_checked
+from yatt.models import (
+    follow_umask,
+    forward_after_common_start,
+    forward_on_prefix_cache,
+    from_pretrained_checked,
+)
 
 __all__ = ["ScalarHeadModel"]
 
@@ -145,17 +150,17 @@ class ScalarHeadModel(nn.Module):
         return self._suffix_scores(output, prefix_mask, suffix_ids, suffix_mask, rows)
 
     def common_prefix_scores(
-        self, start_ids: Tensor, rest_ids: Tensor, rest_mask: Tensor, suffix_ids: Tensor,
+        self, prefixes: list[list[int]], start: int, pad_id: int, suffix_ids: Tensor,
         suffix_mask: Tensor, rows: Tensor,
     ) -> Tensor:  # fmt: skip
-        """`shared_prefix_scores` with the start every prefix shares (`start_ids` (1, C), a
-        chat template's system turn) run once: then each prefix's rest (`rest_ids` (G, W),
-        left-padded; `rest_mask` (G, C+W) over the start and the rest) on its cache, then the
-        suffixes on theirs. The same scores and gradients up to rounding."""
-        output = self.backbone(input_ids=start_ids, use_cache=True)
-        starts = torch.zeros(len(rest_ids), dtype=torch.long, device=rest_ids.device)
-        output = forward_on_prefix_cache(self.backbone, output, starts, rest_ids, rest_mask)
-        return self._suffix_scores(output, rest_mask, suffix_ids, suffix_mask, rows)
+        """`shared_prefix_scores` of token-list `prefixes` that all begin with the same `start`
+        tokens (a chat template's system turn): that start runs once, each prefix's rest on
+        its cache (`forward_after_common_start`), then the suffixes on theirs. The same scores
+        and gradients up to rounding."""
+        output, prefix_mask = forward_after_common_start(
+            self.backbone, prefixes, start, pad_id, suffix_ids.device
+        )
+        return self._suffix_scores(output, prefix_mask, suffix_ids, suffix_mask, rows)
 
     def _suffix_scores(
         self, prefix_output, prefix_mask: Tensor, suffix_ids: Tensor, suffix_mask: Tensor,

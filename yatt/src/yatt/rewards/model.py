@@ -45,15 +45,17 @@ def _token_rows(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[l
     return rows
 
 
+def _pad_id(tokenizer: Any) -> int:
+    """The tokenizer's padding id, or its EOS where it has none."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def _padded(
     rows: list[list[int]], tokenizer: Any, device, left: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Ids and mask (N, L) of token rows, padded on the right (or `left`)."""
     width = max(len(row) for row in rows)
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    input_ids = torch.full((len(rows), width), _pad_id(tokenizer), dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for index, row in enumerate(rows):
         columns = slice(width - len(row), width) if left else slice(0, len(row))
@@ -131,10 +133,7 @@ def grouped_scores(
     of = torch.tensor(group_of, device=device)
     start = common_prefix_length(prefixes) if len(prefixes) > 1 else 0
     if start >= COMMON_PREFIX_MIN:  # every prompt begins alike (a chat template's system turn)
-        rest_ids, rest_mask = _padded([p[start:] for p in prefixes], tokenizer, device, left=True)
-        rest_mask = torch.cat([rest_mask.new_ones(len(prefixes), start), rest_mask], dim=1)
-        start_ids = torch.tensor([prefixes[0][:start]], dtype=torch.long, device=device)
-        return model.common_prefix_scores(start_ids, rest_ids, rest_mask, suffix_ids,
+        return model.common_prefix_scores(prefixes, start, _pad_id(tokenizer), suffix_ids,
                                           suffix_mask, of)  # fmt: skip
     prefix_ids, prefix_mask = _padded(prefixes, tokenizer, device, left=True)
     return model.shared_prefix_scores(prefix_ids, prefix_mask, suffix_ids, suffix_mask, of)

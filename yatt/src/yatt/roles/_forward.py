@@ -14,7 +14,7 @@ from yatt.algos.logprobs import (
     group_prefixes,
     position_ids_from_mask,
 )
-from yatt.models import forward_on_prefix_cache
+from yatt.models import forward_after_common_start, forward_on_prefix_cache
 
 
 def trim_columns(
@@ -126,22 +126,13 @@ def common_prefix_logits(
     prompts' `common` first tokens once, each group's rest of its prompt once (left-padded, on
     that cache), then the responses (right-padded, each on its group's cache). Gradients flow
     through every cache, so log-probs and gradients equal the whole rows' (up to rounding)."""
-    distinct, inverse = torch.unique(groups, return_inverse=True)
-    first_row = [0] * len(distinct)
-    for row in reversed(range(len(prompts))):
-        first_row[int(inverse[row])] = row
-    rests = [prompts[row][common:] for row in first_row]
-    rest_width = max(len(rest) for rest in rests)
-    rest_ids = torch.zeros(len(rests), rest_width, dtype=torch.long)
-    rest_mask = torch.zeros(len(rests), common + rest_width, dtype=torch.long)
-    rest_mask[:, :common] = 1
-    for row, rest in enumerate(rests):
-        rest_ids[row, rest_width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
-        rest_mask[row, common + rest_width - len(rest) :] = 1
-    shared = torch.tensor([prompts[0][:common]], dtype=torch.long)
-    output = model(input_ids=shared, use_cache=True, logits_to_keep=1)
-    output = forward_on_prefix_cache(model, output, torch.zeros(len(rests), dtype=torch.long),
-                                     rest_ids, rest_mask, logits_to_keep=1)  # fmt: skip
+    _, inverse = torch.unique(groups, return_inverse=True)
+    first_row: dict[int, int] = {}  # group index -> its first row
+    for row, group in enumerate(inverse.tolist()):
+        first_row.setdefault(group, row)
+    prefixes = [prompts[first_row[group]] for group in range(len(first_row))]
+    output, rest_mask = forward_after_common_start(model, prefixes, common, 0,
+                                                   logits_to_keep=1)  # fmt: skip
     first_logits = output.logits[inverse]  # (B, 1, V): predicts each response's first token
     width = max(max(len(response) for response in responses), 1)
     ids = torch.zeros(len(responses), width, dtype=torch.long)
